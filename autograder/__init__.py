@@ -1,0 +1,1 @@
+"""The autograder for the parallel-attention-heads exercise: a trusted grader and an untrusted worker."""

@@ -1,0 +1,50 @@
+"""Command line: `python -m autograder grade|check|release|grade-class ...`."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    grade = sub.add_parser("grade", help="grade one submission (mha.py or mha.ipynb) into results.json")
+    grade.add_argument("submission", type=Path)
+    grade.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    grade.add_argument("--out", type=Path, default=Path("results.json"))
+    grade.add_argument("--rubric", type=Path, default=None, help="rubric TOML (default: the packaged one)")
+    grade.add_argument("--quiet", action="store_true", help="no summary on the terminal")
+
+    check = sub.add_parser("check", help="the visible checks only, with feedback, for students")
+    check.add_argument("submission", type=Path)
+    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    check.add_argument("--rubric", type=Path, default=None)
+
+    release = sub.add_parser("release", help="regenerate the student release from reference/mha.py")
+    release.add_argument("--root", type=Path, default=None, help="project root (default: this checkout)")
+
+    args = parser.parse_args(argv)
+    if args.command == "release":
+        from autograder.release import release_assignment
+
+        release_assignment(args.root)
+        return 0
+
+    from autograder.grade import grade_submission
+
+    visible_only = args.command == "check"
+    out = None if visible_only else args.out
+    return grade_submission(
+        args.submission,
+        device=args.device,
+        out=out,
+        rubric_path=args.rubric,
+        visible_only=visible_only,
+        quiet=getattr(args, "quiet", False),
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
