@@ -1,0 +1,12 @@
+"""nbgrader's configuration for this course directory, which holds the `mha` assignment.
+
+`make release` (autograder/release.py) runs nbgrader with a throwaway gradebook; the default
+gradebook below is the one `make grade` fills.
+"""
+import os
+
+c = get_config()  # noqa: F821 (nbgrader provides get_config when it loads this file)
+
+# The course directory is the folder of this file, wherever nbgrader is started from.
+c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(c.CourseDirectory.root, "gradebook.db")
