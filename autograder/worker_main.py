@@ -200,15 +200,16 @@ class Session:
         removers = []
         if hooks and isinstance(getattr(module, "heads", None), torch.nn.ModuleList):
             for index, head in enumerate(module.heads):
-                def record(mod, args, index=index):
+                def record(mod, args, output, index=index):
                     first = args[0] if args else None
                     head_calls.append({
                         "index": index,
                         "same_object": first is x,
                         "same_values": isinstance(first, torch.Tensor) and first.shape == sent.shape
                         and bool(torch.equal(first.detach(), sent)),
+                        "output": output.detach().cpu().clone() if isinstance(output, torch.Tensor) else None,
                     })
-                removers.append(head.register_forward_pre_hook(record))
+                removers.append(head.register_forward_hook(record))
         torch.manual_seed(seed)
         recorder = OpRecorder(torch) if trace else None
         try:

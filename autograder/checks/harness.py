@@ -1,0 +1,281 @@
+"""What the checks share: the narrow interface to the submission, hidden inputs, and comparisons.
+
+Checks never see the student's objects, only what the worker answers: decoded tensors and plain data.
+Everything a check compares against is computed here, in the trusted process, by `reference/`.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from autograder.rubric import Rubric
+from autograder.worker import LoadFailed, SubmissionError, Worker, WorkerCrashed, WorkerTimeout
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "mv", "dot", "addmv", "linear",
+              "_addmm_activation"}
+
+
+def fail(message: str):
+    """Fail the current check with a message for the student (no Python traceback of ours)."""
+    pytest.fail(message, pytrace=False)
+
+
+@dataclass
+class Foreign:
+    """A value from the submission that is not plain data or a tensor: only its class and repr."""
+
+    cls: str
+    text: str
+
+    def __repr__(self):
+        return f"<{self.cls} {self.text}>"
+
+
+@dataclass
+class Raised:
+    """An exception the student's code raised: its class name and message."""
+
+    type: str
+    message: str
+
+
+@dataclass
+class ModuleRef:
+    """A module living in the worker, known by handle."""
+
+    handle: str
+    cls: str
+    instance_of: list[str]
+    training: bool
+    state_dict: dict[str, torch.Tensor] | None = None
+
+
+@dataclass
+class TensorInfo:
+    device: str
+    requires_grad: bool
+
+
+@dataclass
+class Forward:
+    y: object
+    y_info: TensorInfo | None
+    x_after: torch.Tensor
+    head_calls: list[dict] = field(default_factory=list)
+    ops: list[str] | None = None
+    python_calls: list[str] | None = None
+    grads: dict[str, torch.Tensor | None] | None = None
+
+
+def decode(value, infos: list | None = None):
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "plain":
+        return value["value"]
+    if kind == "tensor":
+        if infos is not None:
+            infos.append(TensorInfo(value["device"], value["requires_grad"]))
+        return value["value"]
+    if kind in ("list", "tuple"):
+        items = [decode(v, infos) for v in value["items"]]
+        return items if kind == "list" else tuple(items)
+    if kind == "module":
+        return ModuleRef(value["handle"], value["class"], value["instance_of"], value["training"],
+                         value.get("state_dict"))
+    if kind == "missing":
+        raise KeyError
+    if kind == "object":
+        return Foreign(value["class"], value["repr"])
+    raise WorkerCrashed(f"the worker answered with something unexpected: {str(value)[:100]}")
+
+
+class Submission:
+    """The checks' one door into the student's code (which runs in the worker)."""
+
+    def __init__(self, worker: Worker, device: str):
+        self.worker, self.device = worker, device
+
+    def _ask(self, op, target=None, **payload):
+        try:
+            return self.worker.request(op, target=target, **payload)
+        except LoadFailed as exc:
+            fail(str(exc))
+        except SubmissionError as exc:
+            fail(f"your code raised {exc.type}: {exc.message}" + (f"\n{exc.traceback}" if exc.traceback else ""))
+        except (WorkerTimeout, WorkerCrashed) as exc:
+            fail(str(exc))
+
+    def has(self, name: str) -> bool:
+        self._ask("ping")
+        return name in (self.worker.load_report or {}).get("defined", {})
+
+    def value(self, name: str):
+        answer = self._ask("get", name=name)
+        if answer.get("type") == "missing":
+            fail(f"`{name}` is not defined in your file")
+        return decode(answer)
+
+    def call(self, fn: str, *args, target: str | None = None, **kwargs):
+        answer = self._ask("call", target=target or fn, fn=fn, args=_wire(list(args)), kwargs=_wire(kwargs))
+        return decode(answer)
+
+    def try_call(self, fn: str, *args, target: str | None = None):
+        """Like call, but when the student's code raises, return that exception as a `Raised`."""
+        try:
+            answer = self.worker.request("call", target=target or fn, fn=fn, args=_wire(list(args)), kwargs={})
+        except SubmissionError as exc:
+            return Raised(exc.type, exc.message)
+        except (LoadFailed, WorkerTimeout, WorkerCrashed) as exc:
+            fail(str(exc))
+        return decode(answer)
+
+    def build(self, cls: str, *args, state_dict=None, dtype: torch.dtype | None = None, **kwargs) -> ModuleRef:
+        dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else None
+        answer = self._ask("build", target=f"{cls}.__init__", cls=cls, args=list(args), kwargs=kwargs,
+                           state_dict=state_dict, dtype=dtype_name, device=self.device)
+        return decode(answer)
+
+    def describe(self, module: ModuleRef) -> ModuleRef:
+        return decode(self._ask("describe", handle=module.handle))
+
+    def forward(self, module: ModuleRef, x: torch.Tensor, *, train=False, seed=0, grad_out=None,
+                trace=False, hooks=False) -> Forward:
+        answer = self._ask("forward", target=f"{module.cls}.forward", handle=module.handle, x=x,
+                           train=train, seed=seed, grad_out=grad_out, trace=trace, hooks=hooks)
+        infos: list[TensorInfo] = []
+        y = decode(answer["y"], infos)
+        return Forward(y=y, y_info=infos[0] if isinstance(y, torch.Tensor) else None,
+                       x_after=answer["x_after"], head_calls=answer.get("head_calls", []),
+                       ops=answer.get("ops"), python_calls=answer.get("python_calls"),
+                       grads=answer.get("grads"))
+
+
+def _wire(value):
+    if isinstance(value, ModuleRef):
+        return {"__handle__": value.handle}
+    if isinstance(value, (list, tuple)):
+        return [_wire(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _wire(v) for k, v in value.items()}
+    return value
+
+
+class Inputs:
+    """Hidden inputs: a seed the submission never sees, fresh for every grading run."""
+
+    def __init__(self, seed: int | None = None):
+        self.seed = secrets.randbits(63) if seed is None else seed
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    def randn(self, *shape, dtype=torch.float64) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.generator, dtype=torch.float64).to(dtype)
+
+    def seed_value(self) -> int:
+        return int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
+
+    def state_dict(self, module: torch.nn.Module, dtype=torch.float64) -> dict[str, torch.Tensor]:
+        """Random weights for `module` (overwritten in place, returned as a state dict): every
+        parameter, biases included, at a scale where attention is neither uniform nor one-hot."""
+        with torch.no_grad():
+            for name, param in module.named_parameters():
+                fan_in = param.shape[-1] if param.dim() > 1 else param.shape[0]
+                param.copy_(self.randn(*param.shape) / fan_in**0.5 * 1.5)
+        module.to(dtype)
+        return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def assert_close(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric, what: str,
+                 diagnose=None):
+    """Fail unless `actual` is a tensor of `expected`'s shape and dtype, close within the rubric's
+    tolerance. `diagnose(actual)` may name the likely mistake."""
+    if not isinstance(actual, torch.Tensor):
+        fail(f"{what}: expected a tensor, got {type(actual).__name__} {actual!r:.80}")
+    hint = diagnose(actual) if diagnose else None
+    if tuple(actual.shape) != tuple(expected.shape):
+        fail(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}."
+             + (f"\nLikely mistake: {hint}" if hint else ""))
+    if actual.dtype != expected.dtype:
+        fail(f"{what}: dtype {actual.dtype}, expected {expected.dtype} (keep the input's dtype)")
+    rtol, atol = rubric.tolerance(dtype_name)
+    if not torch.allclose(actual.double(), expected.double(), rtol=rtol, atol=atol, equal_nan=False):
+        diff = (actual.double() - expected.double()).abs()
+        finite = torch.isfinite(actual).all()
+        detail = (f"largest difference {diff.max().item():.3g} (tolerance {atol:g} + {rtol:g} x |expected|)"
+                  if finite else "your output contains NaN or infinity")
+        fail(f"{what}: values differ from the reference; {detail}." + (f"\nLikely mistake: {hint}" if hint else ""))
+
+
+def matches(actual, candidate: torch.Tensor, atol=1e-6) -> bool:
+    return (isinstance(actual, torch.Tensor) and tuple(actual.shape) == tuple(candidate.shape)
+            and torch.allclose(actual.double(), candidate.double(), rtol=1e-5, atol=atol))
+
+
+def first_match(actual, variants: dict) -> str | None:
+    """The description of the first known wrong variant that `actual` equals, if any. A variant is a
+    tensor or a function making one; a variant that cannot be computed for this input is skipped."""
+    for description, candidate in variants.items():
+        try:
+            candidate = candidate() if callable(candidate) else candidate
+        except (RuntimeError, ValueError, IndexError):
+            continue
+        if matches(actual, candidate):
+            return description
+    return None
+
+
+def count_matmuls(ops: list[str]) -> int:
+    return sum(op in MATMUL_OPS for op in ops)
+
+
+def build_pair(submission: Submission, inputs: Inputs, cls: str, *args, dtype=torch.float64,
+               device="cpu", **kwargs):
+    """The reference module with hidden random weights, and the student's class built with the
+    same arguments and loaded with the same weights. The reference is in eval mode."""
+    from reference import mha as ref
+
+    reference = getattr(ref, cls)(*args, **kwargs)
+    state = inputs.state_dict(reference, dtype)
+    reference = reference.to(device).eval()
+    return reference, submission.build(cls, *args, state_dict=state, dtype=dtype, **kwargs)
+
+
+def reference_forward(module: torch.nn.Module, x: torch.Tensor, *, train=False, seed=0) -> torch.Tensor:
+    module.train(train)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        y = module(x)
+    module.eval()
+    return y
+
+
+def dtypes_for(device: str) -> list[str]:
+    return ["float64", "float32"] if device == "cpu" else ["float32", "bfloat16", "float16"]
+
+
+def book_batch() -> torch.Tensor:
+    """The book's running example: "Your journey starts with one step" as six 3-D embeddings, twice."""
+    inputs = torch.tensor([
+        [0.43, 0.15, 0.89],  # Your
+        [0.55, 0.87, 0.66],  # journey
+        [0.57, 0.85, 0.64],  # starts
+        [0.22, 0.58, 0.33],  # with
+        [0.77, 0.25, 0.10],  # one
+        [0.05, 0.80, 0.55],  # step
+    ])
+    return torch.stack((inputs, inputs))  # (2, 6, 3)
+
+
+def check_gradients(got: dict | None, expected: dict, rubric: Rubric, dtype_name: str = "float64"):
+    """Compare the worker's gradients (keys "x" and "param:<name>") with the reference's."""
+    if got is None:
+        fail("no gradients came back: does the forward return a tensor connected to its input?")
+    for name, grad in expected.items():
+        label = "the input x" if name == "x" else name.removeprefix("param:")
+        mine = got.get(name)
+        if mine is None:
+            fail(f"no gradient reached {label}: is it used in the computation, without .detach() or torch.no_grad()?")
+        assert_close(mine, grad, dtype_name, rubric, f"gradient of {label}")
