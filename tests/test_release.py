@@ -195,8 +195,8 @@ def test_solution_cells_are_the_cells_with_solution_regions():
     assert [c.id for c in source.cells] == [c.id for c in release.cells]
     for before, after in zip(source.cells, release.cells):
         has_solution = "### BEGIN SOLUTION" in before.source
-        assert nbgrader(before)["solution"] is has_solution
-        assert nbgrader(after)["solution"] is has_solution
+        assert nbgrader(before).get("solution") is has_solution, f"source cell {before.id}"
+        assert nbgrader(after).get("solution") is has_solution, f"release cell {after.id}"
         if has_solution:
             assert "raise NotImplementedError()" in after.source
         else:

@@ -285,14 +285,13 @@ def _check_wrapper():
             f"columns {2 * h}..{2 * h + 1} of the output are not head {h}'s output: "
             "pass the heads' outputs to combine in the order of self.heads"
         )
-    book_first = torch.tensor([-0.4519, 0.2216, 0.4772, 0.1063])
-    book_last = torch.tensor([-0.5299, -0.1081, 0.5077, 0.3493])
-    assert torch.allclose(out[0, 0], book_first, atol=1e-4), (
-        f"first context vector {out[0, 0].tolist()}; the book prints {book_first.tolist()}"
-    )
-    assert torch.allclose(out[1, -1], book_last, atol=1e-4), (
-        f"last context vector {out[1, -1].tolist()}; the book prints {book_last.tolist()}"
-    )
+    for where, row, book in (
+        ("first", out[0, 0], [-0.4519, 0.2216, 0.4772, 0.1063]),
+        ("last", out[1, -1], [-0.5299, -0.1081, 0.5077, 0.3493]),
+    ):
+        assert torch.allclose(row, torch.tensor(book), atol=1e-4), (
+            f"{where} context vector {[round(v, 4) for v in row.tolist()]}; the book prints {book}"
+        )
     return "MultiHeadAttentionWrapper.forward: the visible checks passed"
 
 
@@ -350,9 +349,9 @@ def _check_two_dim():
     shape = tuple(out.shape)
     hint = " (that is 2 heads of the default width 2: which argument sets a head's width?)" if shape == (2, 6, 4) else ""
     assert shape == (2, 6, 2), f"the wrapper returned shape {shape}; expected (2, 6, 2){hint}"
-    book_first = torch.tensor([-0.5740, 0.2216])
-    assert torch.allclose(out[0, 0], book_first, atol=1e-4), (
-        f"first context vector {out[0, 0].tolist()}; the book prints {book_first.tolist()}"
+    book_first = [-0.5740, 0.2216]
+    assert torch.allclose(out[0, 0], torch.tensor(book_first), atol=1e-4), (
+        f"first context vector {[round(v, 4) for v in out[0, 0].tolist()]}; the book prints {book_first}"
     )
     with_bias = make_2d_wrapper(3, 6, dropout=0.1, qkv_bias=True)
     head = with_bias.heads[0]
@@ -483,13 +482,13 @@ def _check_columns():
         raise NotImplementedError("EIGHT_COLUMNS_FOUR_HEADS is not answered yet")
     ranges = [tuple(r) for r in EIGHT_COLUMNS_FOUR_HEADS]
     assert len(ranges) == 4, f"EIGHT_COLUMNS_FOUR_HEADS has {len(ranges)} ranges; expected one per head, 4"
+    assert all(ranges[h][1] == ranges[h + 1][0] for h in range(3)), (
+        f"EIGHT_COLUMNS_FOUR_HEADS = {ranges}: the ranges are half-open (stop is excluded), so each "
+        "range's stop is the next range's start"
+    )
     assert ranges[0][0] == 0 and ranges[-1][1] == 8, (
         f"EIGHT_COLUMNS_FOUR_HEADS = {ranges}: the first range must start at 0 and the last must stop "
-        "at 8 (the number of columns; stop is excluded)"
-    )
-    assert all(ranges[h][1] == ranges[h + 1][0] for h in range(3)), (
-        f"EIGHT_COLUMNS_FOUR_HEADS = {ranges}: the ranges are half-open, so each range's stop is the "
-        "next range's start"
+        "at 8, the number of columns"
     )
     assert len({stop - start for start, stop in ranges}) == 1, (
         f"EIGHT_COLUMNS_FOUR_HEADS = {ranges}: every head gets the same number of columns"
@@ -631,7 +630,7 @@ def _check_mha():
     assert shape == (2, 6, 2), f"forward returned shape {shape}; expected (b, T, d_out) = (2, 6, 2){hint}"
     for where, row, book in (("first", out[0, 0], [0.3190, 0.4858]), ("last", out[1, -1], [0.2575, 0.4028])):
         assert torch.allclose(row, torch.tensor(book), atol=1e-4), (
-            f"{where} context vector {row.tolist()}; the book prints {book}"
+            f"{where} context vector {[round(v, 4) for v in row.tolist()]}; the book prints {book}"
         )
 
     torch.manual_seed(0)
