@@ -1,0 +1,146 @@
+"""The untrusted worker, from the grader's side: deadlines, crashes, restarts, limits, the sandbox."""
+import time
+
+import pytest
+import torch
+
+from autograder.worker import (LoadFailed, SubmissionError, Worker, WorkerConfig, WorkerCrashed,
+                               WorkerTimeout, namespace_sandbox_available)
+
+
+def worker(source: str, **config) -> Worker:
+    settings = dict(load_seconds=30, request_seconds=3)
+    settings.update(config)
+    return Worker([(1, source)], "mha.py", WorkerConfig(**settings))
+
+
+@pytest.fixture
+def make_worker():
+    made = []
+
+    def make(source, **config):
+        made.append(worker(source, **config))
+        return made[-1]
+
+    yield make
+    for w in made:
+        w.close()
+
+
+def test_answers_are_plain_data_and_tensors(make_worker):
+    w = make_worker("import torch\ndef double(t):\n    return [t * 2, (1, 'a')]\n")
+    value = w.request("call", fn="double", args=[torch.ones(2)], kwargs={})
+    assert value["type"] == "list"
+    assert torch.equal(value["items"][0]["value"], torch.full((2,), 2.0))
+    assert value["items"][1] == {"type": "tuple", "items": [{"type": "plain", "value": 1},
+                                                             {"type": "plain", "value": "a"}]}
+
+
+def test_student_exceptions_come_back_with_their_traceback(make_worker):
+    w = make_worker("def f():\n    raise ValueError('bad split')\n")
+    with pytest.raises(SubmissionError) as info:
+        w.request("call", fn="f", args=[], kwargs={})
+    assert info.value.type == "ValueError" and info.value.message == "bad split"
+    assert 'File "<mha.py, cell 1>", line 2, in f' in info.value.traceback
+
+
+def test_a_hang_is_cut_at_the_deadline_and_not_retried(make_worker):
+    w = make_worker("def spin():\n    while True:\n        pass\ndef ok():\n    return 1\n", request_seconds=1)
+    started = time.monotonic()
+    with pytest.raises(WorkerTimeout, match="did not finish within 1 s"):
+        w.request("call", target="spin", fn="spin", args=[], kwargs={})
+    assert time.monotonic() - started < 5
+    started = time.monotonic()
+    with pytest.raises(WorkerTimeout, match="not tried again"):
+        w.request("call", target="spin", fn="spin", args=[], kwargs={})
+    assert time.monotonic() - started < 0.5  # remembered, not waited for again
+    assert w.request("call", target="ok", fn="ok", args=[], kwargs={}) == {"type": "plain", "value": 1}
+    assert w.starts == 2  # killed after the hang, restarted for the next request
+
+
+def test_an_exit_inside_a_call_is_reported_and_the_worker_restarts(make_worker):
+    w = make_worker("import os\ndef die():\n    os._exit(7)\ndef ok():\n    return 2\n")
+    with pytest.raises(WorkerCrashed, match="exited with status 7"):
+        w.request("call", fn="die", args=[], kwargs={})
+    assert w.request("call", fn="ok", args=[], kwargs={})["value"] == 2
+    assert w.starts == 2
+
+
+def test_a_segfault_is_named(make_worker):
+    w = make_worker("import ctypes\ndef crash():\n    ctypes.string_at(0)\n")
+    with pytest.raises(WorkerCrashed, match="SIGSEGV"):
+        w.request("call", fn="crash", args=[], kwargs={})
+
+
+def test_a_load_that_hangs_fails_once_and_is_remembered(make_worker):
+    w = make_worker("while True:\n    pass\n", load_seconds=2)
+    with pytest.raises(LoadFailed, match="within 2 s"):
+        w.request("ping")
+    started = time.monotonic()
+    with pytest.raises(LoadFailed):
+        w.request("ping")
+    assert time.monotonic() - started < 0.5 and w.starts == 1
+
+
+def test_cells_that_raise_do_not_stop_the_load(make_worker):
+    w = Worker([(1, "a = 1"), (2, "raise NotImplementedError()"), (3, "b = a + 1")], "mha.ipynb",
+               WorkerConfig(request_seconds=3))
+    try:
+        report = w.start()
+        assert [e["cell"] for e in report["errors"]] == [2]
+        assert w.request("get", name="b") == {"type": "plain", "value": 2}
+    finally:
+        w.close()
+
+
+def test_memory_cap_turns_a_huge_allocation_into_an_error(make_worker):
+    w = make_worker("import torch\ndef hog():\n    return torch.empty(16 * 2**30, dtype=torch.uint8).sum()\n",
+                    memory_bytes=4 << 30)
+    with pytest.raises((SubmissionError, WorkerCrashed)) as info:
+        w.request("call", fn="hog", args=[], kwargs={})
+    assert "memory" in str(info.value).lower() or "allocate" in str(info.value).lower()
+
+
+def test_output_is_captured_and_truncated(make_worker):
+    w = make_worker("print('hello'); print('x' * 200_000)\n", output_bytes=1024)
+    w.start()
+    time.sleep(0.5)
+    text = w.output()
+    assert text.startswith("hello") and "more bytes of output not kept" in text and len(text) < 1200
+
+
+def test_a_forged_answer_is_never_unpickled(make_worker, tmp_path):
+    marker = tmp_path / "executed"
+    source = (
+        "import os, sys\n"
+        "main = sys.modules['__main__']\n"
+        "class Evil:\n"
+        f"    def __reduce__(self):\n        return (os.system, ('touch {marker}',))\n"
+        "original = main.send\n"
+        "main.send = lambda torch, fd, message: original(torch, fd, {'ok': True, 'value': Evil()})\n"
+    )
+    w = make_worker(source, isolation="process")
+    with pytest.raises(LoadFailed, match="could not be read safely"):
+        w.request("ping")
+    assert not marker.exists()
+
+
+@pytest.mark.skipif(not namespace_sandbox_available(), reason="user namespaces are not available here")
+def test_the_sandbox_hides_the_project_and_is_read_only(make_worker):
+    from autograder.worker import PROJECT_ROOT
+
+    probe = (
+        "import os\n"
+        "def attempt(action):\n"
+        "    try:\n        action()\n        return 'allowed'\n"
+        "    except Exception as exc:\n        return type(exc).__name__\n"
+        f"listing = os.listdir({str(PROJECT_ROOT)!r})\n"
+        "import_reference = attempt(lambda: __import__('reference'))\n"
+        "write_etc = attempt(lambda: open('/etc/mha-probe', 'w'))\n"
+        "network = attempt(lambda: __import__('socket').create_connection(('1.1.1.1', 80), timeout=1))\n"
+    )
+    w = make_worker(probe, isolation="namespace")
+    assert w.request("get", name="listing") == {"type": "list", "items": []}
+    assert w.request("get", name="import_reference")["value"] == "ModuleNotFoundError"
+    assert w.request("get", name="write_etc")["value"] == "OSError"
+    assert w.request("get", name="network")["value"] == "OSError"
