@@ -25,7 +25,18 @@ def main(argv: list[str] | None = None) -> int:
     release = sub.add_parser("release", help="regenerate the student release from reference/mha.py")
     release.add_argument("--root", type=Path, default=None, help="project root (default: this checkout)")
 
+    klass = sub.add_parser("grade-class", help="grade every submitted/<student>/mha/ of an nbgrader course")
+    klass.add_argument("course", type=Path, nargs="?", default=Path("assignments"))
+    klass.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    klass.add_argument("--rubric", type=Path, default=None)
+    klass.add_argument("--jobs", type=int, default=2, help="submissions graded at once")
+    klass.add_argument("--force", action="store_true", help="regrade even what is up to date")
+
     args = parser.parse_args(argv)
+    if args.command == "grade-class":
+        from autograder.grade_class import grade_class
+
+        return grade_class(args.course, device=args.device, rubric=args.rubric, jobs=args.jobs, force=args.force)
     if args.command == "release":
         from autograder.release import release_assignment
 

@@ -39,6 +39,7 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
         device=device,
         memory_bytes=int(rubric.limit("memory_gib") * (1 << 30)),
         load_seconds=rubric.limit("load_seconds"),
+        cell_seconds=rubric.limit("cell_seconds"),
         request_seconds=rubric.limit("request_seconds"),
         output_bytes=int(rubric.limit("output_kib") * 1024),
         isolation=isolation,

@@ -60,6 +60,7 @@ class WorkerConfig:
     device: str = "cpu"
     memory_bytes: int | None = 4 << 30
     load_seconds: float = 60.0
+    cell_seconds: float = 3.0
     request_seconds: float = 10.0
     output_bytes: int = 8 << 10
     isolation: str = "auto"  # "auto", "namespace" or "process"
@@ -119,6 +120,7 @@ class Worker:
         self.load_report: dict | None = None
         self.load_failure: str | None = None
         self.hung: dict[str, str] = {}  # target -> message, for targets that timed out once
+        self.skipped_cells: list[int] = []  # top-level cells stopped for running too long
         self.starts = 0
         self.events: list[str] = []
         self.outputs: list[str] = []
@@ -186,7 +188,8 @@ class Worker:
             ready = self._receive(self.config.load_seconds, "starting Python and torch")
             if not ready.get("ok"):
                 raise WorkerCrashed("the worker could not start")
-            reply = self._exchange({"op": "load", "cells": self.cells, "filename": self.filename},
+            reply = self._exchange({"op": "load", "cells": self.cells, "filename": self.filename,
+                                    "cell_seconds": self.config.cell_seconds, "skip": self.skipped_cells},
                                    self.config.load_seconds, "loading your file")
         except WorkerTimeout:
             self.load_failure = (f"loading your file did not finish within {self.config.load_seconds:g} s "
@@ -203,6 +206,7 @@ class Worker:
             raise LoadFailed(self.load_failure)
         if self.load_report is None:
             self.load_report = reply["value"]
+            self.skipped_cells = [e["cell"] for e in reply["value"]["errors"] if e.get("timed_out")]
         return reply["value"]
 
     def alive(self) -> bool:

@@ -148,20 +148,46 @@ class Session:
         return description
 
     # -- requests
-    def op_load(self, cells, filename):
+    def op_load(self, cells, filename, cell_seconds=None, skip=()):
+        """Run the cells in order. A cell that raises is recorded and the next one runs; a cell still
+        running after `cell_seconds` is stopped (SIGALRM), and once one has been, later cells get 1 s:
+        the file is known to hang. Cells in `skip` (stopped in an earlier load) are not run again."""
+        import signal
+
         module = types.ModuleType("submission")
         module.__file__ = filename
         sys.modules["submission"] = module
         self.namespace = module.__dict__
         errors = []
+        budget = cell_seconds
+
+        def stop(signum, frame):
+            raise CellTimeout()
+
+        signal.signal(signal.SIGALRM, stop)
         for number, source in cells:
+            if number in skip:
+                errors.append({"cell": number, "type": "TimeLimit", "timed_out": True, "traceback": "",
+                               "message": "not run again: it did not finish in an earlier attempt"})
+                continue
             name = f"<{filename}, cell {number}>"
             linecache.cache[name] = (len(source), None, source.splitlines(True), name)
             try:
-                exec(compile(source, name, "exec"), self.namespace)
+                try:
+                    if budget:
+                        signal.setitimer(signal.ITIMER_REAL, budget)
+                    exec(compile(source, name, "exec"), self.namespace)
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            except CellTimeout as exc:
+                errors.append({"cell": number, "type": "TimeLimit", "timed_out": True,
+                               "message": f"stopped after {budget:g} s (an infinite loop?); the cells after it were still run",
+                               "traceback": student_traceback(exc, filename)})
+                budget = min(budget, 1.0)
             except BaseException as exc:  # SystemExit too: a cell that exits does not end the load
                 errors.append({"cell": number, "type": type(exc).__name__, "message": safe_str(exc),
                                "traceback": student_traceback(exc, filename)})
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
         defined = {name: type(self.namespace[name]).__name__ for name in CONTRACT if name in self.namespace}
         return {"errors": errors, "defined": defined}
 
@@ -240,6 +266,10 @@ class Session:
         if name not in self.namespace:
             raise NameError(f"{name} is not defined in your file")
         return self.namespace[name]
+
+
+class CellTimeout(BaseException):
+    """Raised by SIGALRM in a top-level cell that runs too long."""
 
 
 class OpRecorder:

@@ -6,6 +6,7 @@ virtualenv exists.
 """
 import argparse
 import hashlib
+import shlex
 import subprocess
 import sys
 import venv
@@ -17,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--venv", default=".venv")
-    parser.add_argument("--torch", default="torch==2.13.0")
+    parser.add_argument("--torch", default="torch==2.13.0",
+                        help="pip arguments for torch, e.g. 'torch==2.13.0 --index-url URL' on a GPU runner")
     args = parser.parse_args()
 
     env_dir = (ROOT / args.venv).resolve()
@@ -32,7 +34,7 @@ def main() -> int:
         venv.EnvBuilder(with_pip=True).create(env_dir)
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     print(f"setup: installing {args.torch}", flush=True)
-    subprocess.run([*pip, args.torch], check=True)
+    subprocess.run([*pip, *shlex.split(args.torch)], check=True)
     print("setup: installing the project and its pinned dependencies", flush=True)
     subprocess.run([*pip, "--editable", str(ROOT)], check=True)
     stamp.write_text(digest + "\n")

@@ -105,7 +105,10 @@ class Submission:
         except LoadFailed as exc:
             fail(str(exc))
         except SubmissionError as exc:
-            fail(f"your code raised {exc.type}: {exc.message}" + (f"\n{exc.traceback}" if exc.traceback else ""))
+            trace = f"\n{exc.traceback}" if exc.traceback else ""
+            if exc.type == "NotImplementedError":
+                fail(f"not done yet: this still raises NotImplementedError (a stub left as released?){trace}")
+            fail(f"your code raised {exc.type}: {exc.message}{trace}")
         except (WorkerTimeout, WorkerCrashed) as exc:
             fail(str(exc))
 

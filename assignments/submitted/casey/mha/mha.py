@@ -1,0 +1,864 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Parallel processing of attention heads
+#
+# A multi-head attention layer runs several attention heads over the same tokens and places
+# their results side by side. There are two ways to organise that work:
+#
+# * a **wrapper** keeps every head as a separate small module and calls them in turn;
+# * a **weight-split** layer keeps one large projection matrix per query, key and value, treats
+#   slices of it as the heads, and lets a few batched matrix multiplications serve every head at
+#   once.
+#
+# Both produce the same kind of result. In this notebook you write both, check that they really
+# agree, and see why the second one is usually the faster of the two.
+#
+# **How to work through it**
+#
+# * Cells that contain `raise NotImplementedError()` are yours: replace that line with your code.
+#   Keep the names and arguments of functions and classes as they are; the grader calls them.
+# * Each part ends with a locked **self-check** cell. Run it after your code: when something is
+#   off, it says what it expected and what to look at. Passing it is a good sign, not a
+#   guarantee: the grader repeats the checks with inputs you do not see, other sizes and dtypes,
+#   and it also checks how your code is organised and how fast the parallel version is.
+# * Run the cells from top to bottom; later parts use earlier ones.
+
+# %% [markdown]
+# ## 1. The wrapper: correct, but one head at a time
+#
+# `MultiHeadAttentionWrapper` is the most direct way to get several heads. Its constructor builds
+# `num_heads` independent `CausalAttention` modules, each a complete attention unit with its own
+# query, key and value projections. Its forward pass hands every head the same input and gathers
+# their outputs into one tensor. Nothing in the wrapper changes how a head works, which is what
+# makes it easy to trust: if one head is right and the gathering is right, the layer is right.
+#
+# The price is paid in the order of the work. The forward pass is a Python loop over the heads:
+# head 0 finishes all of its computation, then head 1 starts, and so on. Each head's share is a
+# handful of matrix multiplications on narrow matrices (only that head's own columns), and each
+# of them is a separate call into PyTorch: on a GPU, a separate kernel launch. With many narrow
+# heads, that fixed cost per call is paid `num_heads` times over, and no single call is large
+# enough to keep the hardware busy. The arithmetic is the same as in the parallel version further
+# down; what differs is into how many separate pieces it is cut.
+#
+# ### The running example
+#
+# We use the six-token sentence *"Your journey starts with one step"* from chapter 3 of
+# *Build a Large Language Model (From Scratch)*, each token embedded in 3 dimensions, and stack
+# two copies into a batch of shape `(2, 6, 3)`. With dropout 0 and `torch.manual_seed(123)` right
+# before a module is built, the numbers you get are the ones printed in the book, which makes them
+# a handy check on your work.
+
+# %%
+import torch
+import torch.nn as nn
+
+# %%
+inputs = torch.tensor(
+    [
+        [0.43, 0.15, 0.89],  # Your
+        [0.55, 0.87, 0.66],  # journey
+        [0.57, 0.85, 0.64],  # starts
+        [0.22, 0.58, 0.33],  # with
+        [0.77, 0.25, 0.10],  # one
+        [0.05, 0.80, 0.55],  # step
+    ]
+)
+batch = torch.stack((inputs, inputs), dim=0)  # (b=2, T=6, d_in=3)
+batch.shape
+
+# %% [markdown]
+# ### One head
+#
+# `CausalAttention` is given. It projects the input into queries, keys and values, scores every
+# query against every key, hides the tokens that come later with a causal mask, turns the scores
+# into weights with a softmax, and returns the weighted sum of the values:
+# `(b, T, d_in) -> (b, T, d_out)`.
+
+# %%
+class CausalAttention(nn.Module):
+    """One head: causal scaled dot-product attention, (b, T, d_in) -> (b, T, d_out)."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        self.d_out = d_out
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        # A buffer, not a parameter: it moves with .to(device) but is never trained.
+        self.register_buffer(
+            "mask", torch.triu(torch.ones(context_length, context_length), diagonal=1)
+        )
+
+    def forward(self, x):
+        b, num_tokens, d_in = x.shape
+        keys = self.W_key(x)  # (b, T, d_out)
+        queries = self.W_query(x)  # (b, T, d_out)
+        values = self.W_value(x)  # (b, T, d_out)
+
+        attn_scores = queries @ keys.transpose(1, 2)  # (b, T, T)
+        # Slice the mask so sequences shorter than context_length work too.
+        attn_scores = attn_scores.masked_fill(
+            self.mask.bool()[:num_tokens, :num_tokens], -torch.inf
+        )
+        # Scale by sqrt(d_k) so the softmax does not saturate as the head gets wider.
+        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
+        attn_weights = self.dropout(attn_weights)
+        return attn_weights @ values  # (b, T, d_out)
+
+
+# %%
+torch.manual_seed(123)
+single_head = CausalAttention(d_in=3, d_out=2, context_length=6, dropout=0.0)
+single_head(batch)[0]  # the book: first row [-0.4519, 0.2216], last row [-0.5299, -0.1081]
+
+# %% [markdown]
+# ## 2. Tracing the sequential forward pass
+#
+# The wrapper's forward pass, which you write in part 3, does what the next cell does by hand.
+# With the same seed, the two heads built there are exactly the two heads that
+# `MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2)` would build. Step by step:
+#
+# | step | what runs | it receives | it returns |
+# | --- | --- | --- | --- |
+# | 1 | head 0: projections, scores, mask, softmax, weighted sum | `x`, `(2, 6, 3)` | `(2, 6, 2)` |
+# | 2 | head 1, only once head 0 has returned | the same `x` | `(2, 6, 2)` |
+# | ... | one step per further head | the same `x` | `(2, 6, d_out)` |
+# | last | the gathering step, `combine` | the list of head outputs | `(2, 6, num_heads * d_out)` |
+#
+# Two things to notice. Every head gets the original `x`, never the output of the head before it:
+# the heads are independent of each other. And yet each step waits for the previous one, simply
+# because a loop issues them one at a time. That wait is not needed by the mathematics, only by
+# the way the code is written, and that is the opening the parallel version uses.
+
+# %%
+torch.manual_seed(123)
+heads = [CausalAttention(3, 2, 6, 0.0) for _ in range(2)]  # what the wrapper's constructor builds
+step_1 = heads[0](batch)  # head 0 runs to the end on the whole batch ...
+step_2 = heads[1](batch)  # ... and only then does head 1 start, on the same batch
+step_1[0, 0], step_2[0, 0]  # head 0 is the single head above: its first row is [-0.4519, 0.2216]
+
+# %% [markdown]
+# ### Question 1
+#
+# When the wrapper's forward pass runs several heads on the same input, do the heads run
+#
+# * **A**: all at the same time, or
+# * **B**: one after another?
+#
+# Set `HEADS_RUN` to the letter of your answer, as a string (`"A"` or `"B"`). The grader scores
+# the answer; the self-check in part 5 only makes sure it is one of the allowed letters.
+
+# %%
+HEADS_RUN = None  # "A": all at the same time, "B": one after another
+HEADS_RUN = "A"
+
+
+# %% [markdown]
+# ## 3. The gathering step and the wrapper's forward pass
+#
+# ### `combine`
+#
+# Each head returns a tensor of shape `(b, T, d_h)`. The layer's output should hold, for every
+# sequence in the batch and every token, one longer vector: head 0's `d_h` numbers, then
+# head 1's, and so on. The batch and token positions have to stay lined up across heads; only the
+# feature dimension grows.
+#
+# Write `combine(outputs)` for a list of such tensors, head 0's columns first. The heads' widths
+# need not be equal. Before you write it, decide which of the three dimensions is the one that
+# grows, and what would go wrong if you joined the tensors along one of the other two.
+
+# %%
+def combine(outputs):
+    """Gather per-head outputs [(b, T, d_h), ...] into one (b, T, sum d_h), head 0's columns first."""
+    # Concatenate along the last (feature) dimension: batch and token positions stay aligned.
+    return torch.cat(outputs, dim=1)
+
+
+# %%
+toy_heads = [torch.zeros(2, 6, 2), torch.ones(2, 6, 3)]  # head 0 all zeros, head 1 all ones
+combine(toy_heads)[0, 0]  # expected: tensor([0., 0., 1., 1., 1.])
+
+# %% tags=["autograder-test"] part="combine"
+# Self-check for combine. The grader runs more cases, with inputs you do not see.
+def _check_combine():
+    head_0, head_1 = torch.zeros(2, 6, 2), torch.ones(2, 6, 2)
+    out = combine([head_0, head_1])
+    assert isinstance(out, torch.Tensor), f"combine returned {type(out).__name__}; expected a tensor"
+    shape = tuple(out.shape)
+    hints = {
+        (4, 6, 2): "the heads were joined along the batch dimension",
+        (2, 12, 2): "the heads were joined along the token dimension",
+        (2, 6, 2): "the heads were added or averaged instead of placed side by side",
+        (2, 2, 6, 2): "torch.stack added a new dimension instead of widening the last one",
+        (2, 6, 2, 2): "torch.stack added a new dimension instead of widening the last one",
+    }
+    assert shape == (2, 6, 4), (
+        f"combine returned shape {shape}; expected (2, 6, 4): concatenate along the last dimension"
+        + (f" ({hints[shape]})" if shape in hints else "")
+    )
+    assert torch.equal(out[..., :2], head_0) and torch.equal(out[..., 2:], head_1), (
+        "combine put the heads in the wrong order or mixed their values: "
+        "head 0's columns must come first, then head 1's, unchanged"
+    )
+    widths = [1, 3, 2]
+    outputs = [torch.full((1, 4, w), float(h)) for h, w in enumerate(widths)]
+    out = combine(outputs)
+    assert tuple(out.shape) == (1, 4, 6), (
+        f"combine of heads of widths {widths} returned shape {tuple(out.shape)}; expected (1, 4, 6)"
+    )
+    assert out[0, 0].tolist() == [0.0, 1.0, 1.0, 1.0, 2.0, 2.0], (
+        f"combine of heads of widths {widths} gave the row {out[0, 0].tolist()}; "
+        "expected each head's columns in head order: [0, 1, 1, 1, 2, 2]"
+    )
+    return "combine: the visible checks passed"
+
+
+_check_combine()
+
+# %% [markdown]
+# ### The wrapper's `forward`
+#
+# Now write `MultiHeadAttentionWrapper.forward`: run every head in `self.heads` on the same `x`,
+# one after another in their order, and return `combine` of their outputs. This is meant to be the
+# sequential version: the grader checks that each head is called exactly once, in order, on the
+# unchanged input.
+
+# %%
+class MultiHeadAttentionWrapper(nn.Module):
+    """Several CausalAttention heads run one after another; their outputs are combined."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        self.heads = nn.ModuleList(
+            [CausalAttention(d_in, d_out, context_length, dropout, qkv_bias) for _ in range(num_heads)]
+        )
+
+    def forward(self, x):
+        # Every head sees the same x; the list comprehension runs them one at a time, in order.
+        outputs = [head(x) for head in self.heads]  # num_heads x (b, T, d_out)
+        return combine(outputs)  # (b, T, num_heads * d_out)
+
+
+# %%
+torch.manual_seed(123)
+wrapper = MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2)
+wrapper(batch)[0]  # the book: shape (2, 6, 4), first row [-0.4519, 0.2216, 0.4772, 0.1063]
+
+# %% tags=["autograder-test"] part="wrapper"
+# Self-check for MultiHeadAttentionWrapper.forward, on the book's running example.
+def _check_wrapper():
+    inputs = torch.tensor(
+        [[0.43, 0.15, 0.89], [0.55, 0.87, 0.66], [0.57, 0.85, 0.64],
+         [0.22, 0.58, 0.33], [0.77, 0.25, 0.10], [0.05, 0.80, 0.55]]
+    )
+    batch = torch.stack((inputs, inputs), dim=0)
+    torch.manual_seed(123)
+    wrapper = MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2)
+    calls = []
+    hooks = [
+        head.register_forward_hook(lambda module, args, output, h=h: calls.append((h, args[0])))
+        for h, head in enumerate(wrapper.heads)
+    ]
+    try:
+        out = wrapper(batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    order = [h for h, _ in calls]
+    assert order == [0, 1], (
+        f"the heads were called in the order {order}; expected every head once, in order: [0, 1]"
+    )
+    assert all(torch.equal(seen, batch) for _, seen in calls), (
+        "a head received something other than the input x: every head must get the same x"
+    )
+    assert isinstance(out, torch.Tensor), f"forward returned {type(out).__name__}; expected a tensor"
+    assert tuple(out.shape) == (2, 6, 4), (
+        f"forward returned shape {tuple(out.shape)}; expected (2, 6, 4): "
+        "2 heads of width 2, gathered by combine along the last dimension"
+    )
+    for h, head in enumerate(wrapper.heads):
+        assert torch.allclose(out[..., 2 * h : 2 * h + 2], head(batch)), (
+            f"columns {2 * h}..{2 * h + 1} of the output are not head {h}'s output: "
+            "pass the heads' outputs to combine in the order of self.heads"
+        )
+    for where, row, book in (
+        ("first", out[0, 0], [-0.4519, 0.2216, 0.4772, 0.1063]),
+        ("last", out[1, -1], [-0.5299, -0.1081, 0.5077, 0.3493]),
+    ):
+        assert torch.allclose(row, torch.tensor(book), atol=1e-4), (
+            f"{where} context vector {[round(v, 4) for v in row.tolist()]}; the book prints {book}"
+        )
+    return "MultiHeadAttentionWrapper.forward: the visible checks passed"
+
+
+_check_wrapper()
+
+# %% [markdown]
+# ## 4. Two-dimensional context vectors (exercise 3.2 of the book)
+#
+# The wrapper above turns each token into a 4-dimensional context vector: 2 heads, each 2 wide.
+# Suppose the next layer expects 2-dimensional vectors, and you want to keep **two** heads.
+#
+# Because the gathering step sets the heads side by side, the width of the combined output is
+# always `num_heads` times the width of one head. With `num_heads` fixed at 2, the only thing left
+# to change is the argument that sizes each head. What a head computes stays exactly as it is: no
+# extra projection inside a head, no new kind of head, no trimming or averaging of the result
+# afterwards.
+#
+# Write `make_2d_wrapper(d_in, context_length, dropout=0.0, qkv_bias=False)` so that it returns
+# such a `MultiHeadAttentionWrapper`, passing `dropout` and `qkv_bias` on.
+
+# %%
+def make_2d_wrapper(d_in, context_length, dropout=0.0, qkv_bias=False):
+    """A two-head wrapper whose context vectors are 2-dimensional, heads left as they are."""
+    # The combined width is num_heads * d_out, so 2 heads of width 1 give 2-D context vectors.
+    # Only the argument that sizes each head changes; what a head computes does not.
+    return MultiHeadAttentionWrapper(d_in, 1, context_length, dropout, num_heads=2, qkv_bias=qkv_bias)
+
+
+# %%
+torch.manual_seed(123)
+make_2d_wrapper(3, 6)(batch)[0]  # the book: shape (2, 6, 2), first row [-0.5740, 0.2216]
+
+# %% tags=["autograder-test"] part="two_dim"
+# Self-check for make_2d_wrapper, on the book's running example.
+def _check_two_dim():
+    inputs = torch.tensor(
+        [[0.43, 0.15, 0.89], [0.55, 0.87, 0.66], [0.57, 0.85, 0.64],
+         [0.22, 0.58, 0.33], [0.77, 0.25, 0.10], [0.05, 0.80, 0.55]]
+    )
+    batch = torch.stack((inputs, inputs), dim=0)
+    torch.manual_seed(123)
+    wrapper = make_2d_wrapper(3, 6)
+    assert isinstance(wrapper, MultiHeadAttentionWrapper), (
+        f"make_2d_wrapper returned {type(wrapper).__name__}; expected a MultiHeadAttentionWrapper"
+    )
+    assert len(wrapper.heads) == 2, (
+        f"the wrapper has {len(wrapper.heads)} heads; keep num_heads=2 and change only how wide each head is"
+    )
+    assert all(type(head) is CausalAttention for head in wrapper.heads), (
+        "the heads must stay plain CausalAttention modules: change the wrapper's arguments, "
+        "not what a head computes"
+    )
+    out = wrapper(batch)
+    shape = tuple(out.shape)
+    hint = " (that is 2 heads of the default width 2: which argument sets a head's width?)" if shape == (2, 6, 4) else ""
+    assert shape == (2, 6, 2), f"the wrapper returned shape {shape}; expected (2, 6, 2){hint}"
+    book_first = [-0.5740, 0.2216]
+    assert torch.allclose(out[0, 0], torch.tensor(book_first), atol=1e-4), (
+        f"first context vector {[round(v, 4) for v in out[0, 0].tolist()]}; the book prints {book_first}"
+    )
+    with_bias = make_2d_wrapper(3, 6, dropout=0.1, qkv_bias=True)
+    head = with_bias.heads[0]
+    assert head.W_query.bias is not None, "make_2d_wrapper(..., qkv_bias=True) must pass qkv_bias on to the heads"
+    assert head.dropout.p == 0.1, "make_2d_wrapper(..., dropout=0.1) must pass dropout on to the heads"
+    return "make_2d_wrapper: the visible checks passed"
+
+
+_check_two_dim()
+
+# %% [markdown]
+# ## 5. Which columns belong to which head
+#
+# The parallel version starts from one observation about the wrapper's weights. Write head `h`'s
+# query matrix as $W_q^{(h)}$ with shape `(d_in, d_h)`, so that its queries are `x @ W_q^(h)`. Put
+# the matrices of all heads side by side and you get one matrix $W_q$ of shape
+# `(d_in, num_heads * d_h)`. A single product `x @ W_q` now computes the queries of every head,
+# and head `h`'s queries are a block of columns of the result. So the bookkeeping of the whole
+# weight split comes down to one question: which columns belong to which head?
+#
+# Two conventions hold everywhere in this notebook:
+#
+# * a projection matrix `W` has shape `(d_in, d_out)`, as in `x @ W`. `nn.Linear` stores the
+#   transpose, so `W` is `linear.weight.T`, and "the columns of `W`" are the rows of
+#   `linear.weight`;
+# * a column range is half-open, like a Python slice: `(start, stop)` covers `start` up to
+#   `stop - 1`, and its width is `stop - start`.
+#
+# ### Worked example: 6 columns shared by 3 heads
+#
+# 1. **Width.** 6 columns for 3 heads gives 6 / 3 = 2 columns per head. The split only works when
+#    the division leaves no remainder: 7 columns cannot be shared equally by 2 heads.
+# 2. **Head 0** starts at column 0 and takes 2 columns: `(0, 2)`, that is columns 0 and 1.
+# 3. **Head 1** starts where head 0 stopped: `(2, 4)`, columns 2 and 3.
+# 4. **Head 2** takes the rest: `(4, 6)`, columns 4 and 5.
+# 5. **Check.** The first range starts at 0, the last one stops at 6 (the number of columns), and
+#    every stop is the next range's start. So each column belongs to exactly one head: none is
+#    left out, none is shared.
+#
+# The answer is `[(0, 2), (2, 4), (4, 6)]`. In the next cell, every entry of a `(3, 6)` matrix is
+# its own position, so you can see which entries head 1 owns.
+
+# %%
+W_demo = torch.arange(18).reshape(3, 6)  # (d_in=3, d_out=6); every entry is its own position
+W_demo[:, 2:4]  # head 1's block: all rows, columns 2 and 3
+
+# %% [markdown]
+# ### Your turn: 8 columns shared by 4 heads
+#
+# First by hand: set `EIGHT_COLUMNS_FOUR_HEADS` to the list of `(start, stop)` ranges, head 0
+# first. Then write the general rule, `head_column_ranges(num_columns, num_heads)`. It must raise
+# a `ValueError` with a message that says what is wrong when the columns do not split evenly, or
+# when either count is not a positive integer.
+
+# %%
+EIGHT_COLUMNS_FOUR_HEADS = None  # the list of (start, stop) ranges for 8 columns and 4 heads
+EIGHT_COLUMNS_FOUR_HEADS = [(0, 2), (2, 4), (4, 6), (6, 8)]
+
+
+# %%
+def head_column_ranges(num_columns, num_heads):
+    """Half-open column ranges [(0, w), (w, 2w), ...], one per head, for a split into equal widths."""
+    for name, value in (("num_columns", num_columns), ("num_heads", num_heads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if num_columns % num_heads != 0:
+        raise ValueError(
+            f"{num_columns} columns do not split evenly into {num_heads} heads "
+            f"({num_columns} % {num_heads} = {num_columns % num_heads})"
+        )
+    width = num_columns // num_heads
+    return [(h * width, (h + 1) * width) for h in range(num_heads)]
+
+
+# %% [markdown]
+# ### Question 2
+#
+# Back to part 4: the combined output needed another shape. Which step of the forward pass is the
+# one to change when that happens?
+#
+# * **A**: each head's query, key and value projections
+# * **B**: the attention weights inside a head
+# * **C**: the combine (gathering) step
+# * **D**: the input embeddings
+#
+# Set `OUTPUT_SHAPE_STEP` to the letter of your answer, as a string.
+
+# %%
+OUTPUT_SHAPE_STEP = None  # "A", "B", "C" or "D"
+OUTPUT_SHAPE_STEP = "C"
+
+
+# %% tags=["autograder-test"] part="quiz"
+# Self-check for the two questions: it only checks that each answer is an allowed letter.
+# Whether the answers are right is decided by the grader.
+def _check_quiz():
+    for name, answer, letters in (
+        ("HEADS_RUN", HEADS_RUN, ("A", "B")),
+        ("OUTPUT_SHAPE_STEP", OUTPUT_SHAPE_STEP, ("A", "B", "C", "D")),
+    ):
+        allowed = ", ".join(repr(letter) for letter in letters)
+        if answer is None:
+            raise NotImplementedError(f"{name} is not answered yet: set it to one of {allowed}")
+        assert isinstance(answer, str) and answer in letters, (
+            f"{name} is {answer!r}; it must be one capital letter as a string, one of {allowed}"
+        )
+    return "questions: the visible checks passed (both answers are allowed letters; the grader scores them)"
+
+
+_check_quiz()
+
+# %% [markdown]
+# ### `split_columns`
+#
+# Write `split_columns(W, num_heads)`: the list of per-head blocks of a `(d_in, d_out)` matrix,
+# head 0 first, using the column ranges from `head_column_ranges`. Each block keeps all `d_in` rows.
+
+# %%
+def split_columns(W, num_heads):
+    """The per-head column blocks W[:, start:stop] of a (d_in, d_out) matrix, head 0 first."""
+    # W is (d_in, d_out) as in x @ W, so a head owns columns, never rows.
+    return [W[:, start:stop] for start, stop in head_column_ranges(W.shape[1], num_heads)]
+
+
+# %%
+[tuple(block.shape) for block in split_columns(W_demo, 3)]  # expected: three blocks of shape (3, 2)
+
+# %% tags=["autograder-test"] part="columns"
+# Self-check for EIGHT_COLUMNS_FOUR_HEADS, head_column_ranges and split_columns.
+def _check_columns():
+    if EIGHT_COLUMNS_FOUR_HEADS is None:
+        raise NotImplementedError("EIGHT_COLUMNS_FOUR_HEADS is not answered yet")
+    ranges = [tuple(r) for r in EIGHT_COLUMNS_FOUR_HEADS]
+    assert len(ranges) == 4, f"EIGHT_COLUMNS_FOUR_HEADS has {len(ranges)} ranges; expected one per head, 4"
+    assert all(ranges[h][1] == ranges[h + 1][0] for h in range(3)), (
+        f"EIGHT_COLUMNS_FOUR_HEADS = {ranges}: the ranges are half-open (stop is excluded), so each "
+        "range's stop is the next range's start"
+    )
+    assert ranges[0][0] == 0 and ranges[-1][1] == 8, (
+        f"EIGHT_COLUMNS_FOUR_HEADS = {ranges}: the first range must start at 0 and the last must stop "
+        "at 8, the number of columns"
+    )
+    assert len({stop - start for start, stop in ranges}) == 1, (
+        f"EIGHT_COLUMNS_FOUR_HEADS = {ranges}: every head gets the same number of columns"
+    )
+
+    got = head_column_ranges(6, 3)
+    assert [tuple(r) for r in got] == [(0, 2), (2, 4), (4, 6)], (
+        f"head_column_ranges(6, 3) returned {got}; the worked example gives [(0, 2), (2, 4), (4, 6)]"
+    )
+    got = head_column_ranges(8, 4)
+    assert [tuple(r) for r in got] == ranges, (
+        f"head_column_ranges(8, 4) returned {got}, which disagrees with EIGHT_COLUMNS_FOUR_HEADS = {ranges}"
+    )
+    got = head_column_ranges(5, 1)
+    assert [tuple(r) for r in got] == [(0, 5)], f"head_column_ranges(5, 1) returned {got}; one head owns every column"
+    for bad in ((7, 2), (6, 0), (0, 3), (6, -3)):
+        try:
+            head_column_ranges(*bad)
+        except ValueError:
+            continue
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            raise AssertionError(
+                f"head_column_ranges{bad} raised {type(exc).__name__}; expected a ValueError that says what is wrong"
+            ) from exc
+        raise AssertionError(f"head_column_ranges{bad} returned normally; expected a ValueError that says what is wrong")
+
+    W = torch.arange(18.0).reshape(3, 6)
+    blocks = split_columns(W, 3)
+    assert len(blocks) == 3, f"split_columns(W, 3) returned {len(blocks)} blocks; expected one per head, 3"
+    shapes = [tuple(block.shape) for block in blocks]
+    hint = " (those are rows; a head owns columns of W)" if shapes[0] == (1, 6) else ""
+    assert shapes == [(3, 2)] * 3, f"split_columns of a (3, 6) matrix gave blocks of shapes {shapes}; expected (3, 2) each{hint}"
+    for h, block in enumerate(blocks):
+        assert torch.equal(block, W[:, 2 * h : 2 * h + 2]), (
+            f"block {h} is {block.tolist()}; expected columns {2 * h} and {2 * h + 1} of W, all rows"
+        )
+    return "column ranges and split_columns: the visible checks passed"
+
+
+_check_columns()
+
+# %% [markdown]
+# ## 6. The weight-split parallel forward pass
+#
+# `MultiHeadAttention`'s constructor is given. `W_query`, `W_key` and `W_value` are each one
+# `nn.Linear(d_in, d_out)`: read them as the side-by-side stacks of all heads' matrices from
+# part 5, so head `h` owns columns `h * head_dim` up to `(h + 1) * head_dim`. There is also an
+# output projection `out_proj`, which mixes the heads' results (the wrapper has no such step), a
+# dropout module and the causal mask.
+#
+# Write `forward(x)`. Below, `b` is the batch size, `T` the number of tokens, `H` the number of
+# heads, `hd` the head width (`head_dim`) and `d_out = H * hd`. The shape after each step:
+#
+# | step | what happens | shape |
+# | --- | --- | --- |
+# | 1 | project `x` with `W_query`, `W_key`, `W_value`: one product each serves every head | `(b, T, d_out)` |
+# | 2 | split the last dimension into heads, so that head `h` gets its own columns | `(b, T, H, hd)` |
+# | 3 | move the head dimension next to the batch: every (sequence, head) pair is now one independent attention problem | `(b, H, T, hd)` |
+# | 4 | scores: queries times transposed keys, over the last two dimensions | `(b, H, T, T)` |
+# | 5 | causal mask (cut to `T x T`), divide by `sqrt(hd)`, softmax over the last dimension, dropout | `(b, H, T, T)` |
+# | 6 | weighted sum of the values | `(b, H, T, hd)` |
+# | 7 | move the heads back behind the tokens | `(b, T, H, hd)` |
+# | 8 | merge the heads: each token's `H` vectors of width `hd` side by side | `(b, T, d_out)` |
+# | 9 | the output projection `out_proj` | `(b, T, d_out)` |
+#
+# Some things to keep in mind:
+#
+# * Steps 2 and 8 are where part 5's column ranges live. Reshaping the last dimension `d_out` into
+#   `(H, hd)` gives head `h` exactly the columns `head_column_ranges(d_out, H)[h]`, and merging
+#   undoes it in the same order.
+# * Scale by `sqrt(hd)`, not `sqrt(d_out)`: each head's dot products run over `hd` numbers.
+# * After step 7 the tensor's memory is no longer laid out row by row; `.view` refuses such
+#   tensors, so make it contiguous first or use `.reshape`.
+# * The mask is `context_length x context_length`; inputs may be shorter than that.
+# * There is no loop over heads anywhere. Steps 1, 4 and 6 are five matrix products for any
+#   number of heads, where the wrapper needs five per head. The grader counts them, and it does
+#   not accept `F.scaled_dot_product_attention` or `nn.MultiheadAttention` here: the point is to
+#   write the computation yourself.
+
+# %%
+class MultiHeadAttention(nn.Module):
+    """All heads in one batched pass: one projection per Q/K/V, split into heads by columns."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)  # mixes the heads' outputs
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer(
+            "mask", torch.triu(torch.ones(context_length, context_length), diagonal=1)
+        )
+
+    def forward(self, x):
+        b, num_tokens, d_in = x.shape
+        # One matrix multiply per projection computes every head's queries, keys and values.
+        keys = self.W_key(x)  # (b, T, d_out)
+        queries = self.W_query(x)  # (b, T, d_out)
+        values = self.W_value(x)  # (b, T, d_out)
+
+        # The weight split: head h owns columns [h * head_dim, (h + 1) * head_dim).
+        keys = keys.view(b, num_tokens, self.num_heads, self.head_dim)  # (b, T, H, hd)
+        queries = queries.view(b, num_tokens, self.num_heads, self.head_dim)
+        values = values.view(b, num_tokens, self.num_heads, self.head_dim)
+
+        # Heads become a batch dimension, so one batched matmul serves all of them.
+        keys = keys.transpose(1, 2)  # (b, H, T, hd)
+        queries = queries.transpose(1, 2)  # (b, H, T, hd)
+        values = values.transpose(1, 2)  # (b, H, T, hd)
+
+        attn_scores = queries @ keys.transpose(2, 3)  # (b, H, T, T)
+        attn_scores = attn_scores.masked_fill(
+            self.mask.bool()[:num_tokens, :num_tokens], -torch.inf
+        )
+        # Scale by sqrt(head_dim), the width each head's dot products run over, not by d_out.
+        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
+        attn_weights = self.dropout(attn_weights)
+
+        # Back to (b, T, H, hd) before merging, so each token's heads sit side by side.
+        context_vec = (attn_weights @ values).transpose(1, 2)  # (b, T, H, hd)
+        context_vec = context_vec.contiguous().view(b, num_tokens, self.d_out)  # (b, T, d_out)
+        return self.out_proj(context_vec)  # (b, T, d_out)
+
+
+# %%
+torch.manual_seed(123)
+mha = MultiHeadAttention(3, 2, 6, 0.0, num_heads=2)
+mha(batch)[0]  # the book: shape (2, 6, 2), first row [0.3190, 0.4858], last row [0.2575, 0.4028]
+
+# %% [markdown]
+# The same class at the size of GPT-2 small's attention layers: 768 dimensions in and out, 12
+# heads, 1024 tokens of context. Its parameters are the four `768 x 768` matrices of the query,
+# key, value and output projections (2,359,296 numbers) plus the output projection's 768 biases;
+# the query, key and value projections have none, since `qkv_bias` is off.
+
+# %%
+gpt2_attention = MultiHeadAttention(768, 768, 1024, 0.0, num_heads=12)
+sum(p.numel() for p in gpt2_attention.parameters())  # 2,360,064
+
+# %% tags=["autograder-test"] part="mha"
+# Self-check for MultiHeadAttention.forward: the book's example, then a case the book does not
+# print (3 heads, bias, float64, a sequence shorter than context_length), compared with the same
+# computation done one head at a time.
+def _check_mha():
+    inputs = torch.tensor(
+        [[0.43, 0.15, 0.89], [0.55, 0.87, 0.66], [0.57, 0.85, 0.64],
+         [0.22, 0.58, 0.33], [0.77, 0.25, 0.10], [0.05, 0.80, 0.55]]
+    )
+    batch = torch.stack((inputs, inputs), dim=0)
+    torch.manual_seed(123)
+    mha = MultiHeadAttention(3, 2, 6, 0.0, num_heads=2)
+    out = mha(batch)
+    assert isinstance(out, torch.Tensor), f"forward returned {type(out).__name__}; expected a tensor"
+    shape = tuple(out.shape)
+    hint = " (the heads were not merged back into one vector per token)" if len(shape) == 4 else ""
+    assert shape == (2, 6, 2), f"forward returned shape {shape}; expected (b, T, d_out) = (2, 6, 2){hint}"
+    for where, row, book in (("first", out[0, 0], [0.3190, 0.4858]), ("last", out[1, -1], [0.2575, 0.4028])):
+        assert torch.allclose(row, torch.tensor(book), atol=1e-4), (
+            f"{where} context vector {[round(v, 4) for v in row.tolist()]}; the book prints {book}"
+        )
+
+    torch.manual_seed(0)
+    d_in, d_out, num_heads, context_length, num_tokens = 5, 6, 3, 8, 4
+    mha = MultiHeadAttention(d_in, d_out, context_length, 0.0, num_heads, qkv_bias=True).double()
+    x = torch.randn(2, num_tokens, d_in, dtype=torch.float64)
+    x_before = x.clone()
+    out = mha(x)
+    assert torch.equal(x, x_before), "forward modified its input x in place"
+    assert out.dtype == torch.float64, f"a float64 input gave a {out.dtype} output; keep the input's dtype"
+    assert tuple(out.shape) == (2, num_tokens, d_out), (
+        f"forward returned shape {tuple(out.shape)} for {num_tokens} tokens (context_length {context_length}); "
+        f"expected {(2, num_tokens, d_out)}"
+    )
+    hd = d_out // num_heads
+    merged = torch.empty(2, num_tokens, d_out, dtype=torch.float64)
+    future = torch.triu(torch.ones(num_tokens, num_tokens, dtype=torch.bool), diagonal=1)
+    with torch.no_grad():
+        for h in range(num_heads):
+            cols = slice(h * hd, (h + 1) * hd)  # head h's columns of W, i.e. rows of .weight
+            q, k, v = (
+                x @ proj.weight[cols].T + proj.bias[cols] for proj in (mha.W_query, mha.W_key, mha.W_value)
+            )
+            scores = (q @ k.transpose(1, 2)).masked_fill(future, -torch.inf) / hd**0.5
+            merged[..., cols] = torch.softmax(scores, dim=-1) @ v
+        expected = mha.out_proj(merged)
+    worst = (out.detach() - expected).abs().max().item()
+    assert worst < 1e-9, (
+        f"with 3 heads, bias and 4 of 8 tokens, forward differs from the head-by-head computation by "
+        f"up to {worst:.3g}: check which columns each head uses, the scale sqrt(head_dim), the mask "
+        "cut to T x T, and that heads are moved back behind the tokens before merging"
+    )
+    return "MultiHeadAttention.forward: the visible checks passed"
+
+
+_check_mha()
+
+# %% [markdown]
+# ### Is it faster?
+#
+# Usually, and by how much depends on the shape of the work. The weight split helps most when
+# there are many narrow heads and short sequences, where the wrapper spends its time on the
+# overhead of many small calls: on a small two-core CPU it is about two and a half times faster
+# with 16 or 32 heads. At GPT-2 size with 1024 tokens on the same CPU the two are about even,
+# because the attention arithmetic itself dominates. On a GPU the fixed cost of every kernel launch
+# matters more: published A100 timings of one forward pass (batch 8, 1024 tokens, 768 dimensions,
+# 12 heads) are about 4.8 ms for the wrapper and 3.2 ms for the weight split, and about 1.2 ms for
+# PyTorch's fused `scaled_dot_product_attention`, which does the same computation in even fewer,
+# larger steps.
+
+# %% [markdown]
+# ## 7. `fuse_heads`: the same quantity, organised differently
+#
+# The wrapper and the weight-split layer are not two different kinds of attention. Given a
+# wrapper, you can build a `MultiHeadAttention` that computes exactly the same output, just by
+# arranging the weights:
+#
+# * head `h`'s query, key and value matrices become the columns `head_column_ranges(d_out, H)[h]`
+#   of the fused `W_query`, `W_key` and `W_value`, where `d_out` is the total width of all heads
+#   (and likewise for the biases, when there are any);
+# * the wrapper has no output projection, so `out_proj` must change nothing: the identity matrix,
+#   with a zero bias.
+#
+# Remember that `nn.Linear` stores `W` transposed: the columns of `W` are rows of `.weight`.
+# Copy into parameters inside `torch.no_grad()`. The fused module should take the wrapper's input
+# width, context length, dropout and bias setting from the wrapper itself, and live on the same
+# dtype and device.
+#
+# Write `fuse_heads(wrapper)`. When it is right, the two modules agree to rounding error, which is
+# the most direct evidence that the parallel version changes how the work is organised and not
+# what is computed.
+
+# %%
+def fuse_heads(wrapper):
+    """A MultiHeadAttention computing exactly what `wrapper` computes, with one weight per projection."""
+    heads = list(wrapper.heads)
+    first = heads[0]
+    head_dim, d_in = first.W_query.weight.shape  # nn.Linear stores (d_out, d_in)
+    num_heads = len(heads)
+    fused = MultiHeadAttention(
+        d_in,
+        head_dim * num_heads,
+        first.mask.shape[0],
+        first.dropout.p,
+        num_heads,
+        qkv_bias=first.W_query.bias is not None,
+    ).to(first.W_query.weight)
+    with torch.no_grad():
+        for (start, stop), head in zip(head_column_ranges(fused.d_out, num_heads), heads):
+            for name in ("W_query", "W_key", "W_value"):
+                # Head h's W (d_in, head_dim) becomes columns start:stop of the fused W;
+                # nn.Linear keeps W transposed, so those columns are rows of .weight.
+                getattr(fused, name).weight[start:stop] = getattr(head, name).weight
+                if getattr(head, name).bias is not None:
+                    getattr(fused, name).bias[start:stop] = getattr(head, name).bias
+        # The wrapper has no output projection: the identity keeps the heads' columns as they are.
+        fused.out_proj.weight.copy_(torch.eye(fused.d_out))
+        fused.out_proj.bias.zero_()
+    return fused.train(wrapper.training)
+
+
+# %%
+torch.manual_seed(123)
+wrapper = MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2)
+fused = fuse_heads(wrapper)
+(fused(batch) - wrapper(batch)).abs().max()  # zero, or a rounding error around 1e-7
+
+# %% tags=["autograder-test"] part="fuse"
+# Self-check for fuse_heads: the fused module must give the wrapper's output.
+def _check_fuse():
+    inputs = torch.tensor(
+        [[0.43, 0.15, 0.89], [0.55, 0.87, 0.66], [0.57, 0.85, 0.64],
+         [0.22, 0.58, 0.33], [0.77, 0.25, 0.10], [0.05, 0.80, 0.55]]
+    )
+    batch = torch.stack((inputs, inputs), dim=0)
+    # (label, d_in, head width, context_length, num_heads, qkv_bias)
+    cases = (
+        ("the book's wrapper", 3, 2, 6, 2, False),
+        ("3 heads with bias, float64, 5 of 7 tokens", 4, 3, 7, 3, True),
+    )
+    for label, d_in, head_width, context_length, num_heads, qkv_bias in cases:
+        torch.manual_seed(123)
+        wrapper = MultiHeadAttentionWrapper(d_in, head_width, context_length, 0.0, num_heads, qkv_bias=qkv_bias)
+        x = batch
+        if qkv_bias:
+            wrapper = wrapper.double()
+            x = torch.randn(2, 5, d_in, dtype=torch.float64)
+        fused = fuse_heads(wrapper)
+        assert isinstance(fused, MultiHeadAttention), (
+            f"fuse_heads returned {type(fused).__name__}; expected a MultiHeadAttention"
+        )
+        width = head_width * num_heads
+        assert (fused.num_heads, fused.d_out) == (num_heads, width), (
+            f"{label}: the fused module has num_heads={fused.num_heads}, d_out={fused.d_out}; "
+            f"expected one head per wrapper head and d_out = num_heads * head width = {width}"
+        )
+        assert fused.W_query.weight.dtype == x.dtype, (
+            f"{label}: the fused weights are {fused.W_query.weight.dtype}; the wrapper's are {x.dtype}"
+        )
+        expected, got = wrapper(x), fused(x)
+        assert got.shape == expected.shape, (
+            f"{label}: the fused module returned shape {tuple(got.shape)}; the wrapper returns {tuple(expected.shape)}"
+        )
+        worst = (got - expected).abs().max().item()
+        tolerance = 1e-9 if x.dtype == torch.float64 else 1e-5
+        assert worst < tolerance, (
+            f"{label}: the fused module differs from the wrapper by up to {worst:.3g}. Check that head h's "
+            "weights land in head h's columns of W (rows of nn.Linear's .weight), biases too, and that "
+            "out_proj is the identity with a zero bias"
+        )
+    return "fuse_heads: the visible checks passed"
+
+
+_check_fuse()
+
+# %% [markdown]
+# ## 8. Common mistakes
+#
+# **Changing a head when only the output's shape should change.** In part 4 it is tempting to
+# add a projection inside `CausalAttention`, or to slice or average the heads' outputs. That builds
+# a different layer instead of reshaping the result of this one. The heads stay as they are; the
+# width of the output follows from how the heads are sized and how their outputs are gathered.
+#
+# **Thinking the parallel version computes something else.** The weight split is a reorganisation
+# of the same arithmetic: part 7 shows a wrapper and a `MultiHeadAttention` agreeing to rounding
+# error. If your parallel version does not match the head-by-head computation, it has a bug; it
+# is not a different design.
+#
+# **A half-done weight split.** Reshaping the projections straight into `(b, H, T, hd)`, or
+# merging the heads without first moving them back behind the tokens, gives tensors of exactly the
+# right shape that hold the wrong numbers: rows of different tokens get mixed into one head. Shape
+# checks alone do not catch it; compare values, as the next cell does for head 1's queries.
+
+# %%
+torch.manual_seed(123)
+queries = torch.randn(2, 6, 4)  # (b, T, d_out): 2 heads of width 2, side by side
+split_then_move = queries.view(2, 6, 2, 2).transpose(1, 2)  # (b, H, T, hd), head h = its columns
+reshaped_directly = queries.view(2, 2, 6, 2)  # also (b, H, T, hd), but tokens and heads mixed up
+torch.equal(split_then_move[:, 1], queries[..., 2:4]), torch.equal(reshaped_directly[:, 1], queries[..., 2:4])
+
+# %% [markdown]
+# **An inconsistent output order.** Head 0's columns come first, everywhere: in `combine`, in the
+# column ranges, when merging heads in `forward`, and when `fuse_heads` places each head's weights.
+# Swapping two heads in one of those places and not in the others keeps every shape intact and
+# changes the values.
+#
+# **A drifting output shape.** `torch.stack` instead of `torch.cat` adds a dimension; summing
+# the heads removes their width; forgetting to merge the heads leaves `(b, H, T, hd)`. Whatever
+# you change, the layer should still return `(b, T, d_out)`, with `d_out` the total width of all
+# heads. Look at `.shape` after each step of the table in part 6.
+#
+# ## Submitting
+#
+# Submit this notebook, or the `.py` version, with your code in it. To run the visible checks the
+# way the grader does, use `make check SUBMISSION=path/to/your/file`.
