@@ -188,6 +188,14 @@ class Worker:
             ready = self._receive(self.config.load_seconds, "starting Python and torch")
             if not ready.get("ok"):
                 raise WorkerCrashed("the worker could not start")
+            if self.config.device.startswith("cuda") and not ready["value"].get("cuda"):
+                if self.isolation != "namespace":
+                    raise WorkerCrashed("the worker cannot see the CUDA device")
+                # Some drivers need more than the sandbox shows; grade anyway, and say so.
+                self.kill()
+                self.isolation = "process"
+                self.events.append("CUDA was not visible inside the namespace sandbox: fell back to process isolation")
+                return self.start()
             reply = self._exchange({"op": "load", "cells": self.cells, "filename": self.filename,
                                     "cell_seconds": self.config.cell_seconds, "skip": self.skipped_cells},
                                    self.config.load_seconds, "loading your file")
