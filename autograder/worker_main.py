@@ -67,6 +67,24 @@ def enter_sandbox(hide, keep):
     _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "lock the mounts")
 
 
+class GraderPackageBlocker:
+    """Without the namespace sandbox, at least make `import reference` / `import autograder` fail.
+    A speed bump, not a wall: code in this process can remove it (results.json says isolation=process)."""
+
+    BLOCKED = ("reference", "autograder")
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def hide_grader_packages(hidden):
+    sys.path[:] = [p for p in sys.path if not any(
+        os.path.abspath(p or ".") == h or os.path.abspath(p or ".").startswith(h.rstrip("/") + "/") for h in hidden)]
+    sys.meta_path.insert(0, GraderPackageBlocker())
+
+
 # ----------------------------------------------------------------------------------------------
 # Messages
 
@@ -333,6 +351,8 @@ def main():
     if config.get("sandbox"):
         enter_sandbox(config["hide"], config["keep"])
         os.chdir(config["workdir"])
+    else:
+        hide_grader_packages(config["hide"])
     import torch
 
     torch.set_num_threads(config.get("threads") or torch.get_num_threads())

@@ -144,3 +144,15 @@ def test_the_sandbox_hides_the_project_and_is_read_only(make_worker):
     assert w.request("get", name="import_reference")["value"] == "ModuleNotFoundError"
     assert w.request("get", name="write_etc")["value"] == "OSError"
     assert w.request("get", name="network")["value"] == "OSError"
+
+
+def test_without_the_sandbox_the_grader_packages_still_do_not_import(make_worker):
+    probe = (
+        "def attempt(name):\n"
+        "    try:\n        __import__(name)\n        return 'imported'\n"
+        "    except ImportError as exc:\n        return type(exc).__name__\n"
+        "results = [attempt('reference'), attempt('reference.mha'), attempt('autograder.rubric')]\n"
+    )
+    w = make_worker(probe, isolation="process")
+    answer = w.request("get", name="results")
+    assert [item["value"] for item in answer["items"]] == ["ModuleNotFoundError"] * 3
