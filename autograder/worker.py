@@ -150,7 +150,7 @@ class Worker:
             "threads": self.config.threads or torch.get_num_threads(),
             "sandbox": sandbox,
             "hide": [p for p in hide if os.path.isdir(p)],
-            "keep": [k for k in keep if any(_inside(k, h) for h in hide)],
+            "keep": [k for k in keep if any(_inside(k, h) for h in hide)],  # the interpreter and its packages
             "workdir": "/tmp" if sandbox else self._scratch,
         }
         command = [sys.executable, "-I", "-c", WORKER_SOURCE.read_text(), str(req_r), str(resp_w), json.dumps(config)]
@@ -205,8 +205,10 @@ class Worker:
             self.kill()
             raise LoadFailed(self.load_failure) from None
         except WorkerError as exc:
-            self.load_failure = f"loading your file ended the worker: {exc}"
             self.kill()
+            last = self.output().strip().splitlines()[-3:]
+            self.load_failure = f"loading your file ended the worker: {exc}" + (
+                "\nIts last output:\n" + "\n".join(last) if last else "")
             raise LoadFailed(self.load_failure) from None
         if not reply.get("ok"):
             self.load_failure = f"loading your file failed in the worker: {reply.get('error')}"

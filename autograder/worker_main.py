@@ -79,9 +79,12 @@ class GraderPackageBlocker:
         return None
 
 
-def hide_grader_packages(hidden):
-    sys.path[:] = [p for p in sys.path if not any(
-        os.path.abspath(p or ".") == h or os.path.abspath(p or ".").startswith(h.rstrip("/") + "/") for h in hidden)]
+def hide_grader_packages(hidden, keep):
+    def inside(path, parents):
+        path = os.path.abspath(path or ".")
+        return any(path == p or path.startswith(p.rstrip("/") + "/") for p in parents)
+
+    sys.path[:] = [p for p in sys.path if inside(p, keep) or not inside(p, hidden)]
     sys.meta_path.insert(0, GraderPackageBlocker())
 
 
@@ -352,7 +355,7 @@ def main():
         enter_sandbox(config["hide"], config["keep"])
         os.chdir(config["workdir"])
     else:
-        hide_grader_packages(config["hide"])
+        hide_grader_packages(config["hide"], config["keep"])
     import torch
 
     torch.set_num_threads(config.get("threads") or torch.get_num_threads())
