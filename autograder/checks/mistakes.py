@@ -70,8 +70,11 @@ def wrapper_variants(head_outputs: list[torch.Tensor]) -> dict:
 
 
 def mha_forward(module: ref.MultiHeadAttention, x: torch.Tensor, *, scale="head_dim", mask=True,
-                transpose_before_merge=True, out_proj=True, split="view_transpose", softmax_dim=-1):
-    """The reference's parallel forward with one step done wrongly (or not at all)."""
+                transpose_before_merge=True, out_proj=True, split="view_transpose", softmax_dim=-1,
+                dropout="weights"):
+    """The reference's parallel forward with one step done wrongly (or not at all). `dropout` says where
+    module.dropout is applied: "weights" (right), "context" (b, H, T, hd), "merged" (b, T, d_out),
+    "output" (after out_proj), "none", or a tuple of these places."""
     b, T, _ = x.shape
     H, hd = module.num_heads, module.head_dim
 
@@ -85,10 +88,15 @@ def mha_forward(module: ref.MultiHeadAttention, x: torch.Tensor, *, scale="head_
     if mask:
         scores = scores.masked_fill(module.mask.bool()[:T, :T], -torch.inf)
     divisor = {"head_dim": hd**0.5, "d_out": module.d_out**0.5, "none": 1.0}[scale]
-    weights = torch.softmax(scores / divisor, dim=softmax_dim)
-    context = weights @ v  # (b, H, T, hd)
+
+    def drop(where, t):
+        return module.dropout(t) if where in (dropout if isinstance(dropout, tuple) else (dropout,)) else t
+
+    weights = drop("weights", torch.softmax(scores / divisor, dim=softmax_dim))
+    context = drop("context", weights @ v)  # (b, H, T, hd)
     context = (context.transpose(1, 2) if transpose_before_merge else context).reshape(b, T, module.d_out)
-    return module.out_proj(context) if out_proj else context
+    context = drop("merged", context)
+    return drop("output", module.out_proj(context) if out_proj else context)
 
 
 def mha_variants(module: ref.MultiHeadAttention, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -106,6 +114,33 @@ def mha_variants(module: ref.MultiHeadAttention, x: torch.Tensor) -> dict[str, t
             "softmax over the wrong dimension; normalise over the keys (dim=-1)": dict(softmax_dim=-2),
         }
         return {description: mha_forward(module, x, **flags) for description, flags in candidates.items()}
+
+
+def mha_dropout_variants(module: ref.MultiHeadAttention, x: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
+    """Training-mode outputs with dropout in the wrong place, each drawn from the same seed as the check's
+    reference, so a submission that drops elsewhere matches its variant exactly."""
+    fix = "apply self.dropout to attn_weights right after the softmax, before multiplying by the values"
+    candidates = {
+        f"dropout applied to the context vectors instead of the attention weights; {fix}": "context",
+        f"dropout applied to the context vectors (after merging the heads) instead of the attention weights; {fix}":
+            "merged",
+        f"dropout applied to the output of out_proj instead of the attention weights; {fix}": "output",
+        "dropout not applied in training mode; apply self.dropout to the attention weights": "none",
+        "dropout applied twice, to the attention weights and again to the context vectors; apply it once, "
+        "to the attention weights only": ("weights", "context"),
+        "dropout applied twice, to the attention weights and again to the output; apply it once, "
+        "to the attention weights only": ("weights", "output"),
+    }
+    variants = {}
+    module.train(True)
+    try:
+        with torch.no_grad():
+            for description, where in candidates.items():
+                torch.manual_seed(seed)
+                variants[description] = mha_forward(module, x, dropout=where)
+    finally:
+        module.eval()
+    return variants
 
 
 def fuse_variants(wrapper: ref.MultiHeadAttentionWrapper, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -141,4 +176,29 @@ def describe_module_mistake(fused_state: dict[str, torch.Tensor], d_out: int) ->
     bias = fused_state.get("out_proj.bias")
     if bias is not None and bias.abs().max() > 0:
         return "out_proj.bias is not zero: the wrapper adds nothing after concatenating the heads"
+    return None
+
+
+HEAD_PARTS = ("W_query", "W_key", "W_value")
+
+
+def describe_changed_heads(wrapper_state: dict[str, torch.Tensor]) -> str | None:
+    """A wrapper whose heads are no longer plain CausalAttention modules, read off its state dict: projections
+    of different widths inside one head, or parts a CausalAttention does not have."""
+    heads: dict[int, dict[str, torch.Tensor]] = {}
+    for name, tensor in wrapper_state.items():
+        parts = name.split(".", 2)
+        if len(parts) == 3 and parts[0] == "heads" and parts[1].isdigit():
+            heads.setdefault(int(parts[1]), {})[parts[2]] = tensor
+    known = {f"{p}.{kind}" for p in HEAD_PARTS for kind in ("weight", "bias")} | {"mask"}
+    for index in sorted(heads):
+        entries = heads[index]
+        widths = {p: entries[f"{p}.weight"].shape[0] for p in HEAD_PARTS if f"{p}.weight" in entries}
+        extra = sorted(name for name in entries if name not in known)
+        if len(set(widths.values())) > 1 or extra:
+            found = ", ".join(f"{p} {w} wide" for p, w in widths.items())
+            return (f"head internals changed instead of the gathering step: head {index} has {found}"
+                    + (f" and parts a CausalAttention does not have ({', '.join(extra[:4])})" if extra else "")
+                    + ". A head must stay a plain CausalAttention whose query, key and value projections are all "
+                      "d_out wide; change the argument that sizes the heads, not what is inside them")
     return None

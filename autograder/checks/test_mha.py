@@ -4,7 +4,7 @@ import torch
 
 from autograder.checks.harness import (assert_close, book_batch, build_pair, check_gradients, count_matmuls,
                                        fail, first_match, reference_forward)
-from autograder.checks.mistakes import mha_variants
+from autograder.checks.mistakes import mha_dropout_variants, mha_variants
 from reference import mha as ref
 
 # (batch, tokens, d_in, d_out, context_length, heads, qkv_bias)
@@ -109,7 +109,8 @@ def test_dropout(submission, inputs, rubric):
     seed = inputs.seed_value()
     assert_close(submission.forward(module, x, train=True, seed=seed).y,
                  reference_forward(reference, x, train=True, seed=seed), "float64", rubric,
-                 "training-mode output with dropout=0.5 (apply self.dropout once, to the attention weights)")
+                 "training-mode output with dropout=0.5 (apply self.dropout once, to the attention weights)",
+                 diagnose=lambda y: first_match(y, mha_dropout_variants(reference, x, seed)))
 
 
 def traced_matmuls(submission, inputs, heads):

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from autograder.checks.harness import assert_close, book_batch, fail, reference_forward
+from autograder.checks.mistakes import describe_changed_heads
 from reference import mha as ref
 
 CASES = {"d_in 3": (3, 6, False), "d_in 8, bias": (8, 5, True)}
@@ -37,6 +38,9 @@ def test_two_heads_of_width_one(submission, case):
     if len(layout) != 2:
         fail(f"the wrapper has {len(layout)} head(s); the exercise keeps num_heads=2 and changes only the "
              "width of each head (d_out=1), so two heads of width 1 give 2-D context vectors")
+    changed = describe_changed_heads(module.state_dict)
+    if changed:
+        fail(f"Likely mistake: {changed}. For 2-D context vectors keep num_heads=2 and pass d_out=1 to the wrapper.")
     widths = [shape[0] for shape in layout]
     if widths != [1, 1]:
         fail(f"the heads have output widths {widths}; with 2 heads the combined width is 2 * d_out, "
