@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import nbformat
 
 SUFFIXES = (".py", ".ipynb")
 MAX_BYTES = 5 << 20
@@ -39,6 +38,8 @@ def read_cells(path: Path) -> list[tuple[int, str]]:
 
 
 def notebook_cells(text: str, name: str = "notebook") -> list[tuple[int, str]]:
+    import nbformat  # only for notebooks: it is slow to import
+
     try:
         notebook = nbformat.reads(text, as_version=4)
     except Exception as exc:  # nbformat raises several kinds for malformed JSON

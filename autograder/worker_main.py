@@ -272,7 +272,10 @@ class Session:
         if recorder:
             answer["ops"] = recorder.ops
             answer["python_calls"] = recorder.python_calls
-        if grad_out is not None and isinstance(y, torch.Tensor):
+        if grad_out is not None and isinstance(y, torch.Tensor) and tuple(y.shape) != tuple(grad_out.shape):
+            answer["grad_problem"] = (f"the output has shape {tuple(y.shape)}, not {tuple(grad_out.shape)}, "
+                                      "so its gradients could not be checked")
+        elif grad_out is not None and isinstance(y, torch.Tensor):
             module.zero_grad(set_to_none=True)
             y.backward(grad_out.to(y.device, y.dtype))
             grads = {"x": x.grad}

@@ -70,6 +70,7 @@ class Forward:
     ops: list[str] | None = None
     python_calls: list[str] | None = None
     grads: dict[str, torch.Tensor | None] | None = None
+    grad_problem: str | None = None
 
 
 def decode(value, infos: list | None = None):
@@ -154,7 +155,7 @@ class Submission:
         return Forward(y=y, y_info=infos[0] if isinstance(y, torch.Tensor) else None,
                        x_after=answer["x_after"], head_calls=answer.get("head_calls", []),
                        ops=answer.get("ops"), python_calls=answer.get("python_calls"),
-                       grads=answer.get("grads"))
+                       grads=answer.get("grads"), grad_problem=answer.get("grad_problem"))
 
 
 def _wire(value):
@@ -272,8 +273,11 @@ def book_batch() -> torch.Tensor:
     return torch.stack((inputs, inputs))  # (2, 6, 3)
 
 
-def check_gradients(got: dict | None, expected: dict, rubric: Rubric, dtype_name: str = "float64"):
+def check_gradients(answer: Forward, expected: dict, rubric: Rubric, dtype_name: str = "float64"):
     """Compare the worker's gradients (keys "x" and "param:<name>") with the reference's."""
+    if answer.grad_problem:
+        fail(answer.grad_problem)
+    got = answer.grads
     if got is None:
         fail("no gradients came back: does the forward return a tensor connected to its input?")
     for name, grad in expected.items():

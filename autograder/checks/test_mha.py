@@ -75,7 +75,7 @@ def test_gradients(submission, inputs, rubric):
     answer = submission.forward(module, x, grad_out=grad_out)
     x_ref = x.clone().requires_grad_(True)
     reference(x_ref).backward(grad_out)
-    check_gradients(answer.grads, {"x": x_ref.grad, **{f"param:{n}": p.grad for n, p in reference.named_parameters()}},
+    check_gradients(answer, {"x": x_ref.grad, **{f"param:{n}": p.grad for n, p in reference.named_parameters()}},
                     rubric)
 
 

@@ -75,7 +75,7 @@ def test_gradients(submission, inputs, rubric):
     x_ref = x.clone().requires_grad_(True)
     reference(x_ref).backward(grad_out)
     expected = {"x": x_ref.grad, **{f"param:{n}": p.grad for n, p in reference.named_parameters()}}
-    check_gradients(answer.grads, expected, rubric)
+    check_gradients(answer, expected, rubric)
 
 
 @pytest.mark.part("wrapper")
