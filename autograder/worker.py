@@ -27,6 +27,7 @@ import torch
 WORKER_SOURCE = Path(__file__).with_name("worker_main.py")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MAX_MESSAGE = 1 << 30
+CRASHES_BEFORE_GIVING_UP = 2  # a target that ended the worker this often is not tried again
 
 
 class WorkerError(Exception):
@@ -120,6 +121,7 @@ class Worker:
         self.load_report: dict | None = None
         self.load_failure: str | None = None
         self.hung: dict[str, str] = {}  # target -> message, for targets that timed out once
+        self.crashes: dict[str, list[str]] = {}  # target -> messages, each time it ended the worker
         self.skipped_cells: list[int] = []  # top-level cells stopped for running too long
         self.starts = 0
         self.events: list[str] = []
@@ -153,7 +155,9 @@ class Worker:
             "keep": [k for k in keep if any(_inside(k, h) for h in hide)],  # the interpreter and its packages
             "workdir": "/tmp" if sandbox else self._scratch,
         }
-        command = [sys.executable, "-I", "-c", WORKER_SOURCE.read_text(), str(req_r), str(resp_w), json.dumps(config)]
+        # -u: unbuffered, so what the student's code printed is captured even when the worker is killed
+        command = [sys.executable, "-I", "-u", "-c", WORKER_SOURCE.read_text(), str(req_r), str(resp_w),
+                   json.dumps(config)]
         if sandbox:
             command = _unshare_prefix(shutil.which("unshare")) + ["--"] + command
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": config["workdir"], "LANG": "C.UTF-8",
@@ -266,6 +270,9 @@ class Worker:
         WorkerTimeout / WorkerCrashed when the worker had to be killed (it is restarted next time)."""
         if target and target in self.hung:
             raise WorkerTimeout(self.hung[target])
+        if target and len(self.crashes.get(target, ())) >= CRASHES_BEFORE_GIVING_UP:
+            raise WorkerCrashed(f"{self.crashes[target][-1]} (this happened {CRASHES_BEFORE_GIVING_UP} times; "
+                                "not tried again in later checks)")
         if not self.alive():
             self.start()
         timeout = timeout or self.config.request_seconds
@@ -279,6 +286,8 @@ class Worker:
             raise
         except WorkerCrashed as exc:
             self.events.append(str(exc))
+            if target:
+                self.crashes.setdefault(target, []).append(str(exc))
             self.kill()
             raise
         if not reply.get("ok"):

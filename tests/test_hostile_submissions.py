@@ -1,0 +1,636 @@
+"""Hostile submissions, graded end to end: every attack is contained and scored for what the code deserves.
+
+Student code only ever runs in the worker process (DESIGN.md, section 5). Each submission here attacks
+the grader in one way: it exits, hangs, crashes, hogs memory, floods its output, patches torch's
+comparisons, writes fake results and a conftest.py, steals the reference, caches or mutates, burns the
+CPU in the background, returns things that are not tensors, or hides its code between IPython magics.
+For every one the grader must exit 0 and write a complete results.json of its own (every check of the
+reference's run, none "not run"); the parts the attack touches lose points, with a message that says
+why, and every other part keeps the reference's full marks.
+
+Most submissions are the reference's definitions (its code cells without the demos and self-checks, so
+that loading runs no forward) with one hostile cell added; the untouched release is graded too (0 points,
+no grader error). All are graded once per session, two at a time.
+
+Measured on a shared 2-core machine (torch 2.13 CPU, namespace isolation, other jobs running): graded
+alone, the reference solution takes 7 s of wall time (execution_time 4.5 s) and a submission that hangs in
+every forward (wrapper, MultiHeadAttention and CausalAttention) 27 s (execution_time 25 s: two request
+deadlines of 10 s, since a target that timed out once is not tried again); in this file's pool, two
+gradings at a time, 45 s. The product requirement tested here: a submission hanging in every forward is
+graded in at most 60 s in all. The whole file took 3.6 min with the machine's load average at 3-4.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import nbformat
+import pytest
+
+from autograder.rubric import load_rubric
+from autograder.worker import namespace_sandbox_available
+from conftest import REFERENCE, ROOT, failures, grade, part_scores
+
+RELEASE = ROOT / "assignments" / "release" / "mha" / "mha.py"
+HANG_LIMIT_SECONDS = 60  # product requirement: a submission hanging in every forward is graded within this
+RESULTS_LIMIT_BYTES = 200 << 10  # a 100 MiB print flood must not make results.json big
+REQUEST_SECONDS = load_rubric().limit("request_seconds")
+
+_CELL = re.compile(r"^# %%(.*)$", re.M)
+
+
+def percent_cells(source: str) -> list[tuple[str, str]]:
+    """[(kind, body), ...] of a jupytext percent-format file: kind is "code" or "markdown"."""
+    starts = [m.start() for m in _CELL.finditer(source)] + [len(source)]
+    cells = []
+    for start, stop in zip(starts, starts[1:]):
+        header, _, body = source[start:stop].partition("\n")
+        if body.strip():
+            cells.append(("markdown" if "[markdown]" in header else "code", body))
+    return cells
+
+
+def is_definition(cell: str) -> bool:
+    """Imports, public classes and functions, and the answers (UPPER_CASE names): nothing that runs."""
+    for node in ast.parse(cell).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+            continue
+        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets):
+            continue
+        return False
+    return True
+
+
+def definitions() -> str:
+    """The reference's definitions only, as a percent-format file: loading it runs no forward."""
+    cells = percent_cells(REFERENCE.read_text())
+    return "".join(f"# %%\n{body}" for kind, body in cells if kind == "code" and is_definition(body))
+
+
+def with_cells(*, first: str = "", last: str = "") -> str:
+    """The reference's definitions with a hostile code cell before and/or after them."""
+    cell = lambda code: f"# %%\n{code.strip()}\n\n" if code.strip() else ""  # noqa: E731
+    return cell(first) + definitions() + cell(last)
+
+
+# -- the attacks ---------------------------------------------------------------------------------------------
+
+EXIT_AT_IMPORT = """
+import os
+os._exit(3)
+"""
+
+SYS_EXIT_AT_IMPORT = """
+import sys
+sys.exit("no grading today")
+"""
+
+EXIT_IN_FORWARD = """
+import os
+
+def _forward(self, x):
+    os._exit(3)
+
+MultiHeadAttention.forward = _forward
+"""
+
+SEGFAULT_IN_FORWARD = """
+import ctypes
+
+def _forward(self, x):
+    return ctypes.string_at(0)
+
+MultiHeadAttention.forward = _forward
+"""
+
+LOOP_IN_FORWARD = """
+def _forward(self, x):
+    while True:
+        pass
+
+MultiHeadAttention.forward = _forward
+"""
+
+LOOP_IN_EVERY_FORWARD = """
+def _forward(self, x):
+    while True:
+        pass
+
+CausalAttention.forward = _forward
+MultiHeadAttentionWrapper.forward = _forward
+MultiHeadAttention.forward = _forward
+"""
+
+# torch.empty only reserves address space: the worker's RLIMIT_AS refuses it at once, and were the cap
+# ever missing, the reservation would stay lazy instead of eating a shared machine's memory.
+MEMORY_HOG = """
+def _forward(self, x):
+    hog = torch.empty(16 << 30, dtype=torch.uint8)  # 16 GiB
+    return hog[: x.numel()].view(x.shape)
+
+MultiHeadAttention.forward = _forward
+"""
+
+PRINT_FLOOD = """
+import sys
+_line = "flood " * 170 + "\\n"  # about 1 KiB
+for _ in range(100 * 1024):  # 100 MiB in all
+    sys.stdout.write(_line)
+sys.stderr.write(_line * 1024)
+"""
+
+# A wrong forward (every output 1.5 times too large), with torch's comparisons patched to agree with anything.
+FAKE_EQUALITY = """
+_honest = MultiHeadAttention.forward
+
+def _always(*args, **kwargs):
+    return True
+
+torch.allclose = _always
+torch.equal = _always
+torch.Tensor.__eq__ = _always
+torch.testing.assert_close = lambda *args, **kwargs: None
+
+def _forward(self, x):
+    return _honest(self, x) * 1.5
+
+MultiHeadAttention.forward = _forward
+"""
+
+CACHED_BY_SHAPE = """
+def _cached(forward):
+    def cached_forward(self, x):
+        answers = self.__dict__.setdefault("_answers", {})
+        key = (tuple(x.shape), x.dtype, self.training)
+        if key not in answers:
+            answers[key] = forward(self, x)
+        return answers[key]
+    return cached_forward
+
+MultiHeadAttention.forward = _cached(MultiHeadAttention.forward)
+"""
+
+MUTATES_INPUT = """
+_honest = MultiHeadAttention.forward
+
+def _forward(self, x):
+    y = _honest(self, x.clone())
+    with torch.no_grad():
+        x.mul_(2)
+    return y
+
+MultiHeadAttention.forward = _forward
+"""
+
+# {marker} is replaced by a word unique to the test run, to find the burner process afterwards.
+BACKGROUND_BURNER = """
+import hashlib
+import subprocess
+import sys
+import threading
+
+_burners = []
+
+def _burn():  # hashlib lets go of the GIL on large inputs: a thread that burns a core of its own
+    data = bytes(1 << 20)
+    while True:
+        hashlib.sha256(data).digest()
+
+def _with_burners(forward):
+    def burning_forward(self, x):
+        if not _burners:
+            _burners.append(subprocess.Popen([sys.executable, "-c", "while True: pass  # {marker}"]))
+            _burners.append(threading.Thread(target=_burn, daemon=True))
+            _burners[-1].start()
+            print("BURNING in a process and a thread")
+        return forward(self, x)
+    return burning_forward
+
+MultiHeadAttention.forward = _with_burners(MultiHeadAttention.forward)
+"""
+
+# The wrapper returns a tuple, MultiHeadAttention an object that refuses repr, len, bool, == and attributes,
+# and fuse_heads a tensor subclass whose pickle would run a shell command ({marker} is a file to touch)
+# in whoever unpickles it without weights_only.
+NON_TENSORS = """
+import os
+
+class _Hostile:
+    def __repr__(self):
+        raise RuntimeError("no repr for you")
+    __str__ = __repr__
+    def __len__(self):
+        raise RuntimeError("no len for you")
+    def __bool__(self):
+        raise RuntimeError("no bool for you")
+    def __eq__(self, other):
+        raise RuntimeError("no == for you")
+    def __getattr__(self, name):
+        raise RuntimeError("no attributes for you")
+    def __reduce_ex__(self, protocol):
+        return (os.system, ("touch {marker}",))
+
+class _Bomb(torch.Tensor):
+    def __reduce_ex__(self, protocol):
+        return (os.system, ("touch {marker}",))
+
+_honest_wrapper = MultiHeadAttentionWrapper.forward
+
+def _wrapper_forward(self, x):
+    return (_honest_wrapper(self, x), "and a string")
+
+def _mha_forward(self, x):
+    return _Hostile()
+
+def _fuse_heads(wrapper):
+    return torch.zeros(2).as_subclass(_Bomb)
+
+MultiHeadAttentionWrapper.forward = _wrapper_forward
+MultiHeadAttention.forward = _mha_forward
+fuse_heads = _fuse_heads
+"""
+
+BROKEN_MHA_FORWARD = """
+def _forward(self, x):
+    raise NotImplementedError("MultiHeadAttention.forward is not written yet")
+
+MultiHeadAttention.forward = _forward
+"""
+
+CONFTEST_THAT_PASSES_EVERYTHING = '''
+import pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    outcome.get_result().outcome = "passed"
+'''
+
+
+def escape_attempts(files: list[Path], dirs: list[Path], parents: bool) -> str:
+    """At import: fake results (score 1000) in `files`, and a results.json plus a conftest.py that passes
+    every test in each of `dirs`, the working directory, its parents (when `parents`) and the home directory.
+    Every attempt is reported on stdout ("ESCAPE WROTE path" / "ESCAPE BLOCKED path")."""
+    return f"""
+from pathlib import Path
+
+_fake = '{{"score": 1000, "max_score": 100, "output": "hacked", "tests": []}}\\n'
+_conftest = {CONFTEST_THAT_PASSES_EVERYTHING!r}
+_writes = [(Path(p), _fake) for p in {[str(f) for f in files]!r}]
+_dirs = [Path(p) for p in {[str(d) for d in dirs]!r}] + [Path.cwd(), Path.home()]
+if {parents!r}:
+    _dirs += list(Path.cwd().parents)
+for _dir in dict.fromkeys(_dirs):
+    _writes += [(_dir / "results.json", _fake), (_dir / "conftest.py", _conftest)]
+for _path, _text in _writes:
+    try:
+        _path.write_text(_text)
+        print("ESCAPE WROTE", _path)
+    except OSError as _exc:
+        print("ESCAPE BLOCKED", _path, type(_exc).__name__)
+"""
+
+
+def reference_theft(root: Path) -> str:
+    """At import: import the reference (as installed, then from the checkout's path) or read its source and
+    the rubric; use the reference's forward when that worked, else a forward that raises. Every attempt is
+    reported on stdout ("THEFT SUCCEEDED ..." / "THEFT BLOCKED ...")."""
+    return f"""
+import importlib
+import sys
+
+def _steal():
+    stolen = None
+    for how in ("import", "path"):
+        try:
+            if how == "path":
+                sys.path.insert(0, {str(root)!r})
+            stolen = importlib.import_module("reference.mha").MultiHeadAttention.forward
+            print("THEFT SUCCEEDED by", how)
+            break
+        except Exception as exc:
+            print("THEFT BLOCKED", how, type(exc).__name__)
+    for path in ({str(root / "reference" / "mha.py")!r}, {str(root / "autograder" / "rubric.toml")!r}):
+        try:
+            with open(path) as handle:
+                print("THEFT SUCCEEDED reading", path, len(handle.read()))
+        except OSError as exc:
+            print("THEFT BLOCKED reading", path, type(exc).__name__)
+    return stolen
+
+def _fallback(self, x):
+    raise NotImplementedError("MultiHeadAttention.forward is not written yet")
+
+MultiHeadAttention.forward = _steal() or _fallback
+"""
+
+
+MAGICS = {  # (a snippet of a reference code cell, the IPython lines to put before it)
+    "import torch\nimport torch.nn as nn\n": "%matplotlib inline\n!pip install foo\n",
+    "class MultiHeadAttention(nn.Module):": "x = !ls\n%time y = 1\n",
+    "def fuse_heads(wrapper):": "%load_ext autoreload\n%autoreload 2\n",
+}
+
+
+def notebook_with_magics() -> str:
+    """The reference as a notebook, IPython magics added to three code cells and a %%bash cell after the
+    imports; magics are never run by the grader, so it must be graded exactly like reference/mha.py."""
+    cells = []
+    for kind, body in percent_cells(REFERENCE.read_text()):
+        if kind == "markdown":
+            cells.append(nbformat.v4.new_markdown_cell(re.sub(r"^# ?", "", body, flags=re.M)))
+            continue
+        for snippet, magic in MAGICS.items():
+            if snippet in body:
+                body = magic + body
+        cells.append(nbformat.v4.new_code_cell(body.rstrip("\n")))
+        if "import torch.nn as nn" in body:
+            cells.append(nbformat.v4.new_code_cell("%%bash\necho 'a shell cell'\nexit 1"))
+    assert sum(magic in cell.source for cell in cells for magic in MAGICS.values()) == len(MAGICS)
+    notebook = nbformat.v4.new_notebook(cells=cells)
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nbformat.writes(notebook)
+
+
+# -- the cases -----------------------------------------------------------------------------------------------
+
+@dataclass
+class Context:
+    """Where one submission lives and is graded, and what its attack may mention."""
+
+    submission_dir: Path
+    out_dir: Path
+    marker: str  # a word unique to this test run
+    sandboxed: bool  # namespace isolation is available, so the worker gets it
+
+    @property
+    def out_file(self) -> Path:
+        return self.out_dir / "mha-results.json"  # what conftest.grade passes as --out
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    build: Callable[[Context], str]
+    lost: dict[str, str]  # part -> "all" (0 points) or "some" (less than full); every other part keeps full marks
+    says: tuple[str, ...]  # each appears in a lost part's failure output or in results["output"]
+    only: dict[str, tuple[str, ...]] = field(default_factory=dict)  # part -> the only check keys that may fail
+    suffix: str = ".py"
+
+
+MHA_FORWARD_BROKEN = {"mha": "all", "fuse": "some"}  # fuse_heads' module runs the student's forward
+FUSED_FORWARD_ONLY = {"fuse": ("fuse::test_fused_output_equals_wrapper",)}
+EVERY_PART = {part: "all" for part in ("quiz", "combine", "wrapper", "two_dim", "columns", "mha", "fuse")}
+
+CASES = [
+    # slowest first (they wait out request deadlines), the CPU burner last
+    Case("loop_in_every_forward", lambda c: with_cells(last=LOOP_IN_EVERY_FORWARD),
+         {"wrapper": "all", "two_dim": "some", "mha": "all", "fuse": "some"},
+         ("MultiHeadAttentionWrapper.forward did not finish within",
+          "MultiHeadAttention.forward did not finish within"),
+         {"two_dim": ("two_dim::test_output_is_the_heads_side_by_side", "two_dim::test_book_example"),
+          **FUSED_FORWARD_ONLY}),
+    Case("loop_in_mha_forward", lambda c: with_cells(last=LOOP_IN_FORWARD), MHA_FORWARD_BROKEN,
+         (f"MultiHeadAttention.forward did not finish within {REQUEST_SECONDS:g} s", "not tried again"),
+         FUSED_FORWARD_ONLY),
+    Case("exit_in_mha_forward", lambda c: with_cells(last=EXIT_IN_FORWARD), MHA_FORWARD_BROKEN,
+         ("ended while MultiHeadAttention.forward: it exited with status 3", "not tried again"), FUSED_FORWARD_ONLY),
+    Case("segfault_in_mha_forward", lambda c: with_cells(last=SEGFAULT_IN_FORWARD), MHA_FORWARD_BROKEN,
+         ("ended by SIGSEGV (a segmentation fault)",), FUSED_FORWARD_ONLY),
+    Case("non_tensors", lambda c: with_cells(last=NON_TENSORS.replace("{marker}", str(c.out_dir / c.marker))),
+         {"wrapper": "some", "two_dim": "some", "mha": "some", "fuse": "all"},
+         ("expected a tensor, got tuple", "expected a tensor, got Foreign <_Hostile (unprintable)>",
+          "the worker's answer while fuse_heads could not be read safely")),
+    Case("print_flood_at_import", lambda c: with_cells(first=PRINT_FLOOD), {},
+         ("flood flood", "more bytes of output not kept")),
+    Case("exit_at_import", lambda c: with_cells(last=EXIT_AT_IMPORT), EVERY_PART,
+         ("Your file could not be loaded", "exited with status 3")),
+    Case("sys_exit_at_import", lambda c: with_cells(first=SYS_EXIT_AT_IMPORT), {},
+         ("cell 1 raised SystemExit: no grading today",)),
+    Case("memory_hog_in_mha_forward", lambda c: with_cells(last=MEMORY_HOG), MHA_FORWARD_BROKEN,
+         ("RuntimeError", "can't allocate memory"), FUSED_FORWARD_ONLY),
+    Case("patched_comparisons", lambda c: with_cells(last=FAKE_EQUALITY), {"mha": "some", "fuse": "some"},
+         ("values differ from the reference",),
+         {"mha": ("mha::test_matches_reference", "mha::test_book_example", "mha::test_new_inputs_new_answers",
+                  "mha::test_gradients", "mha::test_dropout"), **FUSED_FORWARD_ONLY}),
+    Case("cached_by_shape", lambda c: with_cells(last=CACHED_BY_SHAPE), {"mha": "some"},
+         ("output for new input number 2 of the same shape",), {"mha": ("mha::test_new_inputs_new_answers",)}),
+    Case("mutates_input", lambda c: with_cells(last=MUTATES_INPUT), {"mha": "some"},
+         ("the forward modified its input x in place",), {"mha": ("mha::test_input_not_modified",)}),
+    Case("fake_results_and_conftest", lambda c: with_cells(
+        first=escape_attempts([c.out_file], [c.submission_dir, c.out_dir], parents=c.sandboxed),
+        last=BROKEN_MHA_FORWARD), MHA_FORWARD_BROKEN,
+         ("ESCAPE", "MultiHeadAttention.forward is not written yet"), FUSED_FORWARD_ONLY),
+    Case("reference_theft", lambda c: with_cells(last=reference_theft(ROOT)), MHA_FORWARD_BROKEN,
+         ("THEFT BLOCKED import", "MultiHeadAttention.forward is not written yet"), FUSED_FORWARD_ONLY),
+    Case("notebook_with_magics", lambda c: notebook_with_magics(), {}, (), suffix=".ipynb"),
+    Case("background_burner", lambda c: with_cells(last=BACKGROUND_BURNER.replace("{marker}", c.marker)), {},
+         ("BURNING in a process and a thread",)),
+]
+if RELEASE.exists():  # generated by `make release`; graded here as it is, stubs and all
+    CASES.append(Case("untouched_release", lambda c: RELEASE.read_text(), EVERY_PART,
+                      ("not done yet: this still raises NotImplementedError",)))
+CASES_BY_ID = {case.id: case for case in CASES}
+
+
+@dataclass
+class Graded:
+    context: Context
+    results: dict
+    returncode: int
+    stderr: str
+    wall_seconds: float
+    results_bytes: int
+    before: dict[str, bool]  # host paths the submission might write -> whether they existed before grading
+
+
+@pytest.fixture(scope="session")
+def graded(tmp_path_factory) -> dict[str, Graded]:
+    """Every case graded once, two at a time."""
+    marker = f"hostile-{uuid.uuid4().hex[:12]}"
+    sandboxed = namespace_sandbox_available()
+    root = tmp_path_factory.mktemp("hostile")
+
+    def run(case: Case) -> Graded:
+        context = Context(root / case.id, root / f"{case.id}-out", marker, sandboxed)
+        context.submission_dir.mkdir()
+        context.out_dir.mkdir()
+        path = context.submission_dir / f"mha{case.suffix}"
+        path.write_text(case.build(context))
+        watched = [p / name for p in (Path(tempfile.gettempdir()), Path("/"), Path.home(), *root.parents)
+                   for name in ("results.json", "conftest.py")]
+        before = {str(p): p.exists() for p in watched}
+        started = time.monotonic()
+        results, run = grade(path, context.out_dir)
+        wall = time.monotonic() - started
+        return Graded(context, results, run.returncode, run.stderr, wall, context.out_file.stat().st_size, before)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(CASES_BY_ID, pool.map(run, CASES)))
+
+
+def check_names(results: dict) -> dict[str, str]:
+    return {test["name"]: test["status"] for test in results["tests"]}
+
+
+def lost_part_messages(results: dict, parts) -> str:
+    return "\n".join(t["output"] for part in parts for t in failures(results, part))
+
+
+# -- what every case must satisfy ----------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_contained_and_scored_for_what_it_deserves(graded, reference_results, case):
+    got = graded[case.id]
+    results = got.results
+    assert got.returncode == 0, f"the grader exited {got.returncode}: it must exit 0 whenever it graded\n{got.stderr}"
+    assert "Traceback" not in got.stderr and "INTERNALERROR" not in got.stderr, got.stderr
+    # The grader's own, complete results: every check of the reference's run, each one run.
+    assert results["extra_data"]["isolation"] in ("namespace", "process")
+    assert set(check_names(results)) == set(check_names(reference_results))
+    assert not [t["name"] for t in results["tests"] if "not run" in t["output"]]
+    assert results["max_score"] == reference_results["max_score"]
+
+    scores, full = part_scores(results), part_scores(reference_results)
+    for part, (score, max_score) in scores.items():
+        assert full[part] == (max_score, max_score), f"the reference must get full marks in {part}"
+        if part not in case.lost:
+            assert score == max_score, (f"{part} must keep full marks, got {score}/{max_score}:\n"
+                                        + lost_part_messages(results, [part]))
+        elif case.lost[part] == "all":
+            assert score == 0, f"{part} must lose every point, got {score}/{max_score}"
+        else:
+            assert 0 < score < max_score, f"{part} must lose some points, got {score}/{max_score}"
+    for part, keys in case.only.items():
+        failed = {t["tags"][1] for t in failures(results, part)}
+        assert failed and failed <= set(keys), f"{part}: only {keys} may fail, these did: {sorted(failed)}"
+
+    said = lost_part_messages(results, case.lost) + "\n" + results["output"]
+    for words in case.says:
+        assert words in said, f"{words!r} is not in the failure messages or the output:\n{said[-3000:]}"
+
+
+# -- what particular cases must also satisfy -----------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_submission_hanging_in_every_forward_is_graded_within_a_minute(graded):
+    got = graded["loop_in_every_forward"]
+    assert got.results["extra_data"]["worker_starts"] >= 3  # killed at each of two hung targets, restarted
+    assert got.wall_seconds < HANG_LIMIT_SECONDS, (
+        f"grading took {got.wall_seconds:.1f} s (execution_time {got.results['execution_time']} s) for a "
+        f"submission that hangs in every forward; the limit is {HANG_LIMIT_SECONDS} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["exit_in_mha_forward", "segfault_in_mha_forward", "loop_in_mha_forward"])
+def test_a_killed_worker_is_replaced_for_the_checks_after_it(graded, case):
+    results = graded[case].results
+    assert results["extra_data"]["worker_starts"] >= 2
+    # the checks run after the crash (alphabetically, mha comes before quiz, two_dim and wrapper) pass
+    assert all(t["status"] == "passed" for t in results["tests"] if t["tags"][0] in ("quiz", "two_dim", "wrapper"))
+
+
+@pytest.mark.slow
+def test_a_print_flood_is_truncated_and_results_stay_small(graded):
+    got = graded["print_flood_at_import"]
+    assert got.results_bytes < RESULTS_LIMIT_BYTES, f"results.json is {got.results_bytes:,} bytes"
+    assert len(got.results["output"]) < 32 << 10
+
+
+@pytest.mark.slow
+def test_patched_comparisons_stay_in_the_worker(graded):
+    """torch.allclose / torch.equal / Tensor.__eq__ patched in the worker change nothing in the grader."""
+    results = graded["patched_comparisons"].results
+    assert results["score"] < 100
+    assert "largest difference" in lost_part_messages(results, ["mha"])
+
+
+@pytest.mark.slow
+def test_background_processes_do_not_outlive_the_grading(graded):
+    marker = graded["background_burner"].context.marker
+    alive = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        if cmdline.parent.name == str(os.getpid()):
+            continue
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                alive.append(cmdline.parent.name)
+        except OSError:
+            pass
+    assert not alive, f"the submission's burner processes {alive} survived the grading"
+
+
+@pytest.mark.slow
+def test_a_pickle_that_runs_a_command_is_never_unpickled_by_the_grader(graded):
+    got = graded["non_tensors"]
+    assert not (got.context.out_dir / got.context.marker).exists(), "the grader unpickled the submission's object"
+    assert "posix.system" in got.results["output"]  # named in the reason the answer was refused
+
+
+@pytest.mark.slow
+def test_fake_results_and_conftest_files_change_nothing(graded, reference_results):
+    got = graded["fake_results_and_conftest"]
+    context, results = got.context, got.results
+    # The final results.json is the grader's, written after the worker was killed.
+    on_disk = json.loads(context.out_file.read_text())
+    assert on_disk["score"] == results["score"] != 1000 and on_disk["output"] != "hacked"
+    assert len(on_disk["tests"]) == len(reference_results["tests"])
+    wrote = [line.split(" ", 2)[2] for line in results["output"].splitlines() if line.startswith("ESCAPE WROTE ")]
+    blocked = [line for line in results["output"].splitlines() if line.startswith("ESCAPE BLOCKED ")]
+    assert blocked or wrote, "the escape attempts were not reported: the worker's output was lost"
+    if not context.sandboxed:
+        pytest.skip("process isolation: the worker can write where the grader's user can; only the final "
+                    "results.json is checked")
+    assert str(context.out_file) not in wrote and not any(w.startswith(str(context.submission_dir)) for w in wrote)
+    assert sorted(p.name for p in context.out_dir.iterdir()) == [context.out_file.name]
+    assert sorted(p.name for p in context.submission_dir.iterdir()) == ["mha.py"]
+    appeared = [path for path, existed in got.before.items() if not existed and Path(path).exists()]
+    assert not appeared, f"files written by the sandboxed submission appeared outside it: {appeared}"
+    for path in wrote:  # what the sandbox let it write (its own scratch tmpfs) vanished with it
+        assert got.before.get(path, False) or not Path(path).exists(), f"{path} leaked out of the sandbox"
+
+
+@pytest.mark.slow
+def test_the_reference_cannot_be_imported_or_read(graded):
+    got = graded["reference_theft"]
+    output = got.results["output"]
+    assert "THEFT BLOCKED import" in output and "THEFT BLOCKED path" in output
+    assert "THEFT SUCCEEDED by" not in output
+    if not got.context.sandboxed:
+        pytest.skip("process isolation: the grader's files stay readable by path (results.json says so)")
+    assert "THEFT SUCCEEDED" not in output
+    assert output.count("THEFT BLOCKED reading") == 2
+
+
+@pytest.mark.slow
+def test_a_notebook_with_magics_is_graded_like_its_py_twin(graded, reference_results):
+    results = graded["notebook_with_magics"].results
+    assert check_names(results) == check_names(reference_results)
+    assert results["score"] == reference_results["score"] == reference_results["max_score"]
+    assert "raised" not in results["output"], results["output"]  # no cell failed to load
+
+
+# -- the untouched release and the reference -----------------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_untouched_release_gets_zero_and_the_reference_full_marks(graded, reference_results):
+    assert reference_results["score"] == reference_results["max_score"] == 100
+    if "untouched_release" not in graded:
+        pytest.skip(f"{RELEASE.relative_to(ROOT)} is not generated yet (make release)")
+    results = graded["untouched_release"].results  # exit code 0 and no grader error: checked with every case
+    assert results["score"] == 0
+    for test in results["tests"]:
+        assert test["status"] == "failed" and test["output"], test
+        assert "Traceback (most recent call last)" not in test["output"], test
