@@ -23,6 +23,10 @@ from autograder.submission import SubmissionFormatError, read_cells
 from autograder.worker import Worker, WorkerConfig
 
 CHECKS_DIR = Path(__file__).with_name("checks")
+
+
+class GraderBroken(RuntimeError):
+    """The grader itself cannot grade (a broken installation): exit non-zero, say so in results.json."""
 EXIT_GRADED, EXIT_CANNOT_GRADE = 0, 2
 
 
@@ -68,8 +72,10 @@ def run_checks(context: GradingContext, rubric: Rubric, out: Path | None, visibl
             os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = previous
     if verbose or results_plugin.results is None or code not in (0, 1):
         sys.stderr.write(stream.getvalue())
-    if results_plugin.results is None:
-        raise RuntimeError(f"the checks did not run (pytest exit code {code})")
+    if results_plugin.results is None or code not in (0, 1):
+        # 0: all passed, 1: some failed. Anything else is the grader's own trouble (a check module
+        # that does not import, a usage error), never the submission's.
+        raise GraderBroken(f"the checks could not run (pytest exit code {int(code)}); see the log above")
     return results_plugin.results
 
 
@@ -101,6 +107,8 @@ def grade_submission(path: Path, device: str = "auto", out: Path | None = Path("
             "torch": torch.__version__, "visible_only": visible_only}
     try:
         results = run_checks(context, rubric, None, visible_only, meta)
+    except GraderBroken as exc:
+        return cannot_grade(out, str(exc), started)
     finally:
         worker.close()
     results["execution_time"] = round(time.monotonic() - started, 2)

@@ -81,6 +81,7 @@ def write_json_atomically(path: Path, data: dict):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".json")
+    os.fchmod(fd, 0o644)  # mkstemp makes it private; results are read by feedback tools and LMS uploads
     with os.fdopen(fd, "w") as handle:
         json.dump(data, handle, indent=2)
         handle.write("\n")

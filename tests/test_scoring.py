@@ -58,3 +58,21 @@ def test_summary_names_the_first_failure(tmp_path):
 def test_malformed_rubrics_name_the_key_to_fix(tmp_path, text, message):
     with pytest.raises(RubricError, match=message):
         rubric_file(tmp_path, text)
+
+
+def test_a_broken_installation_is_not_graded_as_zero(tmp_path, monkeypatch):
+    """If the checks themselves cannot run, the grader says so and exits non-zero."""
+    import json
+    import shutil
+
+    import autograder.grade as grade
+
+    checks = tmp_path / "checks"
+    shutil.copytree(grade.CHECKS_DIR, checks)
+    (checks / "test_combine.py").write_text("import no_such_module_anywhere\n")
+    monkeypatch.setattr(grade, "CHECKS_DIR", checks)
+    submission = tmp_path / "mha.py"
+    submission.write_text("x = 1\n")
+    out = tmp_path / "results.json"
+    assert grade.grade_submission(submission, device="cpu", out=out, quiet=True) == grade.EXIT_CANNOT_GRADE
+    assert "could not be graded" in json.loads(out.read_text())["output"]
