@@ -1,0 +1,75 @@
+"""The commands people type: grade, check and grade-class, including how they fail."""
+import json
+import shutil
+import subprocess
+import sys
+
+from conftest import REFERENCE, mutated_reference
+
+
+def autograder(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], capture_output=True,
+                          text=True, timeout=600, cwd=cwd)
+
+
+def test_missing_file_cannot_be_graded_but_still_gets_results(tmp_path):
+    run = autograder("grade", tmp_path / "nope.py", "--out", tmp_path / "results.json", cwd=tmp_path)
+    assert run.returncode == 2
+    assert "no such submission file" in run.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["score"] == 0 and "could not be graded" in results["output"]
+
+
+def test_an_unreadable_notebook_is_graded_zero_with_the_reason(tmp_path):
+    notebook = tmp_path / "mha.ipynb"
+    notebook.write_text("{ this is not json")
+    run = autograder("grade", notebook, "--out", tmp_path / "results.json", "--quiet", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["score"] == 0 and results["max_score"] == 100
+    assert all("not a readable Jupyter notebook" in t["output"] for t in results["tests"])
+
+
+def test_check_runs_only_visible_checks_and_names_the_mistake(tmp_path):
+    wrong = mutated_reference(tmp_path, "dim1", "return torch.cat(outputs, dim=-1)", "return torch.cat(outputs, dim=1)")
+    run = autograder("check", wrong, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "Visible checks" in run.stdout
+    assert "concatenated along the token dimension" in " ".join(run.stdout.split())
+    assert not list(tmp_path.glob("**/results.json"))  # check writes no results
+    assert "points" not in run.stdout  # nor scores
+
+
+def test_grade_prints_a_summary_per_part(tmp_path):
+    run = autograder("grade", REFERENCE, "--out", tmp_path / "r.json", cwd=tmp_path)
+    assert run.returncode == 0
+    for part in ("quiz", "combine", "wrapper", "two_dim", "columns", "mha", "fuse"):
+        assert part in run.stdout
+    assert "Total: 100 / 100" in run.stdout
+
+
+def test_grade_class_grades_everyone_survives_crashes_and_resumes(tmp_path):
+    course = tmp_path / "course"
+    for student, source in {"ann": REFERENCE.read_text(), "bob": "import os\nos._exit(1)\n"}.items():
+        folder = course / "submitted" / student / "mha"
+        folder.mkdir(parents=True)
+        (folder / "mha.py").write_text(source)
+    (course / "submitted" / "cat" / "mha").mkdir(parents=True)  # submitted nothing
+
+    first = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "cat: no mha.ipynb or mha.py" in " ".join(first.stdout.split())
+    ann = json.loads((course / "autograded/ann/mha/results.json").read_text())
+    bob = json.loads((course / "autograded/bob/mha/results.json").read_text())
+    assert ann["score"] == 100 and bob["score"] == 0
+    assert "exited with status 1" in bob["output"]
+    rows = (course / "grades.csv").read_text().splitlines()
+    assert rows[0].startswith("student,score,max_score,quiz") and len(rows) == 3
+
+    second = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    assert "2 submissions: 0 to grade, 2 already graded" in second.stdout
+
+    shutil.copy(REFERENCE, course / "submitted" / "bob" / "mha" / "mha.py")  # bob resubmits
+    third = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    assert "1 to grade" in third.stdout
+    assert json.loads((course / "autograded/bob/mha/results.json").read_text())["score"] == 100
