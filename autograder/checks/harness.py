@@ -261,16 +261,21 @@ def dtypes_for(device: str) -> list[str]:
 
 
 def book_batch() -> torch.Tensor:
-    """The book's running example: "Your journey starts with one step" as six 3-D embeddings, twice."""
-    inputs = torch.tensor([
-        [0.43, 0.15, 0.89],  # Your
-        [0.55, 0.87, 0.66],  # journey
-        [0.57, 0.85, 0.64],  # starts
-        [0.22, 0.58, 0.33],  # with
-        [0.77, 0.25, 0.10],  # one
-        [0.05, 0.80, 0.55],  # step
-    ])
-    return torch.stack((inputs, inputs))  # (2, 6, 3)
+    """The book's running example, "Your journey starts with one step" as six 3-D embeddings, twice."""
+    from reference import mha as ref
+
+    return ref.batch.clone()  # (2, 6, 3)
+
+
+def book_pair(submission: Submission, cls: str, *args):
+    """The book's setting: the reference built right after torch.manual_seed(123), the student's
+    class given the same weights (float32), and the book's batch."""
+    from reference import mha as ref
+
+    torch.manual_seed(123)
+    reference = getattr(ref, cls)(*args).eval()
+    module = submission.build(cls, *args, state_dict=reference.state_dict(), dtype=torch.float32)
+    return reference, module, book_batch()
 
 
 def check_gradients(answer: Forward, expected: dict, rubric: Rubric, dtype_name: str = "float64"):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from autograder.checks.harness import (assert_close, book_batch, build_pair, check_gradients, count_matmuls,
+from autograder.checks.harness import (assert_close, book_pair, build_pair, check_gradients, count_matmuls,
                                        fail, first_match, reference_forward)
 from autograder.checks.mistakes import mha_dropout_variants, mha_variants
 from reference import mha as ref
@@ -47,11 +47,7 @@ def test_matches_reference(submission, inputs, rubric, device, dtype_name, case)
 @pytest.mark.part("mha")
 def test_book_example(submission, rubric):
     """the book's example: MultiHeadAttention(3, 2, 6, 0.0, num_heads=2) gives (2, 6, 2)"""
-    torch.manual_seed(123)
-    reference = ref.MultiHeadAttention(3, 2, 6, 0.0, num_heads=2).eval()
-    module = submission.build("MultiHeadAttention", 3, 2, 6, 0.0, 2, state_dict=reference.state_dict(),
-                              dtype=torch.float32)
-    x = book_batch()
+    reference, module, x = book_pair(submission, "MultiHeadAttention", 3, 2, 6, 0.0, 2)
     assert_close(submission.forward(module, x).y, reference_forward(reference, x), "float32", rubric,
                  "output for the book's example", diagnose=lambda y: first_match(y, mha_variants(reference, x)))
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from autograder.checks.harness import assert_close, book_batch, fail, reference_forward
-from autograder.checks.mistakes import describe_changed_heads
+from autograder.checks.harness import assert_close, book_batch, fail, first_match, reference_forward
+from autograder.checks.mistakes import describe_changed_heads, wrapper_variants
 from reference import mha as ref
 
 CASES = {"d_in 3": (3, 6, False), "d_in 8, bias": (8, 5, True)}
@@ -72,7 +72,9 @@ def test_output_is_the_heads_side_by_side(submission, inputs, rubric, case):
                 call["output"], expected, rtol=1e-4, atol=1e-5):
             fail(f"head {call['index']} no longer computes causal attention on its own weights: change only "
                  "the argument that sizes each head (d_out) or the gathering step, never what a head computes")
-    assert_close(answer.y, reference_forward(reference, x), "float32", rubric, "2-D wrapper output")
+    heads = [reference_forward(head, x) for head in reference.heads]
+    assert_close(answer.y, reference_forward(reference, x), "float32", rubric, "2-D wrapper output",
+                 diagnose=lambda y: first_match(y, wrapper_variants(heads)))
 
 
 @pytest.mark.part("two_dim")

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from autograder.checks.harness import (assert_close, book_batch, build_pair, check_gradients, fail,
+from autograder.checks.harness import (assert_close, book_pair, build_pair, check_gradients, fail,
                                        first_match, reference_forward)
 from autograder.checks.mistakes import wrapper_variants
 
@@ -39,13 +39,7 @@ def test_matches_reference(submission, inputs, rubric, device, dtype_name, case)
 @pytest.mark.part("wrapper")
 def test_book_example(submission, rubric):
     """the wrapper reproduces the book's (2, 6, 4) context vectors"""
-    torch.manual_seed(123)
-    from reference import mha as ref
-
-    reference = ref.MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2).eval()
-    module = submission.build("MultiHeadAttentionWrapper", 3, 2, 6, 0.0, 2, state_dict=reference.state_dict(),
-                              dtype=torch.float32)
-    x = book_batch()
+    reference, module, x = book_pair(submission, "MultiHeadAttentionWrapper", 3, 2, 6, 0.0, 2)
     heads = [h(x).detach() for h in reference.heads]
     assert_close(submission.forward(module, x).y, reference_forward(reference, x), "float32", rubric,
                  "wrapper output for the book's example", diagnose=lambda y: first_match(y, wrapper_variants(heads)))
