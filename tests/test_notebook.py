@@ -47,12 +47,18 @@ def is_test(cell):
     return meta.get("grade", False) and not meta.get("solution", False)
 
 
-def test_release_with_the_reference_solutions_runs_without_errors(tmp_path):
+def filled_release():
+    """The release notebook with the reference solutions put back into the stubs' cells."""
     source = {cell.id: cell for cell in nbformat.read(SOURCE, as_version=4).cells}
     nb = nbformat.read(RELEASE, as_version=4)
     for cell in nb.cells:
         if is_solution(cell):
-            cell.source = source[cell.id].source  # the reference solution back into the stub's cell
+            cell.source = source[cell.id].source
+    return nb
+
+
+def test_release_with_the_reference_solutions_runs_without_errors(tmp_path):
+    nb = filled_release()
     execute(nb, tmp_path)
     failed = {cell.id: describe(cell) for cell in nb.cells if errors(cell)}
     assert not failed, f"cells raised errors with the reference solutions: {failed}"
@@ -78,3 +84,13 @@ def test_untouched_release_stops_only_at_the_stubs(tmp_path):
             assert used & STUB_NAMES, f"cell {cell.id} fails without using anything the student writes"
     unanswered = [cell.id for cell in code if is_test(cell) and not errors(cell)]
     assert not unanswered, f"self-checks that pass on the untouched release give free points: {unanswered}"
+
+
+def test_release_with_the_reference_solutions_gets_full_marks(tmp_path):
+    from conftest import grade
+
+    path = tmp_path / "mha.ipynb"
+    nbformat.write(filled_release(), path)
+    results, run = grade(path, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert results["score"] == results["max_score"] == 100, [t["name"] for t in results["tests"] if t["status"] != "passed"]
