@@ -51,11 +51,11 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
     )
 
 
-def run_checks(context: GradingContext, rubric: Rubric, out: Path | None, visible_only: bool,
+def run_checks(context: GradingContext, rubric: Rubric, visible_only: bool,
                meta: dict, verbose: bool = False) -> dict:
     """Run the pytest checks in this (trusted) process; the plugin builds and writes results."""
     timeout = rubric.limit("load_seconds") + 4 * rubric.limit("request_seconds") + 30
-    results_plugin = ResultsPlugin(rubric, None, visible_only, meta)
+    results_plugin = ResultsPlugin(rubric, visible_only, meta)
     args = [str(CHECKS_DIR), "-c", str(CHECKS_DIR / "pytest.ini"), "--rootdir", str(CHECKS_DIR),
             "--noconftest", "-p", "no:cacheprovider", "-p", "pytest_timeout", f"--timeout={timeout:g}",
             "-q", "--no-header", "-rN"]
@@ -106,7 +106,7 @@ def grade_submission(path: Path, device: str = "auto", out: Path | None = Path("
     meta = {"submission": path.name, "device": device, "isolation": worker.isolation,
             "torch": torch.__version__, "visible_only": visible_only}
     try:
-        results = run_checks(context, rubric, None, visible_only, meta)
+        results = run_checks(context, rubric, visible_only, meta)
     except GraderBroken as exc:
         return cannot_grade(out, str(exc), started)
     finally:

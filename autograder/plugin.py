@@ -1,7 +1,8 @@
-"""A pytest plugin that records each check's outcome and, at the end, writes results.json.
+"""A pytest plugin that records each check's outcome and, at the end, turns them into results.json.
 
 No grading logic lives here: which tests exist is the checks' business, how outcomes become points
-is `scoring.build_results`'s.
+is `scoring.build_results`'s. The grading run adds what only it knows (the time taken, what the
+submission printed) and writes the file with `write_json_atomically`, after the worker is gone.
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def check_part(item: pytest.Item) -> str:
 
 
 class ResultsPlugin:
-    def __init__(self, rubric: Rubric, out: Path | None, visible_only: bool, meta: dict):
-        self.rubric, self.out, self.visible_only, self.meta = rubric, out, visible_only, meta
+    def __init__(self, rubric: Rubric, visible_only: bool, meta: dict):
+        self.rubric, self.visible_only, self.meta = rubric, visible_only, meta
         self.outcomes: dict[str, Outcome] = {}
         self.results: dict | None = None
 
@@ -65,8 +66,6 @@ class ResultsPlugin:
 
     def pytest_sessionfinish(self, session):
         self.results = build_results(list(self.outcomes.values()), self.rubric, self.meta)
-        if self.out is not None:
-            write_json_atomically(self.out, self.results)
 
 
 def failure_message(report) -> str:

@@ -145,7 +145,7 @@ def mha_dropout_variants(module: ref.MultiHeadAttention, x: torch.Tensor, seed: 
 
 def fuse_variants(wrapper: ref.MultiHeadAttentionWrapper, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """Outputs of fused modules built wrongly, evaluated with the reference forward."""
-    def fused(reverse=False, identity_out=True, biases=True):
+    def fused(reverse=False, biases=True):
         module = ref.fuse_heads(wrapper)
         heads = list(wrapper.heads)[::-1] if reverse else list(wrapper.heads)
         with torch.no_grad():
@@ -154,9 +154,6 @@ def fuse_variants(wrapper: ref.MultiHeadAttentionWrapper, x: torch.Tensor) -> di
                 if getattr(module, name).bias is not None:
                     getattr(module, name).bias.copy_(
                         torch.cat([getattr(h, name).bias for h in heads]) if biases else 0.0)
-            if not identity_out:
-                torch.manual_seed(0)
-                module.out_proj.reset_parameters()
         return module.eval()(x)
 
     variants = {"heads placed in reverse order: head h's weights belong in columns "

@@ -5,7 +5,6 @@ import torch
 from autograder.checks.harness import (assert_close, book_pair, build_pair, check_gradients, count_matmuls,
                                        fail, first_match, reference_forward)
 from autograder.checks.mistakes import mha_dropout_variants, mha_variants
-from reference import mha as ref
 
 # (batch, tokens, d_in, d_out, context_length, heads, qkv_bias)
 CASES = {
