@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -16,11 +17,19 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--out", type=Path, default=Path("results.json"))
     grade.add_argument("--rubric", type=Path, default=None, help="rubric TOML (default: the packaged one)")
     grade.add_argument("--quiet", action="store_true", help="no summary on the terminal")
+    isolation_help = ("how the student's code is kept apart: namespace (a sandbox; needs user namespaces), "
+                      "process (a separate process only) or auto (namespace where possible; default, or "
+                      "$AUTOGRADER_ISOLATION)")
+    isolation_default = os.environ.get("AUTOGRADER_ISOLATION", "auto")
+    grade.add_argument("--isolation", choices=("auto", "namespace", "process"), default=isolation_default,
+                       help=isolation_help)
 
     check = sub.add_parser("check", help="the visible checks only, with feedback, for students")
     check.add_argument("submission", type=Path)
     check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     check.add_argument("--rubric", type=Path, default=None)
+    check.add_argument("--isolation", choices=("auto", "namespace", "process"), default=isolation_default,
+                       help=isolation_help)
 
     release = sub.add_parser("release", help="regenerate the student release from reference/mha.py")
     release.add_argument("--root", type=Path, default=None, help="project root (default: this checkout)")
@@ -54,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         rubric_path=args.rubric,
         visible_only=visible_only,
         quiet=getattr(args, "quiet", False),
+        isolation=args.isolation,
     )
 
 

@@ -20,7 +20,7 @@ from autograder.plugin import ResultsPlugin, write_json_atomically
 from autograder.report import print_summary
 from autograder.rubric import Rubric, RubricError, load_rubric
 from autograder.submission import SubmissionFormatError, read_cells
-from autograder.worker import Worker, WorkerConfig
+from autograder.worker import Worker, WorkerConfig, WorkerError
 
 CHECKS_DIR = Path(__file__).with_name("checks")
 
@@ -98,7 +98,10 @@ def grade_submission(path: Path, device: str = "auto", out: Path | None = Path("
     except SubmissionFormatError as exc:
         cells, load_problem = [], str(exc)
     hide = [str(path.resolve().parent)] + ([str(Path(out).resolve().parent)] if out else [])
-    worker = Worker(cells, path.name, worker_config(rubric, device, hide, isolation))
+    try:
+        worker = Worker(cells, path.name, worker_config(rubric, device, hide, isolation))
+    except WorkerError as exc:
+        return cannot_grade(out, str(exc), started)
     if load_problem:
         worker.load_failure = load_problem
     inputs = Inputs(seed)
