@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
                       "process (a separate process only) or auto (namespace where possible; default, or "
                       "$AUTOGRADER_ISOLATION)")
     isolation_default = os.environ.get("AUTOGRADER_ISOLATION", "auto")
+    grade.add_argument("--seed", type=int, default=None,
+                       help="the hidden seed (recorded in results.json); only to reproduce a grading run")
     grade.add_argument("--isolation", choices=("auto", "namespace", "process"), default=isolation_default,
                        help=isolation_help)
 
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         visible_only=visible_only,
         quiet=getattr(args, "quiet", False),
         isolation=args.isolation,
+        seed=getattr(args, "seed", None),
     )
 
 

@@ -106,7 +106,7 @@ def grade_submission(path: Path, device: str = "auto", out: Path | None = Path("
         worker.load_failure = load_problem
     inputs = Inputs(seed)
     context = GradingContext(Submission(worker, device), rubric, device, inputs)
-    meta = {"submission": path.name, "device": device, "isolation": worker.isolation,
+    meta = {"submission": path.name, "device": device, "isolation": worker.isolation, "seed": inputs.seed,
             "torch": torch.__version__, "visible_only": visible_only}
     try:
         results = run_checks(context, rubric, visible_only, meta)

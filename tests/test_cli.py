@@ -73,3 +73,18 @@ def test_grade_class_grades_everyone_survives_crashes_and_resumes(tmp_path):
     third = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
     assert "1 to grade" in third.stdout
     assert json.loads((course / "autograded/bob/mha/results.json").read_text())["score"] == 100
+
+
+def test_the_seed_is_recorded_and_a_run_can_be_reproduced(tmp_path):
+    wrong = mutated_reference(tmp_path, "scale", "attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)\n"
+                              "        attn_weights = self.dropout(attn_weights)\n\n        # Back to",
+                              "attn_weights = torch.softmax(attn_scores / self.d_out ** 0.5, dim=-1)\n"
+                              "        attn_weights = self.dropout(attn_weights)\n\n        # Back to")
+    first = tmp_path / "first.json"
+    autograder("grade", wrong, "--out", first, "--quiet", cwd=tmp_path)
+    seed = json.loads(first.read_text())["extra_data"]["seed"]
+    again = tmp_path / "again.json"
+    autograder("grade", wrong, "--out", again, "--quiet", "--seed", seed, cwd=tmp_path)
+    outputs = [[t["output"] for t in json.loads(p.read_text())["tests"]] for p in (first, again)]
+    assert outputs[0] == outputs[1]  # the same hidden inputs, so the same largest differences
+    assert any("largest difference" in text for text in outputs[0])
