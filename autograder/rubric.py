@@ -27,9 +27,6 @@ class Rubric:
     def part_points(self, part: str) -> float:
         return float(self.parts[part]["points"]) if part in self.parts else 0.0
 
-    def part_title(self, part: str) -> str:
-        return self.parts.get(part, {}).get("title", part)
-
     def test_settings(self, key: str) -> dict:
         return self.tests.get(key, {})
 

@@ -249,15 +249,6 @@ class Worker:
 
     close = kill
 
-    def pause(self):
-        """SIGSTOP the worker's process group, so nothing it started competes for the CPU."""
-        if self.alive():
-            os.killpg(self.process.pid, signal.SIGSTOP)
-
-    def resume(self):
-        if self.alive():
-            os.killpg(self.process.pid, signal.SIGCONT)
-
     def output(self) -> str:
         texts = list(self.outputs)
         if self.capture and self.process is not None:

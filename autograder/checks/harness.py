@@ -113,10 +113,6 @@ class Submission:
         except (WorkerTimeout, WorkerCrashed) as exc:
             fail(str(exc))
 
-    def has(self, name: str) -> bool:
-        self._ask("ping")
-        return name in (self.worker.load_report or {}).get("defined", {})
-
     def value(self, name: str):
         answer = self._ask("get", name=name)
         if answer.get("type") == "missing":
