@@ -62,11 +62,20 @@ class TensorInfo:
 
 
 @dataclass
+class HeadCall:
+    """One call of a wrapper head, seen by a forward hook in the worker (reported by the worker)."""
+
+    index: int
+    same_values: bool  # the head received the wrapper's input unchanged
+    output: torch.Tensor | None
+
+
+@dataclass
 class Forward:
     y: object
     y_info: TensorInfo | None
     x_after: torch.Tensor
-    head_calls: list[dict] = field(default_factory=list)
+    head_calls: list[HeadCall] = field(default_factory=list)
     ops: list[str] | None = None
     python_calls: list[str] | None = None
     grads: dict[str, torch.Tensor | None] | None = None
@@ -149,7 +158,8 @@ class Submission:
         infos: list[TensorInfo] = []
         y = decode(answer["y"], infos)
         return Forward(y=y, y_info=infos[0] if isinstance(y, torch.Tensor) else None,
-                       x_after=answer["x_after"], head_calls=answer.get("head_calls", []),
+                       x_after=answer["x_after"], head_calls=[HeadCall(c["index"], c["same_values"], c["output"])
+                                                            for c in answer.get("head_calls", [])],
                        ops=answer.get("ops"), python_calls=answer.get("python_calls"),
                        grads=answer.get("grads"), grad_problem=answer.get("grad_problem"))
 

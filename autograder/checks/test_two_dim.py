@@ -66,10 +66,10 @@ def test_output_is_the_heads_side_by_side(submission, inputs, rubric, case):
     x = inputs.randn(3, context, d_in, dtype=torch.float32)
     answer = submission.forward(module, x, hooks=True)
     for call in answer.head_calls:
-        head = reference.heads[call["index"]]
+        head = reference.heads[call.index]
         expected = reference_forward(head, x)
-        if call["output"] is None or call["output"].shape != expected.shape or not torch.allclose(
-                call["output"], expected, rtol=1e-4, atol=1e-5):
+        if call.output is None or call.output.shape != expected.shape or not torch.allclose(
+                call.output, expected, rtol=1e-4, atol=1e-5):
             fail(f"head {call['index']} no longer computes causal attention on its own weights: change only "
                  "the argument that sizes each head (d_out) or the gathering step, never what a head computes")
     heads = [reference_forward(head, x) for head in reference.heads]

@@ -50,11 +50,11 @@ def test_heads_run_once_in_order_on_same_input(submission, inputs):
     """each head is called once, in order, on the same input x"""
     _, module = build_pair(submission, inputs, "MultiHeadAttentionWrapper", 4, 2, 5, 0.0, 4)
     calls = submission.forward(module, inputs.randn(2, 5, 4), hooks=True).head_calls
-    order = [c["index"] for c in calls]
+    order = [c.index for c in calls]
     if order != [0, 1, 2, 3]:
         fail(f"the heads ran in the order {order}; the wrapper must call every head of self.heads once, "
              "in order (head 0 first): [head(x) for head in self.heads]")
-    changed = [c["index"] for c in calls if not c["same_values"]]
+    changed = [c.index for c in calls if not c.same_values]
     if changed:
         fail(f"head(s) {changed} did not receive the wrapper's input x unchanged; every head must see the same x")
 
