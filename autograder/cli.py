@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--isolation", choices=("auto", "namespace", "process"), default=isolation_default,
                        help=isolation_help)
 
-    check = sub.add_parser("check", help="the visible checks only, with feedback, for students")
+    check = sub.add_parser("check", help="the visible checks only, with feedback, for students "
+                                         "(exit 1 when one fails)")
     check.add_argument("submission", type=Path)
     check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     check.add_argument("--rubric", type=Path, default=None)
@@ -54,21 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         release_assignment(args.root)
         return 0
 
-    from autograder.grade import grade_submission
+    from autograder.grade import Options, grade_command
 
     visible_only = args.command == "check"
-    out = None if visible_only else args.out
-    return grade_submission(
-        args.submission,
-        device=args.device,
-        out=out,
-        rubric_path=args.rubric,
-        visible_only=visible_only,
-        quiet=getattr(args, "quiet", False),
-        isolation=args.isolation,
-        seed=getattr(args, "seed", None),
-    )
-
+    options = Options(device=args.device, out=None if visible_only else args.out, rubric_path=args.rubric,
+                      visible_only=visible_only, quiet=getattr(args, "quiet", False), isolation=args.isolation,
+                      seed=getattr(args, "seed", None))
+    return grade_command(args.submission, options)
 
 if __name__ == "__main__":
     sys.exit(main())

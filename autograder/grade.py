@@ -1,41 +1,86 @@
-"""Grading one submission: read it, start its worker, run the checks, write results, summarise.
+"""Grading one submission, as a sequence of small steps:
 
-The steps are small functions; the data between them is plain (cells, a rubric, a results dict).
+    load the rubric -> choose the device -> read the file -> start its worker -> run the checks
+    -> assemble the grading model -> write results.json -> print the summary
+
+Each step is a function of plain data; the model (`model.GradingRun`) is built once, at the end, and
+everything written or printed is made from it. A run that cannot grade (a broken rubric, a file that
+is not a submission, a fault of the grader's own in a check) says so in results.json and exits 2.
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
+from autograder import submission as reader
 from autograder.checks.fixtures import GradingContext, GradingFixtures
-from autograder.checks.harness import Inputs, Submission
-from autograder.plugin import ResultsPlugin, write_json_atomically
+from autograder.checks.harness import Submission, new_run_seed
+from autograder.contract import CONTRACT_NAMES
+from autograder.model import CANNOT_GRADE, GRADED, CellProblem, GradingRun, LoadReport
+from autograder.plugin import ResultsPlugin
 from autograder.report import print_summary
 from autograder.rubric import Rubric, RubricError, load_rubric
-from autograder.submission import SubmissionFormatError, read_cells
-from autograder.worker import Worker, WorkerConfig, WorkerError
+from autograder.sandbox import protocol
+from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
+from autograder.scoring import score
 
 CHECKS_DIR = Path(__file__).with_name("checks")
+EXIT_GRADED, EXIT_CHECKS_FAILED, EXIT_CANNOT_GRADE = 0, 1, 2
 
 
-class GraderBroken(RuntimeError):
-    """The grader itself cannot grade (a broken installation): exit non-zero, say so in results.json."""
-EXIT_GRADED, EXIT_CANNOT_GRADE = 0, 2
+class CannotGrade(Exception):
+    """The run cannot grade; the message says why (never the student's fault)."""
 
+
+@dataclass
+class Options:
+    device: str = "auto"
+    out: Path | None = Path("results.json")
+    rubric_path: Path | None = None
+    visible_only: bool = False
+    quiet: bool = False
+    isolation: str = "auto"
+    seed: int | None = None
+
+
+# -- the steps ----------------------------------------------------------------------------------
 
 def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device")
+        raise CannotGrade("--device cuda was asked for, but torch sees no CUDA device")
+    if device not in ("cpu", "cuda"):
+        raise CannotGrade(f"unknown device {device!r}")
     return device
+
+
+def read_submission(path: Path) -> tuple[list[tuple[int, int, str]], str | None]:
+    """The file's code cells as [number, first line, source], or no cells and why the file cannot be
+    loaded (the student's problem: graded, 0 points). A path that is not a submission file at all
+    (missing, a directory) cannot be graded."""
+    not_a_submission = getattr(reader, "NotASubmission", None)
+    if not_a_submission is None and not path.is_file():
+        raise CannotGrade(f"no such submission file: {path}")
+    try:
+        cells = reader.read_cells(path)
+    except reader.SubmissionFormatError as exc:
+        return [], str(exc)
+    except Exception as exc:
+        if not_a_submission is not None and isinstance(exc, not_a_submission):
+            raise CannotGrade(str(exc)) from None
+        raise
+    return [(c[0], c[1], c[2]) if len(c) == 3 else (c[0], 1, c[1]) for c in cells], None
 
 
 def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) -> WorkerConfig:
@@ -45,17 +90,21 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
         load_seconds=rubric.limit("load_seconds"),
         cell_seconds=rubric.limit("cell_seconds"),
         request_seconds=rubric.limit("request_seconds"),
+        submission_seconds=rubric.limit("submission_seconds"),
         output_bytes=int(rubric.limit("output_kib") * 1024),
+        crashes_before_giving_up=int(rubric.limit("crashes_before_giving_up")),
         isolation=isolation,
         hide=hide,
+        threads=int(rubric.limit("worker_threads")),
+        limits=protocol.Limits(blob_bytes=int(rubric.limit("reply_mib") * (1 << 20))),
+        contract=CONTRACT_NAMES,
     )
 
 
-def run_checks(context: GradingContext, rubric: Rubric, visible_only: bool,
-               meta: dict, verbose: bool = False) -> dict:
-    """Run the pytest checks in this (trusted) process; the plugin builds and writes results."""
-    timeout = rubric.limit("load_seconds") + 4 * rubric.limit("request_seconds") + 30
-    results_plugin = ResultsPlugin(rubric, visible_only, meta)
+def run_checks(context: GradingContext, rubric: Rubric, visible_only: bool, verbose: bool = False) -> ResultsPlugin:
+    """Run the pytest checks in this (trusted) process, with the grader's own configuration only."""
+    timeout = rubric.limit("check_seconds") + rubric.limit("request_seconds") + 30
+    plugin = ResultsPlugin(rubric, visible_only)
     args = [str(CHECKS_DIR), "-c", str(CHECKS_DIR / "pytest.ini"), "--rootdir", str(CHECKS_DIR),
             "--noconftest", "-p", "no:cacheprovider", "-p", "pytest_timeout", f"--timeout={timeout:g}",
             "-q", "--no-header", "-rN"]
@@ -64,82 +113,105 @@ def run_checks(context: GradingContext, rubric: Rubric, visible_only: bool,
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     try:
         with contextlib.redirect_stdout(stream):
-            code = pytest.main(args, plugins=[GradingFixtures(context), results_plugin])
+            code = pytest.main(args, plugins=[GradingFixtures(context), plugin])
     finally:
         if previous is None:
             os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
         else:
             os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = previous
-    if verbose or results_plugin.results is None or code not in (0, 1):
+    if verbose:
         sys.stderr.write(stream.getvalue())
-    if results_plugin.results is None or code not in (0, 1):
-        # 0: all passed, 1: some failed. Anything else is the grader's own trouble (a check module
-        # that does not import, a usage error), never the submission's.
-        raise GraderBroken(f"the checks could not run (pytest exit code {int(code)}); see the log above")
-    return results_plugin.results
+    if code not in (0, 1) and not plugin.grader_errors:
+        # 0: all passed, 1: some failed. Anything else (a check module that does not import, a usage
+        # error) is the grader's own trouble.
+        tail = "\n".join(stream.getvalue().strip().splitlines()[-15:])
+        plugin.grader_errors.append(f"the checks could not run (pytest exit code {int(code)}):\n{tail}")
+    return plugin
 
 
-def grade_submission(path: Path, device: str = "auto", out: Path | None = Path("results.json"),
-                     rubric_path: Path | None = None, visible_only: bool = False, quiet: bool = False,
-                     isolation: str = "auto", seed: int | None = None) -> int:
+def load_report(worker: Worker, problem: str | None) -> LoadReport:
+    report = worker.load_report
+    cells = [CellProblem(e.cell, e.type, e.message, e.timed_out) for e in report.errors] if report else []
+    return LoadReport(problem=problem or worker.load_failure, cells=cells, defined=dict(report.defined) if report else {})
+
+
+def write_results(out: Path, run: GradingRun):
+    """results.json, atomically (a temp file renamed over the old one), readable by feedback tools."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".results-", suffix=".json")
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(run.to_gradescope(), handle, indent=2, ensure_ascii=False)
+            handle.write("\n")
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# -- the pipeline ------------------------------------------------------------------------------
+
+def grade_submission(path: Path, options: Options) -> GradingRun:
+    """Grade one file into a `GradingRun` (status graded or cannot_grade). Never raises for the
+    submission's sake; only a broken installation escapes as an exception."""
     started = time.monotonic()
     path = Path(path)
+    run = GradingRun(status=CANNOT_GRADE, submission=path.name, torch=torch.__version__,
+                     visible_only=options.visible_only, seed=options.seed)
     try:
-        rubric = load_rubric(rubric_path)
-        device = resolve_device(device)
-    except (RubricError, RuntimeError) as exc:
-        return cannot_grade(out, str(exc), started)
-    if not path.is_file():
-        return cannot_grade(out, f"no such submission file: {path}", started)
-
-    load_problem = None
+        rubric = load_rubric(options.rubric_path)
+        run.device = resolve_device(options.device)
+        cells, problem = read_submission(path)
+        hide = [str(path.resolve().parent)] + ([str(Path(options.out).resolve().parent)] if options.out else [])
+        worker = Worker(cells, path.name, worker_config(rubric, run.device, hide, options.isolation))
+    except (RubricError, CannotGrade, WorkerError) as exc:
+        run.reason = str(exc)
+        run.execution_time = time.monotonic() - started
+        return run
+    if problem:
+        worker.load_failure = problem
+    run.seed = new_run_seed() if options.seed is None else options.seed
+    context = GradingContext(Submission(worker, run.device, rubric.limit("check_seconds")), rubric, run.device,
+                             run.seed)
     try:
-        cells = read_cells(path)
-    except SubmissionFormatError as exc:
-        cells, load_problem = [], str(exc)
-    hide = [str(path.resolve().parent)] + ([str(Path(out).resolve().parent)] if out else [])
-    try:
-        worker = Worker(cells, path.name, worker_config(rubric, device, hide, isolation))
-    except WorkerError as exc:
-        return cannot_grade(out, str(exc), started)
-    if load_problem:
-        worker.load_failure = load_problem
-    inputs = Inputs(seed)
-    context = GradingContext(Submission(worker, device), rubric, device, inputs)
-    meta = {"submission": path.name, "device": device, "isolation": worker.isolation, "seed": inputs.seed,
-            "torch": torch.__version__, "visible_only": visible_only}
-    try:
-        results = run_checks(context, rubric, visible_only, meta)
-    except GraderBroken as exc:
-        return cannot_grade(out, str(exc), started)
+        plugin = run_checks(context, rubric, options.visible_only)
     finally:
         worker.close()
-    results["execution_time"] = round(time.monotonic() - started, 2)
-    results["output"] = student_output(worker)
-    results["extra_data"]["worker_starts"] = worker.starts
-    if out is not None:
-        write_json_atomically(out, results)
-    if not quiet:
-        print_summary(results, rubric, visible_only=visible_only)
+    run.isolation = worker.isolation  # after the run: a fallback may have changed it
+    run.worker_starts = worker.starts
+    run.events = list(dict.fromkeys(worker.events))
+    run.load = load_report(worker, problem)
+    run.student_output = worker.output()
+    run.speed = context.measurements.get("speed")
+    run.flags = list(context.flags)
+    run.execution_time = time.monotonic() - started
+    if plugin.grader_errors:
+        run.grader_errors = plugin.grader_errors
+        run.reason = ("the grader itself failed (not your submission's fault); it will be graded again: "
+                      + plugin.grader_errors[0].splitlines()[0])
+        return run
+    run.status = GRADED
+    run.titles = {part: rubric.part_title(part) for part in rubric.parts}
+    run.checks = score(list(plugin.outcomes.values()), rubric)
+    return run
+
+
+def grade_command(path: Path, options: Options) -> int:
+    """`grade` and `check`: grade, write results.json (grade only), print the summary, exit code."""
+    run = grade_submission(path, options)
+    if options.out is not None:
+        write_results(options.out, run)
+    if not run.graded:
+        print(f"cannot grade: {run.reason}", file=sys.stderr)
+        for error in run.grader_errors[:3]:
+            print(error, file=sys.stderr)
+        return EXIT_CANNOT_GRADE
+    if not options.quiet:
+        print_summary(run, visible_only=options.visible_only)
+    if options.visible_only and any(c.status != "passed" for c in run.checks):
+        return EXIT_CHECKS_FAILED
     return EXIT_GRADED
 
-
-def student_output(worker: Worker) -> str:
-    lines = [f"Isolation: {worker.isolation}."]
-    if worker.load_failure:
-        lines.append(f"Your file could not be loaded: {worker.load_failure}")
-    for error in (worker.load_report or {}).get("errors", []):
-        lines.append(f"While loading, cell {error['cell']} raised {error['type']}: {error['message']}")
-    lines += [f"Worker: {event}" for event in dict.fromkeys(worker.events)]
-    captured = worker.output().strip()
-    if captured:
-        lines.append("What your code printed (truncated):\n" + captured)
-    return "\n".join(lines)
-
-
-def cannot_grade(out: Path | None, message: str, started: float) -> int:
-    print(f"cannot grade: {message}", file=sys.stderr)
-    if out is not None:
-        write_json_atomically(out, {"score": 0, "max_score": 0, "execution_time": round(time.monotonic() - started, 2),
-                                    "output": f"This submission could not be graded: {message}", "tests": []})
-    return EXIT_CANNOT_GRADE

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from autograder.rubric import DEFAULT_RUBRIC
+from autograder.model import GradingRun
+from autograder.rubric import DEFAULT_RUBRIC, RubricError, load_rubric
 
 ASSIGNMENT = "mha"
 
@@ -43,39 +45,56 @@ def find_submissions(course: Path) -> tuple[list[Job], list[str]]:
     return jobs, empty
 
 
-def up_to_date(job: Job, rubric: Path) -> bool:
+def read_run(path: Path) -> GradingRun | None:
+    """The grading model stored in a results.json, or None when there is none (or it is unreadable)."""
+    try:
+        return GradingRun.from_gradescope(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
+def up_to_date(job: Job, rubric: Path) -> GradingRun | None:
+    """The last run, when it graded and is newer than its inputs; a run that could not grade is redone."""
     if not job.results.exists():
-        return False
+        return None
     newest_input = max(job.submission.stat().st_mtime, rubric.stat().st_mtime)
-    return job.results.stat().st_mtime >= newest_input
+    if job.results.stat().st_mtime < newest_input:
+        return None
+    run = read_run(job.results)
+    return run if run is not None and run.graded else None
 
 
-def grade_one(job: Job, device: str, rubric: Path, timeout: float) -> dict:
+def grade_one(job: Job, device: str, rubric: Path, timeout: float) -> GradingRun:
     job.results.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "autograder", "grade", str(job.submission), "--out", str(job.results),
                "--device", device, "--rubric", str(rubric), "--quiet"]
     try:
-        run = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        problem = None if run.returncode == 0 else (run.stderr.strip().splitlines() or ["no message"])[-1]
+        subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        reason = "no readable results.json was written"
     except subprocess.TimeoutExpired:
-        problem = f"grading took more than {timeout:g} s and was stopped"
-    if problem or not job.results.exists():
-        return {"score": 0, "max_score": 0, "problem": problem or "no results.json was written"}
-    return json.loads(job.results.read_text())
+        reason = f"grading took more than {timeout:g} s and was stopped"
+    run = read_run(job.results)
+    return run if run is not None else GradingRun(status="cannot_grade", submission=job.submission.name, reason=reason)
 
 
 def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, jobs: int = 2,
-                force: bool = False, timeout: float = 900) -> int:
+                force: bool = False) -> int:
     console = Console()
     rubric = rubric or DEFAULT_RUBRIC
+    try:
+        timeout = load_rubric(rubric).limit("class_seconds")
+    except RubricError as exc:
+        console.print(f"cannot grade: {exc}", style="red", markup=False)
+        return 2
     todo, empty = find_submissions(course)
     for student in empty:
         console.print(f"[yellow]{student}: no mha.ipynb or mha.py in submitted/{student}/{ASSIGNMENT}/[/]")
-    results: dict[str, dict] = {}
+    results: dict[str, GradingRun] = {}
     pending = []
     for job in todo:
-        if not force and up_to_date(job, rubric):
-            results[job.student] = json.loads(job.results.read_text())
+        previous = None if force else up_to_date(job, rubric)
+        if previous is not None:
+            results[job.student] = previous
         else:
             pending.append(job)
     console.print(f"{len(todo)} submissions: {len(pending)} to grade, {len(todo) - len(pending)} already graded")
@@ -91,32 +110,30 @@ def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, 
     return 0
 
 
-def write_grades_csv(path: Path, results: dict[str, dict]):
+def write_grades_csv(path: Path, results: dict[str, GradingRun]):
     parts: list[str] = []
-    for data in results.values():
-        for test in data.get("tests", []):
-            if test["tags"][0] not in parts:
-                parts.append(test["tags"][0])
+    for run in results.values():
+        for part in run.parts():
+            if part.part not in parts:
+                parts.append(part.part)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["student", "score", "max_score", *parts, "problem"])
+        writer.writerow(["student", "score", "max_score", *parts, "status", "problem"])
         for student in sorted(results):
-            data = results[student]
-            by_part = {p: 0.0 for p in parts}
-            for test in data.get("tests", []):
-                by_part[test["tags"][0]] += test["score"]
-            writer.writerow([student, data.get("score", 0), data.get("max_score", 0),
-                             *(round(by_part[p], 2) for p in parts), data.get("problem", "")])
+            run = results[student]
+            by_part = {p.part: p.score for p in run.parts()}
+            writer.writerow([student, run.score, run.max_score, *(by_part.get(p, 0.0) for p in parts), run.status,
+                             run.reason or (run.load.lines() or [""])[0]])
 
 
-def print_class_table(console: Console, results: dict[str, dict]):
+def print_class_table(console: Console, results: dict[str, GradingRun]):
     table = Table(title="Class results")
     table.add_column("student")
     table.add_column("score", justify="right")
     table.add_column("note", overflow="fold")
     for student in sorted(results):
-        data = results[student]
-        note = data.get("problem") or next((line for line in data.get("output", "").splitlines()
-                                            if line.startswith(("Your file", "Worker:"))), "")
-        table.add_row(student, f"{data.get('score', 0):g} / {data.get('max_score', 0):g}", note[:160])
+        run = results[student]
+        note = run.reason or next(iter(run.load.lines() + [f"Worker: {e}" for e in run.events]), "")
+        score = f"{run.score:g} / {run.max_score:g}" if run.graded else "could not grade"
+        table.add_row(escape(student), score, escape(note[:160]))
     console.print(table)

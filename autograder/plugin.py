@@ -1,20 +1,26 @@
-"""A pytest plugin that records each check's outcome and, at the end, turns them into results.json.
+"""A pytest plugin that records each check's outcome; no grading logic lives here.
 
-No grading logic lives here: which tests exist is the checks' business, how outcomes become points
-is `scoring.build_results`'s. The grading run adds what only it knows (the time taken, what the
-submission printed) and writes the file with `write_json_atomically`, after the worker is gone.
+Markers: `@pytest.mark.part("mha")` (required on every check) and `@pytest.mark.evidence("worker")`
+for a check that rests on what the worker reports about itself (hooks, a trace). Which checks exist is
+the checks' business, how outcomes become points is `scoring.score`'s.
+
+Only a check's own failure (`harness.fail`, i.e. `pytest.fail`) counts against the submission. Any
+other exception in a check, in its setup or teardown, or pytest-timeout stopping a check, is the
+grader's fault: it is recorded in `grader_errors`, and the run cannot grade.
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
+import re
 from pathlib import Path
 
 import pytest
 
-from autograder.rubric import Rubric
-from autograder.scoring import Outcome, build_results
+from autograder.model import FAILED, GRADER, PASSED, WORKER
+from autograder.rubric import Rubric, RubricError
+from autograder.scoring import Outcome
+
+# How pytest-timeout fails a test (its whole message; no message of a check's own looks like it)
+PYTEST_TIMEOUT = re.compile(r"Timeout \(>[0-9.]+s\) from pytest-timeout\.")
 
 
 def check_key(item: pytest.Item) -> str:
@@ -23,65 +29,62 @@ def check_key(item: pytest.Item) -> str:
     return f"{module}::{item.originalname}"
 
 
-def check_part(item: pytest.Item) -> str:
-    marker = item.get_closest_marker("part")
-    if marker is None:
-        raise pytest.UsageError(f"{item.nodeid} has no @pytest.mark.part(...)")
-    return marker.args[0]
-
-
 class ResultsPlugin:
-    def __init__(self, rubric: Rubric, visible_only: bool, meta: dict):
-        self.rubric, self.visible_only, self.meta = rubric, visible_only, meta
+    def __init__(self, rubric: Rubric, visible_only: bool):
+        self.rubric, self.visible_only = rubric, visible_only
         self.outcomes: dict[str, Outcome] = {}
-        self.results: dict | None = None
+        self.grader_errors: list[str] = []
 
     def pytest_configure(self, config):
         config.addinivalue_line("markers", "part(id): the rubric part a check belongs to")
+        config.addinivalue_line("markers", "evidence(who): 'worker' when a check rests on what the worker reports")
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.grader_errors.append(f"the check module {report.nodeid} could not be collected:\n"
+                                      f"{report.longreprtext[-2000:]}")
 
     def pytest_collection_modifyitems(self, config, items):
+        if not self.grader_errors:
+            try:
+                self.rubric.check_test_keys({check_key(i) for i in items})
+            except RubricError as exc:
+                self.grader_errors.append(str(exc))
         keep = [i for i in items if not self.visible_only or self.rubric.visibility(check_key(i)) == "visible"]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
         for item in items:
-            key = check_key(item)
+            part = item.get_closest_marker("part")
+            if part is None or part.args[0] not in self.rubric.parts:
+                self.grader_errors.append(f"{item.nodeid}: no @pytest.mark.part(...) naming a part of the rubric")
+                continue
+            evidence = item.get_closest_marker("evidence")
             doc = (item.function.__doc__ or item.originalname).strip().splitlines()[0]
             param = getattr(item, "callspec", None)
-            name = f"{doc} [{param.id}]" if param else doc
-            self.outcomes[item.nodeid] = Outcome(key=key, part=check_part(item), name=name)
+            self.outcomes[item.nodeid] = Outcome(
+                key=check_key(item), part=part.args[0], name=f"{doc} [{param.id}]" if param else doc,
+                evidence=WORKER if evidence and evidence.args[0] == WORKER else GRADER)
+        if self.grader_errors:
+            items[:] = []
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_logreport(self, report):
-        outcome = self.outcomes.get(report.nodeid)
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        yield
+        outcome = self.outcomes.get(item.nodeid)
         if outcome is None:
             return
-        if report.failed:
-            outcome.status = "failed"
-            outcome.message = outcome.message or failure_message(report)
-        elif report.when == "call" and report.passed and outcome.status is None:
-            outcome.status = "passed"
-        elif report.skipped and outcome.status is None:
-            outcome.status = "failed"
-            outcome.message = "not run: " + str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)
-
-    def pytest_sessionfinish(self, session):
-        self.results = build_results(list(self.outcomes.values()), self.rubric, self.meta)
-
-
-def failure_message(report) -> str:
-    longrepr = report.longrepr
-    if hasattr(longrepr, "reprcrash") and longrepr.reprcrash is not None:
-        message = longrepr.reprcrash.message
-        return message.removeprefix("Failed: ")
-    return str(longrepr)[-2000:]
-
-
-def write_json_atomically(path: Path, data: dict):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".json")
-    os.fchmod(fd, 0o644)  # mkstemp makes it private; results are read by feedback tools and LMS uploads
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2)
-        handle.write("\n")
-    os.replace(tmp, path)
+        excinfo = call.excinfo
+        if excinfo is None:
+            if call.when == "call" and outcome.status is None:
+                outcome.status = PASSED
+            return
+        error = excinfo.value
+        if isinstance(error, pytest.fail.Exception) and not PYTEST_TIMEOUT.fullmatch(str(error.msg)):
+            outcome.status = FAILED
+            outcome.message = outcome.message or str(error.msg)
+            return
+        # anything else is the grader's own trouble, never the student's
+        outcome.status = FAILED
+        where = f"{item.nodeid} ({call.when})"
+        text = str(excinfo.getrepr(style="short", chain=False))[-3000:]
+        self.grader_errors.append(f"{where}: {excinfo.typename}: {str(error)[:500]}\n{text}")

@@ -27,7 +27,8 @@ from pathlib import Path
 import jupytext
 import nbformat
 
-from autograder.rubric import PART_IDS, load_rubric
+from autograder.contract import PART_IDS
+from autograder.rubric import load_rubric
 
 ASSIGNMENT = "mha"
 SOLUTION_BEGIN = "### BEGIN SOLUTION"

@@ -1,15 +1,14 @@
-"""The terminal summary: per part, points and the first failure's diagnosis."""
+"""The terminal summary of one grading run: per part, points and the first problem's diagnosis."""
 from __future__ import annotations
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from autograder.rubric import Rubric
-from autograder.scoring import part_summary
+from autograder.model import GradingRun
 
 
-def print_summary(results: dict, rubric: Rubric, visible_only: bool = False, console: Console | None = None):
+def print_summary(run: GradingRun, visible_only: bool = False, console: Console | None = None):
     console = console or Console(highlight=False)
     table = Table(title="Visible checks" if visible_only else "Score by part", show_lines=False)
     table.add_column("part")
@@ -17,22 +16,22 @@ def print_summary(results: dict, rubric: Rubric, visible_only: bool = False, con
     if not visible_only:
         table.add_column("points", justify="right")
     table.add_column("first problem", overflow="fold")
-    for entry in part_summary(results):
-        failure = entry["first_failure"]
-        problem = "" if failure is None else f"{failure['name'].split(': ', 1)[-1]}\n{failure['output']}".strip()
-        row = [entry["part"], f"{entry['passed']}/{entry['total']}"]
+    for part in run.parts():
+        failure = part.first_failure
+        problem = "" if failure is None else f"{failure.name}\n{failure.message}".strip()
+        row = [part.part, f"{part.passed}/{part.total}"]
         if not visible_only:
-            row.append(f"{entry['score']:.4g}/{entry['max_score']:.4g}")
+            row.append(f"{part.score:.4g}/{part.max_score:.4g}")
         row.append(escape(_short(problem)))
         table.add_row(*row, style="green" if failure is None else None)
     console.print(table)
     if not visible_only:
-        console.print(f"Total: {results['score']:g} / {results['max_score']:g}   "
-                      f"({results['execution_time']:.1f} s, device {results['extra_data'].get('device')}, "
-                      f"isolation {results['extra_data'].get('isolation')})")
-    first_lines = [line for line in results.get("output", "").splitlines() if line.startswith(("Your file", "While loading"))]
-    for line in first_lines[:5]:
+        console.print(f"Total: {run.score:g} / {run.max_score:g}   ({run.execution_time:.1f} s, device {run.device}, "
+                      f"isolation {run.isolation})")
+    for line in run.load.lines()[:5]:
         console.print(escape(line), style="yellow")
+    for flag in run.flags:
+        console.print(escape(f"Flagged for the instructor: {flag}"), style="yellow")
 
 
 def _short(text: str, lines: int = 8) -> str:

@@ -1,75 +1,197 @@
-"""The rubric: one TOML file an instructor edits (points, visibility, tolerances, limits, allowed APIs)."""
+"""The rubric: one TOML file an instructor edits (points, visibility, tolerances, limits, allowed APIs).
+
+It is validated in full when loaded: an unknown section or key, a missing value or a value of the
+wrong type is a `RubricError` naming the key and the file, and the run cannot grade (exit 2) rather
+than scoring a student against a broken rubric. The only defaults are the documented ones: a part's
+title (its id), a check's weight (1) and visibility (`[defaults] visibility`, itself "visible").
+Check keys in `[tests]` are validated against the checks that exist (`check_test_keys`), so a
+misspelt key is an error, not a silently ignored setting.
+"""
 from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autograder.contract import PART_IDS
+
 DEFAULT_RUBRIC = Path(__file__).with_name("rubric.toml")
-PART_IDS = ("quiz", "combine", "wrapper", "two_dim", "columns", "mha", "fuse", "speed")
 VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
+DTYPE_NAMES = ("float64", "float32", "bfloat16", "float16")
+API_NAMES = ("scaled_dot_product_attention", "nn_multihead_attention", "flex_attention")
+
+# [limits]: name -> (type, meaning). Every one is required.
+LIMITS = {
+    "load_seconds": (float, "importing the submission and running its cells, in all"),
+    "cell_seconds": (float, "one top-level cell; once one is stopped, later cells get 1 s each"),
+    "request_seconds": (float, "any single request to the worker (a forward, a call)"),
+    "check_seconds": (float, "one check, all its requests together"),
+    "submission_seconds": (float, "the whole submission: every request, restart and check"),
+    "class_seconds": (float, "grade-class: one submission's grading process, start to end"),
+    "crashes_before_giving_up": (int, "a function that ended the worker this often is not called again"),
+    "memory_gib": (float, "the worker's memory cap on the CPU"),
+    "output_kib": (float, "how much of the worker's stdout/stderr is kept"),
+    "reply_mib": (float, "the largest answer the grader reads from the worker"),
+    "worker_threads": (int, "torch threads in the worker (and in the reference's, when timing)"),
+}
 
 
 class RubricError(ValueError):
-    """The rubric file is malformed; the message names the key to fix."""
+    """The rubric file is malformed; the message names the key to fix and the file."""
+
+
+@dataclass(frozen=True)
+class Part:
+    id: str
+    points: float
+    title: str
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    weight: float = 1.0
+    visibility: str | None = None  # None: the rubric's default
 
 
 @dataclass(frozen=True)
 class Rubric:
-    parts: dict[str, dict]
-    tests: dict[str, dict] = field(default_factory=dict)
-    defaults: dict = field(default_factory=dict)
-    tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
-    limits: dict = field(default_factory=dict)
-    apis: dict[str, bool] = field(default_factory=dict)
-    path: Path | None = None
+    parts: dict[str, Part]
+    tests: dict[str, CheckSettings]
+    default_visibility: str
+    tolerances: dict[str, tuple[float, float]]
+    limits: dict[str, float]
+    apis: dict[str, bool]
+    path: Path = DEFAULT_RUBRIC
+    extra: dict = field(default_factory=dict)  # sections owned by a part's own module (e.g. [speed])
 
     def part_points(self, part: str) -> float:
-        return float(self.parts[part]["points"]) if part in self.parts else 0.0
+        return self.parts[part].points if part in self.parts else 0.0
 
-    def test_settings(self, key: str) -> dict:
-        return self.tests.get(key, {})
+    def part_title(self, part: str) -> str:
+        return self.parts[part].title if part in self.parts else part
 
     def weight(self, key: str) -> float:
-        return float(self.test_settings(key).get("weight", 1.0))
+        return self.tests.get(key, CheckSettings()).weight
 
     def visibility(self, key: str) -> str:
-        return self.test_settings(key).get("visibility", self.defaults.get("visibility", "visible"))
+        return self.tests.get(key, CheckSettings()).visibility or self.default_visibility
 
     def tolerance(self, dtype_name: str) -> tuple[float, float]:
-        rtol, atol = self.tolerances[dtype_name]
-        return float(rtol), float(atol)
+        return self.tolerances[dtype_name]
 
     def limit(self, name: str) -> float:
-        return float(self.limits[name])
+        return self.limits[name]
 
     @property
     def max_score(self) -> float:
-        return sum(self.part_points(p) for p in self.parts)
+        return sum(p.points for p in self.parts.values())
+
+    def check_test_keys(self, known: set[str]):
+        """Every key of [tests] must name a check that exists."""
+        unknown = sorted(set(self.tests) - known)
+        if unknown:
+            close = {key: _closest(key, known) for key in unknown}
+            hints = "; ".join(f'[tests."{k}"]' + (f' (did you mean "{c}"?)' if c else "") for k, c in close.items())
+            raise RubricError(f"{self.path}: no check has the key {hints}")
 
 
-def load_rubric(path: str | Path | None = None) -> Rubric:
+def _closest(key: str, known: set[str]) -> str | None:
+    import difflib
+
+    matches = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+    return matches[0] if matches else None
+
+
+def _number(value, where: str, path: Path, minimum: float = 0.0, kind: type = float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise RubricError(f"{path}: {where} must be {'an integer' if kind is int else 'a number'}, not {value!r}")
+    if value < minimum:
+        raise RubricError(f"{path}: {where} must be at least {minimum:g}, not {value!r}")
+    return kind(value)
+
+
+def _table(data: dict, name: str, path: Path, required: bool = True) -> dict:
+    value = data.get(name)
+    if value is None and not required:
+        return {}
+    if not isinstance(value, dict):
+        raise RubricError(f"{path}: missing section [{name}]" if value is None else f"{path}: [{name}] must be a table")
+    return value
+
+
+def _no_unknown(table: dict, allowed, where: str, path: Path):
+    unknown = [k for k in table if k not in allowed]
+    if unknown:
+        raise RubricError(f"{path}: unknown key {where}{unknown[0]!r} (allowed: {', '.join(allowed)})")
+
+
+def load_rubric(path: str | Path | None = None, extra_sections: dict | None = None) -> Rubric:
+    """Read and validate a rubric. `extra_sections` maps a section name to a validator function
+    `(table, path) -> value` for sections that belong to one part's module."""
     path = Path(path) if path else DEFAULT_RUBRIC
     try:
         data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise RubricError(f"cannot read rubric {path}: {exc}") from exc
-    parts = data.get("parts", {})
-    for part, settings in parts.items():
+    extra_sections = extra_sections or {}
+    _no_unknown(data, ("parts", "tests", "defaults", "tolerances", "limits", "apis", *extra_sections), "", path)
+
+    parts = {}
+    for part, settings in _table(data, "parts", path).items():
         if part not in PART_IDS:
             raise RubricError(f"{path}: unknown part [parts.{part}]; part ids are {', '.join(PART_IDS)}")
-        if not isinstance(settings.get("points"), (int, float)) or settings["points"] < 0:
+        if not isinstance(settings, dict):
+            raise RubricError(f"{path}: [parts.{part}] must be a table")
+        _no_unknown(settings, ("points", "title"), f"in [parts.{part}]: ", path)
+        if "points" not in settings:
             raise RubricError(f"{path}: [parts.{part}] needs points = a number >= 0")
-    for key, settings in data.get("tests", {}).items():
-        vis = settings.get("visibility")
-        if vis is not None and vis not in VISIBILITIES:
-            raise RubricError(f"{path}: [tests.\"{key}\"] visibility must be one of {VISIBILITIES}")
-    return Rubric(
-        parts=parts,
-        tests=data.get("tests", {}),
-        defaults=data.get("defaults", {}),
-        tolerances={k: tuple(v) for k, v in data.get("tolerances", {}).items()},
-        limits=data.get("limits", {}),
-        apis=data.get("apis", {}),
-        path=path,
-    )
+        title = settings.get("title", part)
+        if not isinstance(title, str):
+            raise RubricError(f"{path}: [parts.{part}] title must be a string")
+        parts[part] = Part(part, _number(settings["points"], f"[parts.{part}] points", path), title)
+
+    defaults = _table(data, "defaults", path, required=False)
+    _no_unknown(defaults, ("visibility",), "in [defaults]: ", path)
+    default_visibility = defaults.get("visibility", "visible")
+    if default_visibility not in VISIBILITIES:
+        raise RubricError(f"{path}: [defaults] visibility must be one of {', '.join(VISIBILITIES)}")
+
+    tests = {}
+    for key, settings in _table(data, "tests", path, required=False).items():
+        where = f'[tests."{key}"]'
+        if not isinstance(settings, dict):
+            raise RubricError(f"{path}: {where} must be a table")
+        _no_unknown(settings, ("weight", "visibility"), f"in {where}: ", path)
+        visibility = settings.get("visibility")
+        if visibility is not None and visibility not in VISIBILITIES:
+            raise RubricError(f"{path}: {where} visibility must be one of {', '.join(VISIBILITIES)}, not {visibility!r}")
+        tests[key] = CheckSettings(_number(settings.get("weight", 1.0), f"{where} weight", path), visibility)
+
+    tolerances = {}
+    table = _table(data, "tolerances", path)
+    _no_unknown(table, DTYPE_NAMES, "in [tolerances]: ", path)
+    for dtype in DTYPE_NAMES:
+        value = table.get(dtype)
+        if not (isinstance(value, list) and len(value) == 2):
+            raise RubricError(f"{path}: [tolerances] {dtype} must be [rtol, atol]" + ("" if value else " (missing)"))
+        tolerances[dtype] = (_number(value[0], f"[tolerances] {dtype} rtol", path),
+                             _number(value[1], f"[tolerances] {dtype} atol", path))
+
+    limits = {}
+    table = _table(data, "limits", path)
+    _no_unknown(table, tuple(LIMITS), "in [limits]: ", path)
+    for name, (kind, meaning) in LIMITS.items():
+        if name not in table:
+            raise RubricError(f"{path}: [limits] {name} is missing ({meaning})")
+        limits[name] = _number(table[name], f"[limits] {name}", path, minimum=1 if kind is int else 1e-3, kind=kind)
+
+    table = _table(data, "apis", path)
+    _no_unknown(table, API_NAMES, "in [apis]: ", path)
+    apis = {}
+    for name in API_NAMES:
+        if not isinstance(table.get(name), bool):
+            raise RubricError(f"{path}: [apis] {name} must be true or false")
+        apis[name] = table[name]
+
+    extra = {name: validate(_table(data, name, path), path) for name, validate in extra_sections.items()}
+    return Rubric(parts, tests, default_visibility, tolerances, limits, apis, path, extra)

@@ -1,19 +1,24 @@
-"""Turning check outcomes into Gradescope's results.json, with points from the rubric."""
+"""From check outcomes to scored checks: a part's points shared among its checks by the rubric's weights."""
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
 
-from autograder.rubric import PART_IDS, Rubric
+from autograder.contract import PART_IDS
+from autograder.model import FAILED, GRADER, PASSED, CheckResult
+from autograder.rubric import Rubric
 
 
 @dataclass
 class Outcome:
+    """What one check's run came to, before points."""
+
     key: str  # "module::function", the rubric's key
     part: str
     name: str
-    status: str | None = None  # "passed" / "failed"; None: never ran
+    status: str | None = None  # PASSED / FAILED; None: never ran
     message: str = ""
+    evidence: str = GRADER
 
 
 def allocate_points(outcomes: list[Outcome], rubric: Rubric) -> list[float]:
@@ -33,56 +38,18 @@ def allocate_points(outcomes: list[Outcome], rubric: Rubric) -> list[float]:
     return points
 
 
-def build_results(outcomes: list[Outcome], rubric: Rubric, meta: dict) -> dict:
+def score(outcomes: list[Outcome], rubric: Rubric) -> list[CheckResult]:
+    """Scored checks, in part order (then in the order they ran)."""
     order = {part: i for i, part in enumerate(PART_IDS)}
     outcomes = sorted(outcomes, key=lambda o: order.get(o.part, len(order)))
-    tests = []
-    for number, (outcome, max_score) in enumerate(zip(outcomes, allocate_points(outcomes, rubric)), start=1):
-        status = outcome.status or "failed"
-        message = outcome.message if status == "failed" else ""
+    results = []
+    for outcome, max_score in zip(outcomes, allocate_points(outcomes, rubric)):
+        status = outcome.status or FAILED
+        message = outcome.message if status == FAILED else ""
         if outcome.status is None and not message:
             message = "not run (the grading run ended before this check)"
-        tests.append({
-            "name": f"{outcome.part}: {outcome.name}",
-            "number": str(number),
-            "score": round(max_score if status == "passed" else 0.0, 6),
-            "max_score": round(max_score, 6),
-            "status": status,
-            "output": message,
-            "visibility": rubric.visibility(outcome.key),
-            "tags": [outcome.part, outcome.key],
-        })
-    score = round(sum(t["score"] for t in tests), 2)
-    max_score = round(sum(t["max_score"] for t in tests), 2)
-    results = {
-        "score": score,
-        "max_score": max_score,
-        "execution_time": round(meta.get("execution_time", 0.0), 2),
-        "output": meta.get("output", ""),
-        "output_format": "text",
-        "visibility": "visible",
-        "stdout_visibility": "hidden",
-        "tests": tests,
-        "extra_data": {k: v for k, v in meta.items() if k not in ("output", "execution_time", "leaderboard")},
-    }
-    if meta.get("leaderboard"):
-        results["leaderboard"] = meta["leaderboard"]
+        results.append(CheckResult(key=outcome.key, part=outcome.part, name=outcome.name, status=status,
+                                   score=max_score if status == PASSED else 0.0, max_score=max_score,
+                                   message=message, visibility=rubric.visibility(outcome.key),
+                                   evidence=outcome.evidence))
     return results
-
-
-def part_summary(results: dict) -> list[dict]:
-    """Per part: points, max points, and the first failed check's message."""
-    parts: dict[str, dict] = {}
-    for test in results["tests"]:
-        part = test["tags"][0]
-        entry = parts.setdefault(part, {"part": part, "score": 0.0, "max_score": 0.0, "first_failure": None,
-                                        "passed": 0, "total": 0})
-        entry["score"] += test["score"]
-        entry["max_score"] += test["max_score"]
-        entry["total"] += 1
-        entry["passed"] += test["status"] == "passed"
-        if test["status"] == "failed" and entry["first_failure"] is None:
-            entry["first_failure"] = test
-    for entry in parts.values():
-        entry["score"], entry["max_score"] = round(entry["score"], 2), round(entry["max_score"], 2)
-    return list(parts.values())

@@ -33,7 +33,7 @@ def test_an_unreadable_notebook_is_graded_zero_with_the_reason(tmp_path):
 def test_check_runs_only_visible_checks_and_names_the_mistake(tmp_path):
     wrong = mutated_reference(tmp_path, "dim1", "return torch.cat(outputs, dim=-1)", "return torch.cat(outputs, dim=1)")
     run = autograder("check", wrong, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr
+    assert run.returncode == 1, run.stderr  # a visible check failed
     assert "Visible checks" in run.stdout
     assert "concatenated along the token dimension" in " ".join(run.stdout.split())
     assert not list(tmp_path.glob("**/results.json"))  # check writes no results
@@ -88,3 +88,38 @@ def test_the_seed_is_recorded_and_a_run_can_be_reproduced(tmp_path):
     outputs = [[t["output"] for t in json.loads(p.read_text())["tests"]] for p in (first, again)]
     assert outputs[0] == outputs[1]  # the same hidden inputs, so the same largest differences
     assert any("largest difference" in text for text in outputs[0])
+
+
+def test_a_broken_installation_is_not_graded_as_zero(tmp_path, monkeypatch):
+    """If the checks themselves cannot run, the grader says so and exits non-zero."""
+    import autograder.grade as grade
+
+    checks = tmp_path / "checks"
+    shutil.copytree(grade.CHECKS_DIR, checks)
+    (checks / "test_combine.py").write_text("import no_such_module_anywhere\n")
+    monkeypatch.setattr(grade, "CHECKS_DIR", checks)
+    submission = tmp_path / "mha.py"
+    submission.write_text("x = 1\n")
+    out = tmp_path / "results.json"
+    assert grade.grade_command(submission, grade.Options(device="cpu", out=out, quiet=True)) == grade.EXIT_CANNOT_GRADE
+    assert "could not be graded" in json.loads(out.read_text())["output"]
+
+
+def test_a_fault_in_a_check_is_the_graders_not_the_students(tmp_path, monkeypatch):
+    """A check that raises anything but its own failure (here a KeyError, as a rubric missing a tolerance
+    once caused) makes the run ungradable: no score, exit 2, the fault named; never points lost."""
+    import autograder.grade as grade
+
+    checks = tmp_path / "checks"
+    shutil.copytree(grade.CHECKS_DIR, checks)
+    (checks / "test_quiz.py").write_text(
+        (checks / "test_quiz.py").read_text().replace('    """the answer is right"""\n',
+                                                      '    """the answer is right"""\n    {}["float32"]\n'))
+    monkeypatch.setattr(grade, "CHECKS_DIR", checks)
+    out = tmp_path / "results.json"
+    code = grade.grade_command(REFERENCE, grade.Options(device="cpu", out=out, quiet=True))
+    results = json.loads(out.read_text())
+    assert code == grade.EXIT_CANNOT_GRADE
+    assert results["score"] == 0 and results["max_score"] == 0 and results["tests"] == []
+    assert "the grader itself failed (not your submission's fault)" in results["output"]
+    assert "KeyError" in results["extra_data"]["grader_errors"][0]

@@ -4,14 +4,15 @@ import time
 import pytest
 import torch
 
-from autograder.worker import (LoadFailed, SubmissionError, Worker, WorkerConfig, WorkerCrashed,
-                               WorkerTimeout, namespace_sandbox_available)
+from autograder.sandbox.client import (LoadFailed, SubmissionError, Worker, WorkerConfig, WorkerCrashed,
+                                       WorkerTimeout)
+from autograder.sandbox.launcher import PROJECT_ROOT, namespace_sandbox_available
 
 
 def worker(source: str, **config) -> Worker:
     settings = dict(load_seconds=30, request_seconds=3)
     settings.update(config)
-    return Worker([(1, source)], "mha.py", WorkerConfig(**settings))
+    return Worker([(1, 1, source)], "mha.py", WorkerConfig(**settings))
 
 
 @pytest.fixture
@@ -30,10 +31,9 @@ def make_worker():
 def test_answers_are_plain_data_and_tensors(make_worker):
     w = make_worker("import torch\ndef double(t):\n    return [t * 2, (1, 'a')]\n")
     value = w.request("call", fn="double", args=[torch.ones(2)], kwargs={})
-    assert value["type"] == "list"
-    assert torch.equal(value["items"][0]["value"], torch.full((2,), 2.0))
-    assert value["items"][1] == {"type": "tuple", "items": [{"type": "plain", "value": 1},
-                                                             {"type": "plain", "value": "a"}]}
+    assert isinstance(value, list)
+    assert torch.equal(value[0], torch.full((2,), 2.0))
+    assert value[1] == (1, "a")
 
 
 def test_student_exceptions_come_back_with_their_traceback(make_worker):
@@ -54,7 +54,7 @@ def test_a_hang_is_cut_at_the_deadline_and_not_retried(make_worker):
     with pytest.raises(WorkerTimeout, match="not tried again"):
         w.request("call", target="spin", fn="spin", args=[], kwargs={})
     assert time.monotonic() - started < 0.5  # remembered, not waited for again
-    assert w.request("call", target="ok", fn="ok", args=[], kwargs={}) == {"type": "plain", "value": 1}
+    assert w.request("call", target="ok", fn="ok", args=[], kwargs={}) == 1
     assert w.starts == 2  # killed after the hang, restarted for the next request
 
 
@@ -62,7 +62,7 @@ def test_an_exit_inside_a_call_is_reported_and_the_worker_restarts(make_worker):
     w = make_worker("import os\ndef die():\n    os._exit(7)\ndef ok():\n    return 2\n")
     with pytest.raises(WorkerCrashed, match="exited with status 7"):
         w.request("call", fn="die", args=[], kwargs={})
-    assert w.request("call", fn="ok", args=[], kwargs={})["value"] == 2
+    assert w.request("call", fn="ok", args=[], kwargs={}) == 2
     assert w.starts == 2
 
 
@@ -83,12 +83,12 @@ def test_a_load_that_hangs_fails_once_and_is_remembered(make_worker):
 
 
 def test_cells_that_raise_do_not_stop_the_load(make_worker):
-    w = Worker([(1, "a = 1"), (2, "raise NotImplementedError()"), (3, "b = a + 1")], "mha.ipynb",
+    w = Worker([(1, 1, "a = 1"), (2, 1, "raise NotImplementedError()"), (3, 1, "b = a + 1")], "mha.ipynb",
                WorkerConfig(request_seconds=3))
     try:
         report = w.start()
-        assert [e["cell"] for e in report["errors"]] == [2]
-        assert w.request("get", name="b") == {"type": "plain", "value": 2}
+        assert [e.cell for e in report.errors] == [2]
+        assert w.request("get", name="b") == 2
     finally:
         w.close()
 
@@ -110,14 +110,17 @@ def test_output_is_captured_and_truncated(make_worker):
 
 
 def test_a_forged_answer_is_never_unpickled(make_worker, tmp_path):
+    """Nothing from the worker is unpickled: a torch.save pickle written straight onto the answer pipe, in
+    the framing of an older protocol, is refused as unreadable and never runs."""
     marker = tmp_path / "executed"
     source = (
-        "import os, sys\n"
-        "main = sys.modules['__main__']\n"
+        "import io, os, struct, torch\n"
         "class Evil:\n"
         f"    def __reduce__(self):\n        return (os.system, ('touch {marker}',))\n"
-        "original = main.send\n"
-        "main.send = lambda torch, fd, message: original(torch, fd, {'ok': True, 'value': Evil()})\n"
+        "fd_out = int(open('/proc/self/cmdline').read().split(chr(0))[6])\n"
+        "buffer = io.BytesIO()\n"
+        "torch.save({'ok': True, 'value': Evil()}, buffer)\n"
+        "os.write(fd_out, struct.pack('>Q', len(buffer.getvalue())) + buffer.getvalue())\n"
     )
     w = make_worker(source, isolation="process")
     with pytest.raises(LoadFailed, match="could not be read safely"):
@@ -127,8 +130,6 @@ def test_a_forged_answer_is_never_unpickled(make_worker, tmp_path):
 
 @pytest.mark.skipif(not namespace_sandbox_available(), reason="user namespaces are not available here")
 def test_the_sandbox_hides_the_project_and_is_read_only(make_worker):
-    from autograder.worker import PROJECT_ROOT
-
     probe = (
         "import os\n"
         "def attempt(action):\n"
@@ -143,14 +144,14 @@ def test_the_sandbox_hides_the_project_and_is_read_only(make_worker):
     import sys
     from pathlib import Path
 
-    listed = {item["value"] for item in w.request("get", name="listing")["items"]}
+    listed = set(w.request("get", name="listing"))
     # only the virtualenv, when it lives inside the project, is shown again (read-only)
     venv = Path(sys.prefix).resolve()
     allowed = {venv.relative_to(PROJECT_ROOT).parts[0]} if venv.is_relative_to(PROJECT_ROOT) else set()
     assert listed <= allowed and "reference" not in listed and "autograder" not in listed
-    assert w.request("get", name="import_reference")["value"] == "ModuleNotFoundError"
-    assert w.request("get", name="write_etc")["value"] == "OSError"
-    assert w.request("get", name="network")["value"] == "OSError"
+    assert w.request("get", name="import_reference") == "ModuleNotFoundError"
+    assert w.request("get", name="write_etc") == "OSError"
+    assert w.request("get", name="network") == "OSError"
 
 
 def test_without_the_sandbox_the_grader_packages_still_do_not_import(make_worker):
@@ -161,5 +162,54 @@ def test_without_the_sandbox_the_grader_packages_still_do_not_import(make_worker
         "results = [attempt('reference'), attempt('reference.mha'), attempt('autograder.rubric')]\n"
     )
     w = make_worker(probe, isolation="process")
-    answer = w.request("get", name="results")
-    assert [item["value"] for item in answer["items"]] == ["ModuleNotFoundError"] * 3
+    assert w.request("get", name="results") == ["ModuleNotFoundError"] * 3
+
+
+def test_cells_keep_their_line_numbers_in_the_file(make_worker):
+    w = Worker([(3, 40, "def f():\n    raise ValueError('here')\n")], "mha.py", WorkerConfig(request_seconds=3))
+    try:
+        with pytest.raises(SubmissionError) as info:
+            w.request("call", fn="f", args=[], kwargs={})
+        assert 'File "<mha.py, cell 3>", line 41, in f' in info.value.traceback
+    finally:
+        w.close()
+
+
+def test_the_whole_submission_has_one_time_budget(make_worker):
+    w = make_worker("import time\ndef slow():\n    time.sleep(30)\n", request_seconds=20, submission_seconds=300)
+    w.start()
+    w.budget_end = time.monotonic() + 3  # as if the submission had used all but 3 s of its budget
+    started = time.monotonic()
+    with pytest.raises(WorkerTimeout, match="time budget for the whole submission"):
+        w.request("call", fn="slow", args=[], kwargs={})
+    with pytest.raises(WorkerTimeout, match="time budget for the whole submission"):
+        w.request("call", fn="slow", args=[], kwargs={})
+    assert time.monotonic() - started < 15
+
+
+def test_suspend_stops_every_process_the_submission_started(make_worker):
+    """setsid children leave the worker's session but not its process tree: all are stopped and resumed,
+    their CPU time is counted, and kill ends them all."""
+    source = ("import subprocess, sys\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'while True: pass'], start_new_session=True)\n"
+              "def pid():\n    return child.pid\n")
+    w = make_worker(source, isolation="process")
+    w.start()
+    pids = w.process.pids()
+    assert len(pids) >= 2
+    time.sleep(1.0)
+    busy = w.cpu_seconds()
+    assert busy > 0.3  # the child burns a core
+    w.suspend()
+    time.sleep(0.2)
+    frozen = w.cpu_seconds()
+    time.sleep(1.0)
+    assert w.cpu_seconds() - frozen < 0.1  # nothing runs while suspended
+    states = {pid: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] for pid in pids}
+    assert set(states.values()) == {"T"}, states
+    w.resume()
+    w.close()
+    time.sleep(0.2)
+    import os
+    assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}") and
+                open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]

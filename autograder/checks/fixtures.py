@@ -1,11 +1,11 @@
 """Fixtures the checks ask for, handed over by the grading run (registered as a plugin object)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
-from autograder.checks.harness import Inputs, Submission, dtypes_for
+from autograder.checks.harness import Inputs, Submission, check_seed, dtypes_for
 from autograder.rubric import Rubric
 
 
@@ -14,31 +14,42 @@ class GradingContext:
     submission: Submission
     rubric: Rubric
     device: str
-    inputs: Inputs
+    run_seed: int
+    measurements: dict = field(default_factory=dict)  # what checks measured for the model (e.g. speed)
+    flags: list[str] = field(default_factory=list)  # what checks flag for the instructor
 
 
 class GradingFixtures:
     def __init__(self, context: GradingContext):
-        self.context = context
+        self._context = context
 
     @pytest.fixture(scope="session")
     def submission(self) -> Submission:
-        return self.context.submission
+        return self._context.submission
 
     @pytest.fixture(scope="session")
     def rubric(self) -> Rubric:
-        return self.context.rubric
+        return self._context.rubric
 
     @pytest.fixture(scope="session")
     def device(self) -> str:
-        return self.context.device
+        return self._context.device
 
     @pytest.fixture(scope="session")
-    def inputs(self) -> Inputs:
-        return self.context.inputs
+    def context(self) -> GradingContext:
+        return self._context
+
+    @pytest.fixture
+    def inputs(self, request) -> Inputs:
+        """Hidden inputs drawn from (the run's seed, this check's id) alone."""
+        return Inputs(check_seed(self._context.run_seed, request.node.nodeid))
+
+    @pytest.fixture(autouse=True)
+    def _check_budget(self):
+        self._context.submission.begin_check()
 
     def pytest_generate_tests(self, metafunc):
         """Checks that take `dtype_name` run once per dtype of the device: fp64 and fp32 on the CPU,
         fp32, bf16 and fp16 on CUDA."""
         if "dtype_name" in metafunc.fixturenames:
-            metafunc.parametrize("dtype_name", dtypes_for(self.context.device))
+            metafunc.parametrize("dtype_name", dtypes_for(self._context.device))

@@ -1,23 +1,30 @@
 """What the checks share: the narrow interface to the submission, hidden inputs, and comparisons.
 
-Checks never see the student's objects, only what the worker answers: decoded tensors and plain data.
+Checks never see the student's objects, only what the worker answers: decoded tensors and plain data
+(`protocol.ModuleInfo` for a module living in the worker, `protocol.Foreign` for anything else).
 Everything a check compares against is computed here, in the trusted process, by `reference/`.
+
+A check fails the student only through `fail()`. Any other exception in a check is the grader's own
+fault: the run then cannot grade rather than charge the student.
 """
 from __future__ import annotations
 
+import hashlib
 import secrets
+import time
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 
 from autograder.rubric import Rubric
-from autograder.worker import LoadFailed, SubmissionError, Worker, WorkerCrashed, WorkerTimeout
+from autograder.sandbox.client import LoadFailed, SubmissionError, Worker, WorkerCrashed, WorkerTimeout
+from autograder.sandbox.protocol import MISSING, Foreign, Handle, ModuleInfo
 
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
-          "float16": torch.float16}
 MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "mv", "dot", "addmv", "linear",
               "_addmm_activation"}
+ModuleRef = ModuleInfo  # a module living in the worker, known by its handle
+__all__ = ["Foreign", "ModuleRef"]
 
 
 def fail(message: str):
@@ -26,33 +33,11 @@ def fail(message: str):
 
 
 @dataclass
-class Foreign:
-    """A value from the submission that is not plain data or a tensor: only its class and repr."""
-
-    cls: str
-    text: str
-
-    def __repr__(self):
-        return f"<{self.cls} {self.text}>"
-
-
-@dataclass
 class Raised:
     """An exception the student's code raised: its class name and message."""
 
     type: str
     message: str
-
-
-@dataclass
-class ModuleRef:
-    """A module living in the worker, known by handle."""
-
-    handle: str
-    cls: str
-    instance_of: list[str]
-    training: bool
-    state_dict: dict[str, torch.Tensor] | None = None
 
 
 @dataclass
@@ -76,42 +61,34 @@ class Forward:
     y_info: TensorInfo | None
     x_after: torch.Tensor
     head_calls: list[HeadCall] = field(default_factory=list)
-    ops: list[str] | None = None
-    python_calls: list[str] | None = None
+    ops: list[str] | None = None  # reported by the worker
+    python_calls: list[str] | None = None  # reported by the worker
     grads: dict[str, torch.Tensor | None] | None = None
     grad_problem: str | None = None
 
 
-def decode(value, infos: list | None = None):
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "plain":
-        return value["value"]
-    if kind == "tensor":
-        if infos is not None:
-            infos.append(TensorInfo(value["device"], value["requires_grad"]))
-        return value["value"]
-    if kind in ("list", "tuple"):
-        items = [decode(v, infos) for v in value["items"]]
-        return items if kind == "list" else tuple(items)
-    if kind == "module":
-        return ModuleRef(value["handle"], value["class"], value["instance_of"], value["training"],
-                         value.get("state_dict"))
-    if kind == "missing":
-        raise KeyError
-    if kind == "object":
-        return Foreign(value["class"], value["repr"])
-    raise WorkerCrashed(f"the worker answered with something unexpected: {str(value)[:100]}")
-
-
 class Submission:
-    """The checks' one door into the student's code (which runs in the worker)."""
+    """The checks' one door into the student's code (which runs in the worker).
 
-    def __init__(self, worker: Worker, device: str):
-        self.worker, self.device = worker, device
+    Each check has a time budget (`begin_check`): a request gets the smaller of its own deadline and
+    what is left of the check's budget, and the worker's client enforces the whole submission's."""
+
+    def __init__(self, worker: Worker, device: str, check_seconds: float = 60.0):
+        self.worker, self.device, self.check_seconds = worker, device, check_seconds
+        self.check_end = time.monotonic() + check_seconds
+
+    def begin_check(self):
+        self.check_end = time.monotonic() + self.check_seconds
+
+    def _timeout(self) -> float:
+        left = self.check_end - time.monotonic()
+        if left <= 0:
+            fail(f"this check used up its time budget ({self.check_seconds:g} s) waiting for your code")
+        return min(left, self.worker.config.request_seconds)
 
     def _ask(self, op, target=None, **payload):
         try:
-            return self.worker.request(op, target=target, **payload)
+            return self.worker.request(op, timeout=self._timeout(), target=target, **payload)
         except LoadFailed as exc:
             fail(str(exc))
         except SubmissionError as exc:
@@ -124,49 +101,53 @@ class Submission:
 
     def value(self, name: str):
         answer = self._ask("get", name=name)
-        if answer.get("type") == "missing":
+        if answer is MISSING:
             fail(f"`{name}` is not defined in your file")
-        return decode(answer)
+        return answer
 
     def call(self, fn: str, *args, target: str | None = None, **kwargs):
-        answer = self._ask("call", target=target or fn, fn=fn, args=_wire(list(args)), kwargs=_wire(kwargs))
-        return decode(answer)
+        return self._ask("call", target=target or fn, fn=fn, args=_wire(list(args)), kwargs=_wire(kwargs))
 
     def try_call(self, fn: str, *args, target: str | None = None):
         """Like call, but when the student's code raises, return that exception as a `Raised`."""
         try:
-            answer = self.worker.request("call", target=target or fn, fn=fn, args=_wire(list(args)), kwargs={})
+            return self.worker.request("call", timeout=self._timeout(), target=target or fn, fn=fn,
+                                       args=_wire(list(args)), kwargs={})
         except SubmissionError as exc:
             return Raised(exc.type, exc.message)
         except (LoadFailed, WorkerTimeout, WorkerCrashed) as exc:
             fail(str(exc))
-        return decode(answer)
 
-    def build(self, cls: str, *args, state_dict=None, dtype: torch.dtype | None = None, **kwargs) -> ModuleRef:
+    def build(self, cls: str, *args, state_dict=None, dtype: torch.dtype | None = None, **kwargs) -> ModuleInfo:
         dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else None
         answer = self._ask("build", target=f"{cls}.__init__", cls=cls, args=list(args), kwargs=kwargs,
                            state_dict=state_dict, dtype=dtype_name, device=self.device)
-        return decode(answer)
+        if not isinstance(answer, ModuleInfo):
+            fail(f"building {cls} did not give a module")
+        return answer
 
-    def describe(self, module: ModuleRef) -> ModuleRef:
-        return decode(self._ask("describe", handle=module.handle))
+    def describe(self, module: ModuleInfo) -> ModuleInfo:
+        answer = self._ask("describe", handle=module.handle)
+        if not isinstance(answer, ModuleInfo):
+            fail("the worker did not describe the module")
+        return answer
 
-    def forward(self, module: ModuleRef, x: torch.Tensor, *, train=False, seed=0, grad_out=None,
+    def forward(self, module: ModuleInfo, x: torch.Tensor, *, train=False, seed=0, grad_out=None,
                 trace=False, hooks=False) -> Forward:
         answer = self._ask("forward", target=f"{module.cls}.forward", handle=module.handle, x=x,
                            train=train, seed=seed, grad_out=grad_out, trace=trace, hooks=hooks)
-        infos: list[TensorInfo] = []
-        y = decode(answer["y"], infos)
-        return Forward(y=y, y_info=infos[0] if isinstance(y, torch.Tensor) else None,
-                       x_after=answer["x_after"], head_calls=[HeadCall(c["index"], c["same_values"], c["output"])
-                                                            for c in answer.get("head_calls", [])],
-                       ops=answer.get("ops"), python_calls=answer.get("python_calls"),
-                       grads=answer.get("grads"), grad_problem=answer.get("grad_problem"))
+        if not isinstance(answer.x_after, torch.Tensor):
+            fail("the worker's answer did not include the input after the forward")
+        info = TensorInfo(answer.y_device or "cpu", False) if isinstance(answer.y, torch.Tensor) else None
+        calls = [HeadCall(c.index, c.same_values, c.output if isinstance(c.output, torch.Tensor) else None)
+                 for c in answer.head_calls]
+        return Forward(y=answer.y, y_info=info, x_after=answer.x_after, head_calls=calls, ops=answer.ops,
+                       python_calls=answer.python_calls, grads=answer.grads, grad_problem=answer.grad_problem)
 
 
 def _wire(value):
-    if isinstance(value, ModuleRef):
-        return {"__handle__": value.handle}
+    if isinstance(value, ModuleInfo):
+        return Handle(value.handle)
     if isinstance(value, (list, tuple)):
         return [_wire(v) for v in value]
     if isinstance(value, dict):
@@ -174,12 +155,23 @@ def _wire(value):
     return value
 
 
-class Inputs:
-    """Hidden inputs: a seed the submission never sees, fresh for every grading run."""
+def check_seed(run_seed: int, check_id: str) -> int:
+    """The seed of one check's hidden inputs: a function of the run's seed and the check's id only, so
+    `--seed N` reproduces any one check whatever else runs, in whatever order."""
+    digest = hashlib.sha256(f"{run_seed}:{check_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
-    def __init__(self, seed: int | None = None):
-        self.seed = secrets.randbits(63) if seed is None else seed
-        self.generator = torch.Generator().manual_seed(self.seed)
+
+def new_run_seed() -> int:
+    return secrets.randbits(63)
+
+
+class Inputs:
+    """Hidden inputs for one check, from a seed the submission never sees."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed)
 
     def randn(self, *shape, dtype=torch.float64) -> torch.Tensor:
         return torch.randn(*shape, generator=self.generator, dtype=torch.float64).to(dtype)

@@ -1,0 +1,183 @@
+"""The grading model: what one grading run found, typed, built once.
+
+Every output reads this model: the terminal summary, results.json (Gradescope's format, made only at
+the edge by `to_gradescope`), the class table and CSV, the gradebook and the feedback. None of them
+parses text. A results.json written by `to_gradescope` reads back into the same model with
+`from_gradescope`, so a class can be summarised from the files alone.
+
+A run either graded the submission (`status == "graded"`, whatever the score) or could not
+(`"cannot_grade"`: a broken rubric, a check that failed for a reason of the grader's own, a file that
+is not a submission), in which case it carries no score and `make grade` retries it next time.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autograder.contract import PART_IDS
+
+GRADED, CANNOT_GRADE = "graded", "cannot_grade"
+PASSED, FAILED = "passed", "failed"
+GRADER, WORKER = "grader", "worker"  # who vouches for a check's evidence
+MODEL_VERSION = 1
+
+
+@dataclass
+class CheckResult:
+    """One check (one parametrised case of a check function)."""
+
+    key: str  # "module::function", the rubric's key
+    part: str
+    name: str  # what it checks, for people
+    status: str  # PASSED or FAILED
+    score: float
+    max_score: float
+    message: str = ""  # why it failed, for the student
+    visibility: str = "visible"
+    evidence: str = GRADER  # WORKER: it rests on what the worker reported about itself
+
+
+@dataclass
+class PartResult:
+    part: str
+    title: str
+    score: float
+    max_score: float
+    passed: int
+    total: int
+    first_failure: CheckResult | None
+
+
+@dataclass
+class CellProblem:
+    """A cell of the submission that raised, or was stopped, while the file was loaded."""
+
+    cell: int
+    type: str
+    message: str
+    timed_out: bool = False
+
+
+@dataclass
+class LoadReport:
+    problem: str | None = None  # the file could not be read or loaded at all
+    cells: list[CellProblem] = field(default_factory=list)
+    defined: dict[str, str] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        lines = []
+        if self.problem:
+            lines.append(f"Your file could not be loaded: {self.problem}")
+        lines += [f"While loading, cell {c.cell} raised {c.type}: {c.message}" for c in self.cells]
+        return lines
+
+
+@dataclass
+class GradingRun:
+    status: str
+    submission: str
+    device: str = ""
+    isolation: str = ""
+    seed: int | None = None
+    torch: str = ""
+    visible_only: bool = False
+    reason: str = ""  # why it could not grade
+    checks: list[CheckResult] = field(default_factory=list)
+    load: LoadReport = field(default_factory=LoadReport)
+    events: list[str] = field(default_factory=list)  # what happened to the worker (hangs, crashes)
+    student_output: str = ""  # what the submission printed, truncated
+    execution_time: float = 0.0
+    worker_starts: int = 0
+    speed: dict[str, Any] | None = None  # the speed part's measurements, when it ran
+    flags: list[str] = field(default_factory=list)  # for the instructor: e.g. an implausible speedup
+    grader_errors: list[str] = field(default_factory=list)  # why the grader failed (never the student's)
+    titles: dict[str, str] = field(default_factory=dict)  # part id -> the rubric's title
+
+    @property
+    def graded(self) -> bool:
+        return self.status == GRADED
+
+    @property
+    def score(self) -> float:
+        return round(sum(c.score for c in self.checks), 2) if self.graded else 0.0
+
+    @property
+    def max_score(self) -> float:
+        return round(sum(c.max_score for c in self.checks), 2) if self.graded else 0.0
+
+    def parts(self) -> list[PartResult]:
+        """Per part, in the fixed part order: totals and the first failed check."""
+        titles = self.titles
+        by_part: dict[str, list[CheckResult]] = {}
+        for check in self.checks:
+            by_part.setdefault(check.part, []).append(check)
+        order = {p: i for i, p in enumerate(PART_IDS)}
+        results = []
+        for part in sorted(by_part, key=lambda p: order.get(p, len(order))):
+            checks = by_part[part]
+            results.append(PartResult(
+                part=part, title=titles.get(part, part),
+                score=round(sum(c.score for c in checks), 2), max_score=round(sum(c.max_score for c in checks), 2),
+                passed=sum(c.status == PASSED for c in checks), total=len(checks),
+                first_failure=next((c for c in checks if c.status == FAILED), None)))
+        return results
+
+    def output_text(self) -> str:
+        """results.json's top-level `output`: what happened, for the student."""
+        if not self.graded:
+            return f"This submission could not be graded: {self.reason}"
+        lines = [f"Isolation: {self.isolation}."] + self.load.lines()
+        lines += [f"Worker: {event}" for event in dict.fromkeys(self.events)]
+        if self.student_output.strip():
+            lines.append("What your code printed (truncated):\n" + self.student_output.strip())
+        return "\n".join(lines)
+
+    # -- the edge: Gradescope's results.json
+    def to_gradescope(self) -> dict:
+        tests = [{
+            "name": f"{c.part}: {c.name}",
+            "number": str(number),
+            "score": round(c.score, 6),
+            "max_score": round(c.max_score, 6),
+            "status": c.status,
+            "output": c.message,
+            "visibility": c.visibility,
+            "tags": [c.part, c.key] + (["worker-reported"] if c.evidence == WORKER else []),
+        } for number, c in enumerate(self.checks, start=1)]
+        extra = {k: v for k, v in asdict(self).items() if k not in ("checks", "execution_time")}
+        extra["model_version"] = MODEL_VERSION
+        results = {
+            "score": self.score,
+            "max_score": self.max_score,
+            "execution_time": round(self.execution_time, 2),
+            "output": self.output_text(),
+            "output_format": "text",
+            "visibility": "visible",
+            "stdout_visibility": "hidden",
+            "tests": tests,
+            "extra_data": extra,
+        }
+        if self.speed and self.speed.get("speedup") is not None:
+            results["leaderboard"] = [{"name": "speedup over the wrapper", "value": round(self.speed["speedup"], 3),
+                                       "order": "desc"}]
+        return results
+
+    @classmethod
+    def from_gradescope(cls, data: dict) -> GradingRun:
+        """Read a results.json written by `to_gradescope` back into the model."""
+        extra = data.get("extra_data") or {}
+        if extra.get("model_version") != MODEL_VERSION:
+            raise ValueError("not a results.json written by this grader (no model_version in extra_data)")
+        load = extra.get("load") or {}
+        checks = []
+        for test in data.get("tests", []):
+            part, key = test["tags"][0], test["tags"][1]
+            checks.append(CheckResult(key=key, part=part, name=test["name"].split(": ", 1)[-1], status=test["status"],
+                                      score=float(test["score"]), max_score=float(test["max_score"]),
+                                      message=test.get("output", ""), visibility=test.get("visibility", "visible"),
+                                      evidence=WORKER if "worker-reported" in test["tags"] else GRADER))
+        fields = {k: v for k, v in extra.items() if k in cls.__dataclass_fields__ and k not in ("load",)}
+        return cls(**fields, checks=checks,
+                   load=LoadReport(load.get("problem"), [CellProblem(**c) for c in load.get("cells", [])],
+                                   load.get("defined", {})),
+                   execution_time=float(data.get("execution_time", 0.0)))

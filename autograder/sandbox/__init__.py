@@ -1,0 +1,11 @@
+"""The trust boundary. Student code runs only in the worker process.
+
+Trusted, in the grader's process:  client.py (requests, deadlines, restarts), launcher.py (starting
+                                   the worker in its sandbox, holding its process tree)
+Untrusted, inside the worker:      server.py (the request loop beside student code), jail.py (shuts
+                                   the worker in before any student code runs)
+Both sides:                        protocol.py (standard library only: frames, values, typed replies)
+
+The untrusted side is never imported by the grader: the launcher hands its sources to a fresh
+interpreter, which loads them as the package `sandbox` (see `launcher.BOOT`).
+"""

@@ -1,0 +1,338 @@
+"""Trusted side: the grader's handle on one submission's worker.
+
+`Worker` starts the worker (through `launcher`), loads the submission, sends requests and reads
+replies with deadlines, and kills and replaces the worker after a hang or a crash. Every reply is
+read within its deadline, bounded by `protocol.Limits` before anything is materialised, and checked
+against the protocol's schema; a reply that breaks it is the worker's fault (`WorkerCrashed`).
+Nothing from the worker is ever unpickled.
+
+Time budgets: each request has its own deadline (`request_seconds`), and the whole submission has
+one budget of wall time (`submission_seconds`) across every request, restart and check; once it is
+spent, every later request fails at once, saying so.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+from autograder.sandbox import launcher, protocol
+from autograder.sandbox.protocol import Loaded, ProtocolError, Ready, StudentError
+
+
+class WorkerError(Exception):
+    """A request could not be answered; the message is meant for the student."""
+
+
+class SubmissionError(WorkerError):
+    """The student's code raised an exception while answering."""
+
+    def __init__(self, error: StudentError):
+        self.type, self.message, self.traceback = error.type, error.message, error.traceback
+        super().__init__(f"{self.type}: {self.message}")
+
+
+class WorkerTimeout(WorkerError):
+    pass
+
+
+class WorkerCrashed(WorkerError):
+    pass
+
+
+class LoadFailed(WorkerError):
+    pass
+
+
+class BudgetSpent(WorkerTimeout):
+    """The submission's whole time budget is used up."""
+
+
+@dataclass
+class WorkerConfig:
+    device: str = "cpu"
+    memory_bytes: int | None = 4 << 30
+    load_seconds: float = 60.0
+    cell_seconds: float = 3.0
+    request_seconds: float = 10.0
+    submission_seconds: float = 600.0
+    output_bytes: int = 8 << 10
+    crashes_before_giving_up: int = 2  # a target that ended the worker this often is not tried again
+    isolation: str = "auto"  # "auto", "namespace" or "process"
+    hide: list[str] = field(default_factory=list)
+    threads: int = 1
+    limits: protocol.Limits = field(default_factory=protocol.Limits)
+    contract: tuple[str, ...] = ()
+
+
+class OutputCapture(threading.Thread):
+    """Drains the worker's stdout/stderr so a flood cannot block it; keeps the first `limit` bytes."""
+
+    def __init__(self, stream, limit: int):
+        super().__init__(daemon=True)
+        self.stream, self.limit = stream, limit
+        self.head = bytearray()
+        self.total = 0
+
+    def run(self):
+        while chunk := self.stream.read1(1 << 16):
+            self.total += len(chunk)
+            room = self.limit - len(self.head)
+            if room > 0:
+                self.head += chunk[:room]
+
+    def text(self) -> str:
+        text = protocol.clean_text(self.head.decode("utf-8", errors="replace"), self.limit)
+        if self.total > len(self.head):
+            text += f"\n... [{self.total - len(self.head):,} more bytes of output not kept]"
+        return text
+
+
+# Wire cells: [number, first line in the file, source]
+Cell = tuple[int, int, str]
+
+
+class Worker:
+    """One submission's worker. `request()` restarts it after a crash or a timeout; a submission
+    whose loading fails or hangs is not restarted again and again: its failure is remembered."""
+
+    def __init__(self, cells: list[Cell], filename: str, config: WorkerConfig):
+        self.cells, self.filename, self.config = [list(c) for c in cells], filename, config
+        self.process: launcher.WorkerProcess | None = None
+        self.capture: OutputCapture | None = None
+        self.load_report: Loaded | None = None
+        self.load_failure: str | None = None
+        self.hung: dict[str, str] = {}  # target -> message, for targets that timed out once
+        self.crashes: dict[str, list[str]] = {}  # target -> messages, each time it ended the worker
+        self.skipped_cells: list[int] = []  # top-level cells stopped for running too long
+        self.starts = 0
+        self.events: list[str] = []
+        self.outputs: list[str] = []
+        self.codec = None  # a protocol.TensorCodec, made on first use (torch is imported lazily)
+        try:
+            self.isolation = launcher.choose_isolation(config.isolation)
+        except (OSError, ValueError) as exc:
+            raise WorkerError(str(exc)) from None
+        self.budget_end = time.monotonic() + config.submission_seconds
+
+    # -- lifecycle
+    def _spawn(self):
+        self.starts += 1
+        self.process = launcher.launch(launcher.LaunchSettings(
+            isolation=self.isolation, device=self.config.device, threads=self.config.threads,
+            memory_bytes=self.config.memory_bytes, hide=self.config.hide, filename=self.filename,
+            contract=self.config.contract))
+        self.capture = OutputCapture(self.process.process.stdout, self.config.output_bytes)
+        self.capture.start()
+
+    def start(self) -> Loaded:
+        """Start (or restart) the worker and load the submission. Returns the load report."""
+        if self.load_failure:
+            raise LoadFailed(self.load_failure)
+        self._spawn()
+        try:
+            ready = self._receive("ready", self._deadline(self.config.load_seconds), "starting Python and torch")
+            if not ready.ok or not isinstance(ready.value, Ready):
+                raise WorkerCrashed("the worker could not start")
+            if self.config.device.startswith("cuda") and not ready.value.cuda:
+                if self.isolation != "namespace":
+                    raise WorkerCrashed("the worker cannot see the CUDA device")
+                # Some drivers need more than the sandbox shows; grade anyway, and say so.
+                self.kill()
+                self.isolation = "process"
+                self.events.append("CUDA was not visible inside the namespace sandbox: fell back to process isolation")
+                return self.start()
+            reply = self._exchange("load", {"cells": self.cells, "filename": self.filename,
+                                            "cell_seconds": self.config.cell_seconds, "skip": self.skipped_cells},
+                                   self._deadline(self.config.load_seconds), "loading your file")
+        except WorkerTimeout as exc:
+            self.load_failure = (f"loading your file did not finish within {self.config.load_seconds:g} s "
+                                 "(an infinite loop or a very slow cell at the top level?)")
+            if isinstance(exc, BudgetSpent):
+                self.load_failure = str(exc)
+            self.kill()
+            raise LoadFailed(self.load_failure) from None
+        except WorkerError as exc:
+            self.kill()
+            last = self.output().strip().splitlines()[-3:]
+            self.load_failure = f"loading your file ended the worker: {exc}" + (
+                "\nIts last output:\n" + "\n".join(last) if last else "")
+            raise LoadFailed(self.load_failure) from None
+        if not reply.ok or not isinstance(reply.value, Loaded):
+            self.load_failure = f"loading your file failed in the worker: {reply.error}"
+            self.kill()
+            raise LoadFailed(self.load_failure)
+        if self.load_report is None:
+            self.load_report = reply.value
+            self.skipped_cells = [e.cell for e in reply.value.errors if e.timed_out]
+        return reply.value
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    def kill(self):
+        if self.process is None:
+            return
+        self.process.kill()
+        if self.capture:
+            self.capture.join(timeout=2)
+            text = self.capture.text()
+            if text:
+                self.outputs.append(text)
+        self.process = None
+
+    close = kill
+
+    def output(self) -> str:
+        texts = list(self.outputs)
+        if self.capture and self.process is not None:
+            texts.append(self.capture.text())
+        return "\n".join(t for t in texts if t)
+
+    # -- process control, for timing
+    def suspend(self):
+        if self.process is not None:
+            self.process.suspend()
+
+    def resume(self):
+        if self.process is not None:
+            self.process.resume()
+
+    def cpu_seconds(self) -> float:
+        return self.process.cpu_seconds() if self.process is not None else 0.0
+
+    # -- requests
+    def request(self, op: str, timeout: float | None = None, target: str | None = None, **args):
+        """Send one request and return its decoded value. Raises SubmissionError when the student's code
+        raised, WorkerTimeout / WorkerCrashed when the worker had to be killed (it is restarted next
+        time), LoadFailed when the file cannot be loaded at all."""
+        if time.monotonic() >= self.budget_end:
+            raise BudgetSpent(f"{target or op} was not run: the time budget for the whole submission "
+                              f"({self.config.submission_seconds:g} s) is used up")
+        if target and target in self.hung:
+            raise WorkerTimeout(self.hung[target])
+        limit = self.config.crashes_before_giving_up
+        if target and len(self.crashes.get(target, ())) >= limit:
+            raise WorkerCrashed(f"{self.crashes[target][-1]} (this happened {limit} times; "
+                                "not tried again in later checks)")
+        if not self.alive():
+            self.start()
+        timeout = timeout or self.config.request_seconds
+        try:
+            reply = self._exchange(op, args, self._deadline(timeout), target or op)
+        except WorkerTimeout as exc:
+            if target and not isinstance(exc, BudgetSpent):
+                self.hung[target] = f"{exc} (not tried again in later checks)"
+            self.events.append(str(exc))
+            self.kill()
+            raise
+        except WorkerCrashed as exc:
+            self.events.append(str(exc))
+            if target:
+                self.crashes.setdefault(target, []).append(str(exc))
+            self.kill()
+            raise
+        if not reply.ok:
+            raise SubmissionError(reply.error)
+        return reply.value
+
+    def _deadline(self, seconds: float) -> tuple[float, float, bool]:
+        """(deadline, the seconds it stands for, whether the submission's budget is what limits it)."""
+        now = time.monotonic()
+        if now + seconds <= self.budget_end:
+            return now + seconds, seconds, False
+        return self.budget_end, seconds, True
+
+    def _codec(self) -> protocol.TensorCodec:
+        if self.codec is None:
+            import torch
+
+            self.codec = protocol.TensorCodec(torch)
+        return self.codec
+
+    def _exchange(self, op: str, args: dict, deadline, what: str) -> protocol.Reply:
+        encoder = protocol.Encoder(self._codec())
+        frame = protocol.pack_frame({"op": op, "args": encoder.encode(args)}, encoder.blobs)
+        try:
+            _write_all(self.process, frame, deadline, what)
+        except (BrokenPipeError, OSError):
+            raise self._crashed(what) from None
+        return self._receive(op, deadline, what)
+
+    def _receive(self, op: str, deadline, what: str) -> protocol.Reply:
+        def read_exact(n: int) -> bytes:
+            return self._read(n, deadline, what)
+
+        try:
+            header, blobs = protocol.read_frame(read_exact, self.config.limits)
+            decoder = protocol.Decoder(blobs, self.config.limits, self._codec().from_wire)
+            reply = protocol.parse_reply(op, header, decoder)
+        except ProtocolError as exc:
+            raise WorkerCrashed(f"the worker's answer while {what} could not be read safely: {exc}") from None
+        _check_deadline(deadline, what)
+        return reply
+
+    def _read(self, n: int, deadline, what: str) -> bytes:
+        chunks = []
+        while n:
+            _check_deadline(deadline, what)
+            ready, _, _ = select.select([self.process.from_worker], [], [], max(0.0, min(deadline[0] - time.monotonic(), 0.5)))
+            if not ready:
+                continue
+            chunk = os.read(self.process.from_worker, min(n, 1 << 20))
+            if not chunk:
+                raise self._crashed(what)
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def _crashed(self, what: str, detail: str | None = None) -> WorkerCrashed:
+        code = None
+        if self.process is not None:
+            try:
+                code = self.process.process.wait(timeout=5)
+            except Exception:
+                code = None
+        return WorkerCrashed(f"the process running your code ended while {what}: {detail or describe_exit(code)}")
+
+
+def _check_deadline(deadline, what: str):
+    end, seconds, budget = deadline
+    if time.monotonic() >= end:
+        if budget:
+            raise BudgetSpent(f"{what} was stopped: the time budget for the whole submission is used up")
+        raise WorkerTimeout(f"{what} did not finish within {seconds:g} s (an infinite loop?)")
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "it stopped answering"
+    if code < 0 or code > 128:
+        number = -code if code < 0 else code - 128
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        hint = {"SIGSEGV": " (a segmentation fault)", "SIGKILL": " (killed, often for using too much memory)",
+                "SIGABRT": " (aborted)"}.get(name, "")
+        return f"it was ended by {name}{hint}"
+    return f"it exited with status {code} (does your code call exit() or os._exit()?)"
+
+
+def _write_all(process: launcher.WorkerProcess, data: bytes, deadline, what: str):
+    view = memoryview(data)
+    while view:
+        if time.monotonic() > deadline[0]:
+            end, seconds, budget = deadline
+            if budget:
+                raise BudgetSpent(f"{what} was stopped: the time budget for the whole submission is used up")
+            raise WorkerTimeout(f"{what} did not finish within {seconds:g} s (the worker stopped reading)")
+        _, ready, _ = select.select([], [process.to_worker], [], 0.5)
+        if ready:
+            view = view[os.write(process.to_worker, view[: 1 << 16]):]
+        elif not process.alive():
+            raise BrokenPipeError
+

@@ -1,0 +1,445 @@
+"""The wire protocol between the grader (trusted) and the worker (untrusted): frames, values, replies.
+
+Standard library only: this module runs on both sides of the trust boundary, and inside the worker
+it is loaded before any student code. torch is passed in where tensors are converted
+(`TensorCodec(torch)`), never imported here.
+
+A frame is
+
+    b"MHA1" | u32 header length | u32 blob count | u64 blob length x count | header | blobs
+
+The header is UTF-8 JSON; blobs are the raw bytes of contiguous tensors, referred to from the header
+by index. No pickle, on either side: a tensor is a dtype name, a shape and exactly
+`numel * itemsize` bytes, so there is nothing to execute, nothing compressed, no shared storage and
+no strides to fake. Every size is checked against `Limits` before it is read, and every string the
+worker sends is truncated and cleaned of control characters and lone surrogates when it is decoded.
+
+Values (what a request's arguments and a reply's answer are made of) are JSON scalars, or objects
+tagged with "$": tensor, list, tuple, dict (string keys), module (a handle to a module living in the
+worker), handle (the grader naming such a module), object (anything else: its class and repr).
+Replies are typed per operation (`parse_reply`), and anything that does not fit its schema raises
+`ProtocolError`: the worker's fault, never the grader's.
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+MAGIC = b"MHA1"
+_PREFIX = struct.Struct(">4sII")
+_BLOB_LENGTH = struct.Struct(">Q")
+
+# dtype name -> bytes per element; the only dtypes that cross the wire
+DTYPES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "int16": 2,
+          "int8": 1, "uint8": 1, "bool": 1}
+
+
+class ProtocolError(Exception):
+    """A frame or reply that breaks the protocol: malformed, oversized or of the wrong shape."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on one frame, checked before anything is materialised."""
+
+    header_bytes: int = 16 << 20
+    blobs: int = 4096
+    blob_bytes: int = 512 << 20  # all blobs of one frame together
+    depth: int = 32  # nesting of values
+    string_chars: int = 4000  # any one string from the worker
+    list_items: int = 1 << 16  # any one list, and all of a frame's value nodes together x 4
+
+
+def clean_text(text: Any, limit: int) -> str:
+    """A string safe for a terminal, HTML, JSON and a CSV cell: at most `limit` characters, no lone
+    surrogates, no control characters but newline and tab (others become U+FFFD)."""
+    if not isinstance(text, str):
+        raise ProtocolError(f"expected a string, got {type(text).__name__}")
+    cut = text[:limit]
+    cut = cut.encode("utf-8", "replace").decode("utf-8")  # lone surrogates -> "?"
+    cleaned = "".join(ch if ch in "\n\t" or (ch >= " " and not 0x7F <= ord(ch) <= 0x9F) else "\ufffd" for ch in cut)
+    return cleaned + (f"... [{len(text) - limit:,} more characters]" if len(text) > limit else "")
+
+
+# ----------------------------------------------------------------------------------------------
+# Frames
+
+def pack_frame(header: dict, blobs: list[bytes]) -> bytes:
+    body = json.dumps(header, separators=(",", ":"), allow_nan=True).encode()
+    lengths = b"".join(_BLOB_LENGTH.pack(len(b)) for b in blobs)
+    return _PREFIX.pack(MAGIC, len(body), len(blobs)) + lengths + body + b"".join(blobs)
+
+
+def read_frame(read_exact: Callable[[int], bytes], limits: Limits) -> tuple[dict, list[bytes]]:
+    """Read one frame with `read_exact(n)`; sizes are checked before their bytes are read."""
+    magic, header_length, count = _PREFIX.unpack(read_exact(_PREFIX.size))
+    if magic != MAGIC:
+        raise ProtocolError("the answer could not be read safely: it is not a frame of this protocol")
+    if header_length > limits.header_bytes:
+        raise ProtocolError(f"an answer header of {header_length:,} bytes (the limit is {limits.header_bytes:,})")
+    if count > limits.blobs:
+        raise ProtocolError(f"an answer with {count:,} tensors (the limit is {limits.blobs:,})")
+    lengths = [_BLOB_LENGTH.unpack(read_exact(8))[0] for _ in range(count)]
+    if sum(lengths) > limits.blob_bytes:
+        raise ProtocolError(f"an answer of {sum(lengths):,} bytes of tensors (the limit is {limits.blob_bytes:,})")
+    try:
+        header = json.loads(read_exact(header_length).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"the answer could not be read safely: its header is not JSON ({exc})"[:300]) from None
+    if not isinstance(header, dict):
+        raise ProtocolError("the answer could not be read safely: its header is not an object")
+    blobs = [read_exact(n) if n else b"" for n in lengths]
+    return header, blobs
+
+
+# ----------------------------------------------------------------------------------------------
+# Values
+
+@dataclass
+class ModuleInfo:
+    """A module that lives in the worker, known to the grader by its handle."""
+
+    handle: str
+    cls: str
+    instance_of: list[str]
+    training: bool
+    state_dict: dict[str, Any] | None = None  # name -> tensor, when asked for
+
+
+@dataclass
+class Foreign:
+    """A value from the submission that is neither plain data nor a tensor: only its class and repr."""
+
+    cls: str
+    text: str
+
+    def __repr__(self):
+        return f"<{self.cls} {self.text}>"
+
+
+class _Missing:
+    def __repr__(self):
+        return "<missing>"
+
+
+MISSING = _Missing()  # the submission does not define the name asked for
+
+
+@dataclass
+class Handle:
+    """The grader naming a module that lives in the worker (in a request)."""
+
+    handle: str
+
+
+@dataclass
+class WireTensor:
+    """A tensor as it crosses the wire; `TensorCodec` turns it into a torch tensor and back."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+    device: str = "cpu"
+    requires_grad: bool = False
+
+
+class TensorCodec:
+    """Conversions between torch tensors and `WireTensor`, with the torch module passed in."""
+
+    def __init__(self, torch):
+        self.torch = torch
+
+    def to_wire(self, tensor) -> WireTensor:
+        torch = self.torch
+        name = str(tensor.dtype).removeprefix("torch.")
+        if name not in DTYPES:
+            raise ProtocolError(f"a tensor of dtype {name} cannot be sent (allowed: {', '.join(DTYPES)})")
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        return WireTensor(name, tuple(tensor.shape), data, str(tensor.device), bool(tensor.requires_grad))
+
+    def from_wire(self, wire: WireTensor):
+        torch = self.torch
+        dtype = getattr(torch, wire.dtype)
+        if not wire.data:
+            return torch.empty(wire.shape, dtype=dtype)
+        return torch.frombuffer(bytearray(wire.data), dtype=dtype).reshape(wire.shape)
+
+
+class Encoder:
+    """Turns a value into a JSON-able tree, collecting tensors as blobs. `on_other(value)` says what to
+    send for anything else (the worker sends modules as handles and other objects as their repr)."""
+
+    def __init__(self, codec: TensorCodec | None, on_other: Callable[[Any, int], Any] | None = None):
+        self.codec, self.on_other = codec, on_other
+        self.blobs: list[bytes] = []
+
+    def tensor(self, wire: WireTensor) -> dict:
+        self.blobs.append(wire.data)
+        return {"$": "tensor", "blob": len(self.blobs) - 1, "dtype": wire.dtype, "shape": list(wire.shape),
+                "device": wire.device, "requires_grad": wire.requires_grad}
+
+    def encode(self, value: Any, depth: int = 0) -> Any:
+        if value is None or isinstance(value, (bool, int, str)):
+            return value
+        if isinstance(value, float):
+            return value if math.isfinite(value) else {"$": "float", "repr": repr(value)}
+        if isinstance(value, WireTensor):
+            return self.tensor(value)
+        if self.codec is not None and isinstance(value, self.codec.torch.Tensor):
+            return self.tensor(self.codec.to_wire(value))
+        if isinstance(value, Handle):
+            return {"$": "handle", "handle": value.handle}
+        if isinstance(value, ModuleInfo):
+            state = None if value.state_dict is None else self.encode(value.state_dict, depth + 1)
+            return {"$": "module", "handle": value.handle, "class": value.cls, "instance_of": value.instance_of,
+                    "training": value.training, "state": state}
+        if isinstance(value, (list, tuple)):
+            return {"$": "tuple" if isinstance(value, tuple) else "list",
+                    "items": [self.encode(v, depth + 1) for v in value]}
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+            return {"$": "dict", "items": [[k, self.encode(v, depth + 1)] for k, v in value.items()]}
+        if self.on_other is not None:
+            return self.on_other(value, depth)
+        raise ProtocolError(f"a value of type {type(value).__name__} cannot be sent")
+
+
+class Decoder:
+    """Turns a tree and its blobs back into values, checking every node. Strings are cleaned and
+    truncated; tensors must have an allowed dtype and exactly the bytes their shape needs;
+    `make_tensor(WireTensor)` makes the final object (a torch tensor, on either side)."""
+
+    def __init__(self, blobs: list[bytes], limits: Limits, make_tensor: Callable[[WireTensor], Any]):
+        self.blobs, self.limits, self.make_tensor = blobs, limits, make_tensor
+        self.nodes = 0
+        self.used: set[int] = set()
+        self.devices: list[str] = []  # the device each decoded tensor was on in the worker, in order
+
+    def text(self, value: Any) -> str:
+        return clean_text(value, self.limits.string_chars)
+
+    def decode(self, node: Any, depth: int = 0) -> Any:
+        self.nodes += 1
+        if self.nodes > 4 * self.limits.list_items:
+            raise ProtocolError("an answer with too many values")
+        if depth > self.limits.depth:
+            raise ProtocolError("an answer nested too deeply")
+        if node is None or isinstance(node, (bool, int, float)):
+            return node
+        if isinstance(node, str):
+            return self.text(node)
+        if not isinstance(node, dict):
+            raise ProtocolError(f"an answer with a bare {type(node).__name__}")
+        kind = node.get("$")
+        if kind == "tensor":
+            return self.make_tensor(self.tensor(node))
+        if kind in ("list", "tuple"):
+            items = self.items(node)
+            values = [self.decode(v, depth + 1) for v in items]
+            return values if kind == "list" else tuple(values)
+        if kind == "dict":
+            pairs = self.items(node)
+            result = {}
+            for pair in pairs:
+                if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
+                    raise ProtocolError("a dict entry that is not a [key, value] pair")
+                result[self.text(pair[0])] = self.decode(pair[1], depth + 1)
+            return result
+        if kind == "module":
+            state = node.get("state")
+            state = None if state is None else self.decode(state, depth + 1)
+            if state is not None and not isinstance(state, dict):
+                raise ProtocolError("a module whose state is not a dict")
+            instance_of = node.get("instance_of")
+            if not isinstance(instance_of, list):
+                raise ProtocolError("a module without instance_of")
+            return ModuleInfo(self.text(node.get("handle")), self.text(node.get("class")),
+                              [self.text(n) for n in instance_of[:64]], bool(node.get("training")), state)
+        if kind == "handle":
+            return Handle(self.text(node.get("handle")))
+        if kind == "missing":
+            return MISSING
+        if kind == "object":
+            return Foreign(self.text(node.get("class")), self.text(node.get("repr")))
+        if kind == "float":
+            text = node.get("repr")
+            if text not in ("nan", "inf", "-inf"):
+                raise ProtocolError("a float that is not nan or inf")
+            return float(text)
+        raise ProtocolError(f"an answer with an unknown kind of value: {self.text(str(kind))[:40]}")
+
+    def items(self, node: dict) -> list:
+        items = node.get("items")
+        if not isinstance(items, list) or len(items) > self.limits.list_items:
+            raise ProtocolError("a list that is missing or too long")
+        return items
+
+    def tensor(self, node: dict) -> WireTensor:
+        dtype, shape, index = node.get("dtype"), node.get("shape"), node.get("blob")
+        if dtype not in DTYPES:
+            raise ProtocolError(f"a tensor of a dtype that is not allowed: {self.text(str(dtype))[:40]}")
+        if not (isinstance(shape, list) and len(shape) <= 8
+                and all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n for n in shape)):
+            raise ProtocolError("a tensor with a malformed shape")
+        if not (isinstance(index, int) and 0 <= index < len(self.blobs)) or index in self.used:
+            raise ProtocolError("a tensor that refers to a missing or already used blob")
+        self.used.add(index)
+        data = self.blobs[index]
+        expected = math.prod(shape) * DTYPES[dtype]
+        if len(data) != expected:
+            raise ProtocolError(f"a tensor of shape {shape} and dtype {dtype} sent with {len(data):,} bytes, "
+                                f"not {expected:,}")
+        device = node.get("device", "cpu")
+        device = self.text(device)[:40] if isinstance(device, str) else "?"
+        self.devices.append(device)
+        return WireTensor(dtype, tuple(shape), data, device, bool(node.get("requires_grad", False)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Requests and replies
+
+OPS = ("ready", "load", "get", "call", "build", "describe", "forward", "forward_many", "ping")
+
+
+@dataclass
+class StudentError:
+    """An exception the student's code raised while answering (reported by the worker)."""
+
+    type: str
+    message: str
+    traceback: str
+
+
+@dataclass
+class CellError:
+    """A cell of the submission that raised, or was stopped, while the file was loaded."""
+
+    cell: int
+    type: str
+    message: str
+    traceback: str
+    timed_out: bool = False
+
+
+@dataclass
+class Ready:
+    pid: int
+    cuda: bool
+
+
+@dataclass
+class Loaded:
+    errors: list[CellError]
+    defined: dict[str, str]  # contract name -> the type of what the file defines under it
+
+
+@dataclass
+class HeadCallReport:
+    """One call of a wrapper head, seen by a forward hook inside the worker (worker-reported)."""
+
+    index: int
+    same_values: bool
+    output: Any  # a tensor, or None
+
+
+@dataclass
+class ForwardReply:
+    y: Any
+    x_after: Any
+    head_calls: list[HeadCallReport] = field(default_factory=list)
+    ops: list[str] | None = None  # worker-reported trace
+    python_calls: list[str] | None = None
+    grads: dict[str, Any] | None = None
+    grad_problem: str | None = None
+    y_device: str | None = None  # where y was in the worker, when it is a tensor
+
+
+@dataclass
+class Reply:
+    ok: bool
+    value: Any = None
+    error: StudentError | None = None
+
+
+def _field(obj: dict, name: str, kinds, what: str, optional: bool = False):
+    value = obj.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _as_tuple(kinds)):
+        raise ProtocolError(f"{what}: field {name!r} is missing or of the wrong type")
+    return value
+
+
+def _as_tuple(kinds):
+    return kinds if isinstance(kinds, tuple) else (kinds,)
+
+
+def parse_reply(op: str, header: dict, decoder: Decoder) -> Reply:
+    """Check a reply against the schema of `op` and decode it into typed values."""
+    ok = header.get("ok")
+    if ok is False:
+        error = _field(header, "error", dict, "an error reply")
+        return Reply(False, error=StudentError(decoder.text(_field(error, "type", str, "an error")),
+                                               decoder.text(error.get("message") if isinstance(error.get("message"), str) else ""),
+                                               decoder.text(error.get("traceback") if isinstance(error.get("traceback"), str) else "")))
+    if ok is not True:
+        raise ProtocolError("a reply that is neither ok nor an error")
+    raw = header.get("value")
+    what = f"the answer to {op!r}"
+    if op == "ready":
+        raw = _field(header, "value", dict, what)
+        return Reply(True, Ready(_field(raw, "pid", int, what), bool(_field(raw, "cuda", bool, what))))
+    if op == "load":
+        raw = _field(header, "value", dict, what)
+        errors = []
+        for item in _field(raw, "errors", list, what)[: decoder.limits.list_items]:
+            if not isinstance(item, dict):
+                raise ProtocolError(f"{what}: a cell error that is not an object")
+            errors.append(CellError(_field(item, "cell", int, what), decoder.text(_field(item, "type", str, what)),
+                                    decoder.text(_field(item, "message", str, what)),
+                                    decoder.text(_field(item, "traceback", str, what)),
+                                    bool(item.get("timed_out") is True)))
+        defined = decoder.decode(raw.get("defined"))
+        if not isinstance(defined, dict):
+            raise ProtocolError(f"{what}: 'defined' is not a dict")
+        return Reply(True, Loaded(errors, {k: v for k, v in list(defined.items())[:64] if isinstance(v, str)}))
+    if op == "forward":
+        raw = _field(header, "value", dict, what)
+        calls = []
+        for item in _field(raw, "head_calls", list, what)[:4096]:
+            if not isinstance(item, dict):
+                raise ProtocolError(f"{what}: a head call that is not an object")
+            output = item.get("output")
+            calls.append(HeadCallReport(_field(item, "index", int, what), bool(item.get("same_values") is True),
+                                        None if output is None else decoder.decode(output)))
+        ops = _strings(raw.get("ops"), decoder, what)
+        python_calls = _strings(raw.get("python_calls"), decoder, what)
+        grads = raw.get("grads")
+        grads = None if grads is None else decoder.decode(grads)
+        if grads is not None and not isinstance(grads, dict):
+            raise ProtocolError(f"{what}: gradients that are not a dict")
+        problem = raw.get("grad_problem")
+        y_node = raw.get("y")
+        y = decoder.decode(y_node)
+        y_device = decoder.devices[-1] if isinstance(y_node, dict) and y_node.get("$") == "tensor" else None
+        return Reply(True, ForwardReply(y, decoder.decode(_field(raw, "x_after", dict, what)),
+                                        calls, ops, python_calls, grads,
+                                        None if problem is None else decoder.text(problem), y_device))
+    if op == "forward_many":
+        value = decoder.decode(raw)
+        if not isinstance(value, list):
+            raise ProtocolError(f"{what}: not a list of outputs")
+        return Reply(True, value)
+    return Reply(True, decoder.decode(raw))
+
+
+def _strings(value, decoder: Decoder, what: str) -> list[str] | None:
+    if value is None:
+        return None
+    value = decoder.decode(value)
+    if not isinstance(value, list):
+        raise ProtocolError(f"{what}: a trace that is not a list of names")
+    return [v[:200] if isinstance(v, str) else "?" for v in value]

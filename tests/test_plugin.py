@@ -1,0 +1,131 @@
+"""The results plugin, run by pytest's own pytester on small check modules written here."""
+import pytest
+
+from autograder.model import FAILED, PASSED, WORKER
+from autograder.plugin import ResultsPlugin
+from rubric_text import rubric_file
+
+pytest_plugins = ["pytester"]
+
+CHECKS = '''
+import pytest
+
+@pytest.mark.part("quiz")
+def test_passes():
+    """a check that passes"""
+
+@pytest.mark.part("quiz")
+@pytest.mark.parametrize("n", [1, 2])
+def test_fails_through_fail(n):
+    """a check the student fails"""
+    if n == 2:
+        pytest.fail("wrong answer", pytrace=False)
+
+@pytest.mark.part("mha")
+@pytest.mark.evidence("worker")
+def test_structure():
+    """a check on what the worker reports"""
+'''
+
+
+@pytest.fixture
+def rubric(tmp_path):
+    return rubric_file(tmp_path, '[parts.quiz]\npoints = 10\n[parts.mha]\npoints = 5\n'
+                                 '[tests."quiz::test_passes"]\nvisibility = "after_due_date"\n')
+
+
+@pytest.fixture
+def plain_rubric(tmp_path):
+    return rubric_file(tmp_path, "[parts.quiz]\npoints = 10\n")
+
+
+def run(pytester, rubric, source, visible_only=False):
+    pytester.makepyfile(test_quiz=source)
+    plugin = ResultsPlugin(rubric, visible_only)
+    pytester.inline_run("-p", "no:cacheprovider", plugins=[plugin])
+    return plugin
+
+
+def test_outcomes_names_parts_and_evidence(pytester, rubric):
+    plugin = run(pytester, rubric, CHECKS)
+    outcomes = {o.name: o for o in plugin.outcomes.values()}
+    assert plugin.grader_errors == []
+    assert outcomes["a check that passes"].status == PASSED
+    assert outcomes["a check the student fails [1]"].status == PASSED
+    failed = outcomes["a check the student fails [2]"]
+    assert failed.status == FAILED and failed.message == "wrong answer" and failed.key == "quiz::test_fails_through_fail"
+    assert outcomes["a check on what the worker reports"].evidence == WORKER
+    assert outcomes["a check on what the worker reports"].part == "mha"
+
+
+def test_visible_only_runs_only_visible_checks(pytester, rubric):
+    plugin = run(pytester, rubric, CHECKS, visible_only=True)
+    assert "a check that passes" not in {o.name for o in plugin.outcomes.values()}
+    assert len(plugin.outcomes) == 3
+
+
+@pytest.mark.parametrize("body,says", [
+    ("{}['float32']", "KeyError"),
+    ("assert 1 == 2", "AssertionError"),
+    ("raise RuntimeError('a bug in the grader')", "a bug in the grader"),
+])
+def test_any_exception_but_a_failure_is_the_graders(pytester, plain_rubric, body, says):
+    source = f'''
+import pytest
+
+@pytest.mark.part("quiz")
+def test_broken():
+    """a check with a bug"""
+    {body}
+'''
+    plugin = run(pytester, plain_rubric, source)
+    assert len(plugin.grader_errors) == 1 and says in plugin.grader_errors[0]
+    assert "test_broken" in plugin.grader_errors[0]
+
+
+def test_a_fixture_error_is_the_graders(pytester, plain_rubric):
+    source = '''
+import pytest
+
+@pytest.fixture
+def broken():
+    raise ValueError("setup went wrong")
+
+@pytest.mark.part("quiz")
+def test_uses_it(broken):
+    """a check whose fixture breaks"""
+'''
+    plugin = run(pytester, plain_rubric, source)
+    assert plugin.grader_errors and "setup went wrong" in plugin.grader_errors[0]
+
+
+def test_a_check_without_a_part_or_a_misspelt_key_stops_the_run(pytester, tmp_path):
+    rubric = rubric_file(tmp_path, '[parts.quiz]\npoints = 10\n[tests."quiz::test_pases"]\nweight = 2\n')
+    plugin = run(pytester, rubric, CHECKS)
+    assert any('did you mean "quiz::test_passes"' in e for e in plugin.grader_errors)
+    assert plugin.outcomes == {} or all(o.status is None for o in plugin.outcomes.values())
+    rubric = rubric_file(tmp_path, '[parts.quiz]\npoints = 10\n')
+    plugin = run(pytester, rubric, CHECKS)  # test_structure's part "mha" is not in this rubric
+    assert any("no @pytest.mark.part" in e for e in plugin.grader_errors)
+
+
+def test_a_check_module_that_does_not_import_is_named(pytester, plain_rubric):
+    plugin = run(pytester, plain_rubric, "import no_such_module_anywhere\n")
+    assert plugin.grader_errors and "could not be collected" in plugin.grader_errors[0]
+
+
+def test_a_pytest_timeout_is_the_graders(pytester, plain_rubric):
+    source = '''
+import time
+import pytest
+
+@pytest.mark.part("quiz")
+@pytest.mark.timeout(1, method="signal")
+def test_slow():
+    """a check that hangs in the grader"""
+    time.sleep(5)
+'''
+    pytester.makepyfile(test_quiz=source)
+    plugin = ResultsPlugin(plain_rubric, False)
+    pytester.inline_run("-p", "no:cacheprovider", plugins=[plugin])  # pytest-timeout: loaded as installed
+    assert plugin.grader_errors and "Timeout" in plugin.grader_errors[0]

@@ -1,0 +1,174 @@
+"""The wire protocol, alone: frames and values round-trip; every bound holds before anything is read;
+whatever the worker sends is decoded into typed values or refused with a ProtocolError, never more."""
+import io
+import json
+import struct
+
+import pytest
+import torch
+
+from autograder.sandbox import protocol
+from autograder.sandbox.protocol import (Decoder, Encoder, Limits, ModuleInfo, ProtocolError, TensorCodec,
+                                         pack_frame, parse_reply, read_frame)
+
+CODEC = TensorCodec(torch)
+
+
+class CountingReader:
+    def __init__(self, data: bytes):
+        self.stream = io.BytesIO(data)
+        self.read = 0
+
+    def __call__(self, n: int) -> bytes:
+        chunk = self.stream.read(n)
+        if len(chunk) != n:
+            raise EOFError
+        self.read += n
+        return chunk
+
+
+def roundtrip(value, limits=Limits()):
+    encoder = Encoder(CODEC)
+    frame = pack_frame({"ok": True, "value": encoder.encode(value)}, encoder.blobs)
+    header, blobs = read_frame(CountingReader(frame), limits)
+    return parse_reply("call", header, Decoder(blobs, limits, CODEC.from_wire)).value
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int64,
+                                   torch.bool, torch.uint8])
+def test_tensors_of_every_allowed_dtype_round_trip(dtype):
+    tensor = (torch.randn(2, 3, 4) * 10).to(dtype)
+    back = roundtrip([tensor, tensor[:, 1:].transpose(0, 1), torch.empty(0, 3, dtype=dtype)])
+    assert torch.equal(back[0], tensor) and back[0].dtype == dtype
+    assert torch.equal(back[1], tensor[:, 1:].transpose(0, 1)) and back[1].is_contiguous()
+    assert back[2].shape == (0, 3)
+
+
+def test_plain_values_keep_their_types():
+    value = {"a": [1, 2.5, None, True, "x"], "b": (1, (2, 3)), "c": float("nan"), "d": float("-inf")}
+    back = roundtrip(value)
+    assert back["a"] == [1, 2.5, None, True, "x"] and back["b"] == (1, (2, 3))
+    assert back["c"] != back["c"] and back["d"] == float("-inf")
+
+
+def frame_with(header: dict, blobs=()) -> bytes:
+    return pack_frame(header, list(blobs))
+
+
+def test_sizes_are_refused_before_their_bytes_are_read():
+    limits = Limits(header_bytes=1000, blobs=4, blob_bytes=1000)
+    huge_header = struct.pack(">4sII", b"MHA1", 10**9, 0)
+    reader = CountingReader(huge_header)
+    with pytest.raises(ProtocolError, match="header of 1,000,000,000 bytes"):
+        read_frame(reader, limits)
+    assert reader.read == 12
+    many_blobs = struct.pack(">4sII", b"MHA1", 2, 10**6)
+    with pytest.raises(ProtocolError, match="1,000,000 tensors"):
+        read_frame(CountingReader(many_blobs), limits)
+    big_blob = struct.pack(">4sII", b"MHA1", 2, 1) + struct.pack(">Q", 2**40)
+    reader = CountingReader(big_blob)
+    with pytest.raises(ProtocolError, match="bytes of tensors"):
+        read_frame(reader, limits)
+    assert reader.read == 12 + 8
+
+
+def test_anything_but_a_frame_is_refused():
+    pickle_like = struct.pack(">Q", 100) + b"\x80\x04" + b"x" * 100
+    with pytest.raises(ProtocolError, match="could not be read safely"):
+        read_frame(CountingReader(pickle_like), Limits())
+    not_json = struct.pack(">4sII", b"MHA1", 3, 0) + b"{x}"
+    with pytest.raises(ProtocolError, match="not JSON"):
+        read_frame(CountingReader(not_json), Limits())
+
+
+def decode(tree, blobs=(), limits=Limits()):
+    return Decoder(list(blobs), limits, CODEC.from_wire).decode(tree)
+
+
+def tensor_node(shape, dtype="float32", blob=0):
+    return {"$": "tensor", "blob": blob, "dtype": dtype, "shape": shape}
+
+
+@pytest.mark.parametrize("node,blobs,message", [
+    (tensor_node([2, 2]), [b"\0" * 15], "sent with 15 bytes, not 16"),
+    (tensor_node([2**28]), [b"\0" * 4], "not 1,073,741,824"),  # a stride-0 expand cannot be sent as one
+    (tensor_node([2, 2], dtype="complex64"), [b"\0" * 32], "dtype that is not allowed"),
+    (tensor_node([2, -1]), [b""], "malformed shape"),
+    (tensor_node([1], blob=3), [b"\0" * 4], "missing or already used blob"),
+    ({"$": "list", "items": [tensor_node([1]), tensor_node([1])]}, [b"\0" * 4], "already used blob"),
+    ({"$": "pickle", "data": "..."}, [], "unknown kind"),
+    ({"$": "float", "repr": "__import__('os')"}, [], "nan or inf"),
+    ({"$": "dict", "items": [[1, 2]]}, [], "not a [key, value] pair"),
+    ([1, 2, 3], [], "bare list"),
+])
+def test_malformed_values_are_refused(node, blobs, message):
+    with pytest.raises(ProtocolError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        decode(node, blobs)
+
+
+def test_nesting_and_node_counts_are_bounded():
+    deep = 1
+    for _ in range(100):
+        deep = {"$": "list", "items": [deep]}
+    with pytest.raises(ProtocolError, match="nested too deeply"):
+        decode(deep)
+    wide = {"$": "list", "items": [{"$": "list", "items": [1] * 1000}] * 100}
+    with pytest.raises(ProtocolError, match="too many values"):
+        decode(wide, limits=Limits(list_items=5000))
+    # JSON nested far beyond Python's recursion limit is refused, not a crash
+    text = ("[" * 200_000 + "]" * 200_000).encode()
+    frame = struct.pack(">4sII", b"MHA1", len(text), 0) + text
+    with pytest.raises(ProtocolError):
+        read_frame(CountingReader(frame), Limits())
+
+
+def test_strings_from_the_worker_are_truncated_and_cleaned():
+    limits = Limits(string_chars=50)
+    text = decode("\ud800 fake \x1b[2J\x1b[32mTotal: 100 / 100\x07" + "x" * 100, limits=limits)
+    assert "\x1b" not in text and "\x07" not in text and "\ud800" not in text
+    assert text.endswith("more characters]") and len(text) < 100
+    json.dumps(text).encode("utf-8")  # safe for results.json
+    assert decode("line one\n\tindented") == "line one\n\tindented"
+
+
+def reply(op, value):
+    return parse_reply(op, {"ok": True, "value": value}, Decoder([], Limits(), CODEC.from_wire))
+
+
+@pytest.mark.parametrize("op,value,message", [
+    ("load", {"errors": [{"cell": 1}], "defined": {"$": "dict", "items": []}}, "field 'type'"),
+    ("load", {"errors": [{"cell": "1", "type": "X", "message": "", "traceback": ""}]}, "field 'cell'"),
+    ("load", {"errors": "none", "defined": {}}, "field 'errors'"),
+    ("forward", {"y": 1, "head_calls": []}, "field 'x_after'"),
+    ("forward", {"y": 1, "x_after": tensor_node([1]), "head_calls": [{"index": True}]}, "field 'index'"),
+    ("ready", {"pid": "1", "cuda": False}, "field 'pid'"),
+    ("forward_many", {"$": "dict", "items": []}, "not a list of outputs"),
+])
+def test_replies_are_checked_against_their_schema(op, value, message):
+    with pytest.raises(ProtocolError, match=message):
+        reply(op, value)
+
+
+def test_an_error_reply_is_typed_and_cleaned():
+    answer = parse_reply("call", {"ok": False, "error": {"type": "ValueError", "message": "bad\x1b[0m" * 2000}},
+                         Decoder([], Limits(), CODEC.from_wire))
+    assert not answer.ok and answer.error.type == "ValueError"
+    assert "\x1b" not in answer.error.message and len(answer.error.message) < 5000
+    with pytest.raises(ProtocolError):
+        parse_reply("call", {"ok": "yes"}, Decoder([], Limits(), CODEC.from_wire))
+
+
+def test_modules_come_back_as_module_info_with_their_state():
+    info = ModuleInfo("h3", "MultiHeadAttention", ["MultiHeadAttention"], False, {"w": torch.ones(2, 2)})
+    back = roundtrip(info)
+    assert isinstance(back, ModuleInfo) and back.handle == "h3" and torch.equal(back.state_dict["w"], torch.ones(2, 2))
+
+
+def test_the_protocol_module_needs_only_the_standard_library():
+    import ast
+    import sys
+
+    tree = ast.parse(open(protocol.__file__).read())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
