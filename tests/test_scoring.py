@@ -1,5 +1,6 @@
 """Points from the rubric: shares within a part, parametrised cases, visibility, a round total; the model's edge."""
 import pytest
+import torch
 
 from autograder.contract import PART_IDS
 from autograder.model import GRADED, GradingRun
@@ -67,3 +68,15 @@ def test_a_run_that_could_not_grade_has_no_score():
     assert data["score"] == 0 and data["max_score"] == 0 and data["tests"] == []
     assert "could not be graded: broken rubric" in data["output"]
     assert GradingRun.from_gradescope(data).status == "cannot_grade"
+
+
+def test_a_checks_inputs_depend_only_on_the_run_seed_and_its_own_id():
+    from autograder.checks.harness import Inputs, check_seed
+
+    first = Inputs(check_seed(123, "test_mha.py::test_gradients")).randn(3, 4)
+    # whatever other checks ran before, in whatever order: the same id and run seed give the same inputs
+    for other in ("test_quiz.py::test_answer[HEADS_RUN]", "test_combine.py::test_book_example"):
+        Inputs(check_seed(123, other)).randn(100)
+    assert torch.equal(Inputs(check_seed(123, "test_mha.py::test_gradients")).randn(3, 4), first)
+    assert not torch.equal(Inputs(check_seed(124, "test_mha.py::test_gradients")).randn(3, 4), first)
+    assert not torch.equal(Inputs(check_seed(123, "test_mha.py::test_dropout")).randn(3, 4), first)
