@@ -1,55 +1,41 @@
 """Untrusted side, before any student code: shut the worker in.
 
 Runs inside the worker process, right after it starts and before torch or the submission is
-imported. Standard library only.
+imported. Standard library only. The walls themselves (the filesystem allow list, the namespaces, the
+control group) are built by the grader's launcher, with bubblewrap; what is left to do from inside:
 
-- `enter_sandbox`: inside the fresh user, mount, pid and network namespaces that `unshare` made,
-  mask the grader's folders with empty tmpfs, re-expose the interpreter read-only, make every other
-  mount read-only, then enter a nested user+mount namespace so the mounts are locked and the
-  student's code cannot undo any of it.
-- `hide_grader_packages`: without namespaces (process isolation), at least make
-  `import reference` / `import autograder` fail. A speed bump, not a wall; results.json says which
-  isolation was in force.
+- `drop_privileges`: in the sandbox of a root grader, the worker starts as root without a user
+  namespace (one would map it to the real root), holding only the capabilities to change uid; it
+  changes to the fresh unprivileged uid it was given, and checks that no capability is left.
+- `no_new_privileges`: nothing the worker executes can gain privileges (setuid binaries, file
+  capabilities).
+- `hide_grader_packages`: `import reference` / `import autograder` fail, also under process isolation,
+  where the files may be readable.
 """
 import ctypes
 import os
 import sys
 
-CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_REMOUNT, MS_RDONLY = 2, 4, 4096, 16384, 32, 1
-AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY, SYS_MOUNT_SETATTR = -100, 0x8000, 1, 442
+PR_SET_NO_NEW_PRIVS = 38
 
 
-def _check(result, what):
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
+def drop_privileges(uid):
+    if os.getuid() == 0 or os.geteuid() == 0:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid) or os.getgroups():
+        raise SystemExit("the worker could not change to its unprivileged uid")
+    with open("/proc/self/status") as handle:
+        status = dict(line.split(":", 1) for line in handle if ":" in line)
+    if any(int(status[key].strip(), 16) for key in ("CapEff", "CapPrm", "CapAmb") if key in status):
+        raise SystemExit("the worker still holds capabilities after changing uid")
 
 
-def enter_sandbox(hide, keep):
+def no_new_privileges():
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    keep_fds = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in keep if os.path.isdir(path)]
-
-    class MountAttr(ctypes.Structure):
-        _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                    ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
-
-    attr = MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
-    _check(libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr),
-                        ctypes.sizeof(attr)), "mount_setattr / read-only")
-    for path in hide:
-        if os.path.isdir(path):
-            _check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
-                              b"size=256m,mode=0777"), f"mask {path}")
-    for path, fd in keep_fds:
-        os.makedirs(path, exist_ok=True)
-        source = f"/proc/self/fd/{fd}".encode()
-        _check(libc.mount(source, path.encode(), None, MS_BIND | MS_REC, None), f"keep {path}")
-        _check(libc.mount(None, path.encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None),
-               f"read-only {path}")
-        os.close(fd)
-    _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "lock the mounts")
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise SystemExit("the worker could not set no_new_privs")
 
 
 class GraderPackageBlocker:

@@ -1,28 +1,55 @@
 """Trusted side: start a worker process in its sandbox, and hold its whole process tree.
 
 `launch` starts `python -I -u -c BOOT` (which loads `protocol`, `jail` and `server` from source) with
-a scrubbed environment, in a scratch directory, in new namespaces where the machine allows it
-(`namespace` isolation) or as a plain separate process (`process`). The returned `WorkerProcess`
-controls every process the submission started, not just the worker's pid: it stops and resumes them
-all (while the reference is timed), sums their CPU time, and kills them all.
+a scrubbed environment, in one of two isolations:
+
+- `namespace`: bubblewrap (`bwrap`) builds the worker a filesystem from an allow list: the interpreter,
+  its standard library and packages, the shared libraries they load (read from this process's own
+  memory map after `import torch`), `/etc/ld.so.cache`, a minimal `/dev` (plus the NVIDIA devices for
+  CUDA), a `/proc` of its own pid namespace and an empty, size-limited `/tmp` to work in. The grader's
+  packages are masked even where they sit inside the interpreter's folders. The worker has its own
+  pid, network, IPC, UTS and cgroup namespaces (so no host sockets, no shared memory that outlives
+  it, no network), a new session, and dies with its grader (`--die-with-parent`). It never runs as
+  root: when the grader is root, bwrap runs without a user namespace and the worker drops to a fresh
+  unprivileged uid before any student code (`jail.drop_privileges`); otherwise a user namespace maps
+  it to the grader's own, unprivileged, uid.
+- `process`: a separate process in a scratch directory. When the grader is root, it runs as a fresh
+  unprivileged uid (so it cannot read root's files, signal the grader or read its environment), with
+  its own network and IPC namespaces where the kernel allows; otherwise as the grader's own user,
+  which only an explicit choice (`--isolation process`) allows (`separate_uid_available`).
+
+In both, the worker's processes live in one control group (`cgroups.WorkerGroup`): memory, process
+and CPU limits for all of them together, and the kernel's own list of them, which is what `suspend`,
+`resume`, `cpu_seconds` and `kill` act on. Where no control group can be made, per-process limits
+(RLIMIT_AS, RLIMIT_NPROC for a fresh uid) and a walk of /proc stand in, and `WorkerProcess.in_force`
+says so. The grader is made a child subreaper, so a worker's orphans stay its descendants.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
+import secrets
 import shutil
 import signal
+import struct
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from autograder.sandbox.cgroups import Limits, WorkerGroup
+
 SANDBOX_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = SANDBOX_DIR.parent.parent
 SERVER_MODULES = ("protocol", "jail", "server")  # loaded, in this order, inside the worker
+GRADER_PACKAGES = ("autograder", "reference")
+WORKDIR = "/tmp"  # the worker's empty scratch folder, inside the namespace sandbox
+UID_RANGE = (1_500_000_000, 1 << 22)  # fresh uids for workers: start, count (far from any real user)
 
 # Loads the untrusted-side modules from the sources passed on the command line, as the package
 # `sandbox`, then hands over to the server. argv: FD_IN FD_OUT CONFIG SOURCE...
@@ -40,34 +67,260 @@ for name, source in zip(%r, sys.argv[4:]):
 sys.modules["sandbox.server"].main(sys.argv[1:4])
 """ % (SERVER_MODULES,)
 
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
+CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWUTS = 0x08000000, 0x40000000, 0x04000000
+
+
+# -- what the machine offers ---------------------------------------------------------------------
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
 
 @lru_cache(maxsize=None)
 def namespace_sandbox_available() -> bool:
-    """Whether `unshare` can give the worker its own user, mount, pid and network namespaces."""
-    unshare = shutil.which("unshare")
-    if not unshare:
+    """Whether bubblewrap can start this interpreter in the sandbox here (tried once, for real)."""
+    if not shutil.which("bwrap"):
         return False
     try:
-        probe = subprocess.run(_unshare_prefix(unshare) + ["true"], capture_output=True, timeout=20)
+        probe = subprocess.run(_bwrap_command("cpu", scratch_bytes=1 << 20)
+                               + [sys.executable, "-I", "-S", "-c", "pass"],
+                               env=_worker_env(), capture_output=True, timeout=30, cwd="/")
     except (OSError, subprocess.TimeoutExpired):
         return False
     return probe.returncode == 0
 
 
-def _unshare_prefix(unshare: str) -> list[str]:
-    return [unshare, "--user", "--map-root-user", "--mount", "--pid", "--fork", "--mount-proc",
-            "--net", "--kill-child"]
+@lru_cache(maxsize=None)
+def separate_uid_available() -> bool:
+    """Whether a process-isolated worker can run as a fresh unprivileged uid: the grader is root and
+    that uid can read the interpreter, its standard library and torch."""
+    if not is_root():
+        return False
+    import torch  # the grader's own; its folder must be readable by the worker
+
+    paths = [sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], os.path.dirname(torch.__file__)]
+    uid = fresh_uid()
+    try:
+        probe = subprocess.run([sys.executable, "-I", "-S", "-c",
+                                "import os, sys; sys.exit(0 if all(os.access(p, os.R_OK | os.X_OK) "
+                                "for p in sys.argv[1:]) else 1)", *paths],
+                               preexec_fn=lambda: _become(uid), capture_output=True, timeout=30, cwd="/")
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0
 
 
 def choose_isolation(wanted: str) -> str:
+    """`auto`: the namespace sandbox where bubblewrap works, else a process as a fresh uid. A process
+    as the grader's own user is only ever chosen explicitly (`process`)."""
     if wanted == "auto":
-        return "namespace" if namespace_sandbox_available() else "process"
+        if namespace_sandbox_available():
+            return "namespace"
+        if separate_uid_available():
+            return "process"
+        raise OSError("no sandbox is available here: bubblewrap (`bwrap`) cannot run and the grader is not "
+                      "root, so the student's code would run as the grader's own user. Install bubblewrap "
+                      "(Debian/Ubuntu: apt-get install bubblewrap), or pass --isolation process (or set "
+                      "AUTOGRADER_ISOLATION=process) to grade without a sandbox anyway")
     if wanted == "namespace" and not namespace_sandbox_available():
-        raise OSError("namespace isolation was asked for, but `unshare` cannot create namespaces here")
+        raise OSError("namespace isolation was asked for, but bubblewrap (`bwrap`) cannot start a sandbox here")
     if wanted not in ("namespace", "process"):
         raise ValueError(f"unknown isolation {wanted!r}")
     return wanted
 
+
+def fresh_uid() -> int:
+    start, count = UID_RANGE
+    return start + secrets.randbelow(count)
+
+
+# -- the allow list ------------------------------------------------------------------------------
+
+def _elf_interpreter(path: str) -> str | None:
+    """The dynamic loader an ELF executable asks for (PT_INTERP), e.g. /lib64/ld-linux-x86-64.so.2."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+            if head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit ELF only
+                return None
+            fmt = "<" if head[5] == 1 else ">"
+            phoff = struct.unpack_from(fmt + "Q", head, 32)[0]
+            entry_size, count = struct.unpack_from(fmt + "HH", head, 54)
+            for index in range(count):
+                handle.seek(phoff + index * entry_size)
+                header = handle.read(entry_size)
+                if struct.unpack_from(fmt + "I", header, 0)[0] == 3:  # PT_INTERP
+                    offset, size = struct.unpack_from(fmt + "Q", header, 8)[0], struct.unpack_from(fmt + "Q", header, 32)[0]
+                    handle.seek(offset)
+                    return handle.read(size).rstrip(b"\0").decode()
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return None
+
+
+def _resolve(path: str, links: dict[str, str], depth: int = 0) -> str:
+    """The real path of `path`, recording every symlink met on the way (link path -> its text)."""
+    current = "/"
+    for part in Path(path).parts[1:]:
+        candidate = os.path.join(current, part)
+        if os.path.islink(candidate) and depth < 32:
+            target = os.readlink(candidate)
+            links[candidate] = target
+            current = _resolve(os.path.normpath(os.path.join(current, target)), links, depth + 1)
+        else:
+            current = candidate
+    return current
+
+
+def _inside(path: str, parent: str) -> bool:
+    path, parent = os.path.abspath(path), os.path.abspath(parent)
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+@dataclass(frozen=True)
+class AllowList:
+    binds: tuple[str, ...]  # real paths, shown read-only at the same place
+    links: tuple[tuple[str, str], ...]  # (path, target): symlinks to recreate
+    masks: tuple[str, ...]  # folders inside `binds` hidden behind an empty tmpfs (the grader's packages)
+
+
+@lru_cache(maxsize=None)
+def allow_list() -> AllowList:
+    """What the worker may see besides /dev, /proc and /tmp: the interpreter and what it loads."""
+    import torch  # noqa: F401  (its shared libraries must be in the memory map read below)
+
+    links: dict[str, str] = {}
+    wanted: list[str] = []
+    venv = sys.prefix != sys.base_prefix
+    if venv:
+        wanted.append(sys.prefix)  # pyvenv.cfg, its packages
+    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix, "installed_base": sys.base_prefix,
+            "installed_platbase": sys.base_exec_prefix}
+    keys = ("stdlib", "platstdlib") if venv and not _system_site_packages() else ("stdlib", "platstdlib", "purelib", "platlib")
+    wanted += [sysconfig.get_paths(vars=base)[key] for key in keys]
+    if venv:
+        wanted += [sysconfig.get_paths()[key] for key in ("purelib", "platlib")]
+    wanted.append(sys.executable)
+    interpreter = _elf_interpreter(os.path.realpath(sys.executable))
+    if interpreter:
+        wanted.append(interpreter)
+    with open("/proc/self/maps") as handle:
+        mapped = {line.split(None, 5)[5].strip() for line in handle if len(line.split(None, 5)) == 6}
+    for path in mapped:
+        if path.startswith("/") and ".so" in os.path.basename(path) and os.path.isfile(path):
+            wanted.append(os.path.dirname(path))  # the folder: libraries loaded later sit beside these
+    if os.path.exists("/etc/ld.so.cache"):
+        wanted.append("/etc/ld.so.cache")
+    for entry in os.scandir("/"):  # merged /usr: /lib -> usr/lib and the like
+        if entry.is_symlink():
+            links[entry.path] = os.readlink(entry.path)
+    real = sorted({_resolve(os.path.abspath(p), links) for p in wanted if os.path.exists(p)}, key=len)
+    binds: list[str] = []
+    for path in real:
+        if not any(_inside(path, kept) for kept in binds):
+            binds.append(path)
+    shown_links = {link: target for link, target in links.items() if not any(_inside(link, b) for b in binds)}
+    masks = []
+    for name in GRADER_PACKAGES:
+        folder = _package_folder(name)
+        if folder and any(_inside(folder, b) for b in binds):
+            masks.append(folder)
+    if any(_inside(str(PROJECT_ROOT), b) for b in binds):
+        masks.append(str(PROJECT_ROOT))
+    return AllowList(tuple(binds), tuple(sorted(shown_links.items())), tuple(masks))
+
+
+def _system_site_packages() -> bool:
+    cfg = Path(sys.prefix) / "pyvenv.cfg"
+    try:
+        return "include-system-site-packages = true" in cfg.read_text().replace("\t", " ").lower()
+    except OSError:
+        return False
+
+
+def _package_folder(name: str) -> str | None:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.realpath(list(spec.submodule_search_locations)[0])
+
+
+def _bwrap_command(device: str, scratch_bytes: int) -> list[str]:
+    """bwrap and its options; the interpreter's command line follows."""
+    allowed = allow_list()
+    command = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+               "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
+    if is_root():
+        # No user namespace (it would map the worker to root): real root makes the namespaces, keeps only
+        # what it takes to change uid, and the worker drops to a fresh uid before student code runs.
+        command += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        command += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
+    made: set[str] = {"/"}
+    for path in [*allowed.binds, *(link for link, _ in allowed.links), WORKDIR]:
+        for parent in list(Path(path).parents)[::-1]:
+            parent = str(parent)
+            if parent not in made and not any(_inside(parent, b) for b in allowed.binds) \
+                    and parent not in dict(allowed.links):
+                command += ["--perms", "0755", "--dir", parent]
+                made.add(parent)
+    for path in allowed.binds:
+        command += ["--ro-bind", path, path]
+    for link, target in allowed.links:
+        command += ["--symlink", target, link]
+    for path in allowed.masks:
+        command += ["--tmpfs", path]
+    command += ["--dev", "/dev", "--proc", "/proc"]
+    if device.startswith("cuda"):
+        for entry in sorted(Path("/dev").glob("nvidia*")):
+            command += ["--dev-bind", str(entry), str(entry)]
+    command += ["--size", str(scratch_bytes), "--perms", "1777", "--tmpfs", WORKDIR, "--chdir", WORKDIR]
+    return command
+
+
+def _worker_env(workdir: str = WORKDIR) -> dict[str, str]:
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "USER": "student",
+           "LOGNAME": "student", "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": workdir}
+    for name in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+# -- in the child, between fork and exec ---------------------------------------------------------
+
+def _become(uid: int):
+    """Turn the calling (forked, root) process into the unprivileged `uid`, for good."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid):
+        raise OSError("could not change to the worker's uid")
+
+
+def _die_with(parent: int):
+    """SIGKILL this process when the grader ends (set after any uid change, which clears it)."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the grader is already gone
+        os._exit(1)
+
+
+def make_grader_a_subreaper():
+    """Orphans of the worker (setsid children whose parent exited) become the grader's children, not
+    init's: they stay in the tree the grader kills and reaps. Also keeps this process's /proc files
+    (its environment) away from processes of the same user."""
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+# -- the worker ----------------------------------------------------------------------------------
 
 @dataclass
 class LaunchSettings:
@@ -75,18 +328,27 @@ class LaunchSettings:
     device: str
     threads: int
     memory_bytes: int | None
+    processes: int | None = 256  # processes and threads, all together
+    cpus: float | None = None  # CPU quota for all the worker's processes together, in cores
+    scratch_bytes: int = 256 << 20
     hide: list[str] = field(default_factory=list)
     filename: str = "mha.py"
     contract: tuple[str, ...] = ()
+    use_cgroups: bool = True
 
 
 class WorkerProcess:
     """One running worker and everything it started."""
 
-    def __init__(self, process: subprocess.Popen, to_worker: int, from_worker: int, scratch: str, isolation: str):
+    def __init__(self, process: subprocess.Popen, to_worker: int, from_worker: int, scratch: str | None,
+                 isolation: str, group: WorkerGroup | None, uid: int | None, in_force: dict[str, str]):
         self.process, self.to_worker, self.from_worker = process, to_worker, from_worker
-        self.scratch, self.isolation = scratch, isolation
+        self.scratch, self.isolation, self.group, self.uid = scratch, isolation, group, uid
+        self.in_force = in_force
         self.stopped = False
+        self.memory_kills = 0
+        self.memory_peak: int | None = None
+        self._cpu_at_exit: float | None = None
         self._namespace: str | None = None
 
     @property
@@ -97,9 +359,12 @@ class WorkerProcess:
         return self.process.poll() is None
 
     def pids(self) -> list[int]:
-        """Every process of this worker: the session it was started in (setsid children leave it, so
-        also every descendant of the first process, found through /proc) and, under namespace
+        """Every process of this worker: its control group's list where there is one; otherwise the
+        session it was started in, every descendant of its first process, found through /proc (setsid
+        children leave the session, not the tree: the grader is their subreaper), and, under namespace
         isolation, every process of its pid namespace."""
+        if self.group is not None and self.group.can_kill():
+            return [pid for pid in self.group.pids() if pid not in _ancestry()]
         found = set()
         children: dict[int, list[int]] = {}
         namespace = self.namespace()
@@ -139,16 +404,26 @@ class WorkerProcess:
                 pass
 
     def suspend(self):
-        """Stop every process of the worker (SIGSTOP), e.g. while the reference is being timed."""
-        self.signal_all(signal.SIGSTOP)
+        """Stop every process of the worker (the cgroup freezer, else SIGSTOP), e.g. while the reference
+        is being timed."""
+        if not (self.group is not None and self.group.freeze(True)):
+            self.signal_all(signal.SIGSTOP)
         self.stopped = True
 
     def resume(self):
-        self.signal_all(signal.SIGCONT)
+        if not (self.group is not None and self.group.freeze(False)):
+            self.signal_all(signal.SIGCONT)
         self.stopped = False
 
     def cpu_seconds(self) -> float:
-        """User and system CPU time of every live process of the worker (and of its reaped children)."""
+        """User and system CPU time of every process of the worker: with a control group, including
+        processes that already ended; otherwise the live ones (and their reaped children)."""
+        if self._cpu_at_exit is not None:
+            return self._cpu_at_exit
+        if self.group is not None:
+            seconds = self.group.cpu_seconds()
+            if seconds is not None:
+                return seconds
         ticks = os.sysconf("SC_CLK_TCK")
         total = 0
         for pid in self.pids():
@@ -157,19 +432,69 @@ class WorkerProcess:
                 total += sum(stat[3:7])
         return total / ticks
 
+    def went_over_memory(self) -> bool:
+        """Whether the kernel killed a process of the worker for going over the memory limit."""
+        if self.group is not None and self.group.dirs:
+            self.memory_kills = self.group.memory_kills()
+        return self.memory_kills > 0
+
     def kill(self):
+        """Kill every process of the worker, reap them, and remove its control group and scratch folder."""
+        if self.group is not None and self.group.dirs:
+            self.group.kill()
+            self.memory_kills = self.group.memory_kills()
+            self.memory_peak = self.group.memory_peak()
+            self._cpu_at_exit = self.group.cpu_seconds()
+        if self.uid is not None:
+            _kill_uid(self.uid)
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        self.signal_all(signal.SIGKILL)
+        if self.group is None or not self.group.can_kill():
+            self._cpu_at_exit = self.cpu_seconds()
+            for _ in range(3):  # a few rounds: a process may fork while the first is being killed
+                self.signal_all(signal.SIGKILL)
         self.process.wait()
+        _reap_orphans()
+        if self.group is not None:
+            self.group.remove()
         for fd in (self.to_worker, self.from_worker):
             try:
                 os.close(fd)
             except OSError:
                 pass
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _kill_uid(uid: int):
+    """SIGKILL every process of `uid` (a fresh uid: only this worker's), from a child that becomes it:
+    kill(-1) reaches exactly the processes that uid may signal, which are its own."""
+    if not is_root():
+        return
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _become(uid)
+            os.kill(-1, signal.SIGKILL)
+        except BaseException:
+            pass
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _reap_orphans():
+    """Reap children of the grader that are zombies and are no Popen's: the worker's orphans, which came
+    to the grader as their subreaper."""
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            stat = _stat(int(entry.name))
+            if stat is not None and stat[1] == os.getpid() and _state(int(entry.name)) == "Z":
+                try:
+                    os.waitpid(int(entry.name), os.WNOHANG)
+                except ChildProcessError:
+                    pass
 
 
 def _ancestry() -> set[int]:
@@ -183,7 +508,7 @@ def _ancestry() -> set[int]:
 
 
 def _first_child(pid: int) -> int:
-    """Under namespace isolation the worker's pid is `unshare`; the Python inside is its child."""
+    """Under namespace isolation the worker's pid is `bwrap`; the process inside is its child."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as handle:
             kids = handle.read().split()
@@ -199,6 +524,15 @@ def _pid_namespace(pid: int) -> str | None:
         return None
 
 
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2:].split()[0]
+
+
 def _stat(pid: int) -> tuple[int, ...] | None:
     """(pid, ppid, pgid, utime, stime, cutime, cstime) from /proc/PID/stat, or None when it is gone."""
     try:
@@ -211,48 +545,97 @@ def _stat(pid: int) -> tuple[int, ...] | None:
 
 
 def launch(settings: LaunchSettings) -> WorkerProcess:
-    scratch = tempfile.mkdtemp(prefix="mha-worker-")
+    sandbox = settings.isolation == "namespace"
+    uid = fresh_uid() if is_root() and (sandbox or separate_uid_available()) else None
+    make_grader_a_subreaper()
+    scratch = None if sandbox else tempfile.mkdtemp(prefix="mha-worker-")
+    if scratch and uid is not None:
+        os.chown(scratch, uid, uid)
+        os.chmod(scratch, 0o700)
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
-    sandbox = settings.isolation == "namespace"
-    hide = sorted({str(PROJECT_ROOT), "/tmp", "/var/tmp", "/dev/shm", tempfile.gettempdir(), *settings.hide})
+    hide = sorted({str(PROJECT_ROOT), tempfile.gettempdir(), *settings.hide})
     keep = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    workdir = WORKDIR if sandbox else scratch
     config = {
         "filename": settings.filename,
         "device": settings.device,
         "threads": settings.threads,
         "sandbox": sandbox,
-        "hide": [p for p in hide if os.path.isdir(p)],
+        "uid": uid if sandbox else None,  # in the sandbox the worker drops to it itself
+        "hide": hide,
         "keep": [k for k in keep if any(_inside(k, h) for h in hide)],  # the interpreter and its packages
-        "workdir": "/tmp" if sandbox else scratch,
+        "workdir": workdir,
         "contract": list(settings.contract),
     }
     sources = [(SANDBOX_DIR / f"{name}.py").read_text() for name in SERVER_MODULES]
     # -u: unbuffered, so what the student's code printed is captured even when the worker is killed
     command = [sys.executable, "-I", "-u", "-c", BOOT, str(req_r), str(resp_w), json.dumps(config), *sources]
     if sandbox:
-        command = _unshare_prefix(shutil.which("unshare")) + ["--"] + command
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": config["workdir"], "LANG": "C.UTF-8",
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    for name in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
-        if name in os.environ:
-            env[name] = os.environ[name]
+        command = _bwrap_command(settings.device, settings.scratch_bytes) + ["--", *command]
+    # RLIMIT_AS makes a huge allocation a clean MemoryError/RuntimeError; it breaks CUDA, where only the
+    # control group's limit holds
     memory = settings.memory_bytes if settings.device == "cpu" else None
+    group = None
+    if settings.use_cgroups:
+        group = WorkerGroup.create(Limits(settings.memory_bytes, settings.processes, settings.cpus))
+        if not group.dirs:
+            group = None
+    grader = os.getpid()
 
-    def limits():
+    def in_child():
+        if group is not None:
+            group.attach_self()
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if memory:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        if uid is not None and settings.processes and group is None:
+            # counts the fresh uid's processes only; the worker drops to it (here, or in the sandbox)
+            resource.setrlimit(resource.RLIMIT_NPROC, (settings.processes, settings.processes))
+        if not sandbox and uid is not None:
+            # best effort: no network, own IPC (shared memory and queues vanish with the worker)
+            _libc.unshare(CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+            _become(uid)
+        _die_with(grader)
 
     process = subprocess.Popen(
-        command, cwd=scratch, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, pass_fds=(req_r, resp_w), start_new_session=True, preexec_fn=limits,
+        command, cwd="/" if sandbox else scratch, env=_worker_env(workdir), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(req_r, resp_w), start_new_session=True,
+        preexec_fn=in_child,
     )
     os.close(req_r)
     os.close(resp_w)
-    return WorkerProcess(process, req_w, resp_r, scratch, settings.isolation)
+    in_force = describe_isolation(settings, sandbox, uid, group, memory)
+    return WorkerProcess(process, req_w, resp_r, scratch, settings.isolation, group, uid, in_force)
 
 
-def _inside(path: str, parent: str) -> bool:
-    path, parent = os.path.abspath(path), os.path.abspath(parent)
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
+def describe_isolation(settings: LaunchSettings, sandbox: bool, uid: int | None, group: WorkerGroup | None,
+                       rlimit_memory: int | None) -> dict[str, str]:
+    """What holds the worker in, in words, for results.json."""
+    facts: dict[str, str] = {}
+    if sandbox:
+        facts["filesystem"] = ("an allow list (bubblewrap): the interpreter and its libraries read-only, a private "
+                               f"{settings.scratch_bytes >> 20} MiB /tmp, a minimal /dev, its own /proc")
+        facts["namespaces"] = "pid, network, IPC, UTS and cgroup namespaces of its own; dies with the grader"
+        facts["user"] = ("a fresh unprivileged uid (the grader is root)" if uid is not None
+                         else "the grader's own unprivileged uid, through a user namespace")
+    else:
+        facts["filesystem"] = "the grader's, as the worker's user may read it; a private scratch folder"
+        facts["user"] = ("a fresh unprivileged uid (the grader is root); its own network and IPC namespaces "
+                         "where the kernel allows" if uid is not None
+                         else "the grader's own user (chosen explicitly: the worker can read what the grader can)")
+    if group is not None:
+        facts.update(group.in_force())
+    else:
+        facts["control"] = "no control group could be made here: processes are found through /proc"
+    if "memory" not in facts:
+        facts["memory"] = (f"{rlimit_memory / (1 << 30):g} GiB of address space per process (RLIMIT_AS)"
+                           if rlimit_memory else "no memory limit")
+    elif rlimit_memory:
+        facts["memory"] += f"; {rlimit_memory / (1 << 30):g} GiB of address space per process"
+    if "processes" not in facts:
+        facts["processes"] = (f"{settings.processes} (RLIMIT_NPROC of the fresh uid)" if uid is not None and settings.processes
+                              else "no limit on the number of processes")
+    if "cpu" not in facts:
+        facts["cpu"] = "no CPU quota: a busy submission can slow others graded at the same time"
+    return facts
