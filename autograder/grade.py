@@ -13,6 +13,8 @@ import contextlib
 import io
 import json
 import os
+import resource
+import signal
 import sys
 import tempfile
 import time
@@ -91,6 +93,9 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
         cell_seconds=rubric.limit("cell_seconds"),
         request_seconds=rubric.limit("request_seconds"),
         submission_seconds=rubric.limit("submission_seconds"),
+        submission_cpu_seconds=rubric.limit("submission_cpu_seconds"),
+        processes=int(rubric.limit("processes")),
+        cpus=rubric.limit("cpu_cores"),
         output_bytes=int(rubric.limit("output_kib") * 1024),
         crashes_before_giving_up=int(rubric.limit("crashes_before_giving_up")),
         isolation=isolation,
@@ -127,6 +132,31 @@ def run_checks(context: GradingContext, rubric: Rubric, visible_only: bool, verb
         tail = "\n".join(stream.getvalue().strip().splitlines()[-15:])
         plugin.grader_errors.append(f"the checks could not run (pytest exit code {int(code)}):\n{tail}")
     return plugin
+
+
+def start_worker(cells, filename: str, config: WorkerConfig, options: Options) -> Worker:
+    """The submission's worker. Without any sandbox on this machine, `grade` refuses unless process
+    isolation was asked for explicitly; `check` (a student running the visible checks on their own
+    code) goes on without one, and says so."""
+    try:
+        return Worker(cells, filename, config)
+    except WorkerError:
+        if not (options.visible_only and config.isolation == "auto"):
+            raise
+    config.isolation = "process"
+    worker = Worker(cells, filename, config)
+    worker.events.append("no sandbox is available on this machine: your code ran as your own user")
+    return worker
+
+
+def resources(worker: Worker) -> dict[str, float]:
+    """What the grading used: the grader's own peak memory, the worker's (all its processes together,
+    where a control group measured it) and the worker's CPU time."""
+    used = {"grader_peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "worker_cpu_seconds": round(worker.cpu_spent, 2)}
+    if worker.memory_peak is not None:
+        used["worker_peak_mib"] = round(worker.memory_peak / (1 << 20), 1)
+    return used
 
 
 def load_report(worker: Worker, problem: str | None) -> LoadReport:
@@ -166,7 +196,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         run.device = resolve_device(options.device)
         cells, problem = read_submission(path)
         hide = [str(path.resolve().parent)] + ([str(Path(options.out).resolve().parent)] if options.out else [])
-        worker = Worker(cells, path.name, worker_config(rubric, run.device, hide, options.isolation))
+        worker = start_worker(cells, path.name, worker_config(rubric, run.device, hide, options.isolation), options)
     except (RubricError, CannotGrade, WorkerError) as exc:
         run.reason = str(exc)
         run.execution_time = time.monotonic() - started
@@ -179,9 +209,13 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     try:
         plugin = run_checks(context, rubric, options.visible_only)
     finally:
-        worker.close()
+        worker.close()  # every process of the submission is gone before anything is written
+    if _stopped:
+        plugin.grader_errors.insert(0, f"grading was stopped ({signal.Signals(_stopped[0]).name}) before it finished")
     run.isolation = worker.isolation  # after the run: a fallback may have changed it
+    run.sandbox = dict(worker.in_force)
     run.worker_starts = worker.starts
+    run.resources = resources(worker)
     run.events = list(dict.fromkeys(worker.events))
     run.load = load_report(worker, problem)
     run.student_output = worker.output()
@@ -199,9 +233,33 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     return run
 
 
+class Stopped(KeyboardInterrupt):
+    """The grading process was asked to stop (SIGTERM): pytest stops, the worker is killed, and
+    results.json says the run did not finish."""
+
+
+_stopped: list[int] = []  # the signal that stopped this process, once one has
+
+
+def _stop(signum, frame):
+    _stopped.append(signum)
+    raise Stopped()
+
+
 def grade_command(path: Path, options: Options) -> int:
-    """`grade` and `check`: grade, write results.json (grade only), print the summary, exit code."""
-    run = grade_submission(path, options)
+    """`grade` and `check`: grade, write results.json (grade only), print the summary, exit code.
+
+    Before anything runs, results.json already says that grading did not finish: a grader that is
+    killed leaves that behind, never an old score. SIGTERM stops the run cleanly, with the same result."""
+    if options.out is not None:
+        write_results(options.out, GradingRun(status=CANNOT_GRADE, submission=Path(path).name, torch=torch.__version__,
+                                              reason="grading did not finish: the grader was stopped before it "
+                                                     "wrote its results"))
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        run = grade_submission(path, options)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if options.out is not None:
         write_results(options.out, run)
     if not run.graded:

@@ -78,6 +78,7 @@ class GradingRun:
     submission: str
     device: str = ""
     isolation: str = ""
+    sandbox: dict[str, str] = field(default_factory=dict)  # what held the worker in, in words
     seed: int | None = None
     torch: str = ""
     visible_only: bool = False
@@ -88,6 +89,7 @@ class GradingRun:
     student_output: str = ""  # what the submission printed, truncated
     execution_time: float = 0.0
     worker_starts: int = 0
+    resources: dict[str, float] = field(default_factory=dict)  # peak memory (MiB) and CPU seconds used
     speed: dict[str, Any] | None = None  # the speed part's measurements, when it ran
     flags: list[str] = field(default_factory=list)  # for the instructor: e.g. an implausible speedup
     grader_errors: list[str] = field(default_factory=list)  # why the grader failed (never the student's)

@@ -6,7 +6,6 @@ import torch
 
 from autograder.sandbox.client import (LoadFailed, SubmissionError, Worker, WorkerConfig, WorkerCrashed,
                                        WorkerTimeout)
-from autograder.sandbox.launcher import PROJECT_ROOT, namespace_sandbox_available
 
 
 def worker(source: str, **config) -> Worker:
@@ -128,32 +127,6 @@ def test_a_forged_answer_is_never_unpickled(make_worker, tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.skipif(not namespace_sandbox_available(), reason="user namespaces are not available here")
-def test_the_sandbox_hides_the_project_and_is_read_only(make_worker):
-    probe = (
-        "import os\n"
-        "def attempt(action):\n"
-        "    try:\n        action()\n        return 'allowed'\n"
-        "    except Exception as exc:\n        return type(exc).__name__\n"
-        f"listing = os.listdir({str(PROJECT_ROOT)!r})\n"
-        "import_reference = attempt(lambda: __import__('reference'))\n"
-        "write_etc = attempt(lambda: open('/etc/mha-probe', 'w'))\n"
-        "network = attempt(lambda: __import__('socket').create_connection(('1.1.1.1', 80), timeout=1))\n"
-    )
-    w = make_worker(probe, isolation="namespace")
-    import sys
-    from pathlib import Path
-
-    listed = set(w.request("get", name="listing"))
-    # only the virtualenv, when it lives inside the project, is shown again (read-only)
-    venv = Path(sys.prefix).resolve()
-    allowed = {venv.relative_to(PROJECT_ROOT).parts[0]} if venv.is_relative_to(PROJECT_ROOT) else set()
-    assert listed <= allowed and "reference" not in listed and "autograder" not in listed
-    assert w.request("get", name="import_reference") == "ModuleNotFoundError"
-    assert w.request("get", name="write_etc") == "OSError"
-    assert w.request("get", name="network") == "OSError"
-
-
 def test_without_the_sandbox_the_grader_packages_still_do_not_import(make_worker):
     probe = (
         "def attempt(name):\n"
@@ -187,13 +160,15 @@ def test_the_whole_submission_has_one_time_budget(make_worker):
     assert time.monotonic() - started < 15
 
 
-def test_suspend_stops_every_process_the_submission_started(make_worker):
-    """setsid children leave the worker's session but not its process tree: all are stopped and resumed,
-    their CPU time is counted, and kill ends them all."""
+@pytest.mark.parametrize("use_cgroups", [True, False])
+def test_suspend_stops_every_process_the_submission_started(make_worker, use_cgroups):
+    """setsid children leave the worker's session but not its control group (or, without one, its process
+    tree): all are stopped (frozen, else SIGSTOP) and resumed, their CPU time is counted, and kill ends
+    them all."""
     source = ("import subprocess, sys\n"
               "child = subprocess.Popen([sys.executable, '-c', 'while True: pass'], start_new_session=True)\n"
               "def pid():\n    return child.pid\n")
-    w = make_worker(source, isolation="process")
+    w = make_worker(source, isolation="process", use_cgroups=use_cgroups)
     w.start()
     pids = w.process.pids()
     assert len(pids) >= 2
@@ -205,8 +180,6 @@ def test_suspend_stops_every_process_the_submission_started(make_worker):
     frozen = w.cpu_seconds()
     time.sleep(1.0)
     assert w.cpu_seconds() - frozen < 0.1  # nothing runs while suspended
-    states = {pid: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] for pid in pids}
-    assert set(states.values()) == {"T"}, states
     w.resume()
     w.close()
     time.sleep(0.2)

@@ -20,6 +20,7 @@ Standard library only.
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer")
+GROUP_NAME = re.compile(r"mha-worker-(\d+)-[0-9a-f]{8}")  # mha-worker-<the grader's pid>-<random>
 
 
 @dataclass
@@ -84,6 +86,7 @@ class WorkerGroup:
     # -- making and removing
     @classmethod
     def create(cls, limits: Limits) -> WorkerGroup:
+        _sweep()
         group = cls(f"mha-worker-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         own = _own_paths()
         v2 = _v2_mount()
@@ -279,3 +282,34 @@ class WorkerGroup:
         end = time.monotonic() + seconds
         while self.pids() and time.monotonic() < end:
             time.sleep(0.01)
+
+
+def _parents() -> list[Path]:
+    """The folders this process's worker groups are made in, one per hierarchy."""
+    own = _own_paths()
+    found = []
+    v2 = _v2_mount()
+    if v2 is not None:
+        found.append(v2 / own.get("", "/").lstrip("/"))
+    for controller in V1_CONTROLLERS:
+        if controller in own and (ROOT / controller / "tasks").exists():
+            found.append(ROOT / controller / own[controller].lstrip("/"))
+    return found
+
+
+def _sweep():
+    """Remove the groups of graders that were killed before they could (their worker died with them,
+    but a process it started may not have): kill what is left in them, then remove them. Only groups
+    named by this scheme whose grader's pid is not alive are touched."""
+    for parent in _parents():
+        try:
+            entries = list(parent.iterdir())
+        except OSError:
+            continue
+        for folder in entries:
+            match = GROUP_NAME.fullmatch(folder.name)
+            if not match or not folder.is_dir() or os.path.exists(f"/proc/{match.group(1)}"):
+                continue
+            key = "v2" if (folder / "cgroup.events").exists() else "freezer" if (folder / "freezer.state").exists() else "other"
+            orphan = WorkerGroup(folder.name, {key: folder})
+            orphan.remove()

@@ -6,9 +6,10 @@ read within its deadline, bounded by `protocol.Limits` before anything is materi
 against the protocol's schema; a reply that breaks it is the worker's fault (`WorkerCrashed`).
 Nothing from the worker is ever unpickled.
 
-Time budgets: each request has its own deadline (`request_seconds`), and the whole submission has
-one budget of wall time (`submission_seconds`) across every request, restart and check; once it is
-spent, every later request fails at once, saying so.
+Budgets: each request has its own deadline (`request_seconds`), and the whole submission has one
+budget of wall time (`submission_seconds`) and one of CPU time (`submission_cpu_seconds`, every process
+the worker started, across restarts) across every request, restart and check; once either is spent,
+the request running is stopped and every later one fails at once, saying so.
 """
 from __future__ import annotations
 
@@ -59,6 +60,10 @@ class WorkerConfig:
     cell_seconds: float = 3.0
     request_seconds: float = 10.0
     submission_seconds: float = 600.0
+    submission_cpu_seconds: float | None = None
+    processes: int | None = 256  # processes and threads of the worker, all together
+    cpus: float | None = None  # CPU quota of the worker, all its processes together, in cores
+    use_cgroups: bool = True
     output_bytes: int = 8 << 10
     crashes_before_giving_up: int = 2  # a target that ended the worker this often is not tried again
     isolation: str = "auto"  # "auto", "namespace" or "process"
@@ -112,6 +117,9 @@ class Worker:
         self.events: list[str] = []
         self.outputs: list[str] = []
         self.codec = None  # a protocol.TensorCodec, made on first use (torch is imported lazily)
+        self.in_force: dict[str, str] = {}  # what held the worker in (launcher.describe_isolation)
+        self.cpu_spent = 0.0  # CPU seconds of workers already ended
+        self.memory_peak: int | None = None  # the most memory the worker's processes used together
         try:
             self.isolation = launcher.choose_isolation(config.isolation)
         except (OSError, ValueError) as exc:
@@ -123,8 +131,10 @@ class Worker:
         self.starts += 1
         self.process = launcher.launch(launcher.LaunchSettings(
             isolation=self.isolation, device=self.config.device, threads=self.config.threads,
-            memory_bytes=self.config.memory_bytes, hide=self.config.hide, filename=self.filename,
-            contract=self.config.contract))
+            memory_bytes=self.config.memory_bytes, processes=self.config.processes, cpus=self.config.cpus,
+            hide=self.config.hide, filename=self.filename, contract=self.config.contract,
+            use_cgroups=self.config.use_cgroups))
+        self.in_force = dict(self.process.in_force)
         self.capture = OutputCapture(self.process.process.stdout, self.config.output_bytes)
         self.capture.start()
 
@@ -177,6 +187,9 @@ class Worker:
         if self.process is None:
             return
         self.process.kill()
+        self.cpu_spent += self.process.cpu_seconds()
+        if self.process.memory_peak is not None:
+            self.memory_peak = max(self.memory_peak or 0, self.process.memory_peak)
         if self.capture:
             self.capture.join(timeout=2)
             text = self.capture.text()
@@ -202,7 +215,12 @@ class Worker:
             self.process.resume()
 
     def cpu_seconds(self) -> float:
+        """CPU time of the running worker's processes (see `cpu_spent` for the ones already ended)."""
         return self.process.cpu_seconds() if self.process is not None else 0.0
+
+    def _cpu_budget_left(self) -> bool:
+        limit = self.config.submission_cpu_seconds
+        return limit is None or self.cpu_spent + self.cpu_seconds() < limit
 
     # -- requests
     def request(self, op: str, timeout: float | None = None, target: str | None = None, **args):
@@ -212,6 +230,10 @@ class Worker:
         if time.monotonic() >= self.budget_end:
             raise BudgetSpent(f"{target or op} was not run: the time budget for the whole submission "
                               f"({self.config.submission_seconds:g} s) is used up")
+        if not self._cpu_budget_left():
+            raise BudgetSpent(f"{target or op} was not run: the CPU time budget for the whole submission "
+                              f"({self.config.submission_cpu_seconds:g} CPU seconds, all its processes together) "
+                              "is used up")
         if target and target in self.hung:
             raise WorkerTimeout(self.hung[target])
         limit = self.config.crashes_before_giving_up
@@ -279,6 +301,9 @@ class Worker:
         chunks = []
         while n:
             _check_deadline(deadline, what)
+            if not self._cpu_budget_left():
+                raise BudgetSpent(f"{what} was stopped: the CPU time budget for the whole submission "
+                                  f"({self.config.submission_cpu_seconds:g} CPU seconds) is used up")
             ready, _, _ = select.select([self.process.from_worker], [], [], max(0.0, min(deadline[0] - time.monotonic(), 0.5)))
             if not ready:
                 continue
@@ -296,6 +321,10 @@ class Worker:
                 code = self.process.process.wait(timeout=5)
             except Exception:
                 code = None
+            if detail is None and self.process.went_over_memory():
+                limit = self.config.memory_bytes or 0
+                detail = (f"it was killed for using more than the submission's {limit / (1 << 30):g} GiB of memory "
+                          "(all its processes together)")
         return WorkerCrashed(f"the process running your code ended while {what}: {detail or describe_exit(code)}")
 
 
