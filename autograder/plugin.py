@@ -29,6 +29,15 @@ def check_key(item: pytest.Item) -> str:
     return f"{module}::{item.originalname}"
 
 
+MESSAGE_CHARS = 2500  # one check's message in results.json: every check failing at once stays small
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MESSAGE_CHARS:
+        return message
+    return message[:MESSAGE_CHARS] + f"... [{len(message) - MESSAGE_CHARS:,} more characters]"
+
+
 class ResultsPlugin:
     def __init__(self, rubric: Rubric, visible_only: bool):
         self.rubric, self.visible_only = rubric, visible_only
@@ -81,7 +90,7 @@ class ResultsPlugin:
         error = excinfo.value
         if isinstance(error, pytest.fail.Exception) and not PYTEST_TIMEOUT.fullmatch(str(error.msg)):
             outcome.status = FAILED
-            outcome.message = outcome.message or str(error.msg)
+            outcome.message = outcome.message or _bounded(str(error.msg))
             return
         # anything else is the grader's own trouble, never the student's
         outcome.status = FAILED

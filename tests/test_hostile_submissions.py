@@ -25,6 +25,9 @@ import ast
 import json
 import os
 import re
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -36,11 +39,16 @@ from typing import Callable
 import nbformat
 import pytest
 
-from autograder.rubric import load_rubric
+from autograder import submission as reader
+from autograder.rubric import DEFAULT_RUBRIC, load_rubric
 from autograder.sandbox.launcher import namespace_sandbox_available
 from conftest import REFERENCE, ROOT, failures, grade, part_scores
 
 RELEASE = ROOT / "assignments" / "release" / "mha" / "mha.py"
+# Bounds on every grading here, whatever the submission does (measured on a shared 2-core machine with its
+# load average at 4-8: the grader's own peak stays under 500 MiB, a grading under 90 s):
+GRADER_PEAK_MIB = 1536  # the grader's own peak memory (resident), as it records in results.json
+WALL_SECONDS = 240  # one grading, start to end, in a pool of two
 HANG_LIMIT_SECONDS = 60  # product requirement: a submission hanging in every forward is graded within this
 RESULTS_LIMIT_BYTES = 200 << 10  # a 100 MiB print flood must not make results.json big
 REQUEST_SECONDS = load_rubric().limit("request_seconds")
@@ -278,6 +286,166 @@ def pytest_runtest_makereport(item, call):
 '''
 
 
+# The worker's own request loop, patched from the submission: replies that break the protocol in every
+# way it bounds. Each one is refused before it is materialised, and the worker is replaced.
+def hostile_server(load: str = "", forward: str = "", call: str = "", get: str = "") -> str:
+    """A cell that patches the worker's request loop to answer an operation with a hostile frame."""
+    return f"""
+import os, struct, sys
+_server = sys.modules["sandbox.server"]
+_receive, _send, _state = _server.Channel.receive, _server.Channel.send, {{"op": "load", "forwards": 0}}
+_FRAMES = {{
+    # a load report whose cell error has no type, message or traceback
+    "tampered": lambda: (b'{{"ok":true,"value":{{"errors":[{{"cell":1}}],"defined":{{"$":"dict","items":[]}}}}}}', []),
+    # JSON nested 200,000 deep (about 400 KB)
+    "deep": lambda: (b'{{"ok":true,"value":' + b"[" * 200_000 + b"]" * 200_000 + b"}}", []),
+    # a frame announcing a 2 GiB tensor, sent without it
+    "huge_blob": lambda: (b'{{"ok":true,"value":{{"$":"tensor","blob":0,"dtype":"uint8","shape":[2147483648]}}}}', [2**31]),
+    # 60,000 lists of 8 values: more values than any answer may hold
+    "node_bomb": lambda: (b'{{"ok":true,"value":{{"$":"list","items":[' + b",".join(
+        [b'{{"$":"list","items":[1,2,3,4,5,6,7,8]}}'] * 60_000) + b"]}}}}", []),
+}}
+_MESSAGE = ("\\ud800 \\x1b[2J\\x1b[H\\x1b[32mTotal: 100 / 100\\x1b[0m\\x07 " + "x" * 100) * 20_000  # 2.5 MB
+
+def _receive_op(self):
+    header, blobs = _receive(self)
+    _state["op"] = header.get("op")
+    return header, blobs
+
+def _hostile_send(self, header, blobs=()):
+    kind = {{"load": {load!r}, "forward": {forward!r}, "call": {call!r}, "get": {get!r}}}.get(_state["op"], "")
+    if "|" in kind:  # take turns
+        _state["forwards"] += 1
+        kind = kind.split("|")[_state["forwards"] % 2]
+    if kind == "message":
+        return _send(self, {{"ok": False, "error": {{"type": "ValueError\\x1b[31m", "message": _MESSAGE,
+                                                  "traceback": _MESSAGE}}}})
+    if kind:
+        body, lengths = _FRAMES[kind]()
+        frame = struct.pack(">4sII", b"MHA1", len(body), len(lengths)) + b"".join(struct.pack(">Q", n) for n in lengths)
+        view = memoryview(frame + body)
+        while view:
+            view = view[os.write(self.fd_out, view):]
+        return
+    return _send(self, header, blobs)
+
+_server.Channel.receive = _receive_op
+_server.Channel.send = _hostile_send
+"""
+
+
+# A forward that answers with a stride-0 view of 1 GiB: sent at its full size, refused by the size bound.
+EXPANDED_OUTPUT = """
+def _forward(self, x):
+    return torch.zeros(1).expand(2**27 + 2**20)  # 516 MiB of float32
+
+MultiHeadAttention.forward = _forward
+"""
+
+# Every forward just under the request deadline: only the submission's whole time budget ends it. A
+# non-daemon thread and a setsid child ({marker} in its command line) would keep it alive after grading.
+SLOW_EVERY_FORWARD = """
+import subprocess, sys, threading, time
+
+threading.Thread(target=time.sleep, args=(3600,)).start()
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)  # {marker}"], start_new_session=True)
+
+def _slow(forward):
+    def slow_forward(self, x):
+        time.sleep({seconds})
+        return forward(self, x)
+    return slow_forward
+
+CausalAttention.forward = _slow(CausalAttention.forward)
+MultiHeadAttentionWrapper.forward = _slow(MultiHeadAttentionWrapper.forward)
+MultiHeadAttention.forward = _slow(MultiHeadAttention.forward)
+"""
+
+# Three children that each fill {mib} MiB, more than the submission's memory limit together.
+MEMORY_IN_CHILDREN = """
+import os, select, time
+
+_children = []
+for _ in range(3):
+    _done_r, _done_w = os.pipe()
+    _pid = os.fork()
+    if _pid == 0:
+        try:
+            _block = bytearray({mib} << 20)
+            _block[::4096] = b"\\1" * len(range(0, {mib} << 20, 4096))
+            os.write(_done_w, b"1")
+            time.sleep(600)
+        finally:
+            os._exit(0)
+    os.close(_done_w)
+    _children.append((_pid, _done_r))
+for _pid, _done_r in _children:
+    select.select([_done_r], [], [], 60)
+print("MEMORY CHILDREN still running:", sum(os.waitpid(p, os.WNOHANG) == (0, 0) for p, _ in _children))
+"""
+
+
+def sandbox_probe(targets: dict[str, str], marker: str) -> str:
+    """At import: try each way out (reading root's and classmates' files, host sockets, devices, the
+    grader's environment, System V and POSIX IPC that would outlive the worker, 2,000 processes) and
+    report each as "PROBE <name> <result>". The definitions that follow are the reference's."""
+    return f"""
+import ctypes, os, socket, time
+
+def _attempt(action):
+    try:
+        result = action()
+        return "ALLOWED" if result is None else f"ALLOWED {{result}}"
+    except Exception as exc:
+        return f"blocked {{type(exc).__name__}}"
+
+def _read(path):
+    with open(path, "rb") as handle:
+        return len(handle.read(4096))
+
+def _append(path):
+    with open(path, "w") as handle:
+        handle.write("<0>{marker} was here\\n")
+
+def _unix(path):
+    client = socket.socket(socket.AF_UNIX)
+    client.connect(path)
+    client.sendall(b"{marker}")
+
+def _forks():
+    children = []
+    for _ in range(2000):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(600)
+            os._exit(0)
+        children.append(pid)
+    for pid in children:  # the limit is shown; the rest of the file must still load and run
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    return len(children)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mq_open.restype = ctypes.c_int
+_probes = {{
+    "shadow": lambda: _read("/etc/shadow"),
+    "root_secret": lambda: _read({targets["root_secret"]!r}),
+    "classmate": lambda: _read({targets["classmate"]!r}),
+    "host_socket": lambda: _unix({targets["socket"]!r}),
+    "kmsg": lambda: _append("/dev/kmsg"),
+    "grader_environ": lambda: _read(f"/proc/{{os.getppid()}}/environ"),
+    "sysv_shm": lambda: _libc.shmget({targets["shm_key"]}, 1 << 20, 0o1666),
+    "posix_mq": lambda: _libc.mq_open(b"/{marker}", os.O_CREAT | os.O_RDWR, 0o666, None),
+}}
+for _name, _action in _probes.items():
+    print("PROBE", _name, _attempt(_action))
+print("PROBE forks", _forks())
+"""
+
+
 def escape_attempts(files: list[Path], dirs: list[Path], parents: bool) -> str:
     """At import: fake results (score 1000) in `files`, and a results.json plus a conftest.py that passes
     every test in each of `dirs`, the working directory, its parents (when `parents`) and the home directory.
@@ -387,6 +555,9 @@ class Case:
     says: tuple[str, ...]  # each appears in a lost part's failure output or in results["output"]
     only: dict[str, tuple[str, ...]] = field(default_factory=dict)  # part -> the only check keys that may fail
     suffix: str = ".py"
+    limits: tuple[tuple[str, float], ...] = ()  # rubric limits changed for this case (a copy of the rubric)
+    wall_seconds: float = 0  # the grading's wall-time bound (0: WALL_SECONDS)
+    pending: str = ""  # why this case cannot be graded yet (it is then expected to fail, and not run)
 
 
 MHA_FORWARD_BROKEN = {"mha": "all", "fuse": "some"}  # fuse_heads' module runs the student's forward
@@ -439,10 +610,72 @@ CASES = [
     Case("background_burner", lambda c: with_cells(last=BACKGROUND_BURNER.replace("{marker}", c.marker)), {},
          ("BURNING in a process and a thread",)),
 ]
+
+
+def sandbox_targets(c: Context) -> dict:
+    shared = c.submission_dir.parent
+    return {"root_secret": str(shared / "root-only" / "secret"), "classmate": str(shared / "classmate" / "mha.py"),
+            "socket": str(shared / "host.sock"), "shm_key": shm_key(c.marker)}
+
+
+def shm_key(marker: str) -> int:
+    return int(marker.removeprefix("hostile-")[:7], 16)
+
+
+def notebook_with_source(source) -> str:
+    cell = {"cell_type": "code", "source": source, "metadata": {}, "outputs": [], "execution_count": None}
+    return json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+
+READER_PENDING = ("" if hasattr(reader, "NotASubmission") else
+                  "the linear-time, validating submission reader has not landed yet")
+ANY = "any"  # a part that must lose points, some or all
+
+CASES += [
+    # replies that break the protocol: refused before anything is materialised, the worker replaced
+    Case("tampered_load_reply", lambda c: with_cells(last=hostile_server(load="tampered")), EVERY_PART,
+         ("could not be read safely", "field 'type'")),
+    Case("hostile_replies", lambda c: with_cells(last=hostile_server(forward="deep|huge_blob", call="message",
+                                                                     get="node_bomb")),
+         {part: ANY for part in EVERY_PART}, ("could not be read safely",)),
+    Case("expanded_output", lambda c: with_cells(last=EXPANDED_OUTPUT), MHA_FORWARD_BROKEN,
+         ("bytes of tensors (the limit is",), FUSED_FORWARD_ONLY),
+    # the sandbox: every way out tried at import; the definitions that follow earn full marks
+    Case("sandbox_probe", lambda c: with_cells(first=sandbox_probe(sandbox_targets(c), c.marker)), {},
+         ("PROBE forks",), limits=(("processes", 128), ("cell_seconds", 30))),
+    Case("memory_in_children", lambda c: with_cells(first=MEMORY_IN_CHILDREN.format(mib=700)), {},
+         ("MEMORY CHILDREN still running:",), limits=(("memory_gib", 2), ("cell_seconds", 60))),
+    Case("slow_every_forward", lambda c: with_cells(last=SLOW_EVERY_FORWARD.format(seconds=REQUEST_SECONDS - 1,
+                                                                                  marker=c.marker)),
+         # alphabetically, columns and combine are checked before the budget runs out, the rest after
+         {part: ANY for part in ("fuse", "mha", "quiz", "two_dim", "wrapper")}, ("time budget for the whole submission",),
+         limits=(("submission_seconds", 40),), wall_seconds=150),
+    # files that once took the grader's memory or crashed it while reading them
+    Case("py_of_40000_cells", lambda c: "# %%\n1\n" * 40_000, EVERY_PART, (), pending=READER_PENDING),
+    Case("notebook_dict_source", lambda c: notebook_with_source({"not": "code"}), EVERY_PART, (), suffix=".ipynb",
+         pending=READER_PENDING),
+    Case("notebook_int_source", lambda c: notebook_with_source(12), EVERY_PART, (), suffix=".ipynb",
+         pending=READER_PENDING),
+]
 if RELEASE.exists():  # generated by `make release`; graded here as it is, stubs and all
     CASES.append(Case("untouched_release", lambda c: RELEASE.read_text(), EVERY_PART,
                       ("not done yet: this still raises NotImplementedError",)))
 CASES_BY_ID = {case.id: case for case in CASES}
+
+
+def case_params(cases):
+    return [pytest.param(case, id=case.id, marks=[pytest.mark.xfail(reason=case.pending, run=False)] if case.pending
+                         else []) for case in cases]
+
+
+def rubric_with(path: Path, limits) -> Path:
+    """A copy of the packaged rubric with some limits changed."""
+    text = DEFAULT_RUBRIC.read_text()
+    for name, value in limits:
+        text, count = re.subn(rf"(?m)^{name} = \S+", f"{name} = {value:g}", text)
+        assert count == 1, name
+    path.write_text(text)
+    return path
 
 
 @dataclass
@@ -464,6 +697,16 @@ def graded(tmp_path_factory) -> dict[str, Graded]:
     sandboxed = namespace_sandbox_available() and os.environ.get("AUTOGRADER_ISOLATION", "auto") != "process"
     root = tmp_path_factory.mktemp("hostile")
 
+    # what the sandbox probe reaches for: a root-only file, a classmate's submission, a listening host socket
+    (root / "root-only").mkdir(mode=0o700)
+    (root / "root-only" / "secret").write_text("the grader's secret\n")
+    (root / "root-only" / "secret").chmod(0o600)
+    (root / "classmate").mkdir()
+    (root / "classmate" / "mha.py").write_text(REFERENCE.read_text())
+    host_socket = socket.socket(socket.AF_UNIX)
+    host_socket.bind(str(root / "host.sock"))
+    host_socket.listen(8)
+
     def run(case: Case) -> Graded:
         context = Context(root / case.id, root / f"{case.id}-out", marker, sandboxed)
         context.submission_dir.mkdir()
@@ -473,13 +716,18 @@ def graded(tmp_path_factory) -> dict[str, Graded]:
         watched = [p / name for p in (Path(tempfile.gettempdir()), Path("/"), Path.home(), *root.parents)
                    for name in ("results.json", "conftest.py")]
         before = {str(p): p.exists() for p in watched}
+        extra = ["--rubric", str(rubric_with(root / f"{case.id}-rubric.toml", case.limits))] if case.limits else []
         started = time.monotonic()
-        results, run = grade(path, context.out_dir)
+        results, run = grade(path, context.out_dir, *extra)
         wall = time.monotonic() - started
         return Graded(context, results, run.returncode, run.stderr, wall, context.out_file.stat().st_size, before)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(CASES_BY_ID, pool.map(run, CASES)))
+    ready = [case for case in CASES if not case.pending]
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            return dict(zip([case.id for case in ready], pool.map(run, ready)))
+    finally:
+        host_socket.close()
 
 
 def check_names(results: dict) -> dict[str, str]:
@@ -493,11 +741,15 @@ def lost_part_messages(results: dict, parts) -> str:
 # -- what every case must satisfy ----------------------------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+@pytest.mark.parametrize("case", case_params(CASES))
 def test_contained_and_scored_for_what_it_deserves(graded, reference_results, case):
     got = graded[case.id]
     results = got.results
     assert got.returncode == 0, f"the grader exited {got.returncode}: it must exit 0 whenever it graded\n{got.stderr}"
+    peak = results["extra_data"]["resources"]["grader_peak_mib"]
+    assert peak < GRADER_PEAK_MIB, f"the grader's own memory peaked at {peak:,.0f} MiB"
+    wall = case.wall_seconds or WALL_SECONDS
+    assert got.wall_seconds < wall, f"grading took {got.wall_seconds:.0f} s (the bound is {wall:g} s)"
     assert "Traceback" not in got.stderr and "INTERNALERROR" not in got.stderr, got.stderr
     # The grader's own, complete results: every check of the reference's run, each one run.
     assert results["extra_data"]["isolation"] in ("namespace", "process")
@@ -513,6 +765,8 @@ def test_contained_and_scored_for_what_it_deserves(graded, reference_results, ca
                                         + lost_part_messages(results, [part]))
         elif case.lost[part] == "all":
             assert score == 0, f"{part} must lose every point, got {score}/{max_score}"
+        elif case.lost[part] == ANY:
+            assert score < max_score, f"{part} must lose points, got {score}/{max_score}"
         else:
             assert 0 < score < max_score, f"{part} must lose some points, got {score}/{max_score}"
     for part, keys in case.only.items():
@@ -638,3 +892,196 @@ def test_the_untouched_release_gets_zero_and_the_reference_full_marks(graded, re
     for test in results["tests"]:
         assert test["status"] == "failed" and test["output"], test
         assert "Traceback (most recent call last)" not in test["output"], test
+
+
+# -- replies, files and limits: what particular cases must also satisfy ---------------------------------------
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings(item)
+
+
+@pytest.mark.slow
+def test_replies_that_break_the_protocol_leave_small_clean_results(graded):
+    """Nested 200,000 deep, a 2 GiB tensor announced, 480,000 values, 2.5 MB error messages full of
+    escape sequences and lone surrogates: each is refused or truncated and cleaned at the protocol's edge."""
+    got = graded["hostile_replies"]
+    assert got.results_bytes < RESULTS_LIMIT_BYTES, f"results.json is {got.results_bytes:,} bytes"
+    dirty = [text[:80] for text in strings(got.results) if CONTROL.search(text)]
+    assert not dirty, dirty
+    said = "\n".join(t["output"] for t in got.results["tests"])
+    for reason in ("not JSON", "bytes of tensors", "too many values", "more characters]"):
+        assert reason in said + got.results["output"], reason
+    assert "\x1b" not in got.stderr
+
+
+@pytest.mark.slow
+def test_the_sandbox_probe_finds_every_way_out_closed(graded):
+    got = graded["sandbox_probe"]
+    probes = dict(line.split(" ", 2)[1:] for line in got.results["output"].splitlines() if line.startswith("PROBE "))
+    assert len(probes) == 9, got.results["output"]
+    if cgroups_available():
+        assert int(probes.pop("forks")) < 128  # the process limit held (the rubric's, for this case)
+    else:
+        probes.pop("forks")
+    if not got.context.sandboxed:
+        pytest.skip("process isolation: the worker reaches what its user may (results.json says so)")
+    opened = {name: result for name, result in probes.items()
+              if not (result.startswith("blocked") or name in ("sysv_shm", "posix_mq"))}
+    assert not opened, opened
+    # made inside its own IPC namespace, gone with it: the host never saw them
+    host_keys = [line.split()[0] for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]]
+    assert str(shm_key(got.context.marker)) not in host_keys
+    assert not Path("/dev/mqueue", got.context.marker).exists()
+
+
+@pytest.mark.slow
+def test_memory_is_limited_for_all_the_submissions_processes_together(graded):
+    got = graded["memory_in_children"]
+    assert "MEMORY CHILDREN still running: 3" not in got.results["output"]
+    if not cgroups_available():
+        pytest.skip("no control groups here: each process has its own limit only")
+    assert got.results["extra_data"]["resources"]["worker_peak_mib"] <= 2048 + 64
+
+
+@pytest.mark.slow
+def test_a_submission_slow_in_every_answer_stops_at_its_time_budget(graded):
+    got = graded["slow_every_forward"]
+    assert got.results["execution_time"] < 40 + 60  # the budget, plus starting and scoring
+
+
+# -- process isolation: the fallback cannot forge results or survive -----------------------------------------
+
+KILL_THE_GRADER = """
+import os, signal
+os.kill(os.getppid(), signal.SIGKILL)
+"""
+
+# A setsid child that waits for the grader to exit, then writes a perfect results.json ({marker}: to find it).
+REWRITE_RESULTS_LATER = '''
+import os, subprocess, sys
+subprocess.Popen([sys.executable, "-c", """
+import os, sys, time
+while os.path.exists("/proc/" + sys.argv[1]):
+    time.sleep(0.05)
+with open(sys.argv[2], "w") as handle:
+    handle.write('{{"score": 100, "max_score": 100, "output": "hacked", "tests": []}}')
+# {marker}
+""", str(os.getppid()), {out!r}], start_new_session=True)
+'''
+
+
+@pytest.fixture(scope="module")
+def process_isolated(tmp_path_factory) -> dict[str, Graded]:
+    marker = f"hostile-{uuid.uuid4().hex[:12]}"
+    root = tmp_path_factory.mktemp("process-isolation")
+    sources = {
+        "kill_the_grader": lambda c: with_cells(first=KILL_THE_GRADER),
+        "rewrite_results_later": lambda c: with_cells(
+            first=REWRITE_RESULTS_LATER.format(marker=marker, out=str(c.out_file)), last=BROKEN_MHA_FORWARD),
+    }
+
+    def run(name: str) -> Graded:
+        context = Context(root / name, root / f"{name}-out", marker, sandboxed=False)
+        context.submission_dir.mkdir()
+        context.out_dir.mkdir()
+        path = context.submission_dir / "mha.py"
+        path.write_text(sources[name](context))
+        started = time.monotonic()
+        run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(path), "--out", str(context.out_file),
+                              "--quiet", "--isolation", "process"], capture_output=True, text=True, timeout=600,
+                             cwd=context.out_dir)
+        wall = time.monotonic() - started
+        time.sleep(2)  # time for anything left behind to act
+        results = json.loads(context.out_file.read_text())
+        return Graded(context, results, run.returncode, run.stderr, wall, context.out_file.stat().st_size, {})
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(sources, pool.map(run, sources)))
+
+
+@pytest.mark.slow
+def test_a_killed_grader_leaves_results_saying_so(process_isolated):
+    got = process_isolated["kill_the_grader"]
+    if got.returncode == 0:  # the worker runs as a fresh uid: it may not signal the grader
+        assert got.results["score"] == 100
+        return
+    assert got.returncode == -9
+    assert got.results["extra_data"]["status"] == "cannot_grade"
+    assert "did not finish" in got.results["extra_data"]["reason"]
+
+
+@pytest.mark.slow
+def test_no_process_of_the_submission_rewrites_results_after_grading(process_isolated, reference_results):
+    got = process_isolated["rewrite_results_later"]
+    assert got.returncode == 0, got.stderr
+    assert got.results["output"] != "hacked" and got.results["score"] < 100
+    assert len(got.results["tests"]) == len(reference_results["tests"])
+    assert not processes_with(got.context.marker)
+
+
+def processes_with(marker: str) -> list[str]:
+    alive = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        if cmdline.parent.name == str(os.getpid()):
+            continue
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                alive.append(cmdline.parent.name)
+        except OSError:
+            pass
+    return alive
+
+
+def cgroups_available() -> bool:
+    from test_sandbox import cgroups_available as available
+
+    return available()
+
+
+# -- a class graded together ---------------------------------------------------------------------------------
+
+# 64 busy setsid processes and a non-daemon thread, started at import ({marker}: to find them afterwards).
+CPU_HOG = """
+import subprocess, sys, threading, time
+threading.Thread(target=time.sleep, args=(3600,)).start()
+_hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass  # {marker}"], start_new_session=True)
+         for _ in range(64)]
+"""
+
+
+@pytest.mark.slow
+def test_classmates_graded_alongside_a_cpu_hog_keep_full_marks(tmp_path):
+    """grade-class, three at a time: the hog's 64 busy processes share one CPU quota and one weight, so
+    its classmates' requests meet their deadlines; nothing of the hog is left when grade-class returns."""
+    if not cgroups_available():
+        pytest.skip("no control groups here: a CPU hog can slow others graded at the same time")
+    marker = f"hostile-{uuid.uuid4().hex[:12]}"
+    course = tmp_path / "course"
+    sources = {"alice": definitions(), "bob": definitions(), "hog": with_cells(first=CPU_HOG.format(marker=marker))}
+    for student, source in sources.items():
+        folder = course / "submitted" / student / "mha"
+        folder.mkdir(parents=True)
+        (folder / "mha.py").write_text(source)
+    rubric = rubric_with(tmp_path / "rubric.toml", (("submission_seconds", 90),))
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "autograder", "grade-class", str(course), "--jobs", "3",
+                          "--device", "cpu", "--rubric", str(rubric)], capture_output=True, text=True, timeout=900)
+    wall = time.monotonic() - started
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert not processes_with(marker), "the hog's processes outlived grade-class"
+    results = {s: json.loads((course / "autograded" / s / "mha" / "results.json").read_text()) for s in sources}
+    for student in ("alice", "bob"):
+        assert results[student]["score"] == results[student]["max_score"] == 100, [
+            (t["name"], t["output"][:200]) for t in failures(results[student])]
+    assert results["hog"]["extra_data"]["status"] == "graded"
+    assert wall < 600, f"the class took {wall:.0f} s"

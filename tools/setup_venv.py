@@ -6,7 +6,9 @@ virtualenv exists.
 """
 import argparse
 import hashlib
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 import venv
@@ -22,6 +24,7 @@ def main() -> int:
                         help="pip arguments for torch, e.g. 'torch==2.13.0 --index-url URL' on a GPU runner")
     args = parser.parse_args()
 
+    ensure_bubblewrap()
     env_dir = (ROOT / args.venv).resolve()
     python = env_dir / "bin" / "python"
     stamp = env_dir / ".inputs"
@@ -39,6 +42,22 @@ def main() -> int:
     subprocess.run([*pip, "--editable", str(ROOT)], check=True)
     stamp.write_text(digest + "\n")
     return 0
+
+
+def ensure_bubblewrap():
+    """The grader's sandbox is bubblewrap (`bwrap`). As root on Debian or Ubuntu it is installed here;
+    otherwise say what grading will do without it."""
+    if shutil.which("bwrap"):
+        return
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        print("setup: installing bubblewrap (the grader's sandbox)", flush=True)
+        quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
+        if (subprocess.run(["apt-get", "update", "-qq"], **quiet).returncode == 0
+                and subprocess.run(["apt-get", "install", "-y", "-qq", "bubblewrap"], **quiet).returncode == 0):
+            return
+    print("setup: bubblewrap (bwrap) is not installed, so grading has no sandbox here: as root, the student's "
+          "code runs as a fresh unprivileged uid; otherwise `grade` needs --isolation process to run it as "
+          "your own user. Install the `bubblewrap` package to sandbox it.", flush=True)
 
 
 if __name__ == "__main__":
