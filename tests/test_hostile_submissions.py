@@ -385,6 +385,75 @@ print("MEMORY CHILDREN still running:", sum(os.waitpid(p, os.WNOHANG) == (0, 0) 
 """
 
 
+# Lies about its own behaviour: each passes the structure checks only if the worker's word were taken.
+def _when_traced(traced: str) -> str:
+    return f"""
+import torch.nn.functional as F
+
+_honest = MultiHeadAttention.forward
+
+def _loop_over_heads(self, x):  # right values, one head at a time
+    b, T, _ = x.shape
+    q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+    heads = []
+    for h in range(self.num_heads):
+        cols = slice(h * self.head_dim, (h + 1) * self.head_dim)
+        scores = q[..., cols] @ k[..., cols].transpose(1, 2)
+        scores = scores.masked_fill(self.mask.bool()[:T, :T], float("-inf"))
+        weights = self.dropout(torch.softmax(scores / self.head_dim ** 0.5, dim=-1))
+        heads.append(weights @ v[..., cols])
+    return self.out_proj(torch.cat(heads, dim=-1))
+
+def _sdpa(self, x):  # right values, from the ready-made kernel
+    b, T, _ = x.shape
+    split = lambda t: t.view(b, T, self.num_heads, self.head_dim).transpose(1, 2)
+    y = F.scaled_dot_product_attention(split(self.W_query(x)), split(self.W_key(x)), split(self.W_value(x)),
+                                       is_causal=True)
+    return self.out_proj(y.transpose(1, 2).reshape(b, T, -1))
+
+def _cheap(self, x):  # the matmuls of one pass, and a wrong answer
+    return self.out_proj(self.W_value(x) * 0 + self.W_query(x) @ torch.eye(self.d_out, dtype=x.dtype))
+
+def _forward(self, x):
+    if torch._C._len_torch_dispatch_stack() > 0:  # being traced
+        return {traced}(self, x)
+    return _{'sdpa' if traced == '_honest' else 'loop_over_heads'}(self, x)
+
+MultiHeadAttention.forward = _forward
+"""
+
+
+# The parallel forward right, plus a call of F.multi_head_attention_forward (the fused multi-head kernel).
+CALLS_FUSED_MHA = """
+import torch.nn.functional as F
+
+_honest = MultiHeadAttention.forward
+
+def _forward(self, x):
+    e = torch.zeros(1, 1, 4, dtype=x.dtype)
+    F.multi_head_attention_forward(e, e, e, 4, 2, torch.eye(4, dtype=x.dtype).repeat(3, 1), None, None, None, False,
+                                   0.0, torch.eye(4, dtype=x.dtype), None, training=False, need_weights=False)
+    return _honest(self, x)
+
+MultiHeadAttention.forward = _forward
+"""
+
+# The worker's own request loop patched to report the input as it was sent, while the forward doubles it.
+HIDES_ITS_MUTATION = """
+import sys
+_server = sys.modules["sandbox.server"]
+_op_forward = _server.Session.op_forward
+
+def _op_forward_lying(self, handle, x, **kwargs):
+    sent = x.clone()
+    answer = _op_forward(self, handle, x, **kwargs)
+    answer.value["x_after"] = sent
+    return answer
+
+_server.Session.op_forward = _op_forward_lying
+""" + MUTATES_INPUT
+
+
 def sandbox_probe(targets: dict[str, str], marker: str) -> str:
     """At import: try each way out (reading root's and classmates' files, host sockets, devices, the
     grader's environment, System V and POSIX IPC that would outlive the worker, 2,000 processes) and
@@ -650,6 +719,17 @@ CASES += [
          # alphabetically, columns and combine are checked before the budget runs out, the rest after
          {part: ANY for part in ("fuse", "mha", "quiz", "two_dim", "wrapper")}, ("time budget for the whole submission",),
          limits=(("submission_seconds", 40),), wall_seconds=150),
+    # lies about its own behaviour: the structure checks rest on the worker's word (tagged so), but what a
+    # traced forward computes must be right, and the same untraced
+    Case("cheap_answer_when_traced", lambda c: with_cells(last=_when_traced("_cheap")), {"mha": "some"},
+         ("output of the traced forward",),
+         {"mha": ("mha::test_one_pass_for_all_heads", "mha::test_no_ready_made_attention", "mha::test_dropout")}),
+    Case("sdpa_when_not_traced", lambda c: with_cells(last=_when_traced("_honest")), {"mha": "some"},
+         ("different outputs for the same input when its operations were traced",),
+         {"mha": ("mha::test_one_pass_for_all_heads", "mha::test_no_ready_made_attention", "mha::test_dropout")}),
+    Case("calls_fused_multi_head_attention", lambda c: with_cells(last=CALLS_FUSED_MHA), {"mha": "some"},
+         ("nn_multihead_attention",), {"mha": ("mha::test_no_ready_made_attention",)}),
+    Case("hides_its_input_mutation", lambda c: with_cells(last=HIDES_ITS_MUTATION), {}, ()),
     # files that once took the grader's memory or crashed it while reading them
     Case("py_of_40000_cells", lambda c: "# %%\n1\n" * 40_000, EVERY_PART, (), pending=READER_PENDING),
     Case("notebook_dict_source", lambda c: notebook_with_source({"not": "code"}), EVERY_PART, (), suffix=".ipynb",
@@ -1085,3 +1165,15 @@ def test_classmates_graded_alongside_a_cpu_hog_keep_full_marks(tmp_path):
             (t["name"], t["output"][:200]) for t in failures(results[student])]
     assert results["hog"]["extra_data"]["status"] == "graded"
     assert wall < 600, f"the class took {wall:.0f} s"
+
+
+@pytest.mark.slow
+def test_checks_resting_on_the_workers_word_are_tagged_so(graded):
+    """The mutation it hides passes the input check: that check's evidence is the worker's report, and
+    results.json says so. Values are never the worker's word."""
+    results = graded["hides_its_input_mutation"].results
+    tags = {t["tags"][1]: t["tags"] for t in results["tests"]}
+    for key in ("mha::test_input_not_modified", "mha::test_one_pass_for_all_heads",
+                "mha::test_no_ready_made_attention", "wrapper::test_heads_run_once_in_order_on_same_input"):
+        assert "worker-reported" in tags[key], key
+    assert "worker-reported" not in tags["mha::test_matches_reference"]

@@ -14,9 +14,14 @@ CASES = {
     "12 heads": (1, 8, 12, 24, 8, 12, True),
     "1 head": (2, 5, 4, 6, 5, 1, False),
 }
+# The fused attention entry points, by the ATen ops (or Python calls) they show up as in the trace.
+SDPA_OPS = ("scaled_dot_product", "_flash_attention", "_efficient_attention", "_cudnn_attention")
+MHA_OPS = ("_native_multi_head_attention", "_transformer_encoder_layer")
+MHA_CALLS = ("nn.MultiheadAttention", "F.multi_head_attention_forward")
 FORBIDDEN = {
-    "scaled_dot_product_attention": lambda ops, calls: any("scaled_dot_product" in op for op in ops),
-    "nn_multihead_attention": lambda ops, calls: "nn.MultiheadAttention" in calls,
+    "scaled_dot_product_attention": lambda ops, calls: any(name in op for op in ops for name in SDPA_OPS),
+    "nn_multihead_attention": lambda ops, calls: (any(call in MHA_CALLS for call in calls)
+                                                  or any(name in op for op in ops for name in MHA_OPS)),
     "flex_attention": lambda ops, calls: any("flex_attention" in op for op in ops),
 }
 
@@ -75,6 +80,7 @@ def test_gradients(submission, inputs, rubric):
 
 
 @pytest.mark.part("mha")
+@pytest.mark.evidence("worker")
 def test_input_not_modified(submission, inputs):
     """the forward leaves its input unchanged"""
     _, module, shape = pair(submission, inputs, "short sequence")
@@ -108,17 +114,27 @@ def test_dropout(submission, inputs, rubric):
                  diagnose=lambda y: first_match(y, mha_dropout_variants(reference, x, seed)))
 
 
-def traced_matmuls(submission, inputs, heads):
-    _, module = build_pair(submission, inputs, "MultiHeadAttention", 12, 24, 6, 0.0, heads)
-    answer = submission.forward(module, inputs.randn(2, 6, 12), trace=True)
+def traced_matmuls(submission, inputs, rubric, heads):
+    """The matrix multiplies of one traced forward. The trace is the worker's word, so what the traced
+    forward computed must be right, and the same as an untraced forward of the same module and input:
+    a forward that behaves differently when observed gains nothing."""
+    reference, module = build_pair(submission, inputs, "MultiHeadAttention", 12, 24, 6, 0.0, heads)
+    x = inputs.randn(2, 6, 12)
+    answer = submission.forward(module, x, trace=True)
+    assert_close(answer.y, reference_forward(reference, x), "float64", rubric,
+                 f"output of the traced forward ({heads} heads)")
+    if not torch.equal(submission.forward(module, x).y, answer.y):
+        fail("the forward gave different outputs for the same input when its operations were traced and when "
+             "they were not: it must compute the same way whether or not it is observed")
     return count_matmuls(answer.ops or []), answer
 
 
 @pytest.mark.part("mha")
-def test_one_pass_for_all_heads(submission, inputs):
+@pytest.mark.evidence("worker")
+def test_one_pass_for_all_heads(submission, inputs, rubric):
     """the forward issues as many matrix multiplies for 12 heads as for 2 (no loop over heads)"""
-    two, _ = traced_matmuls(submission, inputs, 2)
-    twelve, _ = traced_matmuls(submission, inputs, 12)
+    two, _ = traced_matmuls(submission, inputs, rubric, 2)
+    twelve, _ = traced_matmuls(submission, inputs, rubric, 12)
     if twelve != two:
         fail(f"the forward issued {two} matrix multiplies for 2 heads and {twelve} for 12: the work grows "
              "with the number of heads, so the heads are computed one at a time (a loop over heads?). "
@@ -129,9 +145,10 @@ def test_one_pass_for_all_heads(submission, inputs):
 
 
 @pytest.mark.part("mha")
+@pytest.mark.evidence("worker")
 def test_no_ready_made_attention(submission, inputs, rubric):
     """the forward writes the attention itself (no scaled_dot_product_attention, nn.MultiheadAttention, flex)"""
-    _, answer = traced_matmuls(submission, inputs, 4)
+    _, answer = traced_matmuls(submission, inputs, rubric, 4)
     used = [name for name, found in FORBIDDEN.items()
             if not rubric.apis.get(name, False) and found(answer.ops or [], answer.python_calls or [])]
     if used:

@@ -46,6 +46,7 @@ def test_book_example(submission, rubric):
 
 
 @pytest.mark.part("wrapper")
+@pytest.mark.evidence("worker")
 def test_heads_run_once_in_order_on_same_input(submission, inputs):
     """each head is called once, in order, on the same input x"""
     _, module = build_pair(submission, inputs, "MultiHeadAttentionWrapper", 4, 2, 5, 0.0, 4)
@@ -73,6 +74,7 @@ def test_gradients(submission, inputs, rubric):
 
 
 @pytest.mark.part("wrapper")
+@pytest.mark.evidence("worker")
 def test_input_not_modified(submission, inputs):
     """the forward leaves its input unchanged"""
     _, module = build_pair(submission, inputs, "MultiHeadAttentionWrapper", 4, 2, 5, 0.0, 2)
