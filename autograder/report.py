@@ -19,8 +19,7 @@ def print_summary(run: GradingRun, visible_only: bool = False, console: Console 
     for part in run.parts():
         failure = part.first_failure
         problem = "" if failure is None else f"{failure.name}\n{failure.message}".strip()
-        label = part.part if part.title == part.part else f"{part.part}\n[dim]{escape(part.title)}[/dim]"
-        row = [label, f"{part.passed}/{part.total}"]
+        row = [part.part, f"{part.passed}/{part.total}"]
         if not visible_only:
             row.append(f"{part.score:.4g}/{part.max_score:.4g}")
         row.append(escape(_short(problem)))

@@ -94,8 +94,8 @@ def test_a_broken_installation_is_not_graded_as_zero(tmp_path, monkeypatch):
     """If the checks themselves cannot run, the grader says so and exits non-zero."""
     import autograder.grade as grade
 
-    checks = tmp_path / "checks"
-    shutil.copytree(grade.CHECKS_DIR, checks)
+    checks = tmp_path / "broken_checks"  # a package name of its own: pytest runs twice in this process
+    shutil.copytree(grade.CHECKS_DIR, checks, ignore=shutil.ignore_patterns("__pycache__"))
     (checks / "test_combine.py").write_text("import no_such_module_anywhere\n")
     monkeypatch.setattr(grade, "CHECKS_DIR", checks)
     submission = tmp_path / "mha.py"
@@ -110,8 +110,8 @@ def test_a_fault_in_a_check_is_the_graders_not_the_students(tmp_path, monkeypatc
     once caused) makes the run ungradable: no score, exit 2, the fault named; never points lost."""
     import autograder.grade as grade
 
-    checks = tmp_path / "checks"
-    shutil.copytree(grade.CHECKS_DIR, checks)
+    checks = tmp_path / "faulty_checks"  # a package name of its own: pytest runs twice in this process
+    shutil.copytree(grade.CHECKS_DIR, checks, ignore=shutil.ignore_patterns("__pycache__"))
     (checks / "test_quiz.py").write_text(
         (checks / "test_quiz.py").read_text().replace('    """the answer is right"""\n',
                                                       '    """the answer is right"""\n    {}["float32"]\n'))
