@@ -1,5 +1,5 @@
 # Every target that needs the virtualenv depends on `setup`, which (re)creates .venv only when it is
-# missing or when the dependency list (pyproject.toml, TORCH_SPEC) changed.
+# missing or when the dependency list (pyproject.toml, requirements.lock, TORCH_SPEC) changed.
 PYTHON     ?= python3
 VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -12,10 +12,13 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: setup test release grade check grade-one help
+.PHONY: setup test test-fast lint lock release grade check grade-one help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests"
+	@echo "make test-fast                 the quick tests only (no whole-submission grading, no CUDA)"
+	@echo "make lint                      ruff: lint and formatting"
+	@echo "make lock                      regenerate requirements.lock from pyproject.toml"
 	@echo "make grade                     grade every submission in assignments/submitted/"
 	@echo "make check SUBMISSION=mha.py   the visible checks, for students"
 	@echo "make grade-one SUBMISSION=...  grade one submission into OUT=results.json"
@@ -26,6 +29,16 @@ setup:
 
 test: setup
 	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow and not cuda"
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+lock:
+	@$(PYTHON) tools/lock.py --venv "$(VENV)" --torch "$(TORCH_SPEC)"
 
 release: setup
 	$(PY) -m autograder release

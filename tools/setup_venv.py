@@ -1,9 +1,12 @@
 """Create or refresh the project's virtualenv, only when it is missing or its inputs changed.
 
-The inputs are pyproject.toml and the torch requirement (TORCH_SPEC), so a GPU runner can ask for
-a CUDA build while the default stays the CPU wheel. Standard library only: it runs before the
-virtualenv exists.
+The inputs are pyproject.toml, requirements.lock and the torch requirement (TORCH_SPEC), so a GPU
+runner can ask for a CUDA build while the default stays the CPU wheel. Every package but torch is
+installed at the version requirements.lock pins (as pip constraints), so a grade does not change
+when a dependency releases; `make lock` regenerates the lock. Standard library only: it runs before
+the virtualenv exists.
 """
+
 import argparse
 import hashlib
 import os
@@ -15,6 +18,7 @@ import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+LOCK = ROOT / "requirements.lock"
 
 
 def main() -> int:
@@ -28,18 +32,19 @@ def main() -> int:
     env_dir = (ROOT / args.venv).resolve()
     python = env_dir / "bin" / "python"
     stamp = env_dir / ".inputs"
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + args.torch.encode()).hexdigest()
+    inputs = [(ROOT / "pyproject.toml").read_bytes(), LOCK.read_bytes(), args.torch.encode()]
+    digest = hashlib.sha256(b"\0".join(hashlib.sha256(part).digest() for part in inputs)).hexdigest()
 
     if python.exists() and stamp.exists() and stamp.read_text().strip() == digest:
         return 0
     if not python.exists():
         print(f"setup: creating {args.venv}", flush=True)
         venv.EnvBuilder(with_pip=True).create(env_dir)
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--constraint", str(LOCK)]
     print(f"setup: installing {args.torch}", flush=True)
     subprocess.run([*pip, *shlex.split(args.torch)], check=True)
-    print("setup: installing the project and its pinned dependencies", flush=True)
-    subprocess.run([*pip, "--editable", str(ROOT)], check=True)
+    print("setup: installing the project and its locked dependencies", flush=True)
+    subprocess.run([*pip, "--editable", f"{ROOT}[test]"], check=True)
     stamp.write_text(digest + "\n")
     return 0
 
