@@ -4,7 +4,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import REFERENCE, mutated_reference
+from helpers import REFERENCE, mutated_reference
 
 
 def autograder(*args, cwd):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import REFERENCE, grade, part_scores
+from helpers import REFERENCE, grade, part_scores
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

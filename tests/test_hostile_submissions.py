@@ -42,7 +42,7 @@ import pytest
 from autograder import submission as reader
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
 from autograder.sandbox.launcher import namespace_sandbox_available
-from conftest import REFERENCE, ROOT, failures, grade, part_scores
+from helpers import REFERENCE, ROOT, failures, grade, part_scores
 
 RELEASE = ROOT / "assignments" / "release" / "mha" / "mha.py"
 # Bounds on every grading here, whatever the submission does (measured on a shared 2-core machine with its
@@ -613,7 +613,7 @@ class Context:
 
     @property
     def out_file(self) -> Path:
-        return self.out_dir / "mha-results.json"  # what conftest.grade passes as --out
+        return self.out_dir / "mha-results.json"  # what helpers.grade passes as --out
 
 
 @dataclass(frozen=True)

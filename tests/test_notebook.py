@@ -87,7 +87,7 @@ def test_untouched_release_stops_only_at_the_stubs(tmp_path):
 
 
 def test_release_with_the_reference_solutions_gets_full_marks(tmp_path):
-    from conftest import grade
+    from helpers import grade
 
     path = tmp_path / "mha.ipynb"
     nbformat.write(filled_release(), path)

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from autograder.rubric import DEFAULT_RUBRIC, RubricError, load_rubric
-from conftest import REFERENCE
+from helpers import REFERENCE
 from rubric_text import rubric_file
 
 PACKAGED = DEFAULT_RUBRIC.read_text()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from conftest import failures, grade, mutated_reference, part_scores
+from helpers import failures, grade, mutated_reference, part_scores
 
 # The attention step of MultiHeadAttention.forward in the reference, from the scores to the context vectors.
 MHA_ATTENTION = """\

@@ -1,0 +1,45 @@
+"""Helpers for the project's tests: grading a file end to end, as an instructor would, and reading results."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = ROOT / "reference" / "mha.py"
+
+
+def grade(path: Path, out_dir: Path, *extra: str, timeout: float = 300) -> tuple[dict, subprocess.CompletedProcess]:
+    """Run `python -m autograder grade` on `path` in a separate process; return results.json and the run."""
+    out = out_dir / f"{Path(path).stem}-results.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "autograder", "grade", str(path), "--out", str(out), "--quiet", *extra],
+        capture_output=True, text=True, timeout=timeout, cwd=out_dir,
+    )
+    assert out.exists(), f"no results.json was written\nstdout: {run.stdout}\nstderr: {run.stderr}"
+    return json.loads(out.read_text()), run
+
+
+def part_scores(results: dict) -> dict[str, tuple[float, float]]:
+    """{part: (score, max_score)}, rounded to 2 decimals."""
+    totals: dict[str, list[float]] = {}
+    for test in results["tests"]:
+        entry = totals.setdefault(test["tags"][0], [0.0, 0.0])
+        entry[0] += test["score"]
+        entry[1] += test["max_score"]
+    return {part: (round(s, 2), round(m, 2)) for part, (s, m) in totals.items()}
+
+
+def failures(results: dict, part: str | None = None) -> list[dict]:
+    return [t for t in results["tests"] if t["status"] == "failed" and (part is None or t["tags"][0] == part)]
+
+
+def mutated_reference(tmp_path: Path, name: str, old: str, new: str, count: int = 1) -> Path:
+    """reference/mha.py with `old` replaced by `new` (which must occur exactly `count` times)."""
+    source = REFERENCE.read_text()
+    assert source.count(old) == count, f"{name}: {old!r} occurs {source.count(old)} times in reference/mha.py"
+    path = tmp_path / name / "mha.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source.replace(old, new))
+    return path
