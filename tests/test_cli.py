@@ -4,6 +4,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REFERENCE, mutated_reference
 
 
@@ -20,6 +22,7 @@ def test_missing_file_cannot_be_graded_but_still_gets_results(tmp_path):
     assert results["score"] == 0 and "could not be graded" in results["output"]
 
 
+@pytest.mark.slow  # a whole grading run
 def test_an_unreadable_notebook_is_graded_zero_with_the_reason(tmp_path):
     notebook = tmp_path / "mha.ipynb"
     notebook.write_text("{ this is not json")
@@ -30,6 +33,7 @@ def test_an_unreadable_notebook_is_graded_zero_with_the_reason(tmp_path):
     assert all("not a readable Jupyter notebook" in t["output"] for t in results["tests"])
 
 
+@pytest.mark.slow  # a whole grading run
 def test_check_runs_only_visible_checks_and_names_the_mistake(tmp_path):
     wrong = mutated_reference(tmp_path, "dim1", "return torch.cat(outputs, dim=-1)", "return torch.cat(outputs, dim=1)")
     run = autograder("check", wrong, cwd=tmp_path)
@@ -40,6 +44,7 @@ def test_check_runs_only_visible_checks_and_names_the_mistake(tmp_path):
     assert "points" not in run.stdout  # nor scores
 
 
+@pytest.mark.slow  # a whole grading run
 def test_grade_prints_a_summary_per_part(tmp_path):
     run = autograder("grade", REFERENCE, "--out", tmp_path / "r.json", cwd=tmp_path)
     assert run.returncode == 0
@@ -48,6 +53,7 @@ def test_grade_prints_a_summary_per_part(tmp_path):
     assert "Total: 100 / 100" in run.stdout
 
 
+@pytest.mark.slow  # a whole grading run
 def test_grade_class_grades_everyone_survives_crashes_and_resumes(tmp_path):
     course = tmp_path / "course"
     for student, source in {"ann": REFERENCE.read_text(), "bob": "import os\nos._exit(1)\n"}.items():
@@ -75,8 +81,10 @@ def test_grade_class_grades_everyone_survives_crashes_and_resumes(tmp_path):
     assert json.loads((course / "autograded/bob/mha/results.json").read_text())["score"] == 100
 
 
+@pytest.mark.slow  # a whole grading run
 def test_the_seed_is_recorded_and_a_run_can_be_reproduced(tmp_path):
-    wrong = mutated_reference(tmp_path, "scale", "attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)\n"
+    wrong = mutated_reference(tmp_path, "scale",
+                              "attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)\n"
                               "        attn_weights = self.dropout(attn_weights)\n\n        # Back to",
                               "attn_weights = torch.softmax(attn_scores / self.d_out ** 0.5, dim=-1)\n"
                               "        attn_weights = self.dropout(attn_weights)\n\n        # Back to")

@@ -1,6 +1,6 @@
 """Hostile submissions, graded end to end: every attack is contained and scored for what the code deserves.
 
-Student code only ever runs in the worker process (DESIGN.md, section 5). Each submission here attacks
+Student code only ever runs in the worker process, never in the grader. Each submission here attacks
 the grader in one way: it exits, hangs, crashes, hogs memory, floods its output, patches torch's
 comparisons, writes fake results and a conftest.py, steals the reference, caches or mutates, burns the
 CPU in the background, returns things that are not tensors, or hides its code between IPython magics.
@@ -31,10 +31,10 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import nbformat
 import pytest
@@ -43,6 +43,8 @@ from autograder import submission as reader
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
 from autograder.sandbox.launcher import namespace_sandbox_available
 from helpers import REFERENCE, ROOT, failures, grade, part_scores
+
+pytestmark = pytest.mark.slow  # every test grades whole submissions
 
 RELEASE = ROOT / "assignments" / "release" / "mha" / "mha.py"
 # Bounds on every grading here, whatever the submission does (measured on a shared 2-core machine with its
@@ -60,7 +62,7 @@ def percent_cells(source: str) -> list[tuple[str, str]]:
     """[(kind, body), ...] of a jupytext percent-format file: kind is "code" or "markdown"."""
     starts = [m.start() for m in _CELL.finditer(source)] + [len(source)]
     cells = []
-    for start, stop in zip(starts, starts[1:]):
+    for start, stop in zip(starts, starts[1:], strict=False):
         header, _, body = source[start:stop].partition("\n")
         if body.strip():
             cells.append(("markdown" if "[markdown]" in header else "code", body))
@@ -805,7 +807,7 @@ def graded(tmp_path_factory) -> dict[str, Graded]:
     ready = [case for case in CASES if not case.pending]
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
-            return dict(zip([case.id for case in ready], pool.map(run, ready)))
+            return dict(zip([case.id for case in ready], pool.map(run, ready), strict=True))
     finally:
         host_socket.close()
 

@@ -73,7 +73,8 @@ def test_untouched_release_stops_only_at_the_stubs(tmp_path):
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     first_error = next(i for i, cell in enumerate(code) if errors(cell))
     first_solution = next(i for i, cell in enumerate(code) if is_solution(cell))
-    assert first_error >= first_solution, f"cell {code[first_error].id} fails before any stub: {describe(code[first_error])}"
+    assert first_error >= first_solution, (
+        f"cell {code[first_error].id} fails before any stub: {describe(code[first_error])}")
     for cell in code:
         for error in errors(cell):
             assert error.ename == "NotImplementedError", (
@@ -93,4 +94,5 @@ def test_release_with_the_reference_solutions_gets_full_marks(tmp_path):
     nbformat.write(filled_release(), path)
     results, run = grade(path, tmp_path)
     assert run.returncode == 0, run.stderr
-    assert results["score"] == results["max_score"] == 100, [t["name"] for t in results["tests"] if t["status"] != "passed"]
+    assert results["score"] == results["max_score"] == 100, [
+        t["name"] for t in results["tests"] if t["status"] != "passed"]

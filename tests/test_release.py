@@ -25,7 +25,7 @@ GENERATED = (SOURCE, RELEASE_NB, RELEASE_PY)
 # What release_assignment reads; everything it writes is compared with the committed files.
 INPUTS = ("reference/mha.py", "autograder/rubric.toml", "assignments/nbgrader_config.py")
 
-# The student contract (DESIGN.md, section 3).
+# The student contract: what a submission defines, as the notebook's first cells state it.
 STUB_FUNCTIONS = ("combine", "make_2d_wrapper", "head_column_ranges", "split_columns", "fuse_heads")
 STUB_METHODS = {"MultiHeadAttentionWrapper": "forward", "MultiHeadAttention": "forward"}
 GIVEN_METHODS = {
@@ -115,7 +115,8 @@ def test_release_py_holds_the_contract():
 
     for name in STUB_FUNCTIONS:
         assert name in defs, f"the release has no function {name}"
-        assert ast.dump(defs[name].args) == ast.dump(ref_defs[name].args), f"{name}'s signature differs from the reference"
+        assert ast.dump(defs[name].args) == ast.dump(ref_defs[name].args), (
+            f"{name}'s signature differs from the reference")
         assert raises_not_implemented(defs[name].body), f"{name} is not a stub raising NotImplementedError"
 
     for cls in GIVEN_METHODS:
@@ -123,7 +124,8 @@ def test_release_py_holds_the_contract():
         methods = {n.name: n for n in defs[cls].body if isinstance(n, ast.FunctionDef)}
         ref_methods = {n.name: n for n in ref_defs[cls].body if isinstance(n, ast.FunctionDef)}
         for method in GIVEN_METHODS[cls]:
-            assert ast.dump(methods[method]) == ast.dump(ref_methods[method]), f"{cls}.{method} must be given as in the reference"
+            assert ast.dump(methods[method]) == ast.dump(ref_methods[method]), (
+                f"{cls}.{method} must be given as in the reference")
         if cls in STUB_METHODS:
             stub = methods[STUB_METHODS[cls]]
             assert ast.dump(stub.args) == ast.dump(ref_methods[stub.name].args)
@@ -135,7 +137,8 @@ def test_release_py_holds_the_contract():
             assigned.setdefault(node.targets[0].id, []).append(node.value)
     for name in CONSTANTS:
         assert name in assigned, f"the release does not define {name}"
-        assert all(isinstance(v, ast.Constant) and v.value is None for v in assigned[name]), f"{name} must be None in the release"
+        assert all(isinstance(v, ast.Constant) and v.value is None for v in assigned[name]), (
+            f"{name} must be None in the release")
 
 
 def test_release_code_imports_only_torch():
@@ -154,7 +157,7 @@ def test_release_py_has_the_notebooks_cells():
     """The grader splits a .py submission on `# %%` lines and runs each code cell by itself."""
     chunks = re.split(r"^# %%.*\n", (ROOT / RELEASE_PY).read_text(), flags=re.M)
     headers = re.findall(r"^# %%.*$", (ROOT / RELEASE_PY).read_text(), flags=re.M)
-    py_code = [chunk.strip() for header, chunk in zip(headers, chunks[1:]) if "[markdown]" not in header]
+    py_code = [chunk.strip() for header, chunk in zip(headers, chunks[1:], strict=True) if "[markdown]" not in header]
     nb = read_nb(RELEASE_NB)
     assert py_code == [cell.source.strip() for cell in code_cells(nb)]
     titles = [h for h in headers if "Self-check" in h]
@@ -176,7 +179,8 @@ def test_every_cell_has_nbgrader_metadata(path):
     assert all(grade_ids) and len(set(grade_ids)) == len(grade_ids), "every cell needs a unique grade_id"
     assert [cell.id for cell in nb.cells] == grade_ids, "cell ids are derived from grade_ids, so they are stable"
     tests = [cell for cell in nb.cells if is_test_cell(cell)]
-    assert [nbgrader(c)["grade_id"] for c in tests] == ["combine", "wrapper", "two_dim", "quiz", "columns", "mha", "fuse"]
+    assert [nbgrader(c)["grade_id"] for c in tests] == [
+        "combine", "wrapper", "two_dim", "quiz", "columns", "mha", "fuse"]
     for cell in tests:
         meta = nbgrader(cell)
         assert meta["grade_id"] in PART_IDS
@@ -193,7 +197,7 @@ def test_every_cell_has_nbgrader_metadata(path):
 def test_solution_cells_are_the_cells_with_solution_regions():
     source, release = read_nb(SOURCE), read_nb(RELEASE_NB)
     assert [c.id for c in source.cells] == [c.id for c in release.cells]
-    for before, after in zip(source.cells, release.cells):
+    for before, after in zip(source.cells, release.cells, strict=True):
         has_solution = "### BEGIN SOLUTION" in before.source
         assert nbgrader(before).get("solution") is has_solution, f"source cell {before.id}"
         assert nbgrader(after).get("solution") is has_solution, f"release cell {after.id}"

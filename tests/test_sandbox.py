@@ -159,6 +159,7 @@ queue = libc.mq_open(b"/mha-probe-{key}", os.O_CREAT | os.O_RDWR, 0o666, None)
     assert not Path(f"/dev/mqueue/mha-probe-{key}").exists()
 
 
+@pytest.mark.slow  # waits out a limit, a budget or a death
 @needs_cgroups
 @pytest.mark.parametrize("isolation", ["namespace", "process"])
 def test_a_process_limit_holds_and_every_process_is_killed(make_worker, isolation):
@@ -188,6 +189,7 @@ def fork_many(n):
     assert not [pid for pid in pids if alive(pid)]
 
 
+@pytest.mark.slow  # waits out a limit, a budget or a death
 @needs_cgroups
 def test_memory_is_limited_for_all_processes_together(make_worker):
     """Three children of 768 MiB each stay under a 2 GiB limit for the whole worker: the kernel ends
@@ -224,6 +226,7 @@ def children_using(count, mib):
     assert w.memory_peak is not None and w.memory_peak <= (2 << 30) + (64 << 20)
 
 
+@pytest.mark.slow  # waits out a limit, a budget or a death
 @needs_cgroups
 def test_a_cpu_quota_holds_for_all_processes_together(make_worker):
     source = """
@@ -243,6 +246,7 @@ def burners(n):
     assert used <= 0.5 * wall + 0.3, f"{used:.2f} CPU seconds in {wall:.2f} s with a quota of half a core"
 
 
+@pytest.mark.slow  # waits out a limit, a budget or a death
 def test_the_cpu_budget_of_the_submission_stops_a_burner(make_worker):
     source = """
 def burn():
@@ -275,6 +279,7 @@ time.sleep(300)
 """
 
 
+@pytest.mark.slow  # waits out a limit, a budget or a death
 @pytest.mark.parametrize("isolation", ["namespace", "process"])
 def test_the_worker_dies_with_its_grader(tmp_path, isolation):
     """A grader killed with SIGKILL takes its worker along (bwrap's --die-with-parent, PR_SET_PDEATHSIG);
@@ -304,6 +309,7 @@ def test_the_worker_dies_with_its_grader(tmp_path, isolation):
         assert not [p for p in pids if alive(p)]
 
 
+@pytest.mark.slow  # waits out a limit, a budget or a death
 @pytest.mark.parametrize("use_cgroups", [True, False])
 def test_orphans_and_setsid_children_are_killed(make_worker, use_cgroups):
     """A double-forked daemon (its parent gone) and a setsid child: both are killed when the worker is.

@@ -43,6 +43,7 @@ def test_student_exceptions_come_back_with_their_traceback(make_worker):
     assert 'File "<mha.py, cell 1>", line 2, in f' in info.value.traceback
 
 
+@pytest.mark.slow  # restarts the worker or waits out a deadline
 def test_a_hang_is_cut_at_the_deadline_and_not_retried(make_worker):
     w = make_worker("def spin():\n    while True:\n        pass\ndef ok():\n    return 1\n", request_seconds=1)
     started = time.monotonic()
@@ -57,6 +58,7 @@ def test_a_hang_is_cut_at_the_deadline_and_not_retried(make_worker):
     assert w.starts == 2  # killed after the hang, restarted for the next request
 
 
+@pytest.mark.slow  # restarts the worker or waits out a deadline
 def test_an_exit_inside_a_call_is_reported_and_the_worker_restarts(make_worker):
     w = make_worker("import os\ndef die():\n    os._exit(7)\ndef ok():\n    return 2\n")
     with pytest.raises(WorkerCrashed, match="exited with status 7"):
@@ -65,12 +67,14 @@ def test_an_exit_inside_a_call_is_reported_and_the_worker_restarts(make_worker):
     assert w.starts == 2
 
 
+@pytest.mark.slow  # restarts the worker or waits out a deadline
 def test_a_segfault_is_named(make_worker):
     w = make_worker("import ctypes\ndef crash():\n    ctypes.string_at(0)\n")
     with pytest.raises(WorkerCrashed, match="SIGSEGV"):
         w.request("call", fn="crash", args=[], kwargs={})
 
 
+@pytest.mark.slow  # restarts the worker or waits out a deadline
 def test_a_load_that_hangs_fails_once_and_is_remembered(make_worker):
     w = make_worker("while True:\n    pass\n", load_seconds=2)
     with pytest.raises(LoadFailed, match="within 2 s"):
@@ -92,6 +96,7 @@ def test_cells_that_raise_do_not_stop_the_load(make_worker):
         w.close()
 
 
+@pytest.mark.slow  # restarts the worker or waits out a deadline
 def test_memory_cap_turns_a_huge_allocation_into_an_error(make_worker):
     w = make_worker("import torch\ndef hog():\n    return torch.empty(16 * 2**30, dtype=torch.uint8).sum()\n",
                     memory_bytes=4 << 30)
@@ -148,6 +153,7 @@ def test_cells_keep_their_line_numbers_in_the_file(make_worker):
         w.close()
 
 
+@pytest.mark.slow  # waits out a budget or a suspension
 def test_the_whole_submission_has_one_time_budget(make_worker):
     w = make_worker("import time\ndef slow():\n    time.sleep(30)\n", request_seconds=20, submission_seconds=300)
     w.start()
@@ -160,6 +166,7 @@ def test_the_whole_submission_has_one_time_budget(make_worker):
     assert time.monotonic() - started < 15
 
 
+@pytest.mark.slow  # waits out a budget or a suspension
 @pytest.mark.parametrize("use_cgroups", [True, False])
 def test_suspend_stops_every_process_the_submission_started(make_worker, use_cgroups):
     """setsid children leave the worker's session but not its control group (or, without one, its process

@@ -18,6 +18,8 @@ import pytest
 
 from helpers import failures, grade, mutated_reference, part_scores
 
+pytestmark = pytest.mark.slow  # every test grades whole submissions
+
 # The attention step of MultiHeadAttention.forward in the reference, from the scores to the context vectors.
 MHA_ATTENTION = """\
         attn_scores = queries @ keys.transpose(2, 3)  # (b, H, T, T)
@@ -86,7 +88,8 @@ MISTAKES = [
             "    return MultiHeadAttentionWrapper(d_in, 2, context_length, dropout, num_heads=1, qkv_bias=qkv_bias)\n",
             {"two_dim": "all"}, "two_dim", "the exercise keeps num_heads=2"),
     Mistake("two_dim_head_changed", MAKE_2D,
-            "    wrapper = MultiHeadAttentionWrapper(d_in, 2, context_length, dropout, num_heads=2, qkv_bias=qkv_bias)\n"
+            "    wrapper = MultiHeadAttentionWrapper(d_in, 2, context_length, dropout, num_heads=2, "
+            "qkv_bias=qkv_bias)\n"
             "    for head in wrapper.heads:  # narrow each head's values to one column\n"
             "        head.W_value = nn.Linear(d_in, 1, bias=qkv_bias)\n"
             "    return wrapper\n",
