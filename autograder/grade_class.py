@@ -24,6 +24,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from autograder.atomic import open_atomically
+from autograder.devices import NoDevice, Placement, placement_for
 from autograder.model import GradingRun
 from autograder.rubric import DEFAULT_RUBRIC, RubricError, load_rubric
 from autograder.shard import Shard, engine_index_in
@@ -82,17 +83,22 @@ def up_to_date(job: Job, rubric: Path) -> GradingRun | None:
     return run if run is not None and run.graded else None
 
 
-def grade_one(job: Job, device: str, rubric: Path, timeout: float) -> GradingRun:
+def grade_one(job: Job, device: str, rubric: Path, timeout: float, env: dict[str, str] | None = None) -> GradingRun:
     job.results.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "autograder", "grade", str(job.submission), "--out", str(job.results),
                "--device", device, "--rubric", str(rubric), "--quiet"]
     try:
-        subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
         reason = "no readable results.json was written"
     except subprocess.TimeoutExpired:
         reason = f"grading took more than {timeout:g} s and was stopped"
     run = read_run(job.results)
     return run if run is not None else GradingRun(status="cannot_grade", submission=job.submission.name, reason=reason)
+
+
+def grade_placed(placement: Placement, job: Job, rubric: Path, timeout: float) -> GradingRun:
+    with placement.slot() as env:
+        return grade_one(job, placement.device, rubric, timeout, env)
 
 
 def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, jobs: int | None = None,
@@ -101,16 +107,20 @@ def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, 
     rubric = rubric or DEFAULT_RUBRIC
     try:
         timeout = load_rubric(rubric).limit("class_seconds")
-    except RubricError as exc:
+        placement = placement_for(device)
+    except (RubricError, NoDevice) as exc:
         console.print(f"cannot grade: {exc}", style="red", markup=False)
         return EXIT_CANNOT_GRADE
-    jobs = jobs or 2
+    jobs = jobs or max(2, len(placement.devices))
     todo, empty = find_submissions(course)
     if shard is not None:
         todo, empty = shard_share(console, shard, todo, empty)
     elif engine_variable := engine_index_in():
         console.print(f"[yellow]{engine_variable} is set, but without --shard this grades the whole class; "
                       "--shard auto grades this task's share[/]")
+    if placement.devices:
+        console.print(f"{jobs} at a time on {len(placement.devices)} CUDA device(s): "
+                      f"{', '.join(placement.devices)}, one per grading process")
     warn_empty(console, empty)
     results: dict[str, GradingRun] = {}
     pending = []
@@ -123,7 +133,7 @@ def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, 
     console.print(f"{len(todo)} submissions: {len(pending)} to grade, {len(todo) - len(pending)} already graded")
     with Progress(console=console) as progress, ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         task = progress.add_task("grading", total=len(pending))
-        futures = {pool.submit(grade_one, job, device, rubric, timeout): job for job in pending}
+        futures = {pool.submit(grade_placed, placement, job, rubric, timeout): job for job in pending}
         for future in as_completed(futures):
             job = futures[future]
             results[job.student] = future.result()
