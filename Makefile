@@ -15,13 +15,14 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: setup test release grade merge check grade-one help
+.PHONY: setup test release grade merge grade-slurm check grade-one help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests"
 	@echo "make grade                     grade every submission in assignments/submitted/"
 	@echo "make grade SHARD=K/N           grade shard K of N (K from 0) only; SHARD=auto in a Slurm array task"
 	@echo "make merge                     the class's outputs from every shard's results, grading nothing"
+	@echo "make grade-slurm SHARDS=4      grade on a Slurm cluster: a job array and a merge job (tools/slurm/)"
 	@echo "make check SUBMISSION=mha.py   the visible checks, for students"
 	@echo "make grade-one SUBMISSION=...  grade one submission into OUT=results.json"
 	@echo "make release                   regenerate the student release from reference/"
@@ -46,3 +47,6 @@ grade: setup
 
 merge: setup
 	$(PY) -m autograder grade-class "$(COURSE)" --merge
+
+grade-slurm: setup
+	COURSE="$(COURSE)" VENV="$(VENV)" tools/slurm/submit.sh
