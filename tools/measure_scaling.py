@@ -84,6 +84,23 @@ def grade_on_slurm(course: Path, shards: int, jobs: int, env: dict, logs: Path) 
             "merge_started": merge["StartTime"] - zero, "merge_ended": merge["EndTime"] - zero}
 
 
+def time_big_merge(graded: Path, course: Path, students: int) -> dict:
+    """A class of `students`, each with a copy of one of `graded`'s submissions and its results, merged."""
+    sources = sorted(graded.glob("submitted/*/mha/mha.*"))
+    for number in range(students):
+        source = sources[number % len(sources)]
+        student = f"m{number + 1:05d}"
+        target = course / "submitted" / student / "mha" / source.name
+        target.parent.mkdir(parents=True)
+        shutil.copy(source, target)
+        results = course / "autograded" / student / "mha" / "results.json"
+        results.parent.mkdir(parents=True)
+        shutil.copyfile(graded / "autograded" / source.parent.parent.name / "mha" / "results.json", results)
+    started = time.monotonic()
+    run([*AUTOGRADER, course, "--merge"])
+    return {"students": students, "wall_s": round(time.monotonic() - started, 2)}
+
+
 def grades(course: Path) -> dict[str, dict]:
     with (course / "grades.csv").open(newline="") as handle:
         return {row["student"]: {k: v for k, v in row.items() if k != "problem"} for row in csv.DictReader(handle)}
@@ -99,6 +116,8 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=2, help="grading processes at once in the local run (default 2)")
     parser.add_argument("--ways", default="local,shards,slurm")
+    parser.add_argument("--merge-class", type=int, default=0, metavar="M",
+                        help="also time a merge of M students, made of copies of the first way's results")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     ways = args.ways.split(",")
@@ -138,6 +157,9 @@ def main() -> int:
             if way == "slurm":
                 report["ways"][way]["slurm_times_s"] = slurm_times
             print(f"{way:7s} {wall:7.1f} s  ({how}; load {load_before:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
+        if args.merge_class:
+            report["merge_class"] = time_big_merge(scratch / ways[0], scratch / "big", args.merge_class)
+            print(f"merge of {args.merge_class} students: {report['merge_class']['wall_s']} s", flush=True)
     baseline = next(iter(report["ways"].values()))["grades"]
     for way, result in report["ways"].items():
         result["grades_identical_to_first"] = result.pop("grades") == baseline
