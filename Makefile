@@ -6,13 +6,16 @@ TORCH_SPEC ?= torch==2.13.0
 DEVICE     ?= auto
 SUBMISSION ?= assignments/release/mha/mha.py
 OUT        ?= results.json
+COURSE     ?= assignments
+JOBS       ?=
+SHARD      ?=
 
 BIN := $(abspath $(VENV))/bin
 # nbgrader runs `alembic` as a subprocess, so the virtualenv's bin/ must be on PATH.
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: setup test test-fast lint lock release grade check grade-one help
+.PHONY: setup test test-fast lint lock release grade merge grade-slurm check grade-one help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests"
@@ -20,6 +23,9 @@ help:
 	@echo "make lint                      ruff: lint and formatting"
 	@echo "make lock                      regenerate requirements.lock from pyproject.toml"
 	@echo "make grade                     grade every submission in assignments/submitted/"
+	@echo "make grade SHARD=K/N           grade shard K of N (K from 0) only; SHARD=auto in a Slurm array task"
+	@echo "make merge                     the class's outputs from every shard's results, grading nothing"
+	@echo "make grade-slurm SHARDS=4      grade on a Slurm cluster: a job array and a merge job (tools/slurm/)"
 	@echo "make check SUBMISSION=mha.py   the visible checks, for students"
 	@echo "make grade-one SUBMISSION=...  grade one submission into OUT=results.json"
 	@echo "make release                   regenerate the student release from reference/"
@@ -50,4 +56,10 @@ grade-one: setup
 	$(PY) -m autograder grade "$(SUBMISSION)" --device $(DEVICE) --out "$(OUT)"
 
 grade: setup
-	$(PY) -m autograder grade-class assignments --device $(DEVICE)
+	$(PY) -m autograder grade-class "$(COURSE)" --device $(DEVICE) $(if $(JOBS),--jobs $(JOBS)) $(if $(SHARD),--shard $(SHARD))
+
+merge: setup
+	$(PY) -m autograder grade-class "$(COURSE)" --merge
+
+grade-slurm: setup
+	COURSE="$(COURSE)" VENV="$(VENV)" tools/slurm/submit.sh

@@ -41,14 +41,19 @@ def main(argv: list[str] | None = None) -> int:
     klass.add_argument("course", type=Path, nargs="?", default=Path("assignments"))
     klass.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     klass.add_argument("--rubric", type=Path, default=None)
-    klass.add_argument("--jobs", type=int, default=2, help="submissions graded at once")
+    klass.add_argument("--jobs", type=int, default=None,
+                       help="submissions graded at once (default: 2, or the number of CUDA devices if more)")
     klass.add_argument("--force", action="store_true", help="regrade even what is up to date")
+    klass.add_argument("--shard", default=None, metavar="K/N",
+                       help="grade only shard K of N (K from 0 to N-1), writing only those students' results; "
+                            "'auto' or 'auto/N' reads K (and N) from a Slurm array task or a Kubernetes indexed job")
+    klass.add_argument("--merge", action="store_true",
+                       help="grade nothing: write the class's outputs from the results already there; "
+                            "exits 1, writing nothing, when a student's results are missing")
 
     args = parser.parse_args(argv)
     if args.command == "grade-class":
-        from autograder.grade_class import grade_class
-
-        return grade_class(args.course, device=args.device, rubric=args.rubric, jobs=args.jobs, force=args.force)
+        return grade_class_command(parser, args)
     if args.command == "release":
         from autograder.release import release_assignment
 
@@ -62,6 +67,27 @@ def main(argv: list[str] | None = None) -> int:
                       visible_only=visible_only, quiet=getattr(args, "quiet", False), isolation=args.isolation,
                       seed=getattr(args, "seed", None))
     return grade_command(args.submission, options)
+
+
+def grade_class_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from autograder.grade_class import grade_class, merge_class
+    from autograder.shard import ShardError, parse_shard
+
+    if not (args.course / "submitted").is_dir():
+        parser.error(f"{args.course} is not a course folder: it has no submitted/ folder")
+    if args.merge:
+        if args.shard or args.force:
+            parser.error("--merge grades nothing, so it takes neither --shard nor --force")
+        return merge_class(args.course, rubric=args.rubric)
+    if args.jobs is not None and args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    try:
+        shard = parse_shard(args.shard) if args.shard else None
+    except ShardError as exc:
+        parser.error(str(exc))
+    return grade_class(args.course, device=args.device, rubric=args.rubric, jobs=args.jobs, force=args.force,
+                       shard=shard)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,147 @@
+"""Where a class's grading processes run: one visible GPU each, spread evenly; timing one at a time per device.
+
+With several GPUs, `grade-class --device cuda --jobs J` keeps J grading processes going and gives
+each one the GPU that has the fewest processes on it, pinned with CUDA_VISIBLE_DEVICES, so a
+process (and the student's worker it starts, which inherits the variable) sees exactly one device.
+Correctness checks of several submissions may share a GPU; timing must not: `timing_lock` is a
+lock per physical device, held across processes, that the code timing a submission takes around
+its timed section, so two timings never overlap on one device (nor on the CPU).
+
+Everything here except `cuda_device_count` and `device_key` is plain logic, tested without a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def visible_devices(environ: Mapping[str, str], device_count: int) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entries, one per device torch can use, that a child can be pinned to.
+
+    Without CUDA_VISIBLE_DEVICES every device is visible, by index. With it, its entries (indices,
+    GPU-... or MIG-... UUIDs) are kept in order; CUDA stops at the first invalid one, which is why
+    only as many as torch counts are kept.
+    """
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return [str(index) for index in range(device_count)]
+    entries = [entry.strip() for entry in listed.split(",")]
+    return [entry for entry in entries if entry][:device_count]
+
+
+class DevicePool:
+    """Hands a grading process the device with the fewest processes on it (the first such, on a tie)."""
+
+    def __init__(self, devices: Sequence[str]):
+        if not devices:
+            raise ValueError("a device pool needs at least one device")
+        self.devices = list(devices)
+        self.running = dict.fromkeys(self.devices, 0)
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def device(self) -> Iterator[str]:
+        with self._lock:
+            chosen = min(self.devices, key=lambda device: self.running[device])
+            self.running[chosen] += 1
+        try:
+            yield chosen
+        finally:
+            with self._lock:
+                self.running[chosen] -= 1
+
+
+@dataclass
+class Placement:
+    """How each grading process of a class is started: the `--device` it gets and, on CUDA, its GPU."""
+
+    device: str  # "cpu" or "cuda"
+    pool: DevicePool | None = None
+    base_environment: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[dict[str, str] | None]:
+        """The environment of one grading process: None (inherit) on the CPU, pinned to one GPU on CUDA."""
+        if self.pool is None:
+            yield None
+            return
+        with self.pool.device() as device:
+            yield {**self.base_environment, "CUDA_VISIBLE_DEVICES": device}
+
+    @property
+    def devices(self) -> list[str]:
+        return list(self.pool.devices) if self.pool else []
+
+
+class NoDevice(RuntimeError):
+    """--device cuda was asked for and no CUDA device is visible."""
+
+
+def placement_for(device: str, environ: Mapping[str, str] | None = None,
+                  device_count: int | None = None) -> Placement:
+    """The placement for `--device auto|cpu|cuda` (`device_count`: torch's count, looked up if None)."""
+    environ = dict(os.environ if environ is None else environ)
+    if device == "cpu":
+        return Placement("cpu", None, environ)
+    devices = visible_devices(environ, cuda_device_count() if device_count is None else device_count)
+    if not devices:
+        if device == "cuda":
+            raise NoDevice("--device cuda was asked for, but torch sees no CUDA device"
+                           + (f" (CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r})"
+                              if "CUDA_VISIBLE_DEVICES" in environ else ""))
+        return Placement("cpu", None, environ)
+    return Placement("cuda", DevicePool(devices), environ)
+
+
+def cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+# --- one timing section at a time per device, across processes ------------------------------------
+
+TIMING_LOCK_VARIABLE = "AUTOGRADER_TIMING_LOCK"
+
+
+def device_key(device: str) -> str:
+    """A name for the physical device this process times on: "cpu", or the GPU's UUID (its
+    CUDA_VISIBLE_DEVICES entry where torch cannot tell), stable whatever the process's numbering."""
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
+    if uuid is not None:
+        return f"cuda-{uuid}"
+    visible = visible_devices(os.environ, torch.cuda.device_count())
+    return f"cuda-{visible[torch.cuda.current_device()]}" if visible else "cuda"
+
+
+def timing_lock_path(key: str, environ: Mapping[str, str] | None = None) -> Path:
+    """$AUTOGRADER_TIMING_LOCK when set, else one lock file per device key in the machine's temp folder."""
+    environ = os.environ if environ is None else environ
+    if environ.get(TIMING_LOCK_VARIABLE):
+        return Path(environ[TIMING_LOCK_VARIABLE])
+    return Path(tempfile.gettempdir()) / f"mha-autograder-timing-{re.sub(r'[^A-Za-z0-9._-]', '_', key)}.lock"
+
+
+@contextlib.contextmanager
+def timing_lock(key: str, environ: Mapping[str, str] | None = None) -> Iterator[Path]:
+    """Hold the device's timing lock (an flock, so it is released if the holder dies) while timing."""
+    path = timing_lock_path(key, environ)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Read-only is enough for flock, so a lock file another user created still works.
+    descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield path
+    finally:
+        os.close(descriptor)  # closing releases the lock

@@ -1,0 +1,171 @@
+"""Spreading a class over several GPUs and serialising timing per device, tested with made-up device
+counts (no GPU needed); the CUDA test at the end runs it for real where a device is present."""
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+
+import pytest
+
+from autograder import devices, grade_class
+from autograder.devices import DevicePool, NoDevice, placement_for, timing_lock, timing_lock_path, visible_devices
+from autograder.model import GradingRun
+from conftest import REFERENCE
+
+
+def test_visible_devices_without_and_with_cuda_visible_devices():
+    assert visible_devices({}, 3) == ["0", "1", "2"]
+    assert visible_devices({}, 0) == []
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "2,5"}, 2) == ["2", "5"]
+    uuids = "GPU-8f1c2a4e-0000-0000-0000-000000000001,MIG-5d1f0b3a-0000-0000-0000-000000000002"
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": uuids}, 2) == uuids.split(",")
+    # CUDA stops at the first entry it cannot use; torch's count says how many it kept
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "1,7,2"}, 1) == ["1"]
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": ""}, 0) == []
+
+
+def test_the_pool_gives_each_process_the_least_busy_device():
+    pool = DevicePool(["0", "1", "2"])
+    with contextlib.ExitStack() as held:
+        got = [held.enter_context(pool.device()) for _ in range(5)]
+        assert got == ["0", "1", "2", "0", "1"]
+        assert pool.running == {"0": 2, "1": 2, "2": 1}
+    assert pool.running == {"0": 0, "1": 0, "2": 0}
+    with pool.device(), pool.device() as second:
+        assert second == "1"
+        with pool.device():
+            pass  # released at once: device 2 is free again
+        with pool.device() as fourth:
+            assert fourth == "2"
+
+
+def test_placement_on_cpu_and_on_made_up_gpus():
+    cpu = placement_for("cpu", environ={}, device_count=8)
+    assert cpu.device == "cpu" and cpu.devices == []
+    with cpu.slot() as env:
+        assert env is None  # the grading process inherits the environment as it is
+    assert placement_for("auto", environ={}, device_count=0).device == "cpu"
+    with pytest.raises(NoDevice, match="torch sees no CUDA device"):
+        placement_for("cuda", environ={}, device_count=0)
+    gpus = placement_for("auto", environ={"CUDA_VISIBLE_DEVICES": "3,1", "HOME": "/home/x"}, device_count=2)
+    assert gpus.device == "cuda" and gpus.devices == ["3", "1"]
+    with gpus.slot() as first, gpus.slot() as second:
+        assert (first["CUDA_VISIBLE_DEVICES"], second["CUDA_VISIBLE_DEVICES"]) == ("3", "1")
+        assert first["HOME"] == "/home/x"  # the rest of the environment is kept
+
+
+def test_grade_class_pins_every_grading_process_to_one_device(tmp_path, monkeypatch):
+    """A class of 12 on 3 made-up GPUs with 6 processes at once: each process gets one device, never more
+    than 2 share one, and every device is used. grade_one is replaced, so nothing is graded for real."""
+    course = tmp_path / "course"
+    for number in range(12):
+        folder = course / "submitted" / f"s{number:02d}" / "mha"
+        folder.mkdir(parents=True)
+        (folder / "mha.py").write_text("x = 1\n")
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 3)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    lock = threading.Lock()
+    running: dict[str, int] = {}
+    most: dict[str, int] = {}
+    seen = []
+    all_started = threading.Barrier(6, timeout=30)
+
+    def fake_grade_one(job, device, rubric, timeout, env=None):
+        pinned = env["CUDA_VISIBLE_DEVICES"]
+        with lock:
+            running[pinned] = running.get(pinned, 0) + 1
+            most[pinned] = max(most.get(pinned, 0), running[pinned])
+            seen.append((job.student, device, pinned))
+        if len(seen) <= 6:
+            all_started.wait()  # the first six overlap for certain
+        with lock:
+            running[pinned] -= 1
+        return GradingRun(status="graded", submission=job.submission.name)
+
+    monkeypatch.setattr(grade_class, "grade_one", fake_grade_one)
+    assert grade_class.grade_class(course, device="cuda", jobs=6) == 0
+    assert len(seen) == 12 and {device for _, device, _ in seen} == {"cuda"}
+    assert sorted(most) == ["0", "1", "2"] and max(most.values()) == 2
+
+
+def test_grade_class_says_so_when_cuda_is_asked_for_and_absent(tmp_path, monkeypatch, capsys):
+    (tmp_path / "course" / "submitted").mkdir(parents=True)
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    assert grade_class.grade_class(tmp_path / "course", device="cuda") == grade_class.EXIT_CANNOT_GRADE
+    assert "torch sees no CUDA device" in capsys.readouterr().out
+
+
+# --- timing: one at a time per device, across processes --------------------------------------------
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from autograder.devices import timing_lock
+    with timing_lock(sys.argv[1]):
+        print("holding", flush=True)
+        time.sleep(600)
+""")
+
+
+def try_lock(path) -> bool:
+    """Whether the lock at `path` is free now (taken and released at once, without waiting)."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(descriptor)
+
+
+def test_a_timing_lock_is_held_across_processes_per_device_and_freed_when_its_holder_dies(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this process's temp folder, and the holder's:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, "cuda-GPU-aaaa"], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        held, other = timing_lock_path("cuda-GPU-aaaa"), timing_lock_path("cuda-GPU-bbbb")
+        assert held.parent == tmp_path and held != other
+        assert not try_lock(held)  # the same device: busy
+        assert try_lock(other)  # another device: free
+    finally:
+        holder.kill()
+        holder.wait()
+    assert try_lock(held)  # the holder was killed mid-timing: the lock is free again
+    with timing_lock("cuda-GPU-aaaa") as path:
+        assert path == held and not try_lock(held)
+
+
+def test_the_timing_lock_file_can_be_named(tmp_path):
+    chosen = tmp_path / "locks" / "gpu0.lock"
+    with timing_lock("cpu", environ={devices.TIMING_LOCK_VARIABLE: str(chosen)}) as path:
+        assert path == chosen and not try_lock(chosen)
+    assert try_lock(chosen)
+
+
+# --- for real, where CUDA is present ---------------------------------------------------------------
+
+@pytest.mark.cuda
+def test_a_class_on_cuda_pins_each_process_to_a_visible_device(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    course = tmp_path / "course"
+    for student in ("ann", "bob", "cat"):
+        folder = course / "submitted" / student / "mha"
+        folder.mkdir(parents=True)
+        (folder / "mha.py").write_text(REFERENCE.read_text())
+    run = subprocess.run([sys.executable, "-m", "autograder", "grade-class", course, "--device", "cuda", "--jobs", "3"],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"on {torch.cuda.device_count()} CUDA device(s)" in " ".join(run.stdout.split())
+    for student in ("ann", "bob", "cat"):
+        results = json.loads((course / "autograded" / student / "mha" / "results.json").read_text())
+        assert results["extra_data"]["device"] == "cuda" and results["score"] == results["max_score"]
+    key = devices.device_key("cuda")
+    assert key.startswith("cuda-") and key != "cuda-"

@@ -1,0 +1,60 @@
+"""deploy/kubernetes/: the manifests are valid Kubernetes objects (checked offline against the
+schemas kubernetes-validate ships), and the grading Job shards the class the way the grader expects."""
+import re
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from autograder.shard import Shard, parse_shard
+from conftest import ROOT
+
+MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
+KUBERNETES_VERSION = "1.33.0"  # backoffLimitPerIndex is stable from 1.33
+
+
+def documents(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def test_there_are_a_grading_job_a_merge_job_and_their_volume():
+    kinds = sorted((doc["kind"], doc["metadata"]["name"]) for path in MANIFESTS for doc in documents(path))
+    assert kinds == [("Job", "mha-grade-class"), ("Job", "mha-merge"), ("PersistentVolumeClaim", "mha-course")]
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_each_manifest_is_valid_against_the_kubernetes_schema(path):
+    for doc in documents(path):
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)  # raises on any error
+
+
+@pytest.mark.parametrize("change, complaint", [
+    (lambda job: job["spec"].update(completionMod="Indexed"), "completionMod"),  # a misspelt field
+    (lambda job: job["spec"].update(completions="four"), "four"),
+    (lambda job: job["spec"]["template"]["spec"]["containers"][0].pop("name"), "name"),
+])
+def test_the_schema_check_catches_a_broken_job(change, complaint):
+    job = documents(ROOT / "deploy" / "kubernetes" / "grade-class-job.yaml")[0]
+    change(job)
+    with pytest.raises(kubernetes_validate.ValidationError, match=complaint):
+        kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_grading_job_gives_each_pod_one_shard_and_one_gpu():
+    job = documents(ROOT / "deploy" / "kubernetes" / "grade-class-job.yaml")[0]
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    container = spec["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    command = container["command"]
+    assert command[:4] == [".venv/bin/python", "-m", "autograder", "grade-class"]
+    shard = command[command.index("--shard") + 1]
+    assert re.fullmatch(r"auto/\d+", shard)
+    # every completion index Kubernetes hands out is a shard of the same class, and together they cover it
+    shards = [parse_shard(shard, environ={"JOB_COMPLETION_INDEX": str(i)}) for i in range(spec["completions"])]
+    assert shards == [Shard(i, spec["completions"]) for i in range(spec["completions"])]
+    assert spec["parallelism"] <= spec["completions"]
+    merge = documents(ROOT / "deploy" / "kubernetes" / "merge-job.yaml")[0]
+    assert merge["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["/course", "--merge"]
+    assert "nvidia.com/gpu" not in str(merge)  # merging grades nothing: no GPU
