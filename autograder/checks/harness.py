@@ -337,6 +337,9 @@ _INTERNAL_ERRORS = (
     ("grad", re.compile(r"does not require grad and does not have a grad_fn", re.I),
      "{function}'s output is not connected to its input and weights, so no gradient can reach them: no "
      ".detach(), .data or torch.no_grad(), and no new tensor built from plain numbers"),
+    ("inplace", re.compile(r"leaf Variable that requires grad is being used in an in-place operation|"
+                           r"modified by an inplace operation", re.I),
+     "{function} changes a tensor in place that gradients need (its input x?): work on new tensors instead"),
     ("view", re.compile(r"view size is not compatible with input tensor's size and stride", re.I),
      "{function} calls .view() on a tensor that is no longer laid out row by row (after a transpose): "
      "use .contiguous().view(...) or .reshape(...)"),
@@ -347,7 +350,7 @@ def in_student_terms(message: str, function: str, *, tokens: int | None = None,
                      context_length: int | None = None, hints: dict[str, str] | None = None) -> str:
     """A failure message with PyTorch's internal errors (sizes, dtypes, devices, views) explained in the
     student's terms, naming the function to fix; `hints` overrides the explanation of a kind of error
-    ("size", "dtype", "device", "grad", "view"). Messages that are no such error come back unchanged."""
+    ("size", "dtype", "device", "grad", "inplace", "view"). Messages that are no such error come back unchanged."""
     hints = hints or {}
     size = _SIZE_ERROR.search(message)
     if size and tokens is not None and context_length is not None and tokens != context_length \

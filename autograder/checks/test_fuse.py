@@ -119,9 +119,9 @@ def test_fused_output_equals_wrapper(submission, inputs, rubric, device, case):
                            state_dict=right, dtype=dtype)
     x = inputs.randn(3, context - 1, d_in, dtype=dtype)
     mine, own_problem = attempt(submission.forward, own, x)
-    answer, problem = attempt(submission.forward, fused, x)
     if own_problem is not None:
         return  # your MultiHeadAttention.forward fails on its own (see mha): nothing here to compare with
+    answer, problem = attempt(submission.forward, fused, x)
     if problem is not None:
         if device != "cpu" and "device" in problem:
             return  # charged in test_keeps_dtype_and_device

@@ -752,8 +752,8 @@ def _check_mha():
     torch.manual_seed(0)
     d_in, d_out, num_heads, context_length, num_tokens = 5, 6, 3, 8, 4
     mha = MultiHeadAttention(d_in, d_out, context_length, 0.0, num_heads, qkv_bias=True).double()
-    x = torch.randn(2, num_tokens, d_in, dtype=torch.float64, requires_grad=True)
-    x_before = x.detach().clone()
+    x = torch.randn(2, num_tokens, d_in, dtype=torch.float64)
+    x_before = x.clone()
     try:
         out = mha(x)
     except RuntimeError as error:
@@ -763,9 +763,11 @@ def _check_mha():
             f"forward fails for {num_tokens} tokens with context_length {context_length}: cut the causal mask "
             "to T x T, so that sequences shorter than context_length work"
         ) from error
-    assert torch.equal(x.detach(), x_before), "forward modified its input x in place"
+    assert torch.equal(x, x_before), "forward modified its input x in place; work on new tensors instead"
     assert out.dtype == torch.float64, f"a float64 input gave a {out.dtype} output; keep the input's dtype"
-    _compare_mha(mha, x.detach(), out, f"3 heads, bias, {num_tokens} of {context_length} tokens", tolerance=1e-9)
+    _compare_mha(mha, x, out, f"3 heads, bias, {num_tokens} of {context_length} tokens", tolerance=1e-9)
+    x.requires_grad_(True)
+    out = mha(x)
     assert out.requires_grad, "the output is not connected to the weights: no .detach(), .data or torch.no_grad()"
     out.sum().backward()
     assert x.grad is not None and all(p.grad is not None for p in mha.parameters()), (
@@ -849,6 +851,8 @@ def _check_fuse():
         width = head_width * num_heads
         try:
             fused = fuse_heads(wrapper)
+        except NotImplementedError:
+            raise
         except RuntimeError as error:
             ranges = [tuple(r) for r in head_column_ranges(width, num_heads)]
             half_open = ranges[0][0] == 0 and ranges[-1][1] == width and all(
