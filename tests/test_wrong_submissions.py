@@ -86,7 +86,9 @@ class Mistake:
     old: str  # a snippet of reference/mha.py (it must occur exactly once) ...
     new: str  # ... and what the student wrote instead
     fails: dict[str, tuple[str, ...]]  # part -> the checks that fail ("name": every case, "name~": some cases)
-    says: dict[str, str | tuple[str, ...]]  # part -> words its failure outputs must contain (case-insensitive)
+    # part -> words its failures must contain (case-insensitive); the first words in its first failure, the
+    # one the summary shows
+    says: dict[str, str | tuple[str, ...]]
     more: tuple[tuple[str, str], ...] = ()  # further (old, new) replacements in the same submission
 
 
@@ -119,8 +121,8 @@ MISTAKES = [
             "dtype=outputs[0].dtype)",
             {"combine": ("test_book_example", "test_concatenates_heads", "test_keeps_dtype"),
              "wrapper": WRAPPER_ALL, "mha": MHA_ALL},
-            {"wrapper": "counts only once the output on this check's input is right",
-             "mha": "counts only once the output on this check's input is right"},
+            {"wrapper": ("values differ from the reference", "counts only once the output on this check's input is right"),
+             "mha": ("values differ from the reference", "counts only once the output on this check's input is right")},
             more=((WRAPPER_RETURN, "return torch.zeros(*x.shape[:-1], len(outputs) * outputs[0].shape[-1], "
                                    "dtype=x.dtype)"),
                   (MHA_RETURN, "return torch.zeros_like(self.out_proj(context_vec))"))),
@@ -129,8 +131,8 @@ MISTAKES = [
             "outputs = [head(x) for head in reversed(self.heads)]",
             {"wrapper": ("test_book_example", "test_heads_run_once_in_order_on_same_input", "test_matches_reference~",
                          "test_input_not_modified", "test_gradients", "test_dropout")},
-            {"wrapper": ("the heads ran in the order [3, 2, 1, 0]",
-                         "Likely mistake: the heads' outputs are combined in the wrong order", common.INCONSISTENT_ORDER)}),
+            {"wrapper": ("Likely mistake: the heads' outputs are combined in the wrong order",
+                         "the heads ran in the order [3, 2, 1, 0]", common.INCONSISTENT_ORDER)}),
     # --- two_dim
     Mistake("two_dim_one_head_of_width_two", MAKE_2D,
             "    return MultiHeadAttentionWrapper(d_in, 2, context_length, dropout, num_heads=1, qkv_bias=qkv_bias)\n",
@@ -342,9 +344,12 @@ def test_wrong_submission_loses_exactly_its_points(mistake, graded, reference_re
         assert score == pytest.approx(maximum - sum(t["max_score"] - t["score"] for t in tests), abs=0.01)
 
     for part, says in mistake.says.items():
+        says = (says,) if isinstance(says, str) else says
         outputs = "\n---\n".join(t["output"] for t in failures(results, part))
-        for words in (says,) if isinstance(says, str) else says:
+        for words in says:
             assert words.lower() in outputs.lower(), f"{mistake.id}: no failure of part {part} says {words!r}:\n{outputs[:3000]}"
+        first = failures(results, part)[0]["output"]
+        assert says[0].lower() in first.lower(), f"{mistake.id}: the first failure of {part} does not say {says[0]!r}:\n{first}"
 
     # The notebook's self-checks and the grader agree: a part loses points only for a requirement that a
     # visible check or the self-check also enforces, and a self-check fails only where points are lost.
