@@ -77,6 +77,7 @@ FUSE_ALL = ("test_weights_placed_per_head", "test_keeps_dtype_and_device", "test
             "test_wrapper_left_unchanged")
 TWO_DIM_ALL = ("test_two_heads_of_width_one", "test_book_example", "test_passes_dropout_and_bias_on",
                "test_output_is_the_heads_side_by_side")
+PROPERTY_OF_WRONG_ANSWER = "counts only once the output on this check's input is right"
 ANSWER_KEY = {"quiz::test_answer"}  # the quiz's answers: right or wrong only after the due date, by design
 
 
@@ -117,12 +118,12 @@ MISTAKES = [
     Mistake("combine_stacked", COMBINE, "return torch.stack(outputs, dim=-1)",
             {"combine": ("test_book_example", "test_concatenates_heads", "test_keeps_dtype")},
             {"combine": ("Likely mistake: stacked into a new dimension", common.SHAPE_DRIFT)}),
-    Mistake("zeros_everywhere", COMBINE, "return torch.zeros(*outputs[0].shape[:-1], sum(o.shape[-1] for o in outputs), "
-            "dtype=outputs[0].dtype)",
+    Mistake("zeros_everywhere", COMBINE,
+            "return torch.zeros(*outputs[0].shape[:-1], sum(o.shape[-1] for o in outputs), dtype=outputs[0].dtype)",
             {"combine": ("test_book_example", "test_concatenates_heads", "test_keeps_dtype"),
              "wrapper": WRAPPER_ALL, "mha": MHA_ALL},
-            {"wrapper": ("values differ from the reference", "counts only once the output on this check's input is right"),
-             "mha": ("values differ from the reference", "counts only once the output on this check's input is right")},
+            {"wrapper": ("values differ from the reference", PROPERTY_OF_WRONG_ANSWER),
+             "mha": ("values differ from the reference", PROPERTY_OF_WRONG_ANSWER)},
             more=((WRAPPER_RETURN, "return torch.zeros(*x.shape[:-1], len(outputs) * outputs[0].shape[-1], "
                                    "dtype=x.dtype)"),
                   (MHA_RETURN, "return torch.zeros_like(self.out_proj(context_vec))"))),
@@ -153,8 +154,8 @@ MISTAKES = [
             {"two_dim": "does not drop anything in training mode: pass dropout on"}),
     # --- columns (fuse_heads places weights with head_column_ranges: a fuse_heads that raises cannot be graded)
     Mistake("columns_literal_inclusive", "EIGHT_COLUMNS_FOUR_HEADS = [(0, 2), (2, 4), (4, 6), (6, 8)]",
-            "EIGHT_COLUMNS_FOUR_HEADS = [(0, 1), (2, 3), (4, 5), (6, 7)]", {"columns": ("test_eight_columns_four_heads",)},
-            {"columns": "Likely mistake: inclusive ranges"}),
+            "EIGHT_COLUMNS_FOUR_HEADS = [(0, 1), (2, 3), (4, 5), (6, 7)]",
+            {"columns": ("test_eight_columns_four_heads",)}, {"columns": "Likely mistake: inclusive ranges"}),
     Mistake("columns_function_inclusive", "return [(h * width, (h + 1) * width) for h in range(num_heads)]",
             "return [(h * width, (h + 1) * width - 1) for h in range(num_heads)]",
             {"columns": ("test_head_column_ranges",), "fuse": FUSE_ALL},
@@ -169,7 +170,8 @@ MISTAKES = [
             "        attn_weights = torch.softmax(attn_scores / self.d_out ** 0.5, dim=-1)\n",
             {"mha": ("test_book_example", *MHA_ALL_BUT_BOOK[:1], "test_matches_reference~", *MHA_ALL_BUT_BOOK[2:])},
             {"mha": "Likely mistake: scores scaled by sqrt(d_out)"}),
-    Mistake("mha_no_mask", MHA_MASK, "        # Scale by sqrt(head_dim)", {"mha": MHA_ALL}, {"mha": "Likely mistake: no causal mask"}),
+    Mistake("mha_no_mask", MHA_MASK, "        # Scale by sqrt(head_dim)", {"mha": MHA_ALL},
+            {"mha": "Likely mistake: no causal mask"}),
     Mistake("mha_mask_not_cut_to_tokens", MHA_MASK, MHA_MASK.replace("[:num_tokens, :num_tokens]", ""),
             {"mha": ("test_shorter_sequences", "test_matches_reference~")},
             {"mha": ("fails for 3 tokens when context_length is 9", "cut it to T x T")}),
@@ -234,8 +236,8 @@ MISTAKES = [
             {"fuse": FUSE_ALL}, {"fuse": ("holds none of the wrapper's W_query weights", common.OTHER_QUANTITY)}),
     Mistake("fuse_heads_reversed", "zip(head_column_ranges(fused.d_out, num_heads), heads)",
             "zip(head_column_ranges(fused.d_out, num_heads), heads[::-1])",
-            {"fuse": ("test_weights_placed_per_head~", "test_keeps_dtype_and_device", "test_fused_output_equals_wrapper~",
-                      "test_wrapper_left_unchanged")},
+            {"fuse": ("test_weights_placed_per_head~", "test_keeps_dtype_and_device",
+                      "test_fused_output_equals_wrapper~", "test_wrapper_left_unchanged")},
             {"fuse": ("Likely mistake: heads placed in reverse order", common.INCONSISTENT_ORDER)}),
     Mistake("fuse_default_dtype", FUSE_DTYPE, "    )\n", {"fuse": ("test_keeps_dtype_and_device",)},
             {"fuse": "does not have the wrapper's dtype"}),
@@ -347,9 +349,11 @@ def test_wrong_submission_loses_exactly_its_points(mistake, graded, reference_re
         says = (says,) if isinstance(says, str) else says
         outputs = "\n---\n".join(t["output"] for t in failures(results, part))
         for words in says:
-            assert words.lower() in outputs.lower(), f"{mistake.id}: no failure of part {part} says {words!r}:\n{outputs[:3000]}"
+            assert words.lower() in outputs.lower(), (
+                f"{mistake.id}: no failure of part {part} says {words!r}:\n{outputs[:3000]}")
         first = failures(results, part)[0]["output"]
-        assert says[0].lower() in first.lower(), f"{mistake.id}: the first failure of {part} does not say {says[0]!r}:\n{first}"
+        assert says[0].lower() in first.lower(), (
+            f"{mistake.id}: the first failure of {part}, the one the summary shows, does not say {says[0]!r}:\n{first}")
 
     # The notebook's self-checks and the grader agree: a part loses points only for a requirement that a
     # visible check or the self-check also enforces, and a self-check fails only where points are lost.
@@ -361,4 +365,5 @@ def test_wrong_submission_loses_exactly_its_points(mistake, graded, reference_re
         assert visible or part in self_checks or not hidden_only, (
             f"{mistake.id}: part {part} loses points in hidden checks only, and its self-check passes: "
             + "; ".join(t["name"] for t in hidden_only))
-    assert self_checks <= losing, f"{mistake.id}: the self-checks of {sorted(self_checks - losing)} fail, the grader takes nothing"
+    assert self_checks <= losing, (
+        f"{mistake.id}: the self-checks of {sorted(self_checks - losing)} fail, and the grader takes nothing there")

@@ -347,37 +347,31 @@ _INTERNAL_ERRORS = (
 
 
 def in_student_terms(message: str, function: str, *, tokens: int | None = None,
-                     context_length: int | None = None, hints: dict[str, str] | None = None) -> str:
-    """A failure message with PyTorch's internal errors (sizes, dtypes, devices, views) explained in the
-    student's terms, naming the function to fix; `hints` overrides the explanation of a kind of error
-    ("size", "dtype", "device", "grad", "inplace", "view"). Messages that are no such error come back unchanged."""
-    hints = hints or {}
+                     context_length: int | None = None) -> str:
+    """A failure message with PyTorch's internal errors (a mask not cut to T x T, dtypes, devices, gradients,
+    in-place changes, views) explained in the student's terms, naming the function to fix. Messages that
+    are no such error come back unchanged."""
     size = _SIZE_ERROR.search(message)
     if size and tokens is not None and context_length is not None and tokens != context_length \
             and {int(size.group(1)), int(size.group(2))} == {tokens, context_length}:
-        explanation = hints.get("size", (
-            f"{function} fails for {tokens} tokens when context_length is {context_length}: the causal mask "
-            "is context_length x context_length, so cut it to T x T (self.mask.bool()[:num_tokens, :num_tokens]) "
-            "and sequences shorter than context_length work"))
-        return f"Likely mistake: {explanation}.\n{message}"
-    for kind, pattern, text in _INTERNAL_ERRORS:
+        return (f"Likely mistake: {function} fails for {tokens} tokens when context_length is {context_length}: "
+                "the causal mask is context_length x context_length, so cut it to T x T "
+                "(self.mask.bool()[:num_tokens, :num_tokens]) and sequences shorter than context_length work."
+                f"\n{message}")
+    for _, pattern, text in _INTERNAL_ERRORS:
         if pattern.search(message):
-            return f"Likely mistake: {hints.get(kind, text.format(function=function))}.\n{message}"
+            return f"Likely mistake: {text.format(function=function)}.\n{message}"
     return message
 
 
 def forward_checked(submission: Submission, module: ModuleInfo, x: torch.Tensor, *, function: str,
-                    context_length: int | None = None, hints: dict[str, str] | None = None, **kwargs) -> Forward:
+                    context_length: int | None = None, **kwargs) -> Forward:
     """`submission.forward`, failing with internal errors put in the student's terms."""
     answer, problem = attempt(submission.forward, module, x, **kwargs)
     if problem is not None:
         fail(in_student_terms(problem, function, tokens=x.shape[1] if x.dim() == 3 else None,
-                              context_length=context_length, hints=hints))
+                              context_length=context_length))
     return answer
-
-
-def is_tensor_like(value, shape) -> bool:
-    return isinstance(value, torch.Tensor) and tuple(value.shape) == tuple(shape)
 
 
 def wrong_ranges(submission: Submission, num_columns: int, num_heads: int) -> str | None:
@@ -393,7 +387,9 @@ def wrong_ranges(submission: Submission, num_columns: int, num_heads: int) -> st
         if given.type == "NotImplementedError":
             return f"your {call} is not written yet"
         return f"your {call} raises {given.type}: {given.message}"
-    ranges = [tuple(r) if isinstance(r, (list, tuple)) else r for r in given] if isinstance(given, (list, tuple)) else given
+    ranges = given
+    if isinstance(given, (list, tuple)):
+        ranges = [tuple(r) if isinstance(r, (list, tuple)) else r for r in given]
     if ranges == expected:
         return None
     mistake = next((d.split(":")[0].split(";")[0] for d, v in column_range_variants(num_columns, num_heads).items()
