@@ -59,7 +59,8 @@ def placement_problem(submission, inputs, rubric, case, wrapper_ref, fused) -> s
                     f"num_heads={heads}, qkv_bias={bias}), taking every size from the wrapper")
     unexpected = sorted(set(state) - set(expected))
     if unexpected:
-        return f"the fused module has weights a MultiHeadAttention(..., qkv_bias={bias}) does not have: {unexpected[:3]}"
+        return (f"the fused module has weights a MultiHeadAttention(..., qkv_bias={bias}) does not have: "
+                f"{unexpected[:3]}")
     module.load_state_dict({k: v.double() if v.is_floating_point() else v for k, v in state.items()})
     module = module.double().eval()
     x = inputs.randn(2, context, d_in)
@@ -140,4 +141,5 @@ def test_wrapper_left_unchanged(submission, inputs, rubric):
     for name, tensor in wrapper_ref.state_dict().items():
         if name not in after or not torch.equal(after[name].double(), tensor.double()):
             fail(f"fuse_heads changed the wrapper's {name}; copy the weights into the new module instead")
-    values_first(placement_problem(submission, inputs, rubric, case, wrapper_ref, fused), "Leaving the wrapper unchanged")
+    values_first(placement_problem(submission, inputs, rubric, case, wrapper_ref, fused),
+                 "Leaving the wrapper unchanged")

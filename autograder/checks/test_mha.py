@@ -8,8 +8,9 @@ property's own case is right: a forward returning zeros earns nothing here.
 import pytest
 import torch
 
-from autograder.checks.harness import (book_pair, build_pair, check_gradients, count_matmuls, fail, first_match,
-                                       forward_checked, reference_forward, value_problem, values_first)
+from autograder.checks.harness import (attempt, book_pair, build_pair, check_gradients, count_matmuls, fail,
+                                       first_match, forward_checked, in_student_terms, reference_forward, value_problem,
+                                       values_first)
 from autograder.checks.mistakes import mha_dropout_variants, mha_train_forward, mha_variants
 
 FORWARD = "MultiHeadAttention.forward"
@@ -136,10 +137,13 @@ def test_gradients(submission, inputs, rubric):
     """gradients reach the input and every weight, equal to the reference's"""
     reference, module, shape = pair(submission, inputs, "d_in != d_out, bias")
     x = inputs.randn(*shape)
-    values_first(output_problem(reference, x, run(submission, reference, module, x).y, "float64", rubric, "output"),
-                 "The gradient check")
     grad_out = inputs.randn(*shape[:2], reference.d_out)
-    answer = run(submission, reference, module, x, grad_out=grad_out)
+    answer, problem = attempt(submission.forward, module, x, grad_out=grad_out)
+    if problem:  # the values first: a forward whose backward fails may be wrong already
+        values_first(output_problem(reference, x, run(submission, reference, module, x).y, "float64", rubric,
+                                    "output"), "The gradient check")
+        fail(in_student_terms(problem, FORWARD))
+    values_first(output_problem(reference, x, answer.y, "float64", rubric, "output"), "The gradient check")
     x_ref = x.clone().requires_grad_(True)
     reference.zero_grad(set_to_none=True)
     reference(x_ref).backward(grad_out)
