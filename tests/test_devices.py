@@ -15,7 +15,7 @@ import pytest
 from autograder import devices, grade_class
 from autograder.devices import DevicePool, NoDevice, placement_for, timing_lock, timing_lock_path, visible_devices
 from autograder.model import GradingRun
-from conftest import REFERENCE
+from helpers import REFERENCE
 
 
 def test_visible_devices_without_and_with_cuda_visible_devices():

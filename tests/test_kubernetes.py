@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from autograder.shard import Shard, parse_shard
-from conftest import ROOT
+from helpers import ROOT
 
 MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
 KUBERNETES_VERSION = "1.33.0"  # backoffLimitPerIndex is stable from 1.33

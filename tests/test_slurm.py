@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "tools" / "slurm"))
 from local_cluster import LocalSlurm  # noqa: E402

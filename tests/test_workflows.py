@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT
+from helpers import ROOT
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 GRADE_CLASS = WORKFLOWS / "grade-class.yml"

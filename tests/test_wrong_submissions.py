@@ -1,22 +1,33 @@
-"""Realistic wrong submissions, graded end to end: each must lose exactly the points it deserves, with a diagnosis.
+"""Realistic wrong submissions, graded end to end: each loses exactly the checks it deserves, named once.
 
 Every submission is the reference solution with one snippet replaced, the way a student would get one step
-wrong. For each one the table says which parts must lose points ("some": less than full marks; "all":
-exactly 0), which part's failure output must name the mistake, and with what words. Every part not listed
-must keep full marks: a mistake in one step is not charged twice, except where one step calls another
-(the wrapper calls combine, make_2d_wrapper builds a wrapper, fuse_heads runs the student's
-MultiHeadAttention and head_column_ranges).
+wrong. For each one the table lists, per part, the checks (functions) that must fail: all of their cases,
+or some but not all of them when the name ends in "~". Every other check must pass, so a part not listed
+keeps full marks: a mistake in one step is not charged again in a later part that uses it (the wrapper
+calls combine, make_2d_wrapper builds a wrapper, fuse_heads builds a MultiHeadAttention), except where the
+later part cannot be graded at all (fuse_heads that raises because head_column_ranges is wrong). The points
+lost follow from the rubric's weights, never from numbers typed here. The table also says which words each
+part's failures must contain: the diagnosis.
+
+Two rules tie the grader to the notebook's self-checks, for every submission in the table:
+- a part that loses points has a visible check that fails, or its self-check fails (a hidden check adds
+  inputs, never requirements); the one exception is the answer key of the quiz;
+- a self-check that fails belongs to a part that loses points (the self-checks are not stricter).
 
 All submissions are graded once per session, two at a time.
 """
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
 
-from helpers import failures, grade, mutated_reference, part_scores
+from autograder.checks import mistakes as common
+from autograder.rubric import load_rubric
+from autograder.submission import read_cells
+from helpers import REFERENCE, failures, grade, mutated_reference, part_scores
 
 pytestmark = pytest.mark.slow  # every test grades whole submissions
 
@@ -47,7 +58,29 @@ MHA_SCALE = """\
         # Scale by sqrt(head_dim), the width each head's dot products run over, not by d_out.
         attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
 """
+MHA_MASK = """\
+        attn_scores = attn_scores.masked_fill(
+            self.mask.bool()[:num_tokens, :num_tokens], -torch.inf
+        )
+        # Scale by sqrt(head_dim)"""
+MHA_RETURN = "return self.out_proj(context_vec)  # (b, T, d_out)"
+COMBINE = "return torch.cat(outputs, dim=-1)"
+WRAPPER_RETURN = "return combine(outputs)  # (b, T, num_heads * d_out)"
 MAKE_2D = "    return MultiHeadAttentionWrapper(d_in, 1, context_length, dropout, num_heads=2, qkv_bias=qkv_bias)\n"
+FUSE_DTYPE = "    ).to(first.W_query.weight)\n"
+FUSE_COPY = "                getattr(fused, name).weight[start:stop] = getattr(head, name).weight\n"
+MHA_ALL_BUT_BOOK = ("test_shorter_sequences", "test_matches_reference", "test_keeps_dtype", "test_input_not_modified",
+                    "test_new_inputs_new_answers", "test_gradients", "test_one_pass_for_all_heads",
+                    "test_no_ready_made_attention", "test_dropout")
+MHA_ALL = ("test_book_example", *MHA_ALL_BUT_BOOK)
+WRAPPER_ALL = ("test_book_example", "test_heads_run_once_in_order_on_same_input", "test_matches_reference",
+               "test_input_not_modified", "test_gradients", "test_dropout")
+FUSE_ALL = ("test_weights_placed_per_head", "test_keeps_dtype_and_device", "test_fused_output_equals_wrapper",
+            "test_wrapper_left_unchanged")
+TWO_DIM_ALL = ("test_two_heads_of_width_one", "test_book_example", "test_passes_dropout_and_bias_on",
+               "test_output_is_the_heads_side_by_side")
+PROPERTY_OF_WRONG_ANSWER = "counts only once the output on this check's input is right"
+ANSWER_KEY = {"quiz::test_answer"}  # the quiz's answers: right or wrong only after the due date, by design
 
 
 @dataclass(frozen=True)
@@ -55,76 +88,110 @@ class Mistake:
     id: str
     old: str  # a snippet of reference/mha.py (it must occur exactly once) ...
     new: str  # ... and what the student wrote instead
-    lost: dict[str, str]  # part -> "some" (0 < score < max) or "all" (score 0); every other part keeps full marks
-    part: str  # the part whose failure output must name the mistake
-    says: str | tuple[str, ...]  # ... with these words (each of them, case-insensitive)
-    only: tuple[str, ...] = ()  # when given: substrings of the names of the only tests that may fail
+    fails: dict[str, tuple[str, ...]]  # part -> the checks that fail ("name": every case, "name~": some cases)
+    # part -> words its failures must contain (case-insensitive); the first words in its first failure, the
+    # one the summary shows
+    says: dict[str, str | tuple[str, ...]]
     more: tuple[tuple[str, str], ...] = ()  # further (old, new) replacements in the same submission
 
 
 MISTAKES = [
     # --- quiz
-    Mistake("quiz_both_wrong", 'HEADS_RUN = "B"\n', 'HEADS_RUN = "A"\n', {"quiz": "all"}, "quiz",
-            ("HEADS_RUN = 'A' is not right", "OUTPUT_SHAPE_STEP = 'A' is not right"),
+    Mistake("quiz_both_wrong", 'HEADS_RUN = "B"\n', 'HEADS_RUN = "A"\n', {"quiz": ("test_answer",)},
+            {"quiz": ("HEADS_RUN = 'A' is not right", "OUTPUT_SHAPE_STEP = 'A' is not right",
+                      "d_out=1 sizes each head's result")},
             more=(('OUTPUT_SHAPE_STEP = "C"\n', 'OUTPUT_SHAPE_STEP = "A"\n'),)),
-    # --- combine (the wrapper calls combine, make_2d_wrapper builds a wrapper: both lose points with it)
-    Mistake("combine_batch_dim", "return torch.cat(outputs, dim=-1)", "return torch.cat(outputs, dim=0)",
-            {"combine": "some", "wrapper": "some", "two_dim": "some"}, "combine",
-            "Likely mistake: concatenated along the batch dimension"),
-    Mistake("combine_reversed", "return torch.cat(outputs, dim=-1)", "return torch.cat(outputs[::-1], dim=-1)",
-            {"combine": "some", "wrapper": "some", "two_dim": "some"}, "combine",
-            "Likely mistake: heads in the wrong order (reversed)"),
-    Mistake("combine_summed", "return torch.cat(outputs, dim=-1)", "return sum(outputs)",
-            {"combine": "some", "wrapper": "some", "two_dim": "some"}, "combine",
-            "Likely mistake: heads summed instead of concatenated"),
-    # --- wrapper
+    Mistake("quiz_lowercase", 'HEADS_RUN = "B"\n', 'HEADS_RUN = "b"\n', {}, {},
+            more=(('OUTPUT_SHAPE_STEP = "C"\n', 'OUTPUT_SHAPE_STEP = " c"\n'),)),
+    # --- combine: charged in combine alone, although the wrapper and the 2-D wrapper call it
+    Mistake("combine_batch_dim", COMBINE, "return torch.cat(outputs, dim=0)",
+            {"combine": ("test_book_example", "test_concatenates_heads~", "test_keeps_dtype")},
+            {"combine": ("Likely mistake: concatenated along the batch dimension", common.SHAPE_DRIFT)}),
+    Mistake("combine_token_dim", COMBINE, "return torch.cat(outputs, dim=1)",
+            {"combine": ("test_book_example", "test_concatenates_heads~", "test_keeps_dtype")},
+            {"combine": ("Likely mistake: concatenated along the token dimension",
+                         "combine joins the heads along dimension 1", common.SHAPE_DRIFT)}),
+    Mistake("combine_reversed", COMBINE, "return torch.cat(outputs[::-1], dim=-1)",
+            {"combine": ("test_book_example", "test_concatenates_heads~", "test_keeps_dtype")},
+            {"combine": ("Likely mistake: heads in the wrong order (reversed)", common.INCONSISTENT_ORDER)}),
+    Mistake("combine_summed", COMBINE, "return sum(outputs)",
+            {"combine": ("test_book_example", "test_concatenates_heads~", "test_keeps_dtype")},
+            {"combine": "Likely mistake: heads summed instead of concatenated"}),
+    Mistake("combine_stacked", COMBINE, "return torch.stack(outputs, dim=-1)",
+            {"combine": ("test_book_example", "test_concatenates_heads", "test_keeps_dtype")},
+            {"combine": ("Likely mistake: stacked into a new dimension", common.SHAPE_DRIFT)}),
+    Mistake("zeros_everywhere", COMBINE,
+            "return torch.zeros(*outputs[0].shape[:-1], sum(o.shape[-1] for o in outputs), dtype=outputs[0].dtype)",
+            {"combine": ("test_book_example", "test_concatenates_heads", "test_keeps_dtype"),
+             "wrapper": WRAPPER_ALL, "mha": MHA_ALL},
+            {"wrapper": ("values differ from the reference", PROPERTY_OF_WRONG_ANSWER),
+             "mha": ("values differ from the reference", PROPERTY_OF_WRONG_ANSWER)},
+            more=((WRAPPER_RETURN, "return torch.zeros(*x.shape[:-1], len(outputs) * outputs[0].shape[-1], "
+                                   "dtype=x.dtype)"),
+                  (MHA_RETURN, "return torch.zeros_like(self.out_proj(context_vec))"))),
+    # --- wrapper: the 2-D wrapper is built right, so two_dim keeps its points
     Mistake("wrapper_heads_reversed", "outputs = [head(x) for head in self.heads]",
             "outputs = [head(x) for head in reversed(self.heads)]",
-            {"wrapper": "some", "two_dim": "some"}, "wrapper",
-            ("the heads ran in the order [3, 2, 1, 0]",
-             "Likely mistake: the heads' outputs are combined in the wrong order")),
+            {"wrapper": ("test_book_example", "test_heads_run_once_in_order_on_same_input", "test_matches_reference~",
+                         "test_input_not_modified", "test_gradients", "test_dropout")},
+            {"wrapper": ("Likely mistake: the heads' outputs are combined in the wrong order",
+                         "the heads ran in the order [3, 2, 1, 0]", common.INCONSISTENT_ORDER)}),
     # --- two_dim
     Mistake("two_dim_one_head_of_width_two", MAKE_2D,
             "    return MultiHeadAttentionWrapper(d_in, 2, context_length, dropout, num_heads=1, qkv_bias=qkv_bias)\n",
-            {"two_dim": "all"}, "two_dim", "the exercise keeps num_heads=2"),
+            {"two_dim": TWO_DIM_ALL}, {"two_dim": "the exercise keeps num_heads=2"}),
     Mistake("two_dim_head_changed", MAKE_2D,
             "    wrapper = MultiHeadAttentionWrapper(d_in, 2, context_length, dropout, num_heads=2, "
             "qkv_bias=qkv_bias)\n"
             "    for head in wrapper.heads:  # narrow each head's values to one column\n"
             "        head.W_value = nn.Linear(d_in, 1, bias=qkv_bias)\n"
             "    return wrapper\n",
-            {"two_dim": "all"}, "two_dim", "head internals changed"),
-    # --- columns (fuse_heads places weights with head_column_ranges)
+            {"two_dim": TWO_DIM_ALL}, {"two_dim": ("head internals changed", common.HEAD_CHANGED)}),
+    Mistake("two_dim_bias_not_passed_on", MAKE_2D,
+            "    return MultiHeadAttentionWrapper(d_in, 1, context_length, dropout, num_heads=2)\n",
+            {"two_dim": ("test_passes_dropout_and_bias_on",)},
+            {"two_dim": "built heads without biases: pass qkv_bias on"}),
+    Mistake("two_dim_dropout_not_passed_on", MAKE_2D,
+            "    return MultiHeadAttentionWrapper(d_in, 1, context_length, 0.0, num_heads=2, qkv_bias=qkv_bias)\n",
+            {"two_dim": ("test_passes_dropout_and_bias_on",)},
+            {"two_dim": "does not drop anything in training mode: pass dropout on"}),
+    # --- columns (fuse_heads places weights with head_column_ranges: a fuse_heads that raises cannot be graded)
     Mistake("columns_literal_inclusive", "EIGHT_COLUMNS_FOUR_HEADS = [(0, 2), (2, 4), (4, 6), (6, 8)]",
-            "EIGHT_COLUMNS_FOUR_HEADS = [(0, 1), (2, 3), (4, 5), (6, 7)]", {"columns": "some"}, "columns",
-            "Likely mistake: inclusive ranges"),
+            "EIGHT_COLUMNS_FOUR_HEADS = [(0, 1), (2, 3), (4, 5), (6, 7)]",
+            {"columns": ("test_eight_columns_four_heads",)}, {"columns": "Likely mistake: inclusive ranges"}),
     Mistake("columns_function_inclusive", "return [(h * width, (h + 1) * width) for h in range(num_heads)]",
             "return [(h * width, (h + 1) * width - 1) for h in range(num_heads)]",
-            {"columns": "some", "fuse": "all"}, "columns", "Likely mistake: inclusive ranges"),
+            {"columns": ("test_head_column_ranges",), "fuse": FUSE_ALL},
+            {"columns": "Likely mistake: inclusive ranges",
+             "fuse": ("Likely cause: your head_column_ranges", "which are inclusive ranges",
+                      "fix that first (see the columns checks)")}),
     Mistake("split_rows", "return [W[:, start:stop] for start, stop in head_column_ranges(W.shape[1], num_heads)]",
             "return [W[start:stop] for start, stop in head_column_ranges(W.shape[0], num_heads)]",
-            {"columns": "some"}, "columns", "Likely mistake: rows instead of columns"),
-    # --- mha (fuse_heads' own forward is the student's MultiHeadAttention.forward)
+            {"columns": ("test_split_columns~",)}, {"columns": "Likely mistake: rows instead of columns"}),
+    # --- mha: MultiHeadAttention.forward is charged in mha alone, although fuse_heads builds one
     Mistake("mha_scale_d_out", MHA_SCALE,
             "        attn_weights = torch.softmax(attn_scores / self.d_out ** 0.5, dim=-1)\n",
-            {"mha": "some", "fuse": "some"}, "mha", "Likely mistake: scores scaled by sqrt(d_out)"),
-    Mistake("mha_no_mask",
-            "        attn_scores = attn_scores.masked_fill(\n"
-            "            self.mask.bool()[:num_tokens, :num_tokens], -torch.inf\n"
-            "        )\n"
-            "        # Scale by sqrt(head_dim)",
-            "        # Scale by sqrt(head_dim)",
-            {"mha": "some", "fuse": "some"}, "mha", "Likely mistake: no causal mask"),
+            {"mha": ("test_book_example", *MHA_ALL_BUT_BOOK[:1], "test_matches_reference~", *MHA_ALL_BUT_BOOK[2:])},
+            {"mha": "Likely mistake: scores scaled by sqrt(d_out)"}),
+    Mistake("mha_no_mask", MHA_MASK, "        # Scale by sqrt(head_dim)", {"mha": MHA_ALL},
+            {"mha": "Likely mistake: no causal mask"}),
+    Mistake("mha_mask_not_cut_to_tokens", MHA_MASK, MHA_MASK.replace("[:num_tokens, :num_tokens]", ""),
+            {"mha": ("test_shorter_sequences", "test_matches_reference~")},
+            {"mha": ("fails for 3 tokens when context_length is 9", "cut it to T x T")}),
     Mistake("mha_missing_transpose", "context_vec = (attn_weights @ values).transpose(1, 2)  # (b, T, H, hd)",
             "context_vec = attn_weights @ values  # (b, H, T, hd)",
-            {"mha": "some", "fuse": "some"}, "mha", "Likely mistake: missing transpose"),
+            {"mha": ("test_book_example", "test_shorter_sequences", "test_matches_reference~", *MHA_ALL_BUT_BOOK[2:])},
+            {"mha": ("Likely mistake: missing transpose", common.HALF_SPLIT)}),
     Mistake("mha_split_without_transpose", MHA_SPLIT,
             "        keys = keys.view(b, self.num_heads, num_tokens, self.head_dim)  # (b, H, T, hd)\n"
             "        queries = queries.view(b, self.num_heads, num_tokens, self.head_dim)\n"
             "        values = values.view(b, self.num_heads, num_tokens, self.head_dim)\n",
-            {"mha": "some", "fuse": "some"}, "mha", "Likely mistake: heads split by reshaping straight to"),
-    Mistake("mha_no_out_proj", "return self.out_proj(context_vec)  # (b, T, d_out)", "return context_vec",
-            {"mha": "some"}, "mha", "Likely mistake: missing output projection"),
+            {"mha": ("test_book_example", "test_shorter_sequences", "test_matches_reference~", *MHA_ALL_BUT_BOOK[2:])},
+            {"mha": ("Likely mistake: heads split by reshaping straight to", common.HALF_SPLIT)}),
+    Mistake("mha_heads_not_merged", MHA_RETURN, "return attn_weights @ values  # (b, H, T, hd)",
+            {"mha": MHA_ALL}, {"mha": ("Likely mistake: the heads are never merged", common.SHAPE_DRIFT)}),
+    Mistake("mha_no_out_proj", MHA_RETURN, "return context_vec", {"mha": MHA_ALL},
+            {"mha": "Likely mistake: missing output projection"}),
     Mistake("mha_loop_over_heads", MHA_ATTENTION,
             "        attn_scores = torch.stack(  # one head at a time\n"
             "            [queries[:, h] @ keys[:, h].transpose(1, 2) for h in range(self.num_heads)], dim=1\n"
@@ -137,35 +204,53 @@ MISTAKES = [
             "        context_vec = torch.stack(\n"
             "            [attn_weights[:, h] @ values[:, h] for h in range(self.num_heads)], dim=2\n"
             "        )  # (b, T, H, hd)\n",
-            {"mha": "some"}, "mha", "a loop over heads", only=("as many matrix multiplies for 12 heads as for 2",)),
+            {"mha": ("test_one_pass_for_all_heads",)}, {"mha": "a loop over heads"}),
+    Mistake("mha_loop_with_dropout_per_head", MHA_ATTENTION,
+            "        contexts = []\n"
+            "        for h in range(self.num_heads):  # one head at a time\n"
+            "            scores = queries[:, h] @ keys[:, h].transpose(1, 2)  # (b, T, T)\n"
+            "            scores = scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)\n"
+            "            weights = self.dropout(torch.softmax(scores / self.head_dim ** 0.5, dim=-1))\n"
+            "            contexts.append(weights @ values[:, h])  # (b, T, hd)\n"
+            "        context_vec = torch.stack(contexts, dim=2)  # (b, T, H, hd)\n",
+            {"mha": ("test_one_pass_for_all_heads",)}, {"mha": "a loop over heads"}),
     Mistake("mha_sdpa", MHA_ATTENTION,
             "        context_vec = torch.nn.functional.scaled_dot_product_attention(\n"
             "            queries, keys, values, dropout_p=self.dropout.p if self.training else 0.0, is_causal=True\n"
             "        ).transpose(1, 2)  # (b, T, H, hd)\n",
-            {"mha": "some"}, "mha", "the forward calls scaled_dot_product_attention",
-            only=("writes the attention itself",)),
+            {"mha": ("test_no_ready_made_attention",)}, {"mha": "the forward calls scaled_dot_product_attention"}),
     Mistake("mha_dropout_on_context",
             "        attn_weights = self.dropout(attn_weights)\n\n"
             "        # Back to (b, T, H, hd) before merging, so each token's heads sit side by side.\n"
             "        context_vec = (attn_weights @ values).transpose(1, 2)  # (b, T, H, hd)\n",
             "        context_vec = self.dropout(attn_weights @ values).transpose(1, 2)  # (b, T, H, hd)\n",
-            {"mha": "some"}, "mha", "Likely mistake: dropout applied to the context vectors",
-            only=("dropout acts on the attention weights",)),
-    Mistake("mha_modifies_input",
-            "        # One matrix multiply per projection computes every head's queries, keys and values.\n",
-            "        x /= self.head_dim ** 0.25  # pre-scale, so queries @ keys is already scaled\n",
-            {"mha": "some", "fuse": "some"}, "mha", "the forward modified its input x in place"),
-    Mistake("mha_forces_float32", "return self.out_proj(context_vec)  # (b, T, d_out)",
-            "return self.out_proj(context_vec).to(torch.float32)",
-            {"mha": "some", "fuse": "some"}, "mha", "keep the input's dtype"),
+            {"mha": ("test_dropout",)}, {"mha": "Likely mistake: dropout applied to the context vectors"}),
+    Mistake("mha_modifies_input", MHA_RETURN, "x.zero_()  # the input is not needed any more\n        " + MHA_RETURN,
+            {"mha": ("test_input_not_modified", "test_gradients")},
+            {"mha": ("the forward modified its input x in place", "changes a tensor in place that gradients need")}),
+    Mistake("mha_forces_float32", MHA_RETURN, "return self.out_proj(context_vec).to(torch.float32)",
+            {"mha": MHA_ALL_BUT_BOOK[:1] + ("test_matches_reference~",) + MHA_ALL_BUT_BOOK[2:]},
+            {"mha": "keep the input's dtype"}),
     # --- fuse
     Mistake("fuse_out_proj_left_random",
             "        fused.out_proj.weight.copy_(torch.eye(fused.d_out))\n        fused.out_proj.bias.zero_()\n", "",
-            {"fuse": "some"}, "fuse", "Likely mistake: out_proj is not the identity"),
+            {"fuse": FUSE_ALL}, {"fuse": ("Likely mistake: out_proj is not the identity", common.OTHER_QUANTITY)}),
+    Mistake("fuse_fresh_weights", FUSE_COPY, "                pass  # a MultiHeadAttention of the right size\n",
+            {"fuse": FUSE_ALL}, {"fuse": ("holds none of the wrapper's W_query weights", common.OTHER_QUANTITY)}),
     Mistake("fuse_heads_reversed", "zip(head_column_ranges(fused.d_out, num_heads), heads)",
             "zip(head_column_ranges(fused.d_out, num_heads), heads[::-1])",
-            {"fuse": "some"}, "fuse", "Likely mistake: heads placed in reverse order"),
+            {"fuse": ("test_weights_placed_per_head~", "test_keeps_dtype_and_device",
+                      "test_fused_output_equals_wrapper~", "test_wrapper_left_unchanged")},
+            {"fuse": ("Likely mistake: heads placed in reverse order", common.INCONSISTENT_ORDER)}),
+    Mistake("fuse_default_dtype", FUSE_DTYPE, "    )\n", {"fuse": ("test_keeps_dtype_and_device",)},
+            {"fuse": "does not have the wrapper's dtype"}),
+    Mistake("fuse_one_head", "        num_heads,\n        qkv_bias=first.W_query.bias is not None,",
+            "        1,  # one wide head\n        qkv_bias=first.W_query.bias is not None,",
+            {"fuse": ("test_fused_output_equals_wrapper~",)},
+            {"fuse": "check the arguments fuse_heads passes to MultiHeadAttention (num_heads"}),
 ]
+COMMON_MISTAKES = (common.HEAD_CHANGED, common.OTHER_QUANTITY, common.HALF_SPLIT, common.INCONSISTENT_ORDER,
+                   common.SHAPE_DRIFT)
 
 
 def build(root, mistake: Mistake):
@@ -179,55 +264,109 @@ def build(root, mistake: Mistake):
 
 
 @pytest.fixture(scope="session")
-def graded(tmp_path_factory) -> dict[str, tuple[dict, object]]:
-    """{mistake id: (results.json, the grading run)} for every wrong submission, each graded once, two at a
-    time. Each grading gets one intra-op thread: two gradings share two cores, and torch's spinning OpenMP
-    threads would otherwise compete for them (the scores do not depend on it)."""
+def graded(request, tmp_path_factory) -> dict[str, tuple[dict, object, object]]:
+    """{mistake id: (results.json, the grading run, the submission's path)} for the mistakes whose tests were
+    selected (so `-k` grades only those), each graded once, two at a time. Each grading gets one intra-op
+    thread: two gradings share two cores, and torch's spinning OpenMP threads would otherwise compete for
+    them (the scores do not depend on it)."""
     root = tmp_path_factory.mktemp("wrong")
+    selected = {item.callspec.params["mistake"].id for item in request.session.items
+                if "mistake" in getattr(getattr(item, "callspec", None), "params", {})}
 
-    def run(mistake: Mistake):
-        path = build(root, mistake)
-        return mistake.id, grade(path, path.parent)
+    paths = {m.id: build(root, m) for m in MISTAKES if m.id in selected}  # a stale snippet fails before grading
+
+    def run(item):
+        name, path = item
+        results, process = grade(path, path.parent)
+        return name, (results, process, path)
 
     with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(max_workers=2) as pool:
         patch.setenv("OMP_NUM_THREADS", "1")
-        return dict(pool.map(run, MISTAKES))
+        return dict(pool.map(run, paths.items()))
+
+
+def function_of(test: dict) -> str:
+    return test["tags"][1].split("::", 1)[1]
+
+
+def self_checks_that_failed(path, results) -> set[str]:
+    """The parts whose self-check cell (the one that calls `_check_<part>()`) raised while the file loaded."""
+    cell_part = {}
+    for number, _line, source in read_cells(path):
+        match = re.search(r"^_check_(\w+)\(\)\s*$", source, flags=re.M)
+        if match:
+            cell_part[number] = match.group(1)
+    return {cell_part[c["cell"]] for c in results["extra_data"]["load"]["cells"] if c["cell"] in cell_part}
 
 
 def test_the_table():
-    assert len({m.id for m in MISTAKES}) == len(MISTAKES) >= 18
+    assert len({m.id for m in MISTAKES}) == len(MISTAKES) >= 30
+    parts = set(load_rubric().parts)
     for mistake in MISTAKES:
-        assert mistake.part in mistake.lost, mistake.id
-        assert set(mistake.lost.values()) <= {"some", "all"}, mistake.id
+        assert set(mistake.fails) <= parts and set(mistake.says) <= set(mistake.fails), mistake.id
+        assert all(mistake.says.values()), mistake.id
 
 
-@pytest.mark.timeout(900)  # the first case grades every submission (the session fixture)
+def test_every_common_mistake_is_named():
+    """Each of the five mistakes the notebook warns about is named in the feedback of a submission making it."""
+    said = " ".join(" ".join((words,) if isinstance(words, str) else words)
+                    for mistake in MISTAKES for words in mistake.says.values())
+    assert [name for name in COMMON_MISTAKES if name not in said] == []
+    notebook = REFERENCE.read_text().lower()
+    for name in COMMON_MISTAKES:  # the notebook's "Common mistakes" uses the same names as its headings
+        assert f"**{name.removeprefix('common mistake: ')}.**" in notebook, name
+
+
+@pytest.mark.timeout(1800)  # the first case grades every submission (the session fixture)
 @pytest.mark.parametrize("mistake", MISTAKES, ids=[m.id for m in MISTAKES])
 def test_wrong_submission_loses_exactly_its_points(mistake, graded, reference_results):
-    results, run = graded[mistake.id]
+    results, run, path = graded[mistake.id]
     assert run.returncode == 0, run.stderr
     full = part_scores(reference_results)
     assert all(score == maximum for score, maximum in full.values()), f"the reference lost points: {full}"
     scores = part_scores(results)
     assert set(scores) == set(full), f"{mistake.id}: parts {sorted(scores)}, expected {sorted(full)}"
+    rubric = load_rubric()
 
     for part, (score, maximum) in scores.items():
-        outcome = mistake.lost.get(part)
-        detail = (f"{mistake.id}: part {part} scored {score}/{maximum}, expected "
-                  f"{ {None: 'full marks', 'all': '0', 'some': 'some points lost, not all'}[outcome]}; failed: "
-                  + "; ".join(t["name"] for t in failures(results, part)))
+        tests = [t for t in results["tests"] if t["tags"][0] == part]
+        failed = {function_of(t) for t in tests if t["status"] == "failed"}
+        expected = {name.rstrip("~") for name in mistake.fails.get(part, ())}
+        detail = f"{mistake.id}: part {part} scored {score}/{maximum}; failed: " + "; ".join(
+            f"{t['name']}: {t['output'][:300]}" for t in tests if t["status"] == "failed")
         assert maximum == full[part][1], detail
-        if outcome is None:
-            assert score == maximum, detail
-        elif outcome == "all":
-            assert score == 0, detail
-        else:
-            assert 0 < score < maximum, detail
+        assert failed == expected, detail
+        # the points lost are the rubric's shares of the failed checks: all of a share when every case fails
+        weights = {t["tags"][1]: rubric.weight(t["tags"][1]) for t in tests}
+        for name in mistake.fails.get(part, ()):
+            cases = [t for t in tests if function_of(t) == name.rstrip("~")]
+            lost = sum(t["max_score"] - t["score"] for t in cases)
+            share = rubric.part_points(part) * weights[cases[0]["tags"][1]] / sum(weights.values())
+            if name.endswith("~"):
+                assert 0 < lost < share - 1e-6, f"{detail}\n{name}: lost {lost} of {share}, expected some cases only"
+            else:
+                assert lost == pytest.approx(share, abs=1e-4), f"{detail}\n{name}: lost {lost} of {share}"
+        assert score == pytest.approx(maximum - sum(t["max_score"] - t["score"] for t in tests), abs=0.01)
 
-    outputs = "\n---\n".join(t["output"] for t in failures(results, mistake.part))
-    for words in (mistake.says,) if isinstance(mistake.says, str) else mistake.says:
-        assert words.lower() in outputs.lower(), (
-            f"{mistake.id}: no failure of part {mistake.part} says {words!r}:\n{outputs[:3000]}")
-    if mistake.only:
-        others = [t["name"] for t in failures(results) if not any(name in t["name"] for name in mistake.only)]
-        assert not others, f"{mistake.id}: only tests named like {mistake.only} may fail; these failed too: {others}"
+    for part, says in mistake.says.items():
+        says = (says,) if isinstance(says, str) else says
+        outputs = "\n---\n".join(t["output"] for t in failures(results, part))
+        for words in says:
+            assert words.lower() in outputs.lower(), (
+                f"{mistake.id}: no failure of part {part} says {words!r}:\n{outputs[:3000]}")
+        first = failures(results, part)[0]["output"]
+        assert says[0].lower() in first.lower(), (
+            f"{mistake.id}: the first failure of {part}, the one the summary shows, does not say {says[0]!r}:\n{first}")
+
+    # The notebook's self-checks and the grader agree: a part loses points only for a requirement that a
+    # visible check or the self-check also enforces, and a self-check fails only where points are lost.
+    self_checks = self_checks_that_failed(path, results)
+    losing = {part for part, (score, maximum) in scores.items() if score < maximum}
+    for part in losing:
+        visible = [t for t in failures(results, part) if t["visibility"] == "visible"]
+        hidden_only = [t for t in failures(results, part) if t["tags"][1] not in ANSWER_KEY]
+        assert visible or part in self_checks or not hidden_only, (
+            f"{mistake.id}: part {part} loses points in hidden checks only, and its self-check passes: "
+            + "; ".join(t["name"] for t in hidden_only))
+    assert self_checks <= losing, (
+        f"{mistake.id}: the self-checks of {sorted(self_checks - losing)} fail, and the grader takes nothing there")

@@ -289,3 +289,109 @@ def check_gradients(answer: Forward, expected: dict, rubric: Rubric, dtype_name:
         if mine is None:
             fail(f"no gradient reached {label}: is it used in the computation, without .detach() or torch.no_grad()?")
         assert_close(mine, grad, dtype_name, rubric, f"gradient of {label}")
+
+
+# -- Charging a mistake once, in the student's terms ------------------------------------------------
+# A later part that uses an earlier one (the wrapper calls combine, fuse_heads may call
+# head_column_ranges) is graded on what it adds; when it cannot be, its message names the earlier
+# part. A check of a property (no input mutation, dtype kept, gradients, structure) counts only when
+# the part's values are right on the check's own case.
+
+import re  # noqa: E402  (kept with the helpers that use it)
+
+
+def attempt(request, *args, **kwargs):
+    """Run one Submission request: (its answer, None), or (None, the message the check would have failed
+    with), so that a check can explain a failure before reporting it."""
+    try:
+        return request(*args, **kwargs), None
+    except pytest.fail.Exception as exc:
+        return None, str(exc.msg)
+
+
+def value_problem(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric, what: str,
+                  diagnose=None) -> str | None:
+    """The message `assert_close` would fail with, or None when `actual` is right."""
+    try:
+        assert_close(actual, expected, dtype_name, rubric, what, diagnose)
+    except pytest.fail.Exception as exc:
+        return str(exc.msg)
+    return None
+
+
+def values_first(problem: str | None, what: str):
+    """Fail a property check whose case's output is wrong: a property of a wrong answer earns nothing."""
+    if problem is not None:
+        fail(f"{what} counts only once the output on this check's input is right, and it is not:\n{problem}")
+
+
+_SIZE_ERROR = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
+_INTERNAL_ERRORS = (
+    ("dtype", re.compile(r"same dtype|expected scalar type|dtype mismatch|Input type .* weight type|"
+                         r"expected m1 and m2|mat1 and mat2 must have the same dtype|can't be cast", re.I),
+     "{function} mixes dtypes: a tensor or a module it uses does not have the input's dtype. Keep every "
+     "parameter in the module's dtype, and create new tensors with the input's dtype (dtype=x.dtype)"),
+    ("device", re.compile(r"same device|Expected all tensors to be on", re.I),
+     "{function} mixes devices: a tensor or a module it uses is not on the input's device. Create new "
+     "tensors on x.device, and keep modules on the device they were given"),
+    ("grad", re.compile(r"does not require grad and does not have a grad_fn", re.I),
+     "{function}'s output is not connected to its input and weights, so no gradient can reach them: no "
+     ".detach(), .data or torch.no_grad(), and no new tensor built from plain numbers"),
+    ("inplace", re.compile(r"leaf Variable that requires grad is being used in an in-place operation|"
+                           r"modified by an inplace operation", re.I),
+     "{function} changes a tensor in place that gradients need (its input x?): work on new tensors instead"),
+    ("view", re.compile(r"view size is not compatible with input tensor's size and stride", re.I),
+     "{function} calls .view() on a tensor that is no longer laid out row by row (after a transpose): "
+     "use .contiguous().view(...) or .reshape(...)"),
+)
+
+
+def in_student_terms(message: str, function: str, *, tokens: int | None = None,
+                     context_length: int | None = None) -> str:
+    """A failure message with PyTorch's internal errors (a mask not cut to T x T, dtypes, devices, gradients,
+    in-place changes, views) explained in the student's terms, naming the function to fix. Messages that
+    are no such error come back unchanged."""
+    size = _SIZE_ERROR.search(message)
+    if size and tokens is not None and context_length is not None and tokens != context_length \
+            and {int(size.group(1)), int(size.group(2))} == {tokens, context_length}:
+        return (f"Likely mistake: {function} fails for {tokens} tokens when context_length is {context_length}: "
+                "the causal mask is context_length x context_length, so cut it to T x T "
+                "(self.mask.bool()[:num_tokens, :num_tokens]) and sequences shorter than context_length work."
+                f"\n{message}")
+    for _, pattern, text in _INTERNAL_ERRORS:
+        if pattern.search(message):
+            return f"Likely mistake: {text.format(function=function)}.\n{message}"
+    return message
+
+
+def forward_checked(submission: Submission, module: ModuleInfo, x: torch.Tensor, *, function: str,
+                    context_length: int | None = None, **kwargs) -> Forward:
+    """`submission.forward`, failing with internal errors put in the student's terms."""
+    answer, problem = attempt(submission.forward, module, x, **kwargs)
+    if problem is not None:
+        fail(in_student_terms(problem, function, tokens=x.shape[1] if x.dim() == 3 else None,
+                              context_length=context_length))
+    return answer
+
+
+def wrong_ranges(submission: Submission, num_columns: int, num_heads: int) -> str | None:
+    """When the student's head_column_ranges(num_columns, num_heads) is wrong: a sentence saying what it
+    returns and why, for the message of a later part that may use it; None when it is right."""
+    from autograder.checks.mistakes import column_range_variants
+    from reference import mha as ref
+
+    expected = ref.head_column_ranges(num_columns, num_heads)
+    given = submission.try_call("head_column_ranges", num_columns, num_heads)
+    call = f"head_column_ranges({num_columns}, {num_heads})"
+    if isinstance(given, Raised):
+        if given.type == "NotImplementedError":
+            return f"your {call} is not written yet"
+        return f"your {call} raises {given.type}: {given.message}"
+    ranges = given
+    if isinstance(given, (list, tuple)):
+        ranges = [tuple(r) if isinstance(r, (list, tuple)) else r for r in given]
+    if ranges == expected:
+        return None
+    mistake = next((d.split(":")[0].split(";")[0] for d, v in column_range_variants(num_columns, num_heads).items()
+                    if v == ranges), None)
+    return f"your {call} returns {ranges!r:.120}" + (f", which are {mistake}" if mistake else f", not {expected!r}")

@@ -9,28 +9,44 @@ import torch
 
 from reference import mha as ref
 
+# The five common mistakes the notebook warns about (its "Common mistakes" section uses the same names),
+# named in a diagnosis so that a student can read up on the one they made.
+HEAD_CHANGED = "common mistake: changing a head when only the output's shape should change"
+OTHER_QUANTITY = "common mistake: thinking the parallel version computes something else"
+HALF_SPLIT = "common mistake: a half-done weight split"
+INCONSISTENT_ORDER = "common mistake: an inconsistent output order"
+SHAPE_DRIFT = "common mistake: a drifting output shape"
+
+HEAD_PARTS = ("W_query", "W_key", "W_value")
+
+
+def named(description: str, common_mistake: str) -> str:
+    return f"{description} ({common_mistake})"
+
 
 def combine_variants(outputs: list[torch.Tensor]) -> dict:
     """Functions, not tensors: some variants only exist for some inputs (first_match skips those)."""
     variants = {
-        "concatenated along the batch dimension (dim=0); the heads' features belong side by side in the "
-        "last dimension: torch.cat(outputs, dim=-1)": lambda: torch.cat(outputs, dim=0),
-        "concatenated along the token dimension (dim=1); concatenate along the last dimension, dim=-1":
-            lambda: torch.cat(outputs, dim=1),
-        "heads in the wrong order (reversed); head 0's columns come first": lambda: torch.cat(outputs[::-1], dim=-1),
-        "stacked into a new dimension instead of concatenated; use torch.cat(outputs, dim=-1)":
+        named("concatenated along the batch dimension (dim=0); the heads' features belong side by side in the "
+              "last dimension: torch.cat(outputs, dim=-1)", SHAPE_DRIFT): lambda: torch.cat(outputs, dim=0),
+        named("concatenated along the token dimension (dim=1); concatenate along the last dimension, dim=-1",
+              SHAPE_DRIFT): lambda: torch.cat(outputs, dim=1),
+        named("heads in the wrong order (reversed); head 0's columns come first", INCONSISTENT_ORDER):
+            lambda: torch.cat(outputs[::-1], dim=-1),
+        named("stacked into a new dimension instead of concatenated; use torch.cat(outputs, dim=-1)", SHAPE_DRIFT):
             lambda: torch.stack(outputs, dim=-1),
         "only the first head's output is returned; every head's output must be in the result": lambda: outputs[0],
         "only the last head's output is returned; every head's output must be in the result": lambda: outputs[-1],
     }
     if len(outputs) > 1:
-        variants["heads summed instead of concatenated; the width must grow to the sum of the heads' widths"] = lambda: sum(outputs)
-        variants["heads averaged instead of concatenated; concatenate them along the last dimension"] = lambda: (
-            sum(outputs) / len(outputs))
-        variants["columns interleaved (stacked then flattened); each head's columns must stay together"] = lambda: (
-            torch.stack(outputs, dim=-1).flatten(-2))
-        variants["stacked along a new first dimension; concatenate along the last dimension instead"] = lambda: (
-            torch.stack(outputs, dim=0))
+        variants[named("heads summed instead of concatenated; the width must grow to the sum of the heads' widths",
+                       SHAPE_DRIFT)] = lambda: sum(outputs)
+        variants[named("heads averaged instead of concatenated; concatenate them along the last dimension",
+                       SHAPE_DRIFT)] = lambda: sum(outputs) / len(outputs)
+        variants[named("columns interleaved (stacked then flattened); each head's columns must stay together",
+                       INCONSISTENT_ORDER)] = lambda: torch.stack(outputs, dim=-1).flatten(-2)
+        variants[named("stacked along a new first dimension; concatenate along the last dimension instead",
+                       SHAPE_DRIFT)] = lambda: torch.stack(outputs, dim=0)
     return variants
 
 
@@ -62,19 +78,20 @@ def split_variants(W: torch.Tensor, num_heads: int) -> dict[str, list[torch.Tens
 
 def wrapper_variants(head_outputs: list[torch.Tensor]) -> dict:
     return {
-        "the heads' outputs are combined in the wrong order; run the heads in self.heads order and "
-        "keep head 0 first": lambda: torch.cat(head_outputs[::-1], dim=-1),
+        named("the heads' outputs are combined in the wrong order; run the heads in self.heads order and "
+              "keep head 0 first", INCONSISTENT_ORDER): lambda: torch.cat(head_outputs[::-1], dim=-1),
         **{f"the wrapper returns the wrong combination: {k}": v for k, v in combine_variants(head_outputs).items()
            if "order" not in k},
     }
 
 
 def mha_forward(module: ref.MultiHeadAttention, x: torch.Tensor, *, scale="head_dim", mask=True,
-                transpose_before_merge=True, out_proj=True, split="view_transpose", softmax_dim=-1,
+                transpose_before_merge=True, merge=True, out_proj=True, split="view_transpose", softmax_dim=-1,
                 dropout="weights"):
     """The reference's parallel forward with one step done wrongly (or not at all). `dropout` says where
-    module.dropout is applied: "weights" (right), "context" (b, H, T, hd), "merged" (b, T, d_out),
-    "output" (after out_proj), "none", or a tuple of these places."""
+    module.dropout is applied: "weights" (right), "weights_per_head" (right, but drawn one head at a time,
+    as a loop over heads draws it), "context" (b, H, T, hd), "merged" (b, T, d_out), "output" (after
+    out_proj), "none", or a tuple of these places."""
     b, T, _ = x.shape
     H, hd = module.num_heads, module.head_dim
 
@@ -88,12 +105,17 @@ def mha_forward(module: ref.MultiHeadAttention, x: torch.Tensor, *, scale="head_
     if mask:
         scores = scores.masked_fill(module.mask.bool()[:T, :T], -torch.inf)
     divisor = {"head_dim": hd**0.5, "d_out": module.d_out**0.5, "none": 1.0}[scale]
+    places = dropout if isinstance(dropout, tuple) else (dropout,)
 
     def drop(where, t):
-        return module.dropout(t) if where in (dropout if isinstance(dropout, tuple) else (dropout,)) else t
+        return module.dropout(t) if where in places else t
 
     weights = drop("weights", torch.softmax(scores / divisor, dim=softmax_dim))
+    if "weights_per_head" in places:
+        weights = torch.stack([module.dropout(weights[:, h].contiguous()) for h in range(H)], dim=1)
     context = drop("context", weights @ v)  # (b, H, T, hd)
+    if not merge:
+        return context
     context = (context.transpose(1, 2) if transpose_before_merge else context).reshape(b, T, module.d_out)
     context = drop("merged", context)
     return drop("output", module.out_proj(context) if out_proj else context)
@@ -106,14 +128,23 @@ def mha_variants(module: ref.MultiHeadAttention, x: torch.Tensor) -> dict[str, t
             "head_dim numbers": dict(scale="d_out"),
             "scores not scaled; divide by sqrt(head_dim) before the softmax": dict(scale="none"),
             "no causal mask; mask the scores above the diagonal with -inf before the softmax": dict(mask=False),
-            "missing transpose before merging the heads: (b, H, T, hd) must go back to (b, T, H, hd) "
-            "(context.transpose(1, 2)) before the view to (b, T, d_out)": dict(transpose_before_merge=False),
+            named("missing transpose before merging the heads: (b, H, T, hd) must go back to (b, T, H, hd) "
+                  "(context.transpose(1, 2)) before the view to (b, T, d_out)", HALF_SPLIT):
+                dict(transpose_before_merge=False),
+            named("the heads are never merged: the output is still (b, H, T, hd); move the heads back behind "
+                  "the tokens and merge them into (b, T, d_out), then apply out_proj", SHAPE_DRIFT): dict(merge=False),
             "missing output projection: return self.out_proj(context_vec)": dict(out_proj=False),
-            "heads split by reshaping straight to (b, H, T, hd); view as (b, T, H, hd) and then "
-            "transpose(1, 2), so each head gets its own columns": dict(split="view_direct"),
+            named("heads split by reshaping straight to (b, H, T, hd); view as (b, T, H, hd) and then "
+                  "transpose(1, 2), so each head gets its own columns", HALF_SPLIT): dict(split="view_direct"),
             "softmax over the wrong dimension; normalise over the keys (dim=-1)": dict(softmax_dim=-2),
         }
-        return {description: mha_forward(module, x, **flags) for description, flags in candidates.items()}
+        variants = {}
+        for description, flags in candidates.items():
+            try:
+                variants[description] = mha_forward(module, x, **flags)
+            except RuntimeError:  # a variant that does not exist for these sizes
+                continue
+        return variants
 
 
 def mha_dropout_variants(module: ref.MultiHeadAttention, x: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
@@ -131,16 +162,18 @@ def mha_dropout_variants(module: ref.MultiHeadAttention, x: torch.Tensor, seed: 
         "dropout applied twice, to the attention weights and again to the output; apply it once, "
         "to the attention weights only": ("weights", "output"),
     }
-    variants = {}
+    return {description: mha_train_forward(module, x, seed, where) for description, where in candidates.items()}
+
+
+def mha_train_forward(module: ref.MultiHeadAttention, x: torch.Tensor, seed: int, dropout="weights") -> torch.Tensor:
+    """A training-mode forward with dropout drawn from `seed` and applied where `dropout` says."""
     module.train(True)
     try:
         with torch.no_grad():
-            for description, where in candidates.items():
-                torch.manual_seed(seed)
-                variants[description] = mha_forward(module, x, dropout=where)
+            torch.manual_seed(seed)
+            return mha_forward(module, x, dropout=dropout)
     finally:
         module.eval()
-    return variants
 
 
 def fuse_variants(wrapper: ref.MultiHeadAttentionWrapper, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -156,27 +189,41 @@ def fuse_variants(wrapper: ref.MultiHeadAttentionWrapper, x: torch.Tensor) -> di
                         torch.cat([getattr(h, name).bias for h in heads]) if biases else 0.0)
         return module.eval()(x)
 
-    variants = {"heads placed in reverse order: head h's weights belong in columns "
-                "h * head_dim to (h + 1) * head_dim": fused(reverse=True)}
+    variants = {named("heads placed in reverse order: head h's weights belong in columns "
+                      "h * head_dim to (h + 1) * head_dim", INCONSISTENT_ORDER): fused(reverse=True)}
     if wrapper.heads[0].W_query.bias is not None:
         variants["the heads' biases were not copied into the fused projections"] = fused(biases=False)
     return variants
 
 
-def describe_module_mistake(fused_state: dict[str, torch.Tensor], d_out: int) -> str | None:
-    """Diagnoses read straight off a fused module's weights."""
+def describe_module_mistake(fused_state: dict[str, torch.Tensor], wrapper: ref.MultiHeadAttentionWrapper) -> str | None:
+    """Diagnoses read straight off a fused module's weights: weights that are not the wrapper's at all,
+    or an output projection that changes the heads' result."""
+    heads = list(wrapper.heads)
+    for name in HEAD_PARTS:
+        fused = fused_state.get(f"{name}.weight")
+        if not isinstance(fused, torch.Tensor) or fused.dim() != 2:
+            continue
+        blocks = [getattr(head, name).weight.detach().double() for head in heads]
+        rows = fused.double()
+        found = any(block.shape[1] == rows.shape[1] and
+                    any(torch.allclose(rows[i:i + block.shape[0]], block, rtol=1e-5, atol=1e-6)
+                        for i in range(rows.shape[0] - block.shape[0] + 1)) for block in blocks)
+        if not found:
+            return named(f"the fused {name} holds none of the wrapper's {name} weights: fuse_heads must copy each "
+                         "head's weights into the new module, so that it computes exactly what the wrapper "
+                         "computes (a freshly initialised MultiHeadAttention is a different layer)", OTHER_QUANTITY)
+    d_out = sum(getattr(head, "W_query").weight.shape[0] for head in heads)
     weight = fused_state.get("out_proj.weight")
-    if weight is not None and weight.shape == (d_out, d_out):
+    if isinstance(weight, torch.Tensor) and weight.shape == (d_out, d_out):
         if not torch.allclose(weight.double(), torch.eye(d_out, dtype=torch.float64)):
-            return ("out_proj is not the identity: the wrapper has no output projection, so set "
-                    "out_proj.weight to torch.eye(d_out) and out_proj.bias to zeros")
+            return named("out_proj is not the identity: the wrapper has no output projection, so set "
+                         "out_proj.weight to torch.eye(d_out) and out_proj.bias to zeros", OTHER_QUANTITY)
     bias = fused_state.get("out_proj.bias")
-    if bias is not None and bias.abs().max() > 0:
-        return "out_proj.bias is not zero: the wrapper adds nothing after concatenating the heads"
+    if isinstance(bias, torch.Tensor) and bias.numel() and bias.abs().max() > 0:
+        return named("out_proj.bias is not zero: the wrapper adds nothing after concatenating the heads",
+                     OTHER_QUANTITY)
     return None
-
-
-HEAD_PARTS = ("W_query", "W_key", "W_value")
 
 
 def describe_changed_heads(wrapper_state: dict[str, torch.Tensor]) -> str | None:
@@ -197,5 +244,5 @@ def describe_changed_heads(wrapper_state: dict[str, torch.Tensor]) -> str | None
             return (f"head internals changed instead of the gathering step: head {index} has {found}"
                     + (f" and parts a CausalAttention does not have ({', '.join(extra[:4])})" if extra else "")
                     + ". A head must stay a plain CausalAttention whose query, key and value projections are all "
-                      "d_out wide; change the argument that sizes the heads, not what is inside them")
+                      f"d_out wide; change the argument that sizes the heads, not what is inside them ({HEAD_CHANGED})")
     return None

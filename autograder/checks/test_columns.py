@@ -1,8 +1,12 @@
-"""Column ranges, the 8-column/4-head answer, and split_columns: which columns belong to which head."""
+"""Column ranges, the 8-column/4-head answer, and split_columns: which columns belong to which head.
+
+split_columns is graded on what it adds: blocks W[:, start:stop] for the ranges of the student's own
+head_column_ranges are right, so a mistake in the ranges is charged once, in test_head_column_ranges.
+"""
 import pytest
 import torch
 
-from autograder.checks.harness import Raised, fail, matches
+from autograder.checks.harness import Raised, attempt, fail, matches, wrong_ranges
 from autograder.checks.mistakes import column_range_variants, split_variants
 from reference import mha as ref
 
@@ -73,16 +77,28 @@ SPLITS = [(3, 6, 3), (4, 8, 4), (8, 8, 2), (5, 12, 12), (16, 4, 1)]
 def test_split_columns(submission, inputs, d_in, d_out, num_heads):
     """split_columns returns each head's block of columns W[:, start:stop], head 0 first"""
     W = inputs.randn(d_in, d_out)
-    given = submission.call("split_columns", W, num_heads)
+    given, problem = attempt(submission.call, "split_columns", W, num_heads)
+    if problem:
+        note = wrong_ranges(submission, d_out, num_heads)
+        fail(problem + (f"\nIf split_columns uses head_column_ranges: {note}; fix that first (see its checks)."
+                        if note else ""))
     expected = ref.split_columns(W, num_heads)
     what = f"split_columns(W of shape ({d_in}, {d_out}), {num_heads})"
     if not isinstance(given, (list, tuple)) or not all(isinstance(b, torch.Tensor) for b in given):
         fail(f"{what}: expected a list of {num_heads} tensors, got {type(given).__name__}")
-    if len(given) == len(expected) and all(matches(g, e, atol=0) for g, e in zip(given, expected)):
+    if same_blocks(given, expected):
         return
+    own = as_ranges(submission.try_call("head_column_ranges", d_out, num_heads))
+    if own is not None and own != ref.head_column_ranges(d_out, num_heads) and same_blocks(
+            given, [W[:, start:stop] for start, stop in own]):
+        return  # the blocks of your own ranges: the ranges are charged in test_head_column_ranges
     for description, blocks in split_variants(W, num_heads).items():
-        if len(given) == len(blocks) and all(matches(g, b, atol=0) for g, b in zip(given, blocks)):
+        if same_blocks(given, blocks):
             fail(f"{what}: wrong blocks.\nLikely mistake: {description}")
     shapes = [tuple(b.shape) for b in given]
     fail(f"{what}: got {len(given)} blocks of shapes {shapes[:4]}, expected {num_heads} blocks of shape "
          f"{tuple(expected[0].shape)} equal to W[:, start:stop] for each head's range")
+
+
+def same_blocks(given, blocks) -> bool:
+    return len(given) == len(blocks) and all(matches(g, b, atol=0) for g, b in zip(given, blocks))

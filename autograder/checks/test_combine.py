@@ -1,9 +1,15 @@
-"""combine: the gathering step, per-head (b, T, d_h) tensors -> (b, T, sum d_h)."""
+"""combine: the gathering step, per-head (b, T, d_h) tensors -> (b, T, sum d_h).
+
+The checks run in this order, so the first failure shown is the most telling: the book's example
+(visible), hidden cases, then the dtype (which counts only when the values are right).
+"""
+import re
+
 import pytest
 import torch
 
-from autograder.checks.harness import assert_close, book_batch, first_match
-from autograder.checks.mistakes import combine_variants
+from autograder.checks.harness import assert_close, attempt, book_batch, fail, first_match
+from autograder.checks.mistakes import SHAPE_DRIFT, combine_variants
 from reference import mha as ref
 
 # (batch, tokens, widths of the heads)
@@ -20,22 +26,17 @@ def head_outputs(inputs, batch, tokens, widths, dtype=torch.float64):
     return [inputs.randn(batch, tokens, width, dtype=dtype) for width in widths]
 
 
-@pytest.mark.part("combine")
-@pytest.mark.parametrize("case", list(CASES))
-def test_concatenates_heads(submission, inputs, rubric, case):
-    """combine puts the heads side by side in the last dimension, head 0 first"""
-    outputs = head_outputs(inputs, *CASES[case])
-    got = submission.call("combine", outputs)
-    assert_close(got, ref.combine(outputs), "float64", rubric, f"combine of {case}",
+def check_combine(submission, rubric, outputs, dtype_name, what):
+    got, problem = attempt(submission.call, "combine", outputs)
+    if problem:
+        joined = re.search(r"Sizes of tensors must match except in dimension (\d+)", problem)
+        if joined and joined.group(1) != "2":
+            fail(f"{what}: Likely mistake: combine joins the heads along dimension {joined.group(1)}, where "
+                 "heads of different widths do not line up; only the last dimension may differ between heads, "
+                 f"so concatenate along it, torch.cat(outputs, dim=-1) ({SHAPE_DRIFT}).\n{problem}")
+        fail(problem)
+    assert_close(got, ref.combine(outputs), dtype_name, rubric, what,
                  diagnose=lambda y: first_match(y, combine_variants(outputs)))
-
-
-@pytest.mark.part("combine")
-def test_keeps_dtype(submission, inputs, rubric):
-    """combine keeps the heads' dtype"""
-    outputs = head_outputs(inputs, 2, 3, [2, 2], dtype=torch.float32)
-    assert_close(submission.call("combine", outputs), ref.combine(outputs), "float32", rubric,
-                 "combine of float32 heads")
 
 
 @pytest.mark.part("combine")
@@ -44,7 +45,20 @@ def test_book_example(submission, rubric):
     batch = book_batch()
     torch.manual_seed(123)
     heads = ref.MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2).heads
-    outputs = [head(batch).detach() for head in heads]
-    assert_close(submission.call("combine", outputs), ref.combine(outputs), "float32", rubric,
-                 "combine of the book's example", diagnose=lambda y: first_match(y, combine_variants(outputs)))
+    with torch.no_grad():
+        outputs = [head(batch) for head in heads]
+    check_combine(submission, rubric, outputs, "float32", "combine of the book's example")
 
+
+@pytest.mark.part("combine")
+@pytest.mark.parametrize("case", list(CASES))
+def test_concatenates_heads(submission, inputs, rubric, case):
+    """combine puts the heads side by side in the last dimension, head 0 first"""
+    check_combine(submission, rubric, head_outputs(inputs, *CASES[case]), "float64", f"combine of {case}")
+
+
+@pytest.mark.part("combine")
+def test_keeps_dtype(submission, inputs, rubric):
+    """combine keeps the heads' dtype (float32 in, float32 out)"""
+    outputs = head_outputs(inputs, 2, 3, [2, 2], dtype=torch.float32)
+    check_combine(submission, rubric, outputs, "float32", "combine of float32 heads")
