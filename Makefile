@@ -12,10 +12,12 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: setup test release grade check grade-one help
+.PHONY: setup test test-speed bench release grade check grade-one help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests"
+	@echo "make test-speed                the speed part's verdicts, each graded 10 times beside a CPU burner (long)"
+	@echo "make bench                     time the wrapper, the weight split and fast peers; table, plot, JSON"
 	@echo "make grade                     grade every submission in assignments/submitted/"
 	@echo "make check SUBMISSION=mha.py   the visible checks, for students"
 	@echo "make grade-one SUBMISSION=...  grade one submission into OUT=results.json"
@@ -26,6 +28,12 @@ setup:
 
 test: setup
 	$(PY) -m pytest
+
+test-speed: setup
+	SPEED_VERDICTS=1 $(PY) -m pytest tests/test_speed_verdicts.py -s -q
+
+bench: setup
+	$(PY) -m autograder.bench --device $(DEVICE) --out bench
 
 release: setup
 	$(PY) -m autograder release
