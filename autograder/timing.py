@@ -225,6 +225,28 @@ def round_order(names: list[str], index: int) -> list[str]:
     return [first] + (rest if index % 2 == 0 else rest[::-1])
 
 
+def check_probes(mine, expected, rtol: float, atol: float, sigmas: float, features: int):
+    """Compare one timed call's answer (per token: sum y*R, sum |y|, sum y*y over the output's features,
+    R standard normal) with the reference's for the same seed. For an output y' = y + e, the first column
+    differs by sum e*R, normal with standard deviation sqrt(sum e^2); an output within the dtype's tolerance
+    has |e| <= atol + rtol |y|, which bounds that deviation from the reference's own sums. Raises
+    TimingFailed when a token's probe is off by more than `sigmas` such deviations."""
+    import torch
+
+    if not (isinstance(mine, torch.Tensor) and mine.shape == expected.shape and mine.dtype == expected.dtype
+            and bool(torch.isfinite(mine).all())):
+        raise TimingFailed("a timed forward's answer was malformed or not finite")
+    abs_sum, square_sum = expected[..., 1], expected[..., 2]
+    deviation = torch.sqrt(features * atol**2 + 2 * atol * rtol * abs_sum + rtol**2 * square_sum)
+    worst = ((mine[..., 0] - expected[..., 0]).abs() / deviation).max().item()
+    if worst > sigmas:
+        raise TimingFailed(
+            "the output of a timed forward differs from the reference's for the same input (a random probe of "
+            f"it is off by {worst:.3g} standard deviations of an output within tolerance, {sigmas:g} allowed). "
+            "Each timed call must compute the answer for its own new input: answers cached or replayed from "
+            "earlier calls earn nothing.")
+
+
 # -- statistics ----------------------------------------------------------------------------------------------
 
 CPU_SLACK_SECONDS = 0.002  # rounding of CPU time around a whole measurement (it is read to the nanosecond)

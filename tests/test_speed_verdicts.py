@@ -47,6 +47,7 @@ def speed_figures(results: dict) -> dict:
     return figures
 
 
+@pytest.mark.timeout(GRADINGS * 300 + 60)
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_verdict_holds_in_every_grading(tmp_path, neighbour, variant):
     path = tmp_path / variant / "mha.py"
