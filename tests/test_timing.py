@@ -376,3 +376,17 @@ def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
     from autograder.sandbox.client import SubmissionError
     with pytest.raises(SubmissionError, match="expected a tensor of shape"):
         reference_worker.request("forward_many", seeds=[1], **{**args, "out_features": 9})
+
+
+def test_the_notebook_times_the_graders_cpu_workload():
+    """The notebook's speed self-check says it times what the grader times: it must be so."""
+    import ast
+
+    from conftest import REFERENCE
+
+    tree = ast.parse(REFERENCE.read_text())
+    (stated,) = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                 and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["_SPEED_WORKLOAD"]]
+    (cpu,) = SPEED.workloads_for("cpu")
+    assert cpu.d_in == cpu.d_out
+    assert stated == dict(batch=cpu.batch, num_tokens=cpu.tokens, d_model=cpu.d_in, num_heads=cpu.heads)
