@@ -48,7 +48,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+import torch
+
+from autograder import submission as reader
 from autograder.rubric import SpeedSettings
+from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
 
 REFERENCE_SOURCE = Path(__file__).resolve().parent.parent / "reference" / "mha.py"
 WRAPPER, REFERENCE, SUBMISSION = "wrapper", "reference", "submission"
@@ -68,17 +72,13 @@ class ReferenceWorker:
     """The worker that runs the reference's code for timing, started in a thread as soon as it is made, so
     that its start overlaps the other checks; `get()` waits for it to be ready."""
 
-    def __init__(self, config):
-        from autograder.sandbox.client import Worker
-
+    def __init__(self, config: WorkerConfig):
         self.worker = Worker(reference_cells(), "reference.py", config)
         self.error: str | None = None
         self.thread = threading.Thread(target=self._start, name="reference-timing-worker", daemon=True)
         self.thread.start()
 
     def _start(self):
-        from autograder.sandbox.client import WorkerError
-
         try:
             loaded = self.worker.start()
             if loaded.errors:
@@ -86,7 +86,7 @@ class ReferenceWorker:
         except WorkerError as exc:
             self.error = f"the reference's timing worker could not start: {exc}"
 
-    def get(self):
+    def get(self) -> Worker:
         self.thread.join()
         if self.error:
             raise CannotTime(self.error)
@@ -97,7 +97,7 @@ class ReferenceWorker:
         self.worker.close()
 
 
-def start_reference_workers(config) -> dict[str, ReferenceWorker]:
+def start_reference_workers(config: WorkerConfig) -> dict[str, ReferenceWorker]:
     """The wrapper's and the reference's timing workers, both starting now."""
     return {WRAPPER: ReferenceWorker(config), REFERENCE: ReferenceWorker(config)}
 
@@ -105,8 +105,6 @@ def start_reference_workers(config) -> dict[str, ReferenceWorker]:
 def reference_cells(path: Path = REFERENCE_SOURCE) -> list[tuple[int, int, str]]:
     """The reference's code cells that only define (imports, classes, functions, constants): what its timing
     worker loads, without the notebook's demonstrations and self-checks."""
-    from autograder import submission as reader
-
     cells = []
     for number, source in reader.read_cells(path):
         body = ast.parse(source).body
@@ -127,7 +125,7 @@ class Target:
     forwards it runs per round (the wrapper, many times slower, needs fewer to be timed as well)."""
 
     name: str
-    worker: object  # sandbox.client.Worker: suspend(), resume(), cpu_seconds()
+    worker: Worker  # or anything with suspend(), resume() and cpu_seconds()
     run: Callable[[list[int], float], list]
     calls: int
 
@@ -231,8 +229,6 @@ def check_probes(mine, expected, rtol: float, atol: float, sigmas: float, featur
     differs by sum e*R, normal with standard deviation sqrt(sum e^2); an output within the dtype's tolerance
     has |e| <= atol + rtol |y|, which bounds that deviation from the reference's own sums. Raises
     TimingFailed when a token's probe is off by more than `sigmas` such deviations."""
-    import torch
-
     if not (isinstance(mine, torch.Tensor) and mine.shape == expected.shape and mine.dtype == expected.dtype
             and bool(torch.isfinite(mine).all())):
         raise TimingFailed("a timed forward's answer was malformed or not finite")

@@ -4,8 +4,9 @@ the gate on the mha part's values; and the worker's seeded `forward_many`, which
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import itertools
-import os
 import subprocess
 import sys
 import textwrap
@@ -385,8 +386,54 @@ def test_the_notebook_times_the_graders_cpu_workload():
     from conftest import REFERENCE
 
     tree = ast.parse(REFERENCE.read_text())
-    (stated,) = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
-                 and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["_SPEED_WORKLOAD"]]
+    (call,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+               and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["_SPEED_WORKLOAD"]]
+    stated = {keyword.arg: ast.literal_eval(keyword.value) for keyword in call.keywords}  # dict(batch=2, ...)
     (cpu,) = SPEED.workloads_for("cpu")
     assert cpu.d_in == cpu.d_out
     assert stated == dict(batch=cpu.batch, num_tokens=cpu.tokens, d_model=cpu.d_in, num_heads=cpu.heads)
+
+
+# -- end to end: the flag and the guard --------------------------------------------------------------------
+
+def speed_rubric_with(tmp_path, **settings):
+    text = PACKAGED
+    for key, value in settings.items():
+        text, count = re.subn(rf"(?m)^{key} = [0-9.]+", f"{key} = {value}", text, count=1)
+        assert count == 1, key
+    path = tmp_path / "rubric.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.slow
+def test_a_speedup_far_above_the_references_is_flagged_for_the_instructor(tmp_path):
+    from conftest import REFERENCE
+
+    # bands moved so that the reference itself counts as implausibly fast (it runs at about 1.0)
+    rubric = speed_rubric_with(tmp_path, give_up_below=0.1, no_credit_at=0.4, full_credit_at=0.5, flag_above=0.6)
+    out = tmp_path / "r.json"
+    run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(REFERENCE), "--part", "speed",
+                          "--rubric", str(rubric), "--out", str(out)], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(out.read_text())
+    (flag,) = results["extra_data"]["flags"]
+    assert "implausibly fast" in flag and "times the reference's" in flag
+    assert "Flagged for the instructor" in run.stdout
+    assert results["score"] == 10  # a flag is for a person to look at; it changes no score
+
+
+@pytest.mark.slow
+def test_a_run_where_the_reference_is_not_ahead_cannot_grade(tmp_path):
+    from conftest import REFERENCE
+
+    rubric = speed_rubric_with(tmp_path, min_reference_speedup=1000)
+    out = tmp_path / "r.json"
+    run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(REFERENCE), "--part", "speed",
+                          "--rubric", str(rubric), "--out", str(out), "--quiet"], capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path)
+    assert run.returncode == 2
+    results = json.loads(out.read_text())
+    assert results["extra_data"]["status"] == "cannot_grade" and results["tests"] == []
+    assert "tell a parallel forward from a sequential one" in results["extra_data"]["grader_errors"][0]
