@@ -35,7 +35,7 @@ from autograder.rubric import Rubric, RubricError, load_rubric
 from autograder.sandbox import protocol
 from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
 from autograder.scoring import score
-from autograder.timing import start_reference_workers
+from autograder.timing import start_timing_workers
 
 CHECKS_DIR = Path(__file__).with_name("checks")
 EXIT_GRADED, EXIT_CHECKS_FAILED, EXIT_CANNOT_GRADE = 0, 1, 2
@@ -213,8 +213,8 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     context = GradingContext(Submission(worker, run.device, rubric.limit("check_seconds")), rubric, run.device,
                              run.seed)
     if rubric.speed is not None and (options.parts is None or "speed" in options.parts):
-        # the reference's timing workers start now, in the background, while the other checks run
-        context.timing_workers = start_reference_workers(worker.config)
+        # the speed part's workers start now, in the background, while the other checks run
+        context.timing_workers = start_timing_workers(worker)
     try:
         plugin = run_checks(context, rubric, options.visible_only, parts=options.parts)
     finally:

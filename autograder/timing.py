@@ -19,9 +19,10 @@ How (`measure`):
   and times the wrapper, then the reference and the submission, which take turns at going first.
 - Only the worker being timed runs: every other worker, with every process it started, is stopped
   (SIGSTOP), so a submission's background threads or processes cannot slow the reference down.
-- Equal torch threads in every worker, and a worker's CPU time (every process it started, to the
-  nanosecond) is charged when it exceeds what those threads could have used in the wall time measured: a
-  submission cannot win by using more cores than the reference gets.
+- Each request is charged its wall time less the time the worker's threads waited for a CPU held by
+  other processes (so a busy machine hurts nobody), but never less than the CPU time of all the worker's
+  processes spread over the threads it was given (equal torch threads everywhere): a submission cannot
+  win by using more cores than the reference gets, and sleeping or blocking is charged (`charge`).
 
 The statistic (`summarize`): per round, the submission's speedup over the wrapper and the reference's own;
 their ratio (the submission's speedup as a fraction of the reference's) is the score's input, as the median
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import math
@@ -68,23 +70,26 @@ class CannotTime(RuntimeError):
 
 # -- the reference's own worker ------------------------------------------------------------------------------
 
-class ReferenceWorker:
-    """The worker that runs the reference's code for timing, started in a thread as soon as it is made, so
-    that its start overlaps the other checks; `get()` waits for it to be ready."""
+class BackgroundWorker:
+    """A worker started in a thread as soon as it is made, so that its start overlaps the other checks;
+    `get()` waits for it. A trusted one (running the reference) that fails to start is the grader's fault
+    (CannotTime); the submission's remembers why it could not load, and says so at its first request."""
 
-    def __init__(self, config: WorkerConfig):
-        self.worker = Worker(reference_cells(), "reference.py", config)
+    def __init__(self, cells, filename: str, config: WorkerConfig, trusted: bool, load_failure: str | None = None):
+        self.worker = Worker(cells, filename, config)
+        self.worker.load_failure = load_failure
+        self.trusted = trusted
         self.error: str | None = None
-        self.thread = threading.Thread(target=self._start, name="reference-timing-worker", daemon=True)
+        self.thread = threading.Thread(target=self._start, name=f"timing-worker-{filename}", daemon=True)
         self.thread.start()
 
     def _start(self):
         try:
             loaded = self.worker.start()
-            if loaded.errors:
+            if self.trusted and loaded.errors:
                 self.error = f"the reference did not load in its timing worker: {loaded.errors[0].message}"
         except WorkerError as exc:
-            self.error = f"the reference's timing worker could not start: {exc}"
+            self.error = f"the reference's timing worker could not start: {exc}" if self.trusted else None
 
     def get(self) -> Worker:
         self.thread.join()
@@ -97,9 +102,20 @@ class ReferenceWorker:
         self.worker.close()
 
 
-def start_reference_workers(config: WorkerConfig) -> dict[str, ReferenceWorker]:
-    """The wrapper's and the reference's timing workers, both starting now."""
-    return {WRAPPER: ReferenceWorker(config), REFERENCE: ReferenceWorker(config)}
+def start_timing_workers(submission: Worker) -> dict[str, BackgroundWorker]:
+    """The three timing workers, all starting now: the wrapper's and the reference's, each loading only the
+    reference's definitions, and a fresh one loading the submission, so that the three timed modules live in
+    processes with the same history (a worker that has run every other check runs the same forward about
+    10 % slower than a fresh one). All are in the submission's kind of sandbox with its limits; the two
+    trusted ones without its time budgets, which are the submission's to spend."""
+    config = submission.config
+    trusted = dataclasses.replace(config, submission_seconds=math.inf, submission_cpu_seconds=None)
+    cells = reference_cells()
+    return {WRAPPER: BackgroundWorker(cells, "reference.py", trusted, trusted=True),
+            REFERENCE: BackgroundWorker(cells, "reference.py", trusted, trusted=True),
+            SUBMISSION: BackgroundWorker([tuple(c) for c in submission.cells], submission.filename,
+                                         dataclasses.replace(config), trusted=False,
+                                         load_failure=submission.load_failure)}
 
 
 def reference_cells(path: Path = REFERENCE_SOURCE) -> list[tuple[int, int, str]]:
@@ -132,10 +148,14 @@ class Target:
 
 @dataclass
 class Measurement:
-    """Seconds per forward of each target in each measured round, and each worker's CPU charge."""
+    """Per target, per measured round, seconds per forward: `rounds` the charged time (what is scored),
+    `walls` the wall time, `cpus` the CPU time of all the worker's processes, `waits` the time its threads
+    spent ready to run but waiting for a CPU."""
 
     rounds: dict[str, list[float]]
-    cpu_factor: dict[str, float]  # per target: charged time / wall time (1 unless it used more threads)
+    walls: dict[str, list[float]] = field(default_factory=dict)
+    cpus: dict[str, list[float]] = field(default_factory=dict)
+    waits: dict[str, list[float]] = field(default_factory=dict)
     warmup: dict[str, list[float]] = field(default_factory=dict)
 
 
@@ -163,21 +183,53 @@ class Stage:
             worker.resume()
 
 
+def charge(wall: float, cpu: float, wait: float, threads: int) -> float:
+    """The time a request is charged: its wall time less the time the worker's threads waited for a CPU
+    that other processes held (a busy machine is nobody's fault), but never less than its CPU time spread
+    over the threads it was given (more cores earn nothing). Sleeping or blocking is charged; and since
+    waiting for a CPU means wanting one, no worker can be charged less than the CPU time it used."""
+    return max(cpu / threads, wall - wait)
+
+
+def task_waits(worker) -> dict[int, int]:
+    """Nanoseconds each live thread of the worker has spent ready to run but waiting for a CPU (the second
+    field of /proc/PID/task/TID/schedstat), by thread id."""
+    process = getattr(worker, "process", None)
+    waits = {}
+    for pid in process.pids() if process is not None else ():
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as handle:
+                    waits[int(tid)] = int(handle.read().split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    return waits
+
+
+def waited(before: dict[int, int], after: dict[int, int]) -> float:
+    """Seconds waited for a CPU between two `task_waits`, by the threads alive at both (a thread that ended
+    takes its waits with it, which can only raise the charge)."""
+    return sum(after[tid] - before[tid] for tid in after.keys() & before.keys()) / 1e9
+
+
 def measure(targets: list[Target], settings: SpeedSettings, seeds: Iterator[int],
             verify: Callable[[dict[str, list]], None], request_seconds: float,
             clock: Callable[[], float] = time.perf_counter) -> Measurement:
     """Warm-up rounds, then `settings.rounds` measured rounds of each target's forwards (see the module's
     docstring); in a round every target's inputs come from the same new seeds. `verify(answers by target)`
-    checks a round's answers (it raises TimingFailed). Raises
-    TimingFailed when the submission's forwards fail, or are so slow after warm-up that even its best time
-    is below `give_up_below` of the reference's worst."""
+    checks a round's answers (it raises TimingFailed). Raises TimingFailed when the submission's forwards
+    fail, or are so slow after warm-up that even its best time is below `give_up_below` of the reference's
+    worst."""
     by_name = {t.name: t for t in targets}
-    workers = [t.worker for t in targets]
-    walls: dict[str, list[float]] = {t.name: [] for t in targets}
-    warm: dict[str, list[float]] = {t.name: [] for t in targets}
-    worker_wall: dict[int, float] = {id(w): 0.0 for w in workers}
+    names = [t.name for t in targets]
+    warm: dict[str, list[float]] = {name: [] for name in names}
+    result = Measurement(*({name: [] for name in names} for _ in range(4)), warmup=warm)
 
-    def one_round(order: list[str], into: dict[str, list[float]], counted: bool):
+    def one_round(order: list[str], counted: bool):
         round_seeds = [next(seeds) for _ in range(max(t.calls for t in targets))]
         answers = {}
         for name in order:
@@ -186,20 +238,25 @@ def measure(targets: list[Target], settings: SpeedSettings, seeds: Iterator[int]
             timeout = request_seconds
             if name == SUBMISSION and warm[REFERENCE]:
                 # far beyond what could still earn anything: stop waiting (a sleeping or hanging forward)
-                slowest = max(warm[REFERENCE] + walls[REFERENCE]) * target.calls
+                slowest = max(result.walls[REFERENCE] or warm[REFERENCE]) * target.calls
                 timeout = min(request_seconds, 1.0 + 2 * slowest / settings.give_up_below)
+            cpu_before, waits_before = target.worker.cpu_seconds(), task_waits(target.worker)
             start = clock()
             answers[name] = target.run(round_seeds[:target.calls], timeout)
             wall = clock() - start
-            into[name].append(wall / target.calls)
+            cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, task_waits(target.worker))
+            charged = charge(wall, cpu, wait, settings.threads) / target.calls
             if counted:
-                worker_wall[id(target.worker)] += wall
+                for into, value in ((result.rounds, charged), (result.walls, wall), (result.cpus, cpu),
+                                    (result.waits, wait)):
+                    into[name].append(value if into is result.rounds else value / target.calls)
+            else:
+                warm[name].append(charged)
         verify(answers)
 
-    with Stage(workers) as stage:
-        names = [t.name for t in targets]
+    with Stage([t.worker for t in targets]) as stage:
         for _ in range(settings.warmup_rounds):  # the reference before the submission: its time bounds the wait
-            one_round(names, warm, counted=False)
+            one_round(names, counted=False)
         if SUBMISSION in warm and REFERENCE in warm:
             best = max(warm[REFERENCE]) / min(warm[SUBMISSION])
             if best < settings.give_up_below:
@@ -207,13 +264,9 @@ def measure(targets: list[Target], settings: SpeedSettings, seeds: Iterator[int]
                     f"your forward took {min(warm[SUBMISSION]) * 1e3:.3g} ms per call at best, the reference's "
                     f"{max(warm[REFERENCE]) * 1e3:.3g} ms at worst: more than {1 / settings.give_up_below:g} times "
                     "slower, so the measured rounds were not run")
-        cpu_before = {id(w): w.cpu_seconds() for w in stage.workers}
         for index in range(settings.rounds):
-            one_round(round_order(names, index), walls, counted=True)
-        cpu_used = {id(w): w.cpu_seconds() - cpu_before[id(w)] for w in stage.workers}
-    factors = {t.name: cpu_factor(cpu_used[id(t.worker)], worker_wall[id(t.worker)], settings.threads)
-               for t in targets}
-    return Measurement(walls, factors, warm)
+            one_round(round_order(names, index), counted=True)
+    return result
 
 
 def round_order(names: list[str], index: int) -> list[str]:
@@ -245,18 +298,6 @@ def check_probes(mine, expected, rtol: float, atol: float, sigmas: float, featur
 
 # -- statistics ----------------------------------------------------------------------------------------------
 
-CPU_SLACK_SECONDS = 0.002  # rounding of CPU time around a whole measurement (it is read to the nanosecond)
-
-
-def cpu_factor(cpu_seconds: float, wall_seconds: float, threads: int) -> float:
-    """How much more than its wall time a worker is charged: its CPU time over what `threads` threads
-    could have used in that wall time, when above 1. A worker that used more cores than it was given is
-    charged as if it had done the same work on the cores it was given."""
-    if wall_seconds <= 0:
-        return 1.0
-    return max(1.0, (cpu_seconds - CPU_SLACK_SECONDS) / (threads * wall_seconds))
-
-
 def credit(relative: float, no_credit_at: float, full_credit_at: float) -> float:
     """The fraction of the speed part's points for a speedup that is `relative` of the reference's: none
     at or below `no_credit_at`, all from `full_credit_at`, linear in between."""
@@ -277,8 +318,8 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
 def summarize(measurement: Measurement) -> dict:
     """The figures of one workload: median times, per-round speedups over the wrapper, the submission's
     speedup as a fraction of the reference's (`relative`, the median of the per-round ratios) and its
-    spread. Times are charged times: wall time times the CPU factor."""
-    charged = {name: [t * measurement.cpu_factor[name] for t in times] for name, times in measurement.rounds.items()}
+    spread. Times are charged times (`charge`); the wall, CPU and waiting times are kept beside them."""
+    charged = measurement.rounds
     wrapper, reference, mine = charged[WRAPPER], charged[REFERENCE], charged[SUBMISSION]
     speedups = [w / s for w, s in zip(wrapper, mine)]
     reference_speedups = [w / r for w, r in zip(wrapper, reference)]
@@ -290,8 +331,9 @@ def summarize(measurement: Measurement) -> dict:
         "relative": median,
         "relative_spread": {"q1": q1, "q3": q3, "min": min(relatives), "max": max(relatives)},
         "ms_per_call": {name: statistics.median(times) * 1e3 for name, times in charged.items()},
-        "wall_ms_per_call": {name: [round(t * 1e3, 4) for t in times] for name, times in measurement.rounds.items()},
-        "cpu_factor": dict(measurement.cpu_factor),
+        "per_round_ms": {kind: {name: [round(t * 1e3, 4) for t in times] for name, times in values.items()}
+                         for kind, values in (("charged", charged), ("wall", measurement.walls),
+                                              ("cpu", measurement.cpus), ("waiting", measurement.waits))},
         "rounds": len(relatives),
     }
 

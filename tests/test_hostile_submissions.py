@@ -702,6 +702,7 @@ def notebook_with_source(source) -> str:
 READER_PENDING = ("" if hasattr(reader, "NotASubmission") else
                   "the linear-time, validating submission reader has not landed yet")
 ANY = "any"  # a part that must lose points, some or all
+MAY = "may"  # a part whose points depend on more than the attack (speed, for a forward that does extra work)
 
 CASES += [
     # replies that break the protocol: refused before anything is materialised, the worker replaced
@@ -720,7 +721,8 @@ CASES += [
     Case("slow_every_forward", lambda c: with_cells(last=SLOW_EVERY_FORWARD.format(seconds=REQUEST_SECONDS - 1,
                                                                                   marker=c.marker)),
          # alphabetically, columns and combine are checked before the budget runs out, the rest after
-         {part: ANY for part in ("fuse", "mha", "quiz", "two_dim", "wrapper")}, ("time budget for the whole submission",),
+         {part: ANY for part in ("fuse", "mha", "quiz", "speed", "two_dim", "wrapper")},
+         ("time budget for the whole submission",),
          limits=(("submission_seconds", 40),), wall_seconds=150),
     # lies about its own behaviour: the structure checks rest on the worker's word (tagged so), but what a
     # traced forward computes must be right, and the same untraced
@@ -730,7 +732,7 @@ CASES += [
     Case("sdpa_when_not_traced", lambda c: with_cells(last=_when_traced("_honest")), {"mha": "some"},
          ("different outputs for the same input when its operations were traced",),
          {"mha": ("mha::test_one_pass_for_all_heads", "mha::test_no_ready_made_attention", "mha::test_dropout")}),
-    Case("calls_fused_multi_head_attention", lambda c: with_cells(last=CALLS_FUSED_MHA), {"mha": "some"},
+    Case("calls_fused_multi_head_attention", lambda c: with_cells(last=CALLS_FUSED_MHA), {"mha": "some", "speed": MAY},
          ("nn_multihead_attention",), {"mha": ("mha::test_no_ready_made_attention",)}),
     Case("hides_its_input_mutation", lambda c: with_cells(last=HIDES_ITS_MUTATION), {}, ()),
     # files that once took the grader's memory or crashed it while reading them
@@ -850,6 +852,8 @@ def test_contained_and_scored_for_what_it_deserves(graded, reference_results, ca
             assert score == 0, f"{part} must lose every point, got {score}/{max_score}"
         elif case.lost[part] == ANY:
             assert score < max_score, f"{part} must lose points, got {score}/{max_score}"
+        elif case.lost[part] == MAY:
+            pass
         else:
             assert 0 < score < max_score, f"{part} must lose some points, got {score}/{max_score}"
     for part, keys in case.only.items():

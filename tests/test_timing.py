@@ -31,17 +31,24 @@ def test_credit_is_linear_between_the_bands(relative, expected):
     assert timing.credit(relative, 0.55, 0.75) == pytest.approx(expected)
 
 
-def test_a_worker_is_charged_for_cpu_beyond_its_threads_only():
-    assert timing.cpu_factor(0.95, 1.0, threads=1) == 1.0  # one busy thread: its wall time
-    assert timing.cpu_factor(1.0 + timing.CPU_SLACK_SECONDS, 1.0, threads=1) == pytest.approx(1.0)
-    assert timing.cpu_factor(2.0, 1.0, threads=1) == pytest.approx(2.0, rel=0.01)  # two cores for one
-    assert timing.cpu_factor(2.0, 1.0, threads=2) == 1.0
-    assert timing.cpu_factor(5.0, 0.0, threads=1) == 1.0
+def test_a_request_is_charged_its_own_time_not_the_machines():
+    # one thread, busy all along, on a machine so loaded that it waited for a CPU 3/4 of the time
+    assert timing.charge(wall=0.4, cpu=0.1, wait=0.3, threads=1) == pytest.approx(0.1)
+    # the same, sleeping 50 ms as well: charged for the sleep
+    assert timing.charge(wall=0.45, cpu=0.1, wait=0.3, threads=1) == pytest.approx(0.15)
+    # two cores busy for 0.1 s where one was given: charged 0.2 s
+    assert timing.charge(wall=0.1, cpu=0.2, wait=0.0, threads=1) == pytest.approx(0.2)
+    assert timing.charge(wall=0.1, cpu=0.2, wait=0.0, threads=2) == pytest.approx(0.1)
+    # threads made to wait (runnable, so wanting a CPU) cannot bring the charge below the CPU used
+    assert timing.charge(wall=0.1, cpu=0.08, wait=5.0, threads=1) == pytest.approx(0.08)
 
 
-def measurement(wrapper, reference, submission, factors=None):
-    rounds = {timing.WRAPPER: wrapper, timing.REFERENCE: reference, timing.SUBMISSION: submission}
-    return timing.Measurement(rounds, factors or {name: 1.0 for name in rounds})
+def test_waits_count_only_threads_alive_before_and_after():
+    assert timing.waited({1: 100, 2: 50}, {1: 400, 3: 10_000}) == pytest.approx(300e-9)
+
+
+def measurement(wrapper, reference, submission):
+    return timing.Measurement({timing.WRAPPER: wrapper, timing.REFERENCE: reference, timing.SUBMISSION: submission})
 
 
 def test_summary_is_the_median_of_per_round_ratios():
@@ -52,13 +59,6 @@ def test_summary_is_the_median_of_per_round_ratios():
     assert figures["relative"] == pytest.approx(1.0)
     assert figures["relative_spread"]["min"] == pytest.approx(0.5)
     assert figures["rounds"] == 3
-
-
-def test_summary_charges_the_cpu_factor():
-    base = measurement([10.0] * 3, [2.0] * 3, [2.0] * 3)
-    assert timing.summarize(base)["relative"] == pytest.approx(1.0)
-    charged = dataclasses.replace(base, cpu_factor={timing.WRAPPER: 1.0, timing.REFERENCE: 1.0, timing.SUBMISSION: 2.0})
-    assert timing.summarize(charged)["relative"] == pytest.approx(0.5)
 
 
 def test_the_reference_and_the_submission_take_turns_after_the_wrapper():
@@ -129,7 +129,7 @@ def test_only_the_timed_worker_runs_and_every_worker_is_resumed_after():
     assert all(w.running for w in workers.values())
     assert len(result.rounds[timing.SUBMISSION]) == SPEED.rounds
     assert result.rounds[timing.SUBMISSION][0] == pytest.approx(0.01)  # seconds per call
-    assert result.cpu_factor == {timing.WRAPPER: 1.0, timing.REFERENCE: 1.0, timing.SUBMISSION: 1.0}
+    assert result.walls[timing.WRAPPER][0] == pytest.approx(0.05)
 
 
 def test_every_round_has_new_seeds_shared_by_the_three():
@@ -152,7 +152,8 @@ def test_a_submission_using_two_cores_is_charged_for_them():
     targets, _ = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.006},
                               cpu_per_second={timing.SUBMISSION: 2.0})
     result = timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
-    assert result.cpu_factor[timing.SUBMISSION] == pytest.approx(2.0, rel=0.05)
+    assert result.cpus[timing.SUBMISSION][0] == pytest.approx(0.012)
+    assert result.rounds[timing.SUBMISSION][0] == pytest.approx(0.012)  # charged its CPU time, not its wall time
     assert timing.summarize(result)["relative"] == pytest.approx(0.01 / 0.012, rel=0.05)
 
 
@@ -348,7 +349,8 @@ def test_the_reference_worker_loads_only_definitions():
 def reference_worker():
     from autograder.sandbox.client import WorkerConfig
 
-    started = timing.ReferenceWorker(WorkerConfig(threads=1, request_seconds=30))
+    started = timing.BackgroundWorker(timing.reference_cells(), "reference.py",
+                                      WorkerConfig(threads=1, request_seconds=30), trusted=True)
     yield started.get()
     started.close()
 

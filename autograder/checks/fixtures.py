@@ -17,7 +17,7 @@ class GradingContext:
     run_seed: int
     measurements: dict = field(default_factory=dict)  # what checks measured for the model (e.g. speed)
     flags: list[str] = field(default_factory=list)  # what checks flag for the instructor
-    timing_workers: dict = field(default_factory=dict)  # timing.ReferenceWorker by target, started early
+    timing_workers: dict = field(default_factory=dict)  # timing.BackgroundWorker by target, started early
 
 
 class GradingFixtures:

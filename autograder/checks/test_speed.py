@@ -13,22 +13,30 @@ import pytest
 import torch
 
 from autograder import timing
-from autograder.checks.harness import assert_close, fail, reference_forward
+from autograder.checks.harness import Submission, assert_close, fail, reference_forward
 from autograder.sandbox.client import Worker, WorkerError
 
 
 @pytest.fixture(scope="module")
-def reference_workers(context) -> dict[str, Worker]:
-    """Two workers that run only the reference's code, one for the wrapper and one for MultiHeadAttention,
-    in the same kind of sandboxed process as the submission's (the grading run starts them early, in the
-    background; here otherwise)."""
-    started = context.timing_workers or timing.start_reference_workers(context.submission.worker.config)
-    try:
-        yield {name: worker.get() for name, worker in started.items()}
-    finally:
-        if not context.timing_workers:
-            for worker in started.values():
-                worker.close()
+def timing_workers(context) -> dict[str, timing.BackgroundWorker]:
+    """The three timing workers: the wrapper's and the reference's (running only the reference's code) and a
+    fresh one of the submission's, all the same kind of sandboxed process with the same history (the
+    grading run starts them early, in the background; here otherwise)."""
+    started = context.timing_workers or timing.start_timing_workers(context.submission.worker)
+    yield started
+    if not context.timing_workers:
+        for worker in started.values():
+            worker.close()
+
+
+def timed_submission(submission: Submission, started: timing.BackgroundWorker) -> Submission:
+    """The submission's fresh timing worker behind the checks' usual door; what hung or crashed in the
+    other worker is not tried again here."""
+    worker = started.get()
+    worker.hung.update(submission.worker.hung)
+    for target, crashes in submission.worker.crashes.items():
+        worker.crashes.setdefault(target, []).extend(crashes)
+    return Submission(worker, submission.device, submission.check_seconds)
 
 
 def trusted(worker: Worker, op: str, **args):
@@ -93,21 +101,23 @@ def record(context, workload, figures):
 
 
 @pytest.mark.part("speed")
-def test_faster_than_the_wrapper(context, submission, inputs, rubric, device, speed_workload, request):
+def test_faster_than_the_wrapper(context, submission, inputs, rubric, device, speed_workload, timing_workers,
+                                 request):
     """the parallel forward beats the wrapper by about as much as the reference's does"""
     settings, w = rubric.speed, speed_workload
     dtype = getattr(torch, w.dtype)
     mha, state, wrapper_state = same_weights(inputs, w, dtype)
     args = [w.d_in, w.d_out, w.tokens, 0.0, w.heads]
-    module = submission.build("MultiHeadAttention", *args, state_dict=state, dtype=dtype)
+    mine = timed_submission(submission, timing_workers[timing.SUBMISSION])
+    module = mine.build("MultiHeadAttention", *args, state_dict=state, dtype=dtype)
 
     # the values first, on this very workload: a timing of something wrong would mean nothing
     x = inputs.randn(*w.shape, dtype=dtype)
-    assert_close(submission.forward(module, x).y, reference_forward(mha.to(device), x.to(device)).cpu(), w.dtype,
+    assert_close(mine.forward(module, x).y, reference_forward(mha.to(device), x.to(device)).cpu(), w.dtype,
                  rubric, f"output on the speed workload ({describe(w)})")
 
-    workers = request.getfixturevalue("reference_workers")  # only now: a wrong forward does not wait for them
-    wrapper_worker, reference_worker = workers[timing.WRAPPER], workers[timing.REFERENCE]
+    # only now: a wrong forward does not wait for the reference's workers
+    wrapper_worker, reference_worker = timing_workers[timing.WRAPPER].get(), timing_workers[timing.REFERENCE].get()
     reference = trusted(reference_worker, "build", cls="MultiHeadAttention", args=args, kwargs={},
                         state_dict=state, dtype=w.dtype, device=device)
     wrapper = trusted(wrapper_worker, "build", cls="MultiHeadAttentionWrapper",
@@ -125,16 +135,16 @@ def test_faster_than_the_wrapper(context, submission, inputs, rubric, device, sp
                       w.wrapper_calls),
         timing.Target(timing.REFERENCE, reference_worker, in_reference_worker(reference_worker, reference.handle),
                       w.calls),
-        timing.Target(timing.SUBMISSION, submission.worker,
-                      lambda seeds, timeout: submission.forward_many(module, seeds, timeout=timeout, **request_args),
+        timing.Target(timing.SUBMISSION, mine.worker,
+                      lambda seeds, timeout: mine.forward_many(module, seeds, timeout=timeout, **request_args),
                       w.calls),
     ]
     seeds = iter(inputs.seed_value, None)
     try:
         with timing.device_lock(lock_name(device), settings.lock_seconds):
-            submission.begin_check()  # the wait for the lock is not the submission's time
+            mine.begin_check()  # the wait for the lock is not the submission's time
             measurement = timing.measure(targets, settings, seeds, verifier(w, rubric),
-                                         submission.worker.config.request_seconds)
+                                         mine.worker.config.request_seconds)
     except timing.TimingFailed as exc:
         record(context, w, {"workload": dataclasses.asdict(w), "failed": str(exc)})
         fail(f"{describe(w)}: {exc}")
