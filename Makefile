@@ -15,13 +15,15 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: setup test test-fast lint lock release grade merge grade-slurm check grade-one help
+.PHONY: setup test test-fast test-speed lint lock bench release grade merge grade-slurm check grade-one help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests"
 	@echo "make test-fast                 the quick tests only (no whole-submission grading, no CUDA)"
+	@echo "make test-speed                the speed part's verdicts, each graded 10 times beside a CPU burner (long)"
 	@echo "make lint                      ruff: lint and formatting"
 	@echo "make lock                      regenerate requirements.lock from pyproject.toml"
+	@echo "make bench                     time the wrapper, the weight split and fast peers; table, plot, JSON"
 	@echo "make grade                     grade every submission in assignments/submitted/"
 	@echo "make grade SHARD=K/N           grade shard K of N (K from 0) only; SHARD=auto in a Slurm array task"
 	@echo "make merge                     the class's outputs from every shard's results, grading nothing"
@@ -45,6 +47,12 @@ lint: setup
 
 lock:
 	@$(PYTHON) tools/lock.py --venv "$(VENV)" --torch "$(TORCH_SPEC)"
+
+test-speed: setup
+	SPEED_VERDICTS=1 $(PY) -m pytest tests/test_speed_verdicts.py -s -q
+
+bench: setup
+	$(PY) -m autograder.bench --device $(DEVICE) --out bench
 
 release: setup
 	$(PY) -m autograder release

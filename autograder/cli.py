@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="the hidden seed (recorded in results.json); only to reproduce a grading run")
     grade.add_argument("--isolation", choices=("auto", "namespace", "process"), default=isolation_default,
                        help=isolation_help)
+    grade.add_argument("--part", action="append", default=None, dest="parts", metavar="PART",
+                       help="grade only this part (repeatable), e.g. to regrade the speed part; "
+                            "the others are not run and count for nothing")
 
     check = sub.add_parser("check", help="the visible checks only, with feedback, for students "
                                          "(exit 1 when one fails)")
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     visible_only = args.command == "check"
     options = Options(device=args.device, out=None if visible_only else args.out, rubric_path=args.rubric,
                       visible_only=visible_only, quiet=getattr(args, "quiet", False), isolation=args.isolation,
-                      seed=getattr(args, "seed", None))
+                      seed=getattr(args, "seed", None), parts=tuple(args.parts) if getattr(args, "parts", None) else None)
     return grade_command(args.submission, options)
 
 

@@ -35,6 +35,7 @@ from autograder.rubric import Rubric, RubricError, load_rubric
 from autograder.sandbox import protocol
 from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
 from autograder.scoring import score
+from autograder.timing import start_timing_workers
 
 CHECKS_DIR = Path(__file__).with_name("checks")
 EXIT_GRADED, EXIT_CHECKS_FAILED, EXIT_CANNOT_GRADE = 0, 1, 2
@@ -53,6 +54,7 @@ class Options:
     quiet: bool = False
     isolation: str = "auto"
     seed: int | None = None
+    parts: tuple[str, ...] | None = None  # grade only these parts (None: all)
 
 
 # -- the steps ----------------------------------------------------------------------------------
@@ -106,10 +108,11 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
     )
 
 
-def run_checks(context: GradingContext, rubric: Rubric, visible_only: bool, verbose: bool = False) -> ResultsPlugin:
+def run_checks(context: GradingContext, rubric: Rubric, visible_only: bool, verbose: bool = False,
+               parts: tuple[str, ...] | None = None) -> ResultsPlugin:
     """Run the pytest checks in this (trusted) process, with the grader's own configuration only."""
     timeout = rubric.limit("check_seconds") + rubric.limit("request_seconds") + 30
-    plugin = ResultsPlugin(rubric, visible_only)
+    plugin = ResultsPlugin(rubric, visible_only, parts)
     args = [str(CHECKS_DIR), "-c", str(CHECKS_DIR / "pytest.ini"), "--rootdir", str(CHECKS_DIR),
             "--noconftest", "-p", "no:cacheprovider", "-p", "pytest_timeout", f"--timeout={timeout:g}",
             "-q", "--no-header", "-rN"]
@@ -193,6 +196,9 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
                      visible_only=options.visible_only, seed=options.seed)
     try:
         rubric = load_rubric(options.rubric_path)
+        unknown = sorted(set(options.parts or ()) - set(rubric.parts))
+        if unknown:
+            raise CannotGrade(f"no such part: {', '.join(unknown)} (the rubric's parts: {', '.join(rubric.parts)})")
         run.device = resolve_device(options.device)
         cells, problem = read_submission(path)
         hide = [str(path.resolve().parent)] + ([str(Path(options.out).resolve().parent)] if options.out else [])
@@ -206,10 +212,15 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     run.seed = new_run_seed() if options.seed is None else options.seed
     context = GradingContext(Submission(worker, run.device, rubric.limit("check_seconds")), rubric, run.device,
                              run.seed)
+    if rubric.speed is not None and (options.parts is None or "speed" in options.parts):
+        # the speed part's workers start now, in the background, while the other checks run
+        context.timing_workers = start_timing_workers(worker)
     try:
-        plugin = run_checks(context, rubric, options.visible_only)
+        plugin = run_checks(context, rubric, options.visible_only, parts=options.parts)
     finally:
         worker.close()  # every process of the submission is gone before anything is written
+        for timing_worker in context.timing_workers.values():
+            timing_worker.close()
     if _stopped:
         plugin.grader_errors.insert(0, f"grading was stopped ({signal.Signals(_stopped[0]).name}) before it finished")
     run.isolation = worker.isolation  # after the run: a fallback may have changed it

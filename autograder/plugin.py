@@ -1,7 +1,9 @@
 """A pytest plugin that records each check's outcome; no grading logic lives here.
 
 Markers: `@pytest.mark.part("mha")` (required on every check) and `@pytest.mark.evidence("worker")`
-for a check that rests on what the worker reports about itself (hooks, a trace). Which checks exist is
+for a check that rests on what the worker reports about itself (hooks, a trace). A check that earns part
+of its points (the speed part) says how much with `request.node.user_properties.append(("credit", f))`,
+f between 0 and 1, before it fails. Which checks exist is
 the checks' business, how outcomes become points is `scoring.score`'s.
 
 Only a check's own failure (`harness.fail`, i.e. `pytest.fail`) counts against the submission. Any
@@ -20,6 +22,7 @@ from autograder.rubric import Rubric, RubricError
 from autograder.scoring import Outcome
 
 # How pytest-timeout fails a test (its whole message; no message of a check's own looks like it)
+CREDIT = "credit"  # the user property naming the fraction of its points a check earned
 PYTEST_TIMEOUT = re.compile(r"Timeout \(>[0-9.]+s\) from pytest-timeout\.")
 
 
@@ -39,8 +42,9 @@ def _bounded(message: str) -> str:
 
 
 class ResultsPlugin:
-    def __init__(self, rubric: Rubric, visible_only: bool):
+    def __init__(self, rubric: Rubric, visible_only: bool, parts: tuple[str, ...] | None = None):
         self.rubric, self.visible_only = rubric, visible_only
+        self.parts = parts  # only these parts' checks run (None: every part)
         self.outcomes: dict[str, Outcome] = {}
         self.grader_errors: list[str] = []
 
@@ -59,7 +63,8 @@ class ResultsPlugin:
                 self.rubric.check_test_keys({check_key(i) for i in items})
             except RubricError as exc:
                 self.grader_errors.append(str(exc))
-        keep = [i for i in items if not self.visible_only or self.rubric.visibility(check_key(i)) == "visible"]
+        keep = [i for i in items if (not self.visible_only or self.rubric.visibility(check_key(i)) == "visible")
+                and (self.parts is None or _part(i) in self.parts)]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
         for item in items:
@@ -82,6 +87,10 @@ class ResultsPlugin:
         outcome = self.outcomes.get(item.nodeid)
         if outcome is None:
             return
+        if call.when == "call":
+            credits = [value for name, value in item.user_properties if name == CREDIT]
+            if credits:
+                outcome.credit = min(1.0, max(0.0, float(credits[-1])))
         excinfo = call.excinfo
         if excinfo is None:
             if call.when == "call" and outcome.status is None:
@@ -97,3 +106,8 @@ class ResultsPlugin:
         where = f"{item.nodeid} ({call.when})"
         text = str(excinfo.getrepr(style="short", chain=False))[-3000:]
         self.grader_errors.append(f"{where}: {excinfo.typename}: {str(error)[:500]}\n{text}")
+
+
+def _part(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("part")
+    return marker.args[0] if marker and marker.args else None

@@ -123,7 +123,6 @@ def build_source_notebook(reference: Path, rubric) -> nbformat.NotebookNode:
         new.metadata = {"nbgrader": meta}
         nb.cells.append(new)
     missing = [p for p in rubric.parts if p in PART_IDS and p not in seen_parts and rubric.part_points(p) > 0]
-    missing = [p for p in missing if p != "speed"]  # speed is measured by the grader, not in a cell
     if missing:
         raise ReleaseError(f"{reference.name}: no autograder-test cell for part(s) {', '.join(missing)}")
     nbformat.validate(nb)

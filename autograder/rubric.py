@@ -4,13 +4,13 @@ It is validated in full when loaded: an unknown section or key, a missing value 
 wrong type is a `RubricError` naming the key and the file, and the run cannot grade (exit 2) rather
 than scoring a student against a broken rubric. The only defaults are the documented ones: a part's
 title (its id), a check's weight (1) and visibility (`[defaults] visibility`, itself "visible").
-Check keys in `[tests]` are validated against the checks that exist (`check_test_keys`), so a
-misspelt key is an error, not a silently ignored setting.
+Check keys in `[tests]` and `[speed] requires` are validated against the checks that exist
+(`check_test_keys`), so a misspelt key is an error, not a silently ignored setting.
 """
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from autograder.contract import PART_IDS
@@ -39,6 +39,37 @@ LIMITS = {
 }
 
 
+# [speed]: name -> (type, smallest allowed value, meaning). Every one is required when there is a speed part.
+SPEED_SETTINGS = {
+    "threads": (int, 1, "torch threads of every timed worker; CPU time beyond this many threads is charged"),
+    "warmup_rounds": (int, 1, "rounds run before the measured ones and not counted"),
+    "rounds": (int, 3, "measured rounds; the statistic is the median of the per-round ratios"),
+    "full_credit_at": (float, 0.0, "full points when the submission's speedup is at least this fraction of the reference's"),
+    "no_credit_at": (float, 0.0, "no points at or below this fraction; linear in between"),
+    "give_up_below": (float, 0.0, "after warm-up, below this fraction the rounds are not run at all (too slow)"),
+    "flag_above": (float, 0.0, "a speedup more than this many times the reference's is flagged for the instructor"),
+    "min_reference_speedup": (float, 1.0, "below this, the run cannot tell parallel from sequential: a grader fault"),
+    "probe_sigmas": (float, 1.0, "a timed output's per-token probe may differ from the reference's by this many "
+                     "standard deviations of an output within the dtype's tolerance"),
+    "lock_seconds": (float, 1.0, "the longest wait for the device's timing lock (other gradings' timing sections)"),
+}
+# [[speed.workloads]]: name -> (type, meaning)
+WORKLOAD_SETTINGS = {
+    "device": (str, "cpu or cuda: the device this workload is timed on"),
+    "name": (str, "what it is, shown in results (unique per device)"),
+    "dtype": (str, "float32, bfloat16, float16 or float64"),
+    "batch": (int, "inputs per forward"),
+    "tokens": (int, "sequence length, which is also the context length"),
+    "d_in": (int, "input features"),
+    "d_out": (int, "output features, a multiple of heads"),
+    "heads": (int, "attention heads"),
+    "calls": (int, "forwards of the reference and of the submission per timed request"),
+    "wrapper_calls": (int, "forwards of the wrapper per timed request (it is many times slower)"),
+    "flush_mib": (float, "CUDA: MiB written before each forward to empty the L2 cache (0 on the CPU)"),
+}
+DEVICES = ("cpu", "cuda")
+
+
 class RubricError(ValueError):
     """The rubric file is malformed; the message names the key to fix and the file."""
 
@@ -57,6 +88,46 @@ class CheckSettings:
 
 
 @dataclass(frozen=True)
+class Workload:
+    """One shape of work the speed part times, on one device."""
+
+    device: str
+    name: str
+    dtype: str
+    batch: int
+    tokens: int
+    d_in: int
+    d_out: int
+    heads: int
+    calls: int
+    wrapper_calls: int
+    flush_mib: float
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.batch, self.tokens, self.d_in)
+
+
+@dataclass(frozen=True)
+class SpeedSettings:
+    threads: int
+    warmup_rounds: int
+    rounds: int
+    full_credit_at: float
+    no_credit_at: float
+    give_up_below: float
+    flag_above: float
+    min_reference_speedup: float
+    probe_sigmas: float
+    lock_seconds: float
+    requires: tuple[str, ...]  # check keys that must pass for the speed part to earn points
+    workloads: tuple[Workload, ...]
+
+    def workloads_for(self, device: str) -> list[Workload]:
+        return [w for w in self.workloads if w.device == device.split(":")[0]]
+
+
+@dataclass(frozen=True)
 class Rubric:
     parts: dict[str, Part]
     tests: dict[str, CheckSettings]
@@ -65,7 +136,7 @@ class Rubric:
     limits: dict[str, float]
     apis: dict[str, bool]
     path: Path = DEFAULT_RUBRIC
-    extra: dict = field(default_factory=dict)  # sections owned by a part's own module (e.g. [speed])
+    speed: SpeedSettings | None = None  # [speed]: required when there is a speed part
 
     def part_points(self, part: str) -> float:
         return self.parts[part].points if part in self.parts else 0.0
@@ -90,11 +161,13 @@ class Rubric:
         return sum(p.points for p in self.parts.values())
 
     def check_test_keys(self, known: set[str]):
-        """Every key of [tests] must name a check that exists."""
-        unknown = sorted(set(self.tests) - known)
+        """Every key of [tests], and every check [speed] requires, must name a check that exists."""
+        where = {key: f'[tests."{key}"]' for key in self.tests}
+        where.update({key: f'[speed] requires "{key}"' for key in (self.speed.requires if self.speed else ())})
+        unknown = sorted(set(where) - known)
         if unknown:
             close = {key: _closest(key, known) for key in unknown}
-            hints = "; ".join(f'[tests."{k}"]' + (f' (did you mean "{c}"?)' if c else "") for k, c in close.items())
+            hints = "; ".join(where[k] + (f' (did you mean "{c}"?)' if c else "") for k, c in close.items())
             raise RubricError(f"{self.path}: no check has the key {hints}")
 
 
@@ -128,16 +201,14 @@ def _no_unknown(table: dict, allowed, where: str, path: Path):
         raise RubricError(f"{path}: unknown key {where}{unknown[0]!r} (allowed: {', '.join(allowed)})")
 
 
-def load_rubric(path: str | Path | None = None, extra_sections: dict | None = None) -> Rubric:
-    """Read and validate a rubric. `extra_sections` maps a section name to a validator function
-    `(table, path) -> value` for sections that belong to one part's module."""
+def load_rubric(path: str | Path | None = None) -> Rubric:
+    """Read and validate a rubric."""
     path = Path(path) if path else DEFAULT_RUBRIC
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise RubricError(f"cannot read rubric {path}: {exc}") from exc
-    extra_sections = extra_sections or {}
-    _no_unknown(data, ("parts", "tests", "defaults", "tolerances", "limits", "apis", *extra_sections), "", path)
+    _no_unknown(data, ("parts", "tests", "defaults", "tolerances", "limits", "apis", "speed"), "", path)
 
     parts = {}
     for part, settings in _table(data, "parts", path).items():
@@ -196,5 +267,59 @@ def load_rubric(path: str | Path | None = None, extra_sections: dict | None = No
             raise RubricError(f"{path}: [apis] {name} must be true or false")
         apis[name] = table[name]
 
-    extra = {name: validate(_table(data, name, path), path) for name, validate in extra_sections.items()}
-    return Rubric(parts, tests, default_visibility, tolerances, limits, apis, path, extra)
+    speed = None
+    if "speed" in data or "speed" in parts:
+        speed = _speed_settings(_table(data, "speed", path), path)
+    return Rubric(parts, tests, default_visibility, tolerances, limits, apis, path, speed)
+
+
+def _speed_settings(table: dict, path: Path) -> SpeedSettings:
+    """[speed] and its [[speed.workloads]], every key checked (see SPEED_SETTINGS, WORKLOAD_SETTINGS)."""
+    _no_unknown(table, (*SPEED_SETTINGS, "requires", "workloads"), "in [speed]: ", path)
+    values = {}
+    for name, (kind, minimum, meaning) in SPEED_SETTINGS.items():
+        if name not in table:
+            raise RubricError(f"{path}: [speed] {name} is missing ({meaning})")
+        values[name] = _number(table[name], f"[speed] {name}", path, minimum=minimum, kind=kind)
+    order = ("give_up_below", "no_credit_at", "full_credit_at", "flag_above")
+    for low, high in zip(order, order[1:]):
+        if not values[low] < values[high]:
+            raise RubricError(f"{path}: [speed] needs {' < '.join(order)}; {low} = {values[low]:g} is not below "
+                              f"{high} = {values[high]:g}")
+    requires = table.get("requires")
+    if not (isinstance(requires, list) and all(isinstance(key, str) for key in requires)):
+        raise RubricError(f'{path}: [speed] requires must be a list of check keys, e.g. ["mha::test_matches_reference"]')
+    workloads = table.get("workloads")
+    if not (isinstance(workloads, list) and all(isinstance(w, dict) for w in workloads)):
+        raise RubricError(f"{path}: [speed] needs [[speed.workloads]] tables, at least one per device ({', '.join(DEVICES)})")
+    parsed = [_workload(w, i, path) for i, w in enumerate(workloads, start=1)]
+    for device in DEVICES:
+        names = [w.name for w in parsed if w.device == device]
+        if not names:
+            raise RubricError(f"{path}: [speed] has no [[speed.workloads]] for device {device!r}; every device needs one")
+        if len(set(names)) != len(names):
+            raise RubricError(f"{path}: two [[speed.workloads]] for {device!r} share a name; names are unique per device")
+    return SpeedSettings(**values, requires=tuple(requires), workloads=tuple(parsed))
+
+
+def _workload(table: dict, index: int, path: Path) -> Workload:
+    where = f"[[speed.workloads]] number {index}"
+    _no_unknown(table, tuple(WORKLOAD_SETTINGS), f"in {where}: ", path)
+    values = {}
+    for name, (kind, meaning) in WORKLOAD_SETTINGS.items():
+        if name not in table:
+            raise RubricError(f"{path}: {where}: {name} is missing ({meaning})")
+        value = table[name]
+        if kind is str:
+            if not isinstance(value, str) or not value.strip():
+                raise RubricError(f"{path}: {where}: {name} must be a non-empty string ({meaning})")
+        else:
+            value = _number(value, f"{where}: {name}", path, minimum=0 if name == "flush_mib" else 1, kind=kind)
+        values[name] = value
+    if values["device"] not in DEVICES:
+        raise RubricError(f"{path}: {where}: device must be one of {', '.join(DEVICES)}, not {values['device']!r}")
+    if values["dtype"] not in DTYPE_NAMES:
+        raise RubricError(f"{path}: {where}: dtype must be one of {', '.join(DTYPE_NAMES)}, not {values['dtype']!r}")
+    if values["d_out"] % values["heads"]:
+        raise RubricError(f"{path}: {where}: d_out = {values['d_out']} does not split into {values['heads']} heads")
+    return Workload(**values)

@@ -48,9 +48,22 @@ def test_check_runs_only_visible_checks_and_names_the_mistake(tmp_path):
 def test_grade_prints_a_summary_per_part(tmp_path):
     run = autograder("grade", REFERENCE, "--out", tmp_path / "r.json", cwd=tmp_path)
     assert run.returncode == 0
-    for part in ("quiz", "combine", "wrapper", "two_dim", "columns", "mha", "fuse"):
+    for part in ("quiz", "combine", "wrapper", "two_dim", "columns", "mha", "fuse", "speed"):
         assert part in run.stdout
     assert "Total: 100 / 100" in run.stdout
+
+
+@pytest.mark.slow  # a whole grading run
+def test_grade_one_part_only(tmp_path):
+    out = tmp_path / "r.json"
+    run = autograder("grade", REFERENCE, "--part", "speed", "--out", out, "--quiet", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(out.read_text())
+    assert {t["tags"][0] for t in results["tests"]} == {"speed"}
+    assert results["score"] == results["max_score"] == 10
+    assert results["leaderboard"][0]["value"] == round(results["extra_data"]["speed"]["speedup"], 3) > 1
+    wrong = autograder("grade", REFERENCE, "--part", "sped", "--out", out, "--quiet", cwd=tmp_path)
+    assert wrong.returncode == 2 and "no such part: sped" in wrong.stderr
 
 
 @pytest.mark.slow  # a whole grading run

@@ -631,14 +631,15 @@ class Case:
     pending: str = ""  # why this case cannot be graded yet (it is then expected to fail, and not run)
 
 
-MHA_FORWARD_BROKEN = {"mha": "all", "fuse": "some"}  # fuse_heads' module runs the student's forward
+# fuse_heads' module runs the student's forward; no forward, or a wrong one, earns no speed points
+MHA_FORWARD_BROKEN = {"mha": "all", "fuse": "some", "speed": "all"}
 FUSED_FORWARD_ONLY = {"fuse": ("fuse::test_fused_output_equals_wrapper",)}
-EVERY_PART = {part: "all" for part in ("quiz", "combine", "wrapper", "two_dim", "columns", "mha", "fuse")}
+EVERY_PART = {part: "all" for part in ("quiz", "combine", "wrapper", "two_dim", "columns", "mha", "fuse", "speed")}
 
 CASES = [
     # slowest first (they wait out request deadlines), the CPU burner last
     Case("loop_in_every_forward", lambda c: with_cells(last=LOOP_IN_EVERY_FORWARD),
-         {"wrapper": "all", "two_dim": "some", "mha": "all", "fuse": "some"},
+         {"wrapper": "all", "two_dim": "some", "mha": "all", "fuse": "some", "speed": "all"},
          ("MultiHeadAttentionWrapper.forward did not finish within",
           "MultiHeadAttention.forward did not finish within"),
          {"two_dim": ("two_dim::test_output_is_the_heads_side_by_side", "two_dim::test_book_example"),
@@ -651,7 +652,7 @@ CASES = [
     Case("segfault_in_mha_forward", lambda c: with_cells(last=SEGFAULT_IN_FORWARD), MHA_FORWARD_BROKEN,
          ("ended by SIGSEGV (a segmentation fault)",), FUSED_FORWARD_ONLY),
     Case("non_tensors", lambda c: with_cells(last=NON_TENSORS.replace("{marker}", str(c.out_dir / c.marker))),
-         {"wrapper": "some", "two_dim": "some", "mha": "some", "fuse": "all"},
+         {"wrapper": "some", "two_dim": "some", "mha": "some", "fuse": "all", "speed": "all"},
          ("expected a tensor, got tuple", "expected a tensor, got Foreign <_Hostile (unprintable)>",
           # the tensor subclass whose pickle would run a command crosses as plain bytes: nothing to unpickle
           "fuse_heads returned tensor([0., 0.]); it must return a MultiHeadAttention")),
@@ -663,12 +664,13 @@ CASES = [
          ("cell 1 raised SystemExit: no grading today",)),
     Case("memory_hog_in_mha_forward", lambda c: with_cells(last=MEMORY_HOG), MHA_FORWARD_BROKEN,
          ("RuntimeError", "can't allocate memory"), FUSED_FORWARD_ONLY),
-    Case("patched_comparisons", lambda c: with_cells(last=FAKE_EQUALITY), {"mha": "some", "fuse": "some"},
+    Case("patched_comparisons", lambda c: with_cells(last=FAKE_EQUALITY), {"mha": "some", "fuse": "some", "speed": "all"},
          ("values differ from the reference",),
          {"mha": ("mha::test_matches_reference", "mha::test_book_example", "mha::test_new_inputs_new_answers",
                   "mha::test_gradients", "mha::test_dropout"), **FUSED_FORWARD_ONLY}),
-    Case("cached_by_shape", lambda c: with_cells(last=CACHED_BY_SHAPE), {"mha": "some"},
-         ("output for new input number 2 of the same shape",), {"mha": ("mha::test_new_inputs_new_answers",)}),
+    Case("cached_by_shape", lambda c: with_cells(last=CACHED_BY_SHAPE), {"mha": "some", "speed": "all"},
+         ("output for new input number 2 of the same shape", "answers cached or replayed"),
+         {"mha": ("mha::test_new_inputs_new_answers",)}),
     Case("mutates_input", lambda c: with_cells(last=MUTATES_INPUT), {"mha": "some"},
          ("the forward modified its input x in place",), {"mha": ("mha::test_input_not_modified",)}),
     Case("fake_results_and_conftest", lambda c: with_cells(
@@ -678,8 +680,9 @@ CASES = [
     Case("reference_theft", lambda c: with_cells(last=reference_theft(ROOT)), MHA_FORWARD_BROKEN,
          ("THEFT BLOCKED import", "MultiHeadAttention.forward is not written yet"), FUSED_FORWARD_ONLY),
     Case("notebook_with_magics", lambda c: notebook_with_magics(), {}, (), suffix=".ipynb"),
-    Case("background_burner", lambda c: with_cells(last=BACKGROUND_BURNER.replace("{marker}", c.marker)), {},
-         ("BURNING in a process and a thread",)),
+    # its burners are stopped while the reference is timed, and slow down (and are charged to) its own timing
+    Case("background_burner", lambda c: with_cells(last=BACKGROUND_BURNER.replace("{marker}", c.marker)),
+         {"speed": "all"}, ("BURNING in a process and a thread", "the reference's", "in the same run")),
 ]
 
 
@@ -701,6 +704,7 @@ def notebook_with_source(source) -> str:
 READER_PENDING = ("" if hasattr(reader, "NotASubmission") else
                   "the linear-time, validating submission reader has not landed yet")
 ANY = "any"  # a part that must lose points, some or all
+MAY = "may"  # a part whose points depend on more than the attack (speed, for a forward that does extra work)
 
 CASES += [
     # replies that break the protocol: refused before anything is materialised, the worker replaced
@@ -719,7 +723,8 @@ CASES += [
     Case("slow_every_forward", lambda c: with_cells(last=SLOW_EVERY_FORWARD.format(seconds=REQUEST_SECONDS - 1,
                                                                                   marker=c.marker)),
          # alphabetically, columns and combine are checked before the budget runs out, the rest after
-         {part: ANY for part in ("fuse", "mha", "quiz", "two_dim", "wrapper")}, ("time budget for the whole submission",),
+         {part: ANY for part in ("fuse", "mha", "quiz", "speed", "two_dim", "wrapper")},
+         ("time budget for the whole submission",),
          limits=(("submission_seconds", 40),), wall_seconds=150),
     # lies about its own behaviour: the structure checks rest on the worker's word (tagged so), but what a
     # traced forward computes must be right, and the same untraced
@@ -729,7 +734,7 @@ CASES += [
     Case("sdpa_when_not_traced", lambda c: with_cells(last=_when_traced("_honest")), {"mha": "some"},
          ("different outputs for the same input when its operations were traced",),
          {"mha": ("mha::test_one_pass_for_all_heads", "mha::test_no_ready_made_attention", "mha::test_dropout")}),
-    Case("calls_fused_multi_head_attention", lambda c: with_cells(last=CALLS_FUSED_MHA), {"mha": "some"},
+    Case("calls_fused_multi_head_attention", lambda c: with_cells(last=CALLS_FUSED_MHA), {"mha": "some", "speed": MAY},
          ("nn_multihead_attention",), {"mha": ("mha::test_no_ready_made_attention",)}),
     Case("hides_its_input_mutation", lambda c: with_cells(last=HIDES_ITS_MUTATION), {}, ()),
     # files that once took the grader's memory or crashed it while reading them
@@ -849,6 +854,8 @@ def test_contained_and_scored_for_what_it_deserves(graded, reference_results, ca
             assert score == 0, f"{part} must lose every point, got {score}/{max_score}"
         elif case.lost[part] == ANY:
             assert score < max_score, f"{part} must lose points, got {score}/{max_score}"
+        elif case.lost[part] == MAY:
+            pass
         else:
             assert 0 < score < max_score, f"{part} must lose some points, got {score}/{max_score}"
     for part, keys in case.only.items():

@@ -17,6 +17,7 @@ class GradingContext:
     run_seed: int
     measurements: dict = field(default_factory=dict)  # what checks measured for the model (e.g. speed)
     flags: list[str] = field(default_factory=list)  # what checks flag for the instructor
+    timing_workers: dict = field(default_factory=dict)  # timing.BackgroundWorker by target, started early
 
 
 class GradingFixtures:
@@ -50,6 +51,10 @@ class GradingFixtures:
 
     def pytest_generate_tests(self, metafunc):
         """Checks that take `dtype_name` run once per dtype of the device: fp64 and fp32 on the CPU,
-        fp32, bf16 and fp16 on CUDA."""
+        fp32, bf16 and fp16 on CUDA; checks that take `speed_workload` once per workload of the device."""
         if "dtype_name" in metafunc.fixturenames:
             metafunc.parametrize("dtype_name", dtypes_for(self._context.device))
+        if "speed_workload" in metafunc.fixturenames:  # the rubric's speed workloads for the grading device
+            speed = self._context.rubric.speed
+            workloads = speed.workloads_for(self._context.device) if speed else []
+            metafunc.parametrize("speed_workload", workloads, ids=[w.name for w in workloads])

@@ -86,9 +86,10 @@ class Submission:
             fail(f"this check used up its time budget ({self.check_seconds:g} s) waiting for your code")
         return min(left, self.worker.config.request_seconds)
 
-    def _ask(self, op, target=None, **payload):
+    def _ask(self, op, target=None, timeout=None, **payload):
+        limit = self._timeout() if timeout is None else min(self._timeout(), timeout)
         try:
-            return self.worker.request(op, timeout=self._timeout(), target=target, **payload)
+            return self.worker.request(op, timeout=limit, target=target, **payload)
         except LoadFailed as exc:
             fail(str(exc))
         except SubmissionError as exc:
@@ -143,6 +144,19 @@ class Submission:
                  for c in answer.head_calls]
         return Forward(y=answer.y, y_info=info, x_after=answer.x_after, head_calls=calls, ops=answer.ops,
                        python_calls=answer.python_calls, grads=answer.grads, grad_problem=answer.grad_problem)
+
+
+    def forward_many(self, module: ModuleInfo, seeds: list[int], *, timeout: float | None = None,
+                     **settings) -> list[torch.Tensor]:
+        """Timed forwards on inputs the worker makes from `seeds` (the worker's `forward_many`): per call, a
+        (batch, tokens, 3) tensor of probes of the output. A forward that hangs here is not held against
+        the untimed checks (its own target)."""
+        answer = self._ask("forward_many", target=f"{module.cls}.forward (timed)", timeout=timeout,
+                           handle=module.handle, seeds=seeds, **settings)
+        if not (isinstance(answer, list) and len(answer) == len(seeds)
+                and all(isinstance(a, torch.Tensor) for a in answer)):
+            fail("the timed forwards did not answer one tensor per call")
+        return answer
 
 
 def _wire(value):

@@ -417,7 +417,8 @@ class WorkerProcess:
 
     def cpu_seconds(self) -> float:
         """User and system CPU time of every process of the worker: with a control group, including
-        processes that already ended; otherwise the live ones (and their reaped children)."""
+        processes that already ended; otherwise the live ones (and their reaped children), each to the
+        nanosecond from its live threads' schedstat, or its clock ticks when larger (threads that ended)."""
         if self._cpu_at_exit is not None:
             return self._cpu_at_exit
         if self.group is not None:
@@ -425,12 +426,12 @@ class WorkerProcess:
             if seconds is not None:
                 return seconds
         ticks = os.sysconf("SC_CLK_TCK")
-        total = 0
+        total = 0.0
         for pid in self.pids():
             stat = _stat(pid)
             if stat is not None:
-                total += sum(stat[3:7])
-        return total / ticks
+                total += max(sum(stat[3:5]) / ticks, _threads_runtime(pid)) + sum(stat[5:7]) / ticks
+        return total
 
     def went_over_memory(self) -> bool:
         """Whether the kernel killed a process of the worker for going over the memory limit."""
@@ -531,6 +532,22 @@ def _state(pid: int) -> str | None:
     except OSError:
         return None
     return text[text.rfind(")") + 2:].split()[0]
+
+
+def _threads_runtime(pid: int) -> float:
+    """Seconds on a CPU of the live threads of `pid` (the first field of each thread's schedstat, in ns)."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as handle:
+                total += int(handle.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
 
 
 def _stat(pid: int) -> tuple[int, ...] | None:

@@ -255,18 +255,41 @@ class Session:
             answer["grads"] = {k: None if g is None else g.detach().cpu().clone() for k, g in grads.items()}
         return Raw(answer)
 
-    def op_forward_many(self, handle, xs):
-        """Forwards in eval mode without autograd, one per input, for timing: every output is sent back
-        (the grader checks each), and on CUDA the device is synchronised before answering."""
+    def op_forward_many(self, handle, seeds, shape, dtype, out_features, threads=None, flush_bytes=0):
+        """Forwards for timing (eval mode, no autograd), on inputs made here from the grader's seeds, so
+        no tensor crosses the pipe while the grader's clock runs and no input exists before its request.
+        Per seed: x of `shape` and a probe R of the output's shape, both standard normal from a generator
+        seeded with it, on the device; y = module(x); the answer is, per token, (sum y*R, sum |y|, sum y*y)
+        over the output's features, in float64. It takes the whole of y, so no call can answer before its
+        forward is done; the grader compares it with the reference's answer for the same seed.
+        On CUDA a buffer of `flush_bytes` is overwritten before each forward (a cold L2 cache) and the
+        device is synchronised after each one (no forward overlaps the next)."""
         torch = self.torch
         module = self.objects[handle]
         module.eval()
         device = self.config["device"]
+        cuda = device.startswith("cuda")
+        if threads:
+            torch.set_num_threads(threads)
+        flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if cuda and flush_bytes else None
+        out_shape = (*shape[:-1], out_features)
+        answers = []
         with torch.no_grad():
-            ys = [module(x.to(device)) for x in xs]
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        return ys
+            for seed in seeds:
+                generator = torch.Generator(device=device).manual_seed(seed)
+                x = torch.randn(shape, generator=generator, device=device, dtype=getattr(torch, dtype))
+                probe = torch.randn(out_shape, generator=generator, device=device).double()
+                if flush is not None:
+                    flush.fill_(seed & 0xFF)
+                y = module(x)
+                if not isinstance(y, torch.Tensor) or tuple(y.shape) != out_shape:
+                    raise ValueError(f"the forward returned {getattr(y, 'shape', type(y).__name__)} for an input of "
+                                     f"shape {tuple(shape)}; expected a tensor of shape {out_shape}")
+                y = y.double()
+                answers.append(torch.stack([(y * probe).sum(-1), y.abs().sum(-1), (y * y).sum(-1)], -1))
+                if cuda:
+                    torch.cuda.synchronize()
+        return [answer.cpu() for answer in answers]
 
     def op_ping(self):
         return {"pid": os.getpid()}

@@ -1,0 +1,30 @@
+"""`make bench` runs end to end (on tiny shapes here): every module timed in both modes, the five compute the
+same thing, the table, the JSON and the PNG are written. The figures themselves are the benchmark's to show."""
+import json
+
+import pytest
+
+from autograder import bench
+
+
+@pytest.mark.slow
+def test_bench_writes_its_table_json_and_plot(tmp_path, monkeypatch, capsys):
+    tiny = [bench.Shape("tiny: 4 heads of width 4, 8 tokens", 2, 8, 16, 4, "float32")]
+    monkeypatch.setattr(bench, "shapes_for", lambda device, quick: tiny)
+    assert bench.main(["--device", "cpu", "--out", str(tmp_path), "--rounds", "2"]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    rows = data["rows"]
+    assert {(r["module"], r["mode"]) for r in rows} == {(m, mode) for m in bench.MODULES for mode in bench.MODES}
+    assert all(r["median_ms"] > 0 and r["gflops"] > 0 and r["q1_ms"] <= r["median_ms"] <= r["q3_ms"] for r in rows)
+    assert all(r["speedup_over_wrapper"] == 1 for r in rows if r["module"] == "wrapper")
+    assert data["matmul_peak_gflops"]["float32"] > 0
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = capsys.readouterr().out
+    assert "x wrapper" in out and "matrix-multiply peak" in out and "scaled_dot_product_attention" in out
+
+
+def test_flops_count_the_projections_and_both_attention_products():
+    shape = bench.Shape("s", batch=2, tokens=8, d_model=16, heads=4, dtype="float32")
+    tokens = 2 * 8
+    assert shape.flops(wrapper=False) == 4 * 2 * tokens * 16 * 16 + 2 * 2 * 2 * 8 * 8 * 16
+    assert shape.flops(wrapper=True) == shape.flops(wrapper=False) - 2 * tokens * 16 * 16  # no output projection

@@ -1,0 +1,441 @@
+"""The speed part's logic, without timing anything real: statistics, bands, the CPU charge, the round protocol
+(with fake workers and a fake clock), the probes, the device lock, the rubric's [speed], partial credit and
+the gate on the mha part's values; and the worker's seeded `forward_many`, which is deterministic."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import itertools
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from autograder import timing
+from autograder.rubric import DEFAULT_RUBRIC, RubricError, load_rubric
+from autograder.scoring import Outcome, score
+from rubric_text import rubric_file
+
+SPEED = load_rubric().speed
+pytest_plugins = ["pytester"]
+
+
+# -- bands, statistics, the CPU charge -------------------------------------------------------------------
+
+@pytest.mark.parametrize("relative,expected", [(0.3, 0.0), (0.55, 0.0), (0.65, 0.5), (0.75, 1.0), (3.0, 1.0)])
+def test_credit_is_linear_between_the_bands(relative, expected):
+    assert timing.credit(relative, 0.55, 0.75) == pytest.approx(expected)
+
+
+def test_a_request_is_charged_its_own_time_not_the_machines():
+    # one thread, busy all along, on a machine so loaded that it waited for a CPU 3/4 of the time
+    assert timing.charge(wall=0.4, cpu=0.1, wait=0.3, threads=1) == pytest.approx(0.1)
+    # the same, sleeping 50 ms as well: charged for the sleep
+    assert timing.charge(wall=0.45, cpu=0.1, wait=0.3, threads=1) == pytest.approx(0.15)
+    # two cores busy for 0.1 s where one was given: charged 0.2 s
+    assert timing.charge(wall=0.1, cpu=0.2, wait=0.0, threads=1) == pytest.approx(0.2)
+    assert timing.charge(wall=0.1, cpu=0.2, wait=0.0, threads=2) == pytest.approx(0.1)
+    # threads made to wait (runnable, so wanting a CPU) cannot bring the charge below the CPU used
+    assert timing.charge(wall=0.1, cpu=0.08, wait=5.0, threads=1) == pytest.approx(0.08)
+
+
+def test_waits_count_only_threads_alive_before_and_after():
+    assert timing.waited({1: 100, 2: 50}, {1: 400, 3: 10_000}) == pytest.approx(300e-9)
+
+
+def measurement(wrapper, reference, submission):
+    return timing.Measurement({timing.WRAPPER: wrapper, timing.REFERENCE: reference, timing.SUBMISSION: submission})
+
+
+def test_summary_is_the_median_of_per_round_ratios():
+    figures = timing.summarize(measurement([10.0, 12.0, 9.0], [2.0, 2.0, 3.0], [4.0, 2.0, 3.0]))
+    # per round: the submission's speedup 2.5, 6, 3; the reference's 5, 6, 3; their ratio 0.5, 1, 1
+    assert figures["speedup"] == pytest.approx(3.0)
+    assert figures["reference_speedup"] == pytest.approx(5.0)
+    assert figures["relative"] == pytest.approx(1.0)
+    assert figures["relative_spread"]["min"] == pytest.approx(0.5)
+    assert figures["rounds"] == 3
+
+
+def test_the_reference_and_the_submission_take_turns_after_the_wrapper():
+    names = [timing.WRAPPER, timing.REFERENCE, timing.SUBMISSION]
+    orders = [timing.round_order(names, i) for i in range(4)]
+    assert all(order[0] == timing.WRAPPER for order in orders)
+    follows = {}
+    for order in orders:
+        for before, after in zip(order, order[1:]):
+            follows[(before, after)] = follows.get((before, after), 0) + 1
+    assert follows[(timing.WRAPPER, timing.REFERENCE)] == follows[(timing.WRAPPER, timing.SUBMISSION)]
+    assert follows[(timing.REFERENCE, timing.SUBMISSION)] == follows[(timing.SUBMISSION, timing.REFERENCE)]
+
+
+# -- the protocol, with fake workers and a fake clock --------------------------------------------------------
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class FakeWorker:
+    """Records whether it is running; its CPU time grows by `cpu_per_second` per second it runs."""
+
+    def __init__(self, name, clock, cpu_per_second=1.0):
+        self.name, self.clock, self.cpu_per_second = name, clock, cpu_per_second
+        self.running, self.cpu = True, 0.0
+        self.events = []
+
+    def suspend(self):
+        self.running = False
+
+    def resume(self):
+        self.running = True
+
+    def cpu_seconds(self):
+        return self.cpu
+
+
+def fake_targets(clock, seconds_per_call, cpu_per_second=None, seen=None):
+    """Targets whose forwards take `seconds_per_call[name]` each (on the fake clock)."""
+    workers = {name: FakeWorker(name, clock, (cpu_per_second or {}).get(name, 1.0)) for name in seconds_per_call}
+    targets = []
+    for name, per_call in seconds_per_call.items():
+        def run(seeds, timeout, name=name, per_call=per_call):
+            worker = workers[name]
+            running = sorted(w.name for w in workers.values() if w.running)
+            if seen is not None:
+                seen.append((name, running, list(seeds), timeout))
+            spent = per_call * len(seeds)
+            clock.now += spent
+            worker.cpu += spent * worker.cpu_per_second
+            return [torch.zeros(1) for _ in seeds]
+        calls = 1 if name == timing.WRAPPER else 4
+        targets.append(timing.Target(name, workers[name], run, calls))
+    return targets, workers
+
+
+def test_only_the_timed_worker_runs_and_every_worker_is_resumed_after():
+    clock, seen = Clock(), []
+    targets, workers = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.01},
+                                    seen=seen)
+    result = timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
+    assert all(running == [name] for name, running, _, _ in seen)
+    assert all(w.running for w in workers.values())
+    assert len(result.rounds[timing.SUBMISSION]) == SPEED.rounds
+    assert result.rounds[timing.SUBMISSION][0] == pytest.approx(0.01)  # seconds per call
+    assert result.walls[timing.WRAPPER][0] == pytest.approx(0.05)
+
+
+def test_every_round_has_new_seeds_shared_by_the_three():
+    clock, seen = Clock(), []
+    targets, _ = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.01},
+                              seen=seen)
+    timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
+    by_round = [seen[i:i + 3] for i in range(0, len(seen), 3)]
+    used = set()
+    for round_ in by_round:
+        seeds = {name: s for name, _, s, _ in round_}
+        assert seeds[timing.REFERENCE] == seeds[timing.SUBMISSION]
+        assert seeds[timing.WRAPPER] == seeds[timing.REFERENCE][:1]
+        assert not used & set(seeds[timing.REFERENCE])
+        used |= set(seeds[timing.REFERENCE])
+
+
+def test_a_submission_using_two_cores_is_charged_for_them():
+    clock = Clock()
+    targets, _ = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.006},
+                              cpu_per_second={timing.SUBMISSION: 2.0})
+    result = timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
+    assert result.cpus[timing.SUBMISSION][0] == pytest.approx(0.012)
+    assert result.rounds[timing.SUBMISSION][0] == pytest.approx(0.012)  # charged its CPU time, not its wall time
+    assert timing.summarize(result)["relative"] == pytest.approx(0.01 / 0.012, rel=0.05)
+
+
+def test_far_too_slow_gives_up_after_warm_up_and_waits_little():
+    clock, seen = Clock(), []
+    targets, workers = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.001, timing.SUBMISSION: 0.05},
+                                    seen=seen)
+    with pytest.raises(timing.TimingFailed, match="times slower"):
+        timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
+    assert len(seen) == 3 * SPEED.warmup_rounds  # no measured round
+    assert all(w.running for w in workers.values())
+    waits = [timeout for name, _, _, timeout in seen if name == timing.SUBMISSION]
+    assert waits[0] < 2.0  # bounded by the reference's time, not the 10 s request deadline
+
+
+def test_a_wrong_answer_stops_the_measurement():
+    clock = Clock()
+    targets, workers = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.01})
+
+    def verify(answers):
+        assert set(answers) == {timing.WRAPPER, timing.REFERENCE, timing.SUBMISSION}
+        raise timing.TimingFailed("wrong")
+
+    with pytest.raises(timing.TimingFailed, match="wrong"):
+        timing.measure(targets, SPEED, itertools.count(), verify, 10.0, clock=clock)
+    assert all(w.running for w in workers.values())
+
+
+# -- probes ----------------------------------------------------------------------------------------------
+
+def probes(y, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    probe = torch.randn(y.shape, generator=generator, dtype=torch.float64)
+    y = y.double()
+    return torch.stack([(y * probe).sum(-1), y.abs().sum(-1), (y * y).sum(-1)], -1)
+
+
+def test_probes_accept_an_output_within_tolerance_and_refuse_a_wrong_one():
+    rtol, atol = load_rubric().tolerance("float32")
+    y = torch.randn(2, 16, 256, dtype=torch.float64)
+    expected = probes(y)
+    close = y + (atol + rtol * y.abs()) * torch.sign(torch.randn_like(y))  # every element at the tolerance
+    timing.check_probes(probes(close), expected, rtol, atol, SPEED.probe_sigmas, 256)
+    for wrong in (torch.randn_like(y), y[torch.randperm(2)].flip(1), y * 1.01):
+        with pytest.raises(timing.TimingFailed, match="standard deviations"):
+            timing.check_probes(probes(wrong), expected, rtol, atol, SPEED.probe_sigmas, 256)
+    with pytest.raises(timing.TimingFailed, match="malformed"):
+        timing.check_probes(probes(y)[:, :8], expected, rtol, atol, SPEED.probe_sigmas, 256)
+    with pytest.raises(timing.TimingFailed, match="malformed"):
+        timing.check_probes(probes(y) * float("nan"), expected, rtol, atol, SPEED.probe_sigmas, 256)
+
+
+# -- the device lock -------------------------------------------------------------------------------------
+
+HOLD = textwrap.dedent("""
+    import sys, time
+    from autograder.timing import device_lock
+    with device_lock("cpu", 5, directory=sys.argv[1]):
+        print("held", flush=True)
+        time.sleep(float(sys.argv[2]))
+""")
+
+
+def test_the_device_lock_serialises_gradings_and_dies_with_its_holder(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), "60"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        with pytest.raises(timing.CannotTime, match="held by another grading"):
+            with timing.device_lock("cpu", 0.3, directory=tmp_path):
+                pass
+        assert time.monotonic() - started >= 0.3
+        with timing.device_lock("cuda-0", 0.3, directory=tmp_path):  # another device: free
+            pass
+    finally:
+        holder.kill()  # however its holder ends, the lock is released
+        holder.wait()
+    with timing.device_lock("cpu", 5, directory=tmp_path) as path:
+        assert path == timing.lock_path("cpu", tmp_path)
+
+
+# -- the rubric's [speed] --------------------------------------------------------------------------------
+
+PACKAGED = DEFAULT_RUBRIC.read_text()
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("rounds = 21 ", "# rounds = 21 ", "[speed] rounds is missing"),
+    ("rounds = 21 ", "rounds = 2 ", "[speed] rounds must be at least 3"),
+    ("no_credit_at = 0.55 ", "no_credit_at = 0.9 ", "no_credit_at = 0.9 is not below full_credit_at"),
+    ("threads = 1 ", "threads = 1.5 ", "[speed] threads must be an integer"),
+    ("requires = [", "requires = 3 #", "requires must be a list of check keys"),
+    ("[[speed.workloads]]\ndevice = \"cuda\"", "[[speed.workloads]]\ndevice = \"tpu\"", "device must be one of"),
+    ("heads = 64\ncalls = 16", "heads = 60\ncalls = 16", "does not split into 60 heads"),
+    ("calls = 16 ", "calls = 16\ncolour = 1 ", "unknown key in [[speed.workloads]] number 1: 'colour'"),
+    ("lock_seconds = 120 ", "lock_seconds = 120\nspeed = 1 ", "unknown key in [speed]: 'speed'"),
+])
+def test_speed_settings_are_validated_in_full(tmp_path, old, new, message):
+    assert old in PACKAGED, old
+    path = tmp_path / "rubric.toml"
+    path.write_text(PACKAGED.replace(old, new, 1))
+    with pytest.raises(RubricError) as info:
+        load_rubric(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_every_device_needs_a_workload(tmp_path):
+    text = PACKAGED.split("[[speed.workloads]]")
+    path = tmp_path / "rubric.toml"
+    path.write_text(text[0] + "[[speed.workloads]]" + text[1])  # the CPU's only
+    with pytest.raises(RubricError, match="no \\[\\[speed.workloads\\]\\] for device 'cuda'"):
+        load_rubric(path)
+
+
+def test_a_misspelt_required_check_is_an_error():
+    rubric = load_rubric()
+    rubric = dataclasses.replace(rubric, speed=dataclasses.replace(rubric.speed, requires=("mha::test_matches_referense",)))
+    with pytest.raises(RubricError, match='\\[speed\\] requires "mha::test_matches_referense" \\(did you mean'):
+        rubric.check_test_keys({"mha::test_matches_reference", "speed::test_faster_than_the_wrapper"})
+
+
+def test_the_packaged_workloads_are_where_the_weight_split_matters():
+    for workload in SPEED.workloads:
+        assert workload.heads >= 32 and workload.d_out // workload.heads <= 16, workload
+    assert {w.dtype for w in SPEED.workloads_for("cuda")} == {"float32", "bfloat16"}
+    assert SPEED.workloads_for("cuda:1") == SPEED.workloads_for("cuda")
+
+
+# -- scoring: partial credit and the gate ----------------------------------------------------------------
+
+def speed_rubric(tmp_path):
+    speed = PACKAGED[PACKAGED.index("[speed]"):]
+    return rubric_file(tmp_path, "[parts.mha]\npoints = 20\n[parts.speed]\npoints = 10\n" + speed)
+
+
+def test_partial_credit_and_the_gate_on_the_values(tmp_path):
+    rubric = speed_rubric(tmp_path)
+    values = Outcome("mha::test_matches_reference", "mha", "values [12 heads]", "passed")
+    partial = Outcome("speed::test_faster_than_the_wrapper", "speed", "fast", "failed", "0.6 of the reference's",
+                      credit=0.25)
+    checks = score([values, partial], rubric)
+    assert [c.score for c in checks] == [20, 2.5]
+    assert checks[1].status == "failed" and checks[1].message == "0.6 of the reference's"
+
+    full = dataclasses.replace(partial, status="passed", message="", credit=1.0)
+    wrong = dataclasses.replace(values, status="failed", message="values differ")
+    gated = score([wrong, full], rubric)[1]
+    assert gated.score == 0 and gated.status == "failed"
+    assert "no speed points" in gated.message and "mha: values [12 heads]" in gated.message
+    # a required check that did not run (a hidden one under `check`) does not gate
+    assert score([full], rubric)[0].score == 10
+
+
+def test_a_check_reports_its_credit_to_the_plugin(pytester, tmp_path):
+    from autograder.plugin import ResultsPlugin
+
+    pytester.makepyfile(test_speed='''
+import pytest
+
+@pytest.mark.part("speed")
+def test_partly(request):
+    """earns a quarter"""
+    request.node.user_properties.append(("credit", 0.25))
+    pytest.fail("0.6 of the reference's", pytrace=False)
+
+''', test_mha='''
+import pytest
+
+@pytest.mark.part("mha")
+def test_matches_reference():
+    """another part"""
+''')
+    plugin = ResultsPlugin(speed_rubric(tmp_path), visible_only=False)
+    pytester.inline_run("-p", "no:cacheprovider", plugins=[plugin])
+    (outcome, other) = sorted(plugin.outcomes.values(), key=lambda o: o.part != "speed")
+    assert outcome.credit == 0.25 and outcome.status == "failed"
+    assert other.credit is None
+
+    only = ResultsPlugin(speed_rubric(tmp_path), visible_only=False, parts=("speed",))
+    pytester.inline_run("-p", "no:cacheprovider", plugins=[only])
+    assert [o.part for o in only.outcomes.values()] == ["speed"]
+
+
+# -- the reference's worker and the seeded forward_many ----------------------------------------------------
+
+def test_the_reference_worker_loads_only_definitions():
+    sources = "\n".join(source for _, _, source in timing.reference_cells())
+    assert "class MultiHeadAttention(" in sources and "class MultiHeadAttentionWrapper(" in sources
+    assert "_check_" not in sources and "gpt2_attention" not in sources
+
+
+@pytest.fixture(scope="module")
+def reference_worker():
+    from autograder.sandbox.client import WorkerConfig
+
+    started = timing.BackgroundWorker(timing.reference_cells(), "reference.py",
+                                      WorkerConfig(threads=1, request_seconds=30), trusted=True)
+    yield started.get()
+    started.close()
+
+
+def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
+    from reference import mha as ref
+
+    torch.manual_seed(0)
+    module = ref.MultiHeadAttention(16, 8, 6, 0.0, 4).eval()
+    info = reference_worker.request("build", cls="MultiHeadAttention", args=[16, 8, 6, 0.0, 4], kwargs={},
+                                    state_dict=module.state_dict(), dtype="float32", device="cpu")
+    args = dict(handle=info.handle, shape=[2, 6, 16], dtype="float32", out_features=8, threads=1)
+    first = reference_worker.request("forward_many", seeds=[11, 12], **args)
+    again = reference_worker.request("forward_many", seeds=[12], **args)
+    assert [tuple(a.shape) for a in first] == [(2, 6, 3)] * 2 and first[0].dtype == torch.float64
+    assert torch.equal(first[1], again[0])  # the same seed, the same input and probe
+    assert not torch.equal(first[0], first[1])
+    # what the worker computed is what the grader computes for the same seed
+    generator = torch.Generator().manual_seed(12)
+    x = torch.randn(2, 6, 16, generator=generator)
+    probe = torch.randn(2, 6, 8, generator=generator).double()
+    with torch.no_grad():
+        y = module(x).double()
+    assert torch.allclose(again[0], torch.stack([(y * probe).sum(-1), y.abs().sum(-1), (y * y).sum(-1)], -1))
+
+    from autograder.sandbox.client import SubmissionError
+    with pytest.raises(SubmissionError, match="expected a tensor of shape"):
+        reference_worker.request("forward_many", seeds=[1], **{**args, "out_features": 9})
+
+
+def test_the_notebook_times_the_graders_cpu_workload():
+    """The notebook's speed self-check says it times what the grader times: it must be so."""
+    import ast
+
+    from conftest import REFERENCE
+
+    tree = ast.parse(REFERENCE.read_text())
+    (call,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+               and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["_SPEED_WORKLOAD"]]
+    stated = {keyword.arg: ast.literal_eval(keyword.value) for keyword in call.keywords}  # dict(batch=2, ...)
+    (cpu,) = SPEED.workloads_for("cpu")
+    assert cpu.d_in == cpu.d_out
+    assert stated == dict(batch=cpu.batch, num_tokens=cpu.tokens, d_model=cpu.d_in, num_heads=cpu.heads)
+
+
+# -- end to end: the flag and the guard --------------------------------------------------------------------
+
+def speed_rubric_with(tmp_path, **settings):
+    text = PACKAGED
+    for key, value in settings.items():
+        text, count = re.subn(rf"(?m)^{key} = [0-9.]+", f"{key} = {value}", text, count=1)
+        assert count == 1, key
+    path = tmp_path / "rubric.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.slow
+def test_a_speedup_far_above_the_references_is_flagged_for_the_instructor(tmp_path):
+    from conftest import REFERENCE
+
+    # bands moved so that the reference itself counts as implausibly fast (it runs at about 1.0)
+    rubric = speed_rubric_with(tmp_path, give_up_below=0.1, no_credit_at=0.4, full_credit_at=0.5, flag_above=0.6)
+    out = tmp_path / "r.json"
+    run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(REFERENCE), "--part", "speed",
+                          "--rubric", str(rubric), "--out", str(out)], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(out.read_text())
+    (flag,) = results["extra_data"]["flags"]
+    assert "implausibly fast" in flag and "times the reference's" in flag
+    assert "Flagged for the instructor" in run.stdout
+    assert results["score"] == 10  # a flag is for a person to look at; it changes no score
+
+
+@pytest.mark.slow
+def test_a_run_where_the_reference_is_not_ahead_cannot_grade(tmp_path):
+    from conftest import REFERENCE
+
+    rubric = speed_rubric_with(tmp_path, min_reference_speedup=1000)
+    out = tmp_path / "r.json"
+    run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(REFERENCE), "--part", "speed",
+                          "--rubric", str(rubric), "--out", str(out), "--quiet"], capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path)
+    assert run.returncode == 2
+    results = json.loads(out.read_text())
+    assert results["extra_data"]["status"] == "cannot_grade" and results["tests"] == []
+    assert "tell a parallel forward from a sequential one" in results["extra_data"]["grader_errors"][0]

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, in one run (about 10 minutes on one GPU once torch is installed):
+#   1. the CUDA-marked tests (the speed part's included),
+#   2. a CUDA grading of the sample class (in a copy of assignments/, so the checkout is unchanged),
+#   3. the benchmark (`make bench`) on the GPU.
+# Everything it prints is also kept under $OUT (default gpu-check/): the test log, the class table and
+# each results.json, bench.json and bench.png.
+#
+#   tools/gpu_check.sh                      # uses .venv, installing a CUDA build of torch if it has none
+#   TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" tools/gpu_check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-check}
+VENV=${VENV:-.venv}
+TORCH_SPEC=${TORCH_SPEC:-"torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"}
+PY="$VENV/bin/python"
+mkdir -p "$OUT"
+
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "== installing a CUDA build of torch ($TORCH_SPEC)"
+    make setup VENV="$VENV" TORCH_SPEC="$TORCH_SPEC"
+fi
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA device'; \
+print('torch', torch.__version__, 'on', torch.cuda.get_device_name())" | tee "$OUT/device.txt"
+command -v nvidia-smi >/dev/null && nvidia-smi >> "$OUT/device.txt" || true
+
+status=0
+echo "== 1. CUDA tests"
+"$PY" -m pytest -m cuda -q -rA tests 2>&1 | tee "$OUT/cuda-tests.txt" || status=1
+
+echo "== 2. the sample class graded on CUDA"
+rm -rf "$OUT/course" && cp -r assignments "$OUT/course"
+rm -rf "$OUT/course/autograded" "$OUT/course/feedback"
+"$PY" -m autograder grade-class "$OUT/course" --device cuda --force 2>&1 | tee "$OUT/grade-class.txt" || status=1
+"$PY" - "$OUT/course" <<'PYTHON' | tee "$OUT/speed.txt"
+import json, sys
+from pathlib import Path
+for path in sorted(Path(sys.argv[1], "autograded").glob("*/mha/results.json")):
+    results = json.loads(path.read_text())
+    speed = results["extra_data"].get("speed") or {}
+    line = f"{path.parts[-3]:8s} {results['score']:6.2f}/{results['max_score']:g}"
+    for name, figures in (speed.get("workloads") or {}).items():
+        if "relative" in figures:
+            line += (f" | {name}: {figures['speedup']:.2f}x vs the reference's {figures['reference_speedup']:.2f}x"
+                     f" (relative {figures['relative']:.2f})")
+        else:
+            line += f" | {name}: {figures.get('failed', 'not measured')[:80]}"
+    print(line)
+PYTHON
+
+# what `make bench DEVICE=cuda` runs, without make's check of the virtualenv (it would reinstall the
+# default torch over a CUDA build installed by hand)
+echo "== 3. the benchmark on the GPU"
+"$PY" -m autograder.bench --device cuda --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt" || status=1
+
+echo "== done (status $status): see $OUT/"
+exit $status
