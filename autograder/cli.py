@@ -43,12 +43,26 @@ def main(argv: list[str] | None = None) -> int:
     klass.add_argument("--rubric", type=Path, default=None)
     klass.add_argument("--jobs", type=int, default=2, help="submissions graded at once")
     klass.add_argument("--force", action="store_true", help="regrade even what is up to date")
+    klass.add_argument("--student", action="append", default=None, metavar="NAME",
+                       help="grade only this student (repeatable); the class outputs still cover everyone")
+    klass.add_argument("--released", action="store_true",
+                       help="the due date has passed: feedback shows the checks the rubric shows after_due_date")
+    klass.add_argument("--db", default=None, metavar="URL",
+                       help="the gradebook's SQLAlchemy URL (default: the course's nbgrader_config.py, "
+                            "else sqlite:///COURSE/gradebook.db)")
+    klass.add_argument("--isolation", choices=("auto", "namespace", "process"), default=isolation_default,
+                       help=isolation_help)
 
     args = parser.parse_args(argv)
     if args.command == "grade-class":
         from autograder.grade_class import grade_class
 
-        return grade_class(args.course, device=args.device, rubric=args.rubric, jobs=args.jobs, force=args.force)
+        if not (args.course / "submitted").is_dir():
+            parser.error(f"{args.course} is not a course folder: it has no submitted/ folder")
+        if args.jobs < 1:
+            parser.error("--jobs must be at least 1")
+        return grade_class(args.course, device=args.device, rubric=args.rubric, jobs=args.jobs, force=args.force,
+                           students=args.student, released=args.released, db_url=args.db, isolation=args.isolation)
     if args.command == "release":
         from autograder.release import release_assignment
 

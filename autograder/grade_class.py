@@ -1,139 +1,183 @@
-"""Grading a whole class: every assignments/submitted/<student>/mha/ submission, a few at a time.
+"""Grading a whole class: every assignments/submitted/<student>/mha/, a few at a time.
 
-Each submission is graded by its own `python -m autograder grade` process, so one that crashes,
-hangs or floods its output never stops the others. Re-running grades only what changed.
+The steps:
+
+1. read the roster (`roster.read_roster`): one entry per student folder, with the file to grade;
+2. decide who needs grading (`store.Record.why_regrade`): a new or changed submission, rubric,
+   grader, reference, torch or device (content hashes), or a last run that could not grade;
+   `force` regrades everyone asked for, `students` limits grading to those students;
+3. grade them, `jobs` at a time, in long-lived grading processes (`grading_pool.Grader`), each
+   submission with its own fresh worker; a submission whose grading process hangs or dies gets a
+   "could not grade" run and is retried next time, and the others go on;
+4. write every class output from the record (`class_outputs.write_class_outputs`).
+
+Each run's results.json is stored (atomically) as soon as it is graded, and its inputs right after,
+so a class run killed at any moment loses nothing already graded: the next run grades the rest.
 """
 from __future__ import annotations
 
-import csv
-import json
-import subprocess
-import sys
+import fcntl
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import Progress
-from rich.table import Table
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from autograder.model import GradingRun
-from autograder.rubric import DEFAULT_RUBRIC, RubricError, load_rubric
+from autograder.class_outputs import OutputOptions, Row, write_class_outputs
+from autograder.grading_pool import Grader
+from autograder.model import CANNOT_GRADE, GradingRun
+from autograder.roster import Entry, read_roster
+from autograder.rubric import DEFAULT_RUBRIC, Rubric, RubricError, load_rubric
+from autograder.store import ClassInputs, Record
 
-ASSIGNMENT = "mha"
+EXIT_DONE, EXIT_INTERRUPTED, EXIT_CANNOT_GRADE = 0, 130, 2
 
 
 @dataclass
 class Job:
-    student: str
-    submission: Path
-    results: Path
+    entry: Entry
+    inputs: dict[str, str]
+    reason: str  # why it is graded
+
+    @property
+    def student(self) -> str:
+        return self.entry.student
 
 
-def find_submissions(course: Path) -> tuple[list[Job], list[str]]:
-    """One job per student folder with a submission; the names of folders without one."""
-    jobs, empty = [], []
-    for folder in sorted((course / "submitted").glob(f"*/{ASSIGNMENT}")):
-        student = folder.parent.name
-        candidates = [folder / "mha.ipynb", folder / "mha.py"]
-        found = next((c for c in candidates if c.is_file()), None)
-        if found is None:
-            empty.append(student)
+def plan(roster: list[Entry], record: Record, class_inputs: ClassInputs, force: bool,
+         students: list[str] | None) -> list[Job]:
+    """The students to grade now, each with the reason."""
+    jobs = []
+    for entry in roster:
+        if not entry.has_file or (students is not None and entry.student not in students):
             continue
-        jobs.append(Job(student, found, course / "autograded" / student / ASSIGNMENT / "results.json"))
-    return jobs, empty
+        inputs = class_inputs.for_file(entry.file)
+        reason = "forced" if force else record.why_regrade(entry.student, inputs)
+        if reason is not None:
+            jobs.append(Job(entry, inputs, reason))
+    return jobs
 
 
-def read_run(path: Path) -> GradingRun | None:
-    """The grading model stored in a results.json, or None when there is none (or it is unreadable)."""
+class Slots:
+    """One long-lived grading process per pool thread."""
+
+    def __init__(self):
+        self.local = threading.local()
+        self.graders: list[Grader] = []
+        self.lock = threading.Lock()
+
+    def grader(self) -> Grader:
+        if not hasattr(self.local, "grader"):
+            self.local.grader = Grader()
+            with self.lock:
+                self.graders.append(self.local.grader)
+        return self.local.grader
+
+    def close(self):
+        with self.lock:
+            for grader in self.graders:
+                grader.close()
+
+
+def grade_job(slots: Slots, record: Record, job: Job, device: str, rubric: Path, timeout: float,
+              isolation: str) -> GradingRun:
+    out = record.results_path(job.student)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    request = {"id": job.student, "submission": str(job.entry.file), "out": str(out), "device": device,
+               "rubric": str(rubric), "isolation": isolation}
+    outcome = slots.grader().grade(request, timeout)
+    run = record.run(job.student) if outcome.ok else None
+    if run is None:
+        run = GradingRun(status=CANNOT_GRADE, submission=job.entry.file.name,
+                         reason=outcome.problem or "no readable results.json was written")
+        record.save_run(job.student, run)
+    record.save_inputs(job.student, job.inputs)  # after results.json: a kill in between only regrades
+    return run
+
+
+def hold_course(course: Path, console: Console):
+    """An exclusive lock on the course's record, so two class runs never grade it at once."""
+    lock_path = Record(course).root / ".lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(lock_path, "a+")
     try:
-        return GradingRun.from_gradescope(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return None
-
-
-def up_to_date(job: Job, rubric: Path) -> GradingRun | None:
-    """The last run, when it graded and is newer than its inputs; a run that could not grade is redone."""
-    if not job.results.exists():
-        return None
-    newest_input = max(job.submission.stat().st_mtime, rubric.stat().st_mtime)
-    if job.results.stat().st_mtime < newest_input:
-        return None
-    run = read_run(job.results)
-    return run if run is not None and run.graded else None
-
-
-def grade_one(job: Job, device: str, rubric: Path, timeout: float) -> GradingRun:
-    job.results.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "autograder", "grade", str(job.submission), "--out", str(job.results),
-               "--device", device, "--rubric", str(rubric), "--quiet"]
-    try:
-        subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        reason = "no readable results.json was written"
-    except subprocess.TimeoutExpired:
-        reason = f"grading took more than {timeout:g} s and was stopped"
-    run = read_run(job.results)
-    return run if run is not None else GradingRun(status="cannot_grade", submission=job.submission.name, reason=reason)
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        console.print("another grading run holds this course; waiting for it to finish")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
 
 
 def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, jobs: int = 2,
-                force: bool = False) -> int:
-    console = Console()
-    rubric = rubric or DEFAULT_RUBRIC
+                force: bool = False, students: list[str] | None = None, released: bool = False,
+                db_url: str | None = None, isolation: str | None = None) -> int:
+    console = Console(highlight=False)
+    course = Path(course)
+    rubric_path = Path(rubric or DEFAULT_RUBRIC)
     try:
-        timeout = load_rubric(rubric).limit("class_seconds")
+        loaded: Rubric = load_rubric(rubric_path)
     except RubricError as exc:
         console.print(f"cannot grade: {exc}", style="red", markup=False)
-        return 2
-    todo, empty = find_submissions(course)
-    for student in empty:
-        console.print(f"[yellow]{student}: no mha.ipynb or mha.py in submitted/{student}/{ASSIGNMENT}/[/]")
-    results: dict[str, GradingRun] = {}
-    pending = []
-    for job in todo:
-        previous = None if force else up_to_date(job, rubric)
-        if previous is not None:
-            results[job.student] = previous
-        else:
-            pending.append(job)
-    console.print(f"{len(todo)} submissions: {len(pending)} to grade, {len(todo) - len(pending)} already graded")
-    with Progress(console=console) as progress, ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        task = progress.add_task("grading", total=len(pending))
-        futures = {pool.submit(grade_one, job, device, rubric, timeout): job for job in pending}
-        for future in as_completed(futures):
-            job = futures[future]
-            results[job.student] = future.result()
-            progress.advance(task)
-    write_grades_csv(course / "grades.csv", results)
-    print_class_table(console, results)
-    return 0
+        return EXIT_CANNOT_GRADE
+    isolation = isolation or os.environ.get("AUTOGRADER_ISOLATION", "auto")
+    roster = read_roster(course)
+    known = {e.student for e in roster}
+    if students is not None and set(students) - known:
+        missing = ", ".join(sorted(set(students) - known))
+        console.print(f"cannot grade: no folder submitted/<student>/ for {missing}", style="red", markup=False)
+        return EXIT_CANNOT_GRADE
+    lock = hold_course(course, console)
+    try:
+        record = Record(course)
+        for entry in roster:
+            if entry.note and (students is None or entry.student in students):
+                console.print(f"{entry.student}: {entry.note}", style="yellow", markup=False)
+        todo = plan(roster, record, ClassInputs.compute(rubric_path, device), force, students)
+        submitted = [e for e in roster if e.has_file and (students is None or e.student in students)]
+        reasons: dict[str, int] = {}
+        for job in todo:
+            reasons[job.reason] = reasons.get(job.reason, 0) + 1
+        why = f" ({', '.join(f'{n} {r}' for r, n in reasons.items())})" if reasons else ""
+        console.print(f"{len(submitted)} submissions: {len(todo)} to grade, {len(submitted) - len(todo)} "
+                      f"already graded{why}", markup=False)
+        interrupted = not grade_all(todo, record, device, rubric_path, loaded.limit("class_seconds"), jobs,
+                                    isolation, console)
+        rows = [Row(entry, record.run(entry.student) if entry.has_file else None) for entry in roster]
+        write_class_outputs(course, rows, loaded, OutputOptions(released=released, db_url=db_url), console)
+    finally:
+        lock.close()
+    if interrupted:
+        console.print("interrupted: what was graded is kept; run again to grade the rest")
+        return EXIT_INTERRUPTED
+    return EXIT_DONE
 
 
-def write_grades_csv(path: Path, results: dict[str, GradingRun]):
-    parts: list[str] = []
-    for run in results.values():
-        for part in run.parts():
-            if part.part not in parts:
-                parts.append(part.part)
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["student", "score", "max_score", *parts, "status", "problem"])
-        for student in sorted(results):
-            run = results[student]
-            by_part = {p.part: p.score for p in run.parts()}
-            writer.writerow([student, run.score, run.max_score, *(by_part.get(p, 0.0) for p in parts), run.status,
-                             run.reason or (run.load.lines() or [""])[0]])
+def grade_all(todo: list[Job], record: Record, device: str, rubric: Path, timeout: float, jobs: int,
+              isolation: str, console: Console) -> bool:
+    """Grade every job; False when interrupted (Ctrl-C)."""
+    if not todo:
+        return True
+    slots = Slots()
+    columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
+    pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo))))
+    futures = {}
+    try:
+        with Progress(*columns, console=console) as progress:
+            task = progress.add_task("", total=len(todo))
+            futures = {pool.submit(grade_job, slots, record, job, device, rubric, timeout, isolation): job for job in todo}
+            for future in as_completed(futures):
+                run = future.result()
+                progress.update(task, advance=1, description=f"{futures[future].student}: "
+                                + (f"{run.score:g}/{run.max_score:g}" if run.graded else "could not grade"))
+        return True
+    except KeyboardInterrupt:
+        for future in futures:
+            future.cancel()
+        return False
+    finally:
+        slots.close()
+        pool.shutdown(wait=True, cancel_futures=True)
 
-
-def print_class_table(console: Console, results: dict[str, GradingRun]):
-    table = Table(title="Class results")
-    table.add_column("student")
-    table.add_column("score", justify="right")
-    table.add_column("note", overflow="fold")
-    for student in sorted(results):
-        run = results[student]
-        note = run.reason or next(iter(run.load.lines() + [f"Worker: {e}" for e in run.events]), "")
-        score = f"{run.score:g} / {run.max_score:g}" if run.graded else "could not grade"
-        table.add_row(escape(student), score, escape(note[:160]))
-    console.print(table)
