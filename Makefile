@@ -6,18 +6,28 @@ TORCH_SPEC ?= torch==2.13.0
 DEVICE     ?= auto
 SUBMISSION ?= assignments/release/mha/mha.py
 OUT        ?= results.json
+COURSE     ?= assignments
+JOBS       ?= 2
+FORCE      ?=
+STUDENT    ?=
+RELEASED   ?=
+DIST       ?= dist
 
 BIN := $(abspath $(VENV))/bin
 # nbgrader runs `alembic` as a subprocess, so the virtualenv's bin/ must be on PATH.
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: setup test release grade check grade-one help
+.PHONY: setup test release grade check preview grade-one student-kit gradescope help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests"
-	@echo "make grade                     grade every submission in assignments/submitted/"
-	@echo "make check SUBMISSION=mha.py   the visible checks, for students"
+	@echo "make grade                     grade every submission in assignments/submitted/ (what changed)"
+	@echo "     DEVICE=cpu|cuda JOBS=2 FORCE=1 (regrade all) STUDENT=name (only them) RELEASED=1 (past the due date)"
+	@echo "make check SUBMISSION=mha.py   the notebook's self-checks, part by part (what students run; runs the file's code)"
+	@echo "make preview SUBMISSION=...    instructors: the grader's visible checks on a file, sandboxed (needs reference/)"
+	@echo "make student-kit               what students receive: $(DIST)/mha-student-kit.zip"
+	@echo "make gradescope                Gradescope's autograder: $(DIST)/mha-gradescope.zip"
 	@echo "make grade-one SUBMISSION=...  grade one submission into OUT=results.json"
 	@echo "make release                   regenerate the student release from reference/"
 
@@ -31,10 +41,20 @@ release: setup
 	$(PY) -m autograder release
 
 check: setup
+	$(PY) -m autograder.selfcheck "$(SUBMISSION)"
+
+preview: setup
 	$(PY) -m autograder check "$(SUBMISSION)" --device $(DEVICE)
 
 grade-one: setup
 	$(PY) -m autograder grade "$(SUBMISSION)" --device $(DEVICE) --out "$(OUT)"
 
 grade: setup
-	$(PY) -m autograder grade-class assignments --device $(DEVICE)
+	$(PY) -m autograder grade-class "$(COURSE)" --device $(DEVICE) --jobs $(JOBS) $(if $(FORCE),--force) \
+		$(if $(STUDENT),--student "$(STUDENT)") $(if $(RELEASED),--released)
+
+student-kit: setup
+	$(PY) -m autograder student-kit --out "$(DIST)"
+
+gradescope: setup
+	$(PY) -m autograder gradescope --out "$(DIST)"

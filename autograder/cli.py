@@ -53,7 +53,26 @@ def main(argv: list[str] | None = None) -> int:
     klass.add_argument("--isolation", choices=("auto", "namespace", "process"), default=isolation_default,
                        help=isolation_help)
 
+    kit = sub.add_parser("student-kit", help="build what students receive (release, self-check, README), no solution")
+    kit.add_argument("--out", type=Path, default=Path("dist"))
+    gradescope = sub.add_parser("gradescope", help="build Gradescope's autograder zip (setup.sh, run_autograder)")
+    gradescope.add_argument("--out", type=Path, default=Path("dist"))
+
     args = parser.parse_args(argv)
+    if args.command == "student-kit":
+        from autograder.kit import KitError, build_kit
+
+        try:
+            build_kit(args.out)
+        except KitError as exc:
+            print(f"cannot build the kit: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if args.command == "gradescope":
+        from autograder.gradescope import build_zip
+
+        build_zip(args.out)
+        return 0
     if args.command == "grade-class":
         from autograder.grade_class import grade_class
 

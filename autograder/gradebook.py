@@ -19,14 +19,18 @@ changed (`nbgrader autograde` records its own scores) agrees with the record aga
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import json
 import logging
 import os
 import sys
 from datetime import datetime
 from pathlib import Path
 
+from autograder.atomic import write_text_atomically
 from autograder.class_outputs import Row, graded_parts
+from autograder.store import Record, sha256_file
 from autograder.roster import ASSIGNMENT
 from autograder.rubric import Rubric
 
@@ -38,18 +42,19 @@ class GradebookError(RuntimeError):
 
 
 def course_settings(course: Path) -> tuple[str, str]:
-    """(db_url, course_id) as nbgrader's own commands see them for this course folder."""
-    from nbgrader.coursedir import CourseDirectory
+    """(db_url, course_id) as nbgrader's own commands see them for this course folder: its
+    nbgrader_config.py, else nbgrader's defaults (importing nbgrader itself takes seconds, so the
+    defaults of `nbgrader.coursedir.CourseDirectory` are repeated here)."""
     from traitlets.config import Config
     from traitlets.config.loader import PyFileConfigLoader
 
     config = Config()
     if (course / CONFIG_FILE).is_file():
         config = PyFileConfigLoader(CONFIG_FILE, path=str(course)).load_config()
-    if "root" not in config.get("CourseDirectory", {}):
-        config.CourseDirectory.root = str(course.resolve())
-    coursedir = CourseDirectory(config=config)
-    return coursedir.db_url, coursedir.course_id
+    settings = config.get("CourseDirectory", {})
+    root = settings.get("root") or str(course.resolve())
+    db_url = settings.get("db_url") or "sqlite:///{}".format(os.path.abspath(os.path.join(root, "gradebook.db")))
+    return db_url, settings.get("course_id", "")
 
 
 def submission_time(folder: Path) -> datetime | None:
@@ -62,15 +67,45 @@ def submission_time(folder: Path) -> datetime | None:
         return None
 
 
+def sqlite_path(db_url: str) -> Path | None:
+    return Path(db_url.removeprefix("sqlite:///")) if db_url.startswith("sqlite:///") else None
+
+
+def state(db_url: str, rows: list[Row], rubric: Rubric) -> dict:
+    """What the gradebook was last written from, and the SQLite file's hash after writing it."""
+    scores = [[r.student, r.status, r.entry.file.name if r.entry.file else None, r.part_scores()] for r in rows]
+    digest = hashlib.sha256(json.dumps([db_url, scores, {p: rubric.part_points(p) for p in rubric.parts}],
+                                       sort_keys=True).encode()).hexdigest()
+    path = sqlite_path(db_url)
+    return {"db_url": db_url, "scores": digest,
+            "database": sha256_file(path) if path is not None and path.is_file() else None}
+
+
 def record_grades(course: Path, rows: list[Row], rubric: Rubric, db_url: str | None = None,
                   assignment: str = ASSIGNMENT) -> str:
-    """Write the roster's students and scores into the gradebook; return its URL."""
-    from nbgrader.api import Gradebook, InvalidEntry, MissingEntry
-    from sqlalchemy.exc import SQLAlchemyError
-
+    """Write the roster's students and scores into the gradebook; return its URL. Skipped when the
+    scores are those last written and the SQLite file is as we left it (byte for byte); any other
+    database is written every time."""
     course = Path(course)
     configured_url, course_id = course_settings(course)
     db_url = db_url or configured_url
+    stamp_path = Record(course).root / ".gradebook.json"
+    before = state(db_url, rows, rubric)
+    try:
+        last = json.loads(stamp_path.read_text())
+    except (OSError, ValueError):
+        last = None
+    if before["database"] is not None and last == before:
+        return db_url
+    write_grades(db_url, course_id, rows, rubric, assignment)
+    write_text_atomically(stamp_path, json.dumps(state(db_url, rows, rubric), sort_keys=True) + "\n")
+    return db_url
+
+
+def write_grades(db_url: str, course_id: str, rows: list[Row], rubric: Rubric, assignment: str):
+    from nbgrader.api import Grade, Gradebook, InvalidEntry, MissingEntry
+    from sqlalchemy.exc import SQLAlchemyError
+
     parts = [p for p in graded_parts(rubric) if rubric.part_points(p) > 0]
     logging.getLogger("nbgrader").setLevel(logging.WARNING)
     bin_dir = str(Path(sys.executable).parent)  # nbgrader runs `alembic` from its own environment
@@ -99,8 +134,6 @@ def record_grades(course: Path, rows: list[Row], rubric: Rubric, db_url: str | N
                 for part, cell in cells.items():
                     grade = grades.get(part)
                     if grade is None:  # a cell added after the submission was first recorded
-                        from nbgrader.api import Grade
-
                         grade = Grade(cell_id=cell.id, notebook=notebook)
                         gradebook.db.add(grade)
                     grade.auto_score = scores.get(part, 0.0) if row.scored else None
@@ -108,4 +141,3 @@ def record_grades(course: Path, rows: list[Row], rubric: Rubric, db_url: str | N
             gradebook.db.commit()
     except (SQLAlchemyError, InvalidEntry, OSError) as exc:
         raise GradebookError(f"{db_url}: {exc}") from None
-    return db_url
