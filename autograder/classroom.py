@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="mha-classroom-") as work:  # the worker never sees the checkout
             copy = Path(work) / f"mha{file.suffix}"
             shutil.copyfile(file, copy)
-            run = grade_submission(copy, Options(device=args.device, out=args.out, quiet=True))
+            run = grade_submission(copy, Options(device=args.device, out=args.out, quiet=True,
+                                                           isolation=os.environ.get("AUTOGRADER_ISOLATION", "auto")))
         if note:
             run.events.insert(0, note)
     write_results(args.out, run)

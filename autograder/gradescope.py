@@ -129,7 +129,8 @@ def run(root: Path) -> int:
     work.mkdir(parents=True)
     copy = work / (f"{ASSIGNMENT}{file.suffix}" if file.suffix in (".py", ".ipynb") else file.name)
     shutil.copyfile(file, copy)
-    run = grade_submission(copy, Options(device=os.environ.get("AUTOGRADER_DEVICE", "auto"), out=out, quiet=True))
+    run = grade_submission(copy, Options(device=os.environ.get("AUTOGRADER_DEVICE", "auto"), out=out, quiet=True,
+                                                isolation=os.environ.get("AUTOGRADER_ISOLATION", "auto")))
     if note:
         run.events.insert(0, note)
     write_results(out, run)
