@@ -1,15 +1,17 @@
 """Gradescope: the autograder zip (`make gradescope`), and what its `run_autograder` runs.
 
 The zip holds `setup.sh`, `run_autograder` and `source/` (the grader: `autograder/`, `reference/`,
-`pyproject.toml`). Gradescope runs `setup.sh` once, as root, when it builds the image: it makes a
-virtualenv with torch and the grader's dependencies, and an unprivileged user `mha-student`. For each
-submission it runs `run_autograder`, which runs `python -m autograder.gradescope run`:
+`pyproject.toml`). Gradescope runs `setup.sh` once, as root, when it builds the image: it installs bubblewrap (the
+sandbox), makes a virtualenv with torch and the grader's dependencies, and closes the grader's source
+to other users. For each submission it runs `run_autograder`, which runs
+`python -m autograder.gradescope run`:
 
 1. find the submission in `/autograder/submission/` (the same rule as `make grade`: `mha.ipynb` or
    `mha.py`, else the one .ipynb/.py file, else the best of several, said in the output);
 2. grade it exactly as `python -m autograder grade` does: the trusted grader in this process, the
-   student's code in a fresh worker, jailed in namespaces where the container allows it, and run
-   as the user `mha-student` (not root) where the grader runs as root and that user exists;
+   student's code in a fresh worker, in the bubblewrap sandbox where the container allows it, else
+   as a separate process; either way, under a root grader, as a fresh unprivileged uid (the
+   sandbox's `launcher`), which cannot read the grader's source;
 3. write `/autograder/results/results.json` (Gradescope's format, always, also when nothing could be
    graded).
 
@@ -29,7 +31,6 @@ from autograder.release import ASSIGNMENT, default_root
 from autograder.roster import candidates_in, choose
 
 ZIP_NAME = f"{ASSIGNMENT}-gradescope.zip"
-WORKER_USER = "mha-student"
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 SETUP = """#!/usr/bin/env bash
@@ -37,9 +38,8 @@ SETUP = """#!/usr/bin/env bash
 set -euo pipefail
 ROOT="${AUTOGRADER_ROOT:-/autograder}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
-if ! command -v python3 >/dev/null || ! python3 -m venv --help >/dev/null 2>&1; then
-    apt-get update && apt-get install -y python3 python3-venv python3-pip
-fi
+apt-get update
+apt-get install -y python3 python3-venv python3-pip bubblewrap
 python3 -m venv "$ROOT/venv"
 "$ROOT/venv/bin/pip" install --upgrade pip
 "$ROOT/venv/bin/pip" install $TORCH_SPEC
@@ -49,8 +49,7 @@ import sys, tomllib
 print("\\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
 EOF
 "$ROOT/venv/bin/pip" install -r "$ROOT/requirements.txt"
-# The student's code runs as this user, never as root; it cannot read the grader's source.
-id -u {user} >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin {user}
+# The student's code runs as a fresh unprivileged uid, never as root: it cannot read the grader's source.
 chmod -R go-rwx "$ROOT/source"
 """
 
@@ -62,9 +61,6 @@ ROOT="${AUTOGRADER_ROOT:-/autograder}"
 PYTHON="${AUTOGRADER_PYTHON:-$ROOT/venv/bin/python}"
 cd "$ROOT/source"
 export PYTHONPATH="$ROOT/source" PYTHONDONTWRITEBYTECODE=1
-if [ -z "${AUTOGRADER_WORKER_USER+set}" ] && id -u {user} >/dev/null 2>&1; then
-    export AUTOGRADER_WORKER_USER={user}
-fi
 exec "$PYTHON" -m autograder.gradescope run --root "$ROOT"
 """
 
@@ -87,7 +83,7 @@ def build_zip(out: Path, root: Path | None = None) -> Path:
             info = zipfile.ZipInfo(name, ZIP_TIME)
             info.external_attr = 0o755 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
-            bundle.writestr(info, text.replace("{user}", WORKER_USER))
+            bundle.writestr(info, text)
         for path in source_files(root):
             info = zipfile.ZipInfo(f"source/{path.relative_to(root).as_posix()}", ZIP_TIME)
             info.external_attr = 0o644 << 16

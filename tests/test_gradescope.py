@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import stat
 import subprocess
 import sys
@@ -52,7 +51,7 @@ def test_the_zip_has_gradescopes_two_scripts_and_the_grader(archive):
             "source/reference/mha.py", "source/pyproject.toml"} <= names
     assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
     assert not [n for n in names if "__pycache__" in n or n.startswith("source/tests/")]
-    assert "useradd" in setup and "chmod -R go-rwx" in setup  # the student's user cannot read the grader
+    assert "bubblewrap" in setup and "chmod -R go-rwx" in setup  # the worker's uid cannot read the grader
 
 
 def test_nothing_submitted_still_gives_results_json(tmp_path, archive):
@@ -66,7 +65,8 @@ def test_nothing_submitted_still_gives_results_json(tmp_path, archive):
 @pytest.mark.slow
 def test_a_submission_is_graded_into_results_json_with_the_students_code_as_another_user(tmp_path, archive):
     """The student's code finds out whether it can read the grader's source: the answer it gives
-    (HEADS_RUN) is right only if it cannot. Run as root with a worker user, it cannot."""
+    (HEADS_RUN) is right only if it cannot. Under a root grader the worker is sandboxed and a fresh
+    unprivileged uid, so it cannot."""
     as_root = os.geteuid() == 0
     root = tmp_path / "autograder"
     probe = (f"import os as _os\n_grader = {str(root / 'source' / 'reference' / 'mha.py')!r}\n"
@@ -74,15 +74,13 @@ def test_a_submission_is_graded_into_results_json_with_the_students_code_as_anot
     source = REFERENCE.read_text().replace('HEADS_RUN = "B"', 'HEADS_RUN = "A" if _READ else "B"')
     root = fake_autograder(tmp_path, archive, {"mha (2).py": probe + source})
     os.chmod(root / "source", 0o700)  # as setup.sh leaves it
-    env = {"AUTOGRADER_ISOLATION": "process"}  # the weakest isolation: the user is what keeps the grader hidden
-    if as_root:
-        env["AUTOGRADER_WORKER_USER"] = pwd.getpwuid(65534).pw_name  # nobody
-    done = run_autograder(root, **env)
+    done = run_autograder(root)
     assert done.returncode == 0, done.stderr
     results = json.loads((root / "results" / "results.json").read_text())
-    assert results["extra_data"]["isolation"] == "process"
+    assert results["extra_data"]["isolation"] in ("namespace", "process")
     assert "Graded mha (2).py." in results["output"]
     if as_root:
         assert results["score"] == results["max_score"] == 100, results["output"]
-    else:  # not root: no user switch, but still graded, the answer being whatever the file system allows
+        assert "the grader's own user" not in results["extra_data"]["sandbox"]["user"]
+    else:  # not root: no uid change, but still graded, the answer being whatever the file system allows
         assert results["max_score"] == 100
