@@ -98,6 +98,12 @@ def grade_job(slots: Slots, record: Record, job: Job, device: str, rubric: Path,
     return run
 
 
+def class_rows(roster: list[Entry], record: Record) -> list[Row]:
+    """Every student of the roster with their stored run (None: no submission, or not graded yet):
+    what the class outputs are written from, after grading or when merging runs graded elsewhere."""
+    return [Row(entry, record.run(entry.student) if entry.has_file else None) for entry in roster]
+
+
 def hold_course(course: Path, console: Console):
     """An exclusive lock on the course's record, so two class runs never grade it at once."""
     lock_path = Record(course).root / ".lock"
@@ -145,7 +151,7 @@ def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, 
                       f"already graded{why}", markup=False)
         interrupted = not grade_all(todo, record, device, rubric_path, loaded.limit("class_seconds"), jobs,
                                     isolation, console)
-        rows = [Row(entry, record.run(entry.student) if entry.has_file else None) for entry in roster]
+        rows = class_rows(roster, record)
         write_class_outputs(course, rows, loaded, OutputOptions(released=released, db_url=db_url), console)
     finally:
         lock.close()

@@ -93,6 +93,7 @@ def serve(stdin=None, replies=None) -> int:
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the class run's to handle: it stops us
     parent = os.environ.get(PARENT_VARIABLE)
     if parent and os.getppid() != int(parent):  # the class run died before we asked to die with it
         return 1
