@@ -7,7 +7,7 @@ DEVICE     ?= auto
 SUBMISSION ?= assignments/release/mha/mha.py
 OUT        ?= results.json
 COURSE     ?= assignments
-JOBS       ?= 2
+JOBS       ?=
 FORCE      ?=
 STUDENT    ?=
 RELEASED   ?=
@@ -23,7 +23,7 @@ PY := $(BIN)/python
 help:
 	@echo "make test                      set up .venv and run the project's tests"
 	@echo "make grade                     grade every submission in assignments/submitted/ (what changed)"
-	@echo "     DEVICE=cpu|cuda JOBS=2 FORCE=1 (regrade all) STUDENT=name (only them) RELEASED=1 (past the due date)"
+	@echo "     DEVICE=cpu|cuda JOBS=n (default 2 per CPU, 2..8) FORCE=1 (regrade all) STUDENT=name RELEASED=1 (past the due date)"
 	@echo "make check SUBMISSION=mha.py   the notebook's self-checks, part by part (what students run; runs the file's code)"
 	@echo "make preview SUBMISSION=...    instructors: the grader's visible checks on a file, sandboxed (needs reference/)"
 	@echo "make student-kit               what students receive: $(DIST)/mha-student-kit.zip"
@@ -50,7 +50,7 @@ grade-one: setup
 	$(PY) -m autograder grade "$(SUBMISSION)" --device $(DEVICE) --out "$(OUT)"
 
 grade: setup
-	$(PY) -m autograder grade-class "$(COURSE)" --device $(DEVICE) --jobs $(JOBS) $(if $(FORCE),--force) \
+	$(PY) -m autograder grade-class "$(COURSE)" --device $(DEVICE) $(if $(JOBS),--jobs $(JOBS)) $(if $(FORCE),--force) \
 		$(if $(STUDENT),--student "$(STUDENT)") $(if $(RELEASED),--released)
 
 student-kit: setup

@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     klass.add_argument("course", type=Path, nargs="?", default=Path("assignments"))
     klass.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     klass.add_argument("--rubric", type=Path, default=None)
-    klass.add_argument("--jobs", type=int, default=2, help="submissions graded at once")
+    klass.add_argument("--jobs", type=int, default=None,
+                       help="submissions graded at once (default: twice the CPUs, at least 2 and at most 8: "
+                            "a submission waiting on a deadline leaves its CPU to the others)")
     klass.add_argument("--force", action="store_true", help="regrade even what is up to date")
     klass.add_argument("--student", action="append", default=None, metavar="NAME",
                        help="grade only this student (repeatable); the class outputs still cover everyone")
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if not (args.course / "submitted").is_dir():
             parser.error(f"{args.course} is not a course folder: it has no submitted/ folder")
-        if args.jobs < 1:
+        if args.jobs is not None and args.jobs < 1:
             parser.error("--jobs must be at least 1")
         return grade_class(args.course, device=args.device, rubric=args.rubric, jobs=args.jobs, force=args.force,
                            students=args.student, released=args.released, db_url=args.db, isolation=args.isolation)

@@ -117,7 +117,13 @@ def hold_course(course: Path, console: Console):
     return handle
 
 
-def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, jobs: int = 2,
+def default_jobs() -> int:
+    """Twice the CPUs, at least 2 and at most 8: a submission that hangs spends most of its time waiting
+    for deadlines, and another can use the CPU meanwhile; each job holds a grader and a worker in memory."""
+    return min(max(2, 2 * (os.cpu_count() or 1)), 8)
+
+
+def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, jobs: int | None = None,
                 force: bool = False, students: list[str] | None = None, released: bool = False,
                 db_url: str | None = None, isolation: str | None = None) -> int:
     console = Console(highlight=False)
@@ -149,7 +155,8 @@ def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, 
         why = f" ({', '.join(f'{n} {r}' for r, n in reasons.items())})" if reasons else ""
         console.print(f"{len(submitted)} submissions: {len(todo)} to grade, {len(submitted) - len(todo)} "
                       f"already graded{why}", markup=False)
-        interrupted = not grade_all(todo, record, device, rubric_path, loaded.limit("class_seconds"), jobs,
+        interrupted = not grade_all(todo, record, device, rubric_path, loaded.limit("class_seconds"),
+                                    jobs or default_jobs(),
                                     isolation, console)
         rows = class_rows(roster, record)
         write_class_outputs(course, rows, loaded, OutputOptions(released=released, db_url=db_url), console)
