@@ -156,8 +156,7 @@ def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, 
         console.print(f"{len(submitted)} submissions: {len(todo)} to grade, {len(submitted) - len(todo)} "
                       f"already graded{why}", markup=False)
         interrupted = not grade_all(todo, record, device, rubric_path, loaded.limit("class_seconds"),
-                                    jobs or default_jobs(),
-                                    isolation, console)
+                                    jobs or default_jobs(), isolation, console)
         rows = class_rows(roster, record)
         write_class_outputs(course, rows, loaded, OutputOptions(released=released, db_url=db_url), console)
     finally:
