@@ -9,13 +9,17 @@ OUT        ?= results.json
 COURSE     ?= assignments
 JOBS       ?=
 SHARD      ?=
+FORCE      ?=
+STUDENT    ?=
+RELEASED   ?=
+DIST       ?= dist
 
 BIN := $(abspath $(VENV))/bin
 # nbgrader runs `alembic` as a subprocess, so the virtualenv's bin/ must be on PATH.
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: setup test test-fast test-speed lint lock bench release grade merge grade-slurm check grade-one help
+.PHONY: setup test test-fast test-speed lint lock bench release grade merge grade-slurm check preview grade-one student-kit gradescope help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests"
@@ -24,11 +28,15 @@ help:
 	@echo "make lint                      ruff: lint and formatting"
 	@echo "make lock                      regenerate requirements.lock from pyproject.toml"
 	@echo "make bench                     time the wrapper, the weight split and fast peers; table, plot, JSON"
-	@echo "make grade                     grade every submission in assignments/submitted/"
+	@echo "make grade                     grade every submission in assignments/submitted/ (what changed)"
+	@echo "     DEVICE=cpu|cuda JOBS=n (default 2 per CPU, 2..8) FORCE=1 (regrade all) STUDENT=name RELEASED=1 (past the due date)"
 	@echo "make grade SHARD=K/N           grade shard K of N (K from 0) only; SHARD=auto in a Slurm array task"
 	@echo "make merge                     the class's outputs from every shard's results, grading nothing"
 	@echo "make grade-slurm SHARDS=4      grade on a Slurm cluster: a job array and a merge job (tools/slurm/)"
-	@echo "make check SUBMISSION=mha.py   the visible checks, for students"
+	@echo "make check SUBMISSION=mha.py   the notebook's self-checks, part by part (what students run; runs the file's code)"
+	@echo "make preview SUBMISSION=...    instructors: the grader's visible checks on a file, sandboxed (needs reference/)"
+	@echo "make student-kit               what students receive: $(DIST)/mha-student-kit.zip"
+	@echo "make gradescope                Gradescope's autograder: $(DIST)/mha-gradescope.zip"
 	@echo "make grade-one SUBMISSION=...  grade one submission into OUT=results.json"
 	@echo "make release                   regenerate the student release from reference/"
 
@@ -58,16 +66,26 @@ release: setup
 	$(PY) -m autograder release
 
 check: setup
+	$(PY) -m autograder.selfcheck "$(SUBMISSION)"
+
+preview: setup
 	$(PY) -m autograder check "$(SUBMISSION)" --device $(DEVICE)
 
 grade-one: setup
 	$(PY) -m autograder grade "$(SUBMISSION)" --device $(DEVICE) --out "$(OUT)"
 
 grade: setup
-	$(PY) -m autograder grade-class "$(COURSE)" --device $(DEVICE) $(if $(JOBS),--jobs $(JOBS)) $(if $(SHARD),--shard $(SHARD))
+	$(PY) -m autograder grade-class "$(COURSE)" --device $(DEVICE) $(if $(JOBS),--jobs $(JOBS)) $(if $(FORCE),--force) \
+		$(if $(STUDENT),--student "$(STUDENT)") $(if $(RELEASED),--released) $(if $(SHARD),--shard $(SHARD))
 
 merge: setup
 	$(PY) -m autograder grade-class "$(COURSE)" --merge
 
 grade-slurm: setup
 	COURSE="$(COURSE)" VENV="$(VENV)" tools/slurm/submit.sh
+
+student-kit: setup
+	$(PY) -m autograder student-kit --out "$(DIST)"
+
+gradescope: setup
+	$(PY) -m autograder gradescope --out "$(DIST)"

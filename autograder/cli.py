@@ -45,16 +45,46 @@ def main(argv: list[str] | None = None) -> int:
     klass.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     klass.add_argument("--rubric", type=Path, default=None)
     klass.add_argument("--jobs", type=int, default=None,
-                       help="submissions graded at once (default: 2, or the number of CUDA devices if more)")
+                       help="submissions graded at once (default: twice the CPUs, at least 2 and at most 8: "
+                            "a submission waiting on a deadline leaves its CPU to the others)")
     klass.add_argument("--force", action="store_true", help="regrade even what is up to date")
     klass.add_argument("--shard", default=None, metavar="K/N",
-                       help="grade only shard K of N (K from 0 to N-1), writing only those students' results; "
-                            "'auto' or 'auto/N' reads K (and N) from a Slurm array task or a Kubernetes indexed job")
+                       help="grade only shard K of N (K from 0 to N-1), recording only those students' runs and "
+                            "writing no class output; 'auto' or 'auto/N' reads K (and N) from a Slurm array task "
+                            "or a Kubernetes indexed job")
     klass.add_argument("--merge", action="store_true",
-                       help="grade nothing: write the class's outputs from the results already there; "
-                            "exits 1, writing nothing, when a student's results are missing")
+                       help="grade nothing: write the class's outputs from the runs already recorded; "
+                            "exits 1, writing nothing, when a student's run is missing or out of date")
+    klass.add_argument("--student", action="append", default=None, metavar="NAME",
+                       help="grade only this student (repeatable); the class outputs still cover everyone")
+    klass.add_argument("--released", action="store_true",
+                       help="the due date has passed: feedback shows the checks the rubric shows after_due_date")
+    klass.add_argument("--db", default=None, metavar="URL",
+                       help="the gradebook's SQLAlchemy URL (default: the course's nbgrader_config.py, "
+                            "else sqlite:///COURSE/gradebook.db)")
+    klass.add_argument("--isolation", choices=("auto", "namespace", "process"), default=isolation_default,
+                       help=isolation_help)
+
+    kit = sub.add_parser("student-kit", help="build what students receive (release, self-check, README), no solution")
+    kit.add_argument("--out", type=Path, default=Path("dist"))
+    gradescope = sub.add_parser("gradescope", help="build Gradescope's autograder zip (setup.sh, run_autograder)")
+    gradescope.add_argument("--out", type=Path, default=Path("dist"))
 
     args = parser.parse_args(argv)
+    if args.command == "student-kit":
+        from autograder.kit import KitError, build_kit
+
+        try:
+            build_kit(args.out)
+        except KitError as exc:
+            print(f"cannot build the kit: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if args.command == "gradescope":
+        from autograder.gradescope import build_zip
+
+        build_zip(args.out)
+        return 0
     if args.command == "grade-class":
         return grade_class_command(parser, args)
     if args.command == "release":
@@ -79,9 +109,9 @@ def grade_class_command(parser: argparse.ArgumentParser, args: argparse.Namespac
     if not (args.course / "submitted").is_dir():
         parser.error(f"{args.course} is not a course folder: it has no submitted/ folder")
     if args.merge:
-        if args.shard or args.force:
-            parser.error("--merge grades nothing, so it takes neither --shard nor --force")
-        return merge_class(args.course, rubric=args.rubric)
+        if args.shard or args.force or args.student:
+            parser.error("--merge grades nothing, so it takes neither --shard, --force nor --student")
+        return merge_class(args.course, rubric=args.rubric, released=args.released, db_url=args.db)
     if args.jobs is not None and args.jobs < 1:
         parser.error("--jobs must be at least 1")
     try:
@@ -89,6 +119,7 @@ def grade_class_command(parser: argparse.ArgumentParser, args: argparse.Namespac
     except ShardError as exc:
         parser.error(str(exc))
     return grade_class(args.course, device=args.device, rubric=args.rubric, jobs=args.jobs, force=args.force,
+                       students=args.student, released=args.released, db_url=args.db, isolation=args.isolation,
                        shard=shard)
 
 

@@ -1,223 +1,268 @@
-"""Grading a whole class: every assignments/submitted/<student>/mha/ submission, a few at a time.
+"""Grading a whole class: every assignments/submitted/<student>/mha/, a few at a time.
 
-Each submission is graded by its own `python -m autograder grade` process, so one that crashes,
-hangs or floods its output never stops the others. Re-running grades only what changed.
+The steps:
 
-A class can be split into shards graded on many machines (`--shard K/N`, see `autograder.shard`):
-a shard writes only its own students' results. `merge_class` (`--merge`) then writes the class's
-outputs from everyone's results without grading anything; `write_class_outputs` is the one step
-that writes them, whether after a merge or after grading the whole class in one run.
+1. read the roster (`roster.read_roster`): one entry per student folder, with the file to grade;
+2. decide who needs grading (`store.Record.why_regrade`): a new or changed submission, rubric,
+   grader, reference, torch or device (content hashes), or a last run that could not grade;
+   `force` regrades everyone asked for, `students` limits grading to those students;
+3. grade them, `jobs` at a time, in long-lived grading processes (`grading_pool.Grader`), each
+   submission with its own fresh worker; a submission whose grading process hangs or dies gets a
+   "could not grade" run and is retried next time, and the others go on;
+4. write every class output from the record (`class_outputs.write_class_outputs`).
+
+A class can be split into shards graded on many machines that share the course folder (`--shard K/N`,
+see `autograder.shard`): a shard grades and records only its own students and writes no class output.
+`merge_class` (`--merge`) then writes the class's outputs from everyone's stored runs without grading,
+and names whoever has no up-to-date run. With several CUDA devices, each grading process is pinned to
+the least busy one (`autograder.devices`).
+
+Each run's results.json is stored (atomically) as soon as it is graded, and its inputs right after,
+so a class run killed at any moment loses nothing already graded: the next run grades the rest.
 """
 from __future__ import annotations
 
-import csv
-import json
-import subprocess
-import sys
+import contextlib
+import fcntl
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import Progress
-from rich.table import Table
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from autograder.atomic import open_atomically
+from autograder.class_outputs import OutputOptions, Row, write_class_outputs
 from autograder.devices import NoDevice, Placement, placement_for
-from autograder.model import GradingRun
-from autograder.rubric import DEFAULT_RUBRIC, RubricError, load_rubric
+from autograder.grading_pool import Grader
+from autograder.model import CANNOT_GRADE, GradingRun
+from autograder.roster import Entry, read_roster
+from autograder.rubric import DEFAULT_RUBRIC, Rubric, RubricError, load_rubric
 from autograder.shard import Shard, engine_index_in
+from autograder.store import ClassInputs, Record
 
-ASSIGNMENT = "mha"
-EXIT_DONE, EXIT_MERGE_INCOMPLETE, EXIT_CANNOT_GRADE = 0, 1, 2
+EXIT_DONE, EXIT_MERGE_INCOMPLETE, EXIT_CANNOT_GRADE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# What a merge compares with the stored inputs: shards may run other torch builds on other devices.
+MERGE_INPUTS = ("submission", "file", "rubric", "grader", "reference")
 
 
 @dataclass
 class Job:
-    student: str
-    submission: Path
-    results: Path
+    entry: Entry
+    inputs: dict[str, str]
+    reason: str  # why it is graded
+
+    @property
+    def student(self) -> str:
+        return self.entry.student
 
 
-def find_submissions(course: Path) -> tuple[list[Job], list[str]]:
-    """One job per student folder with a submission; the names of folders without one."""
-    jobs, empty = [], []
-    for folder in sorted((course / "submitted").glob(f"*/{ASSIGNMENT}")):
-        student = folder.parent.name
-        candidates = [folder / "mha.ipynb", folder / "mha.py"]
-        found = next((c for c in candidates if c.is_file()), None)
-        if found is None:
-            empty.append(student)
+def plan(roster: list[Entry], record: Record, class_inputs: ClassInputs, force: bool,
+         students: list[str] | None) -> list[Job]:
+    """The students to grade now, each with the reason."""
+    jobs = []
+    for entry in roster:
+        if not entry.has_file or (students is not None and entry.student not in students):
             continue
-        jobs.append(Job(student, found, course / "autograded" / student / ASSIGNMENT / "results.json"))
-    return jobs, empty
+        inputs = class_inputs.for_file(entry.file)
+        reason = "forced" if force else record.why_regrade(entry.student, inputs)
+        if reason is not None:
+            jobs.append(Job(entry, inputs, reason))
+    return jobs
 
 
-def read_run(path: Path) -> GradingRun | None:
-    """The grading model stored in a results.json, or None when there is none (or it is unreadable)."""
+class Slots:
+    """One long-lived grading process per pool thread, each pinned for its life to one device of the
+    placement (the least busy visible GPU on CUDA; nothing on the CPU)."""
+
+    def __init__(self, placement: Placement | None = None):
+        self.placement = placement
+        self.local = threading.local()
+        self.graders: list[Grader] = []
+        self.lock = threading.Lock()
+        self.held = contextlib.ExitStack()
+
+    def grader(self) -> Grader:
+        if not hasattr(self.local, "grader"):
+            with self.lock:
+                env = self.held.enter_context(self.placement.slot()) if self.placement else None
+                self.local.grader = Grader(env=env)
+                self.graders.append(self.local.grader)
+        return self.local.grader
+
+    def close(self):
+        with self.lock:
+            for grader in self.graders:
+                grader.close()
+            self.held.close()
+
+
+def grade_job(slots: Slots, record: Record, job: Job, device: str, rubric: Path, timeout: float,
+              isolation: str) -> GradingRun:
+    out = record.results_path(job.student)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    request = {"id": job.student, "submission": str(job.entry.file), "out": str(out), "device": device,
+               "rubric": str(rubric), "isolation": isolation}
+    outcome = slots.grader().grade(request, timeout)
+    run = record.run(job.student) if outcome.ok else None
+    if run is None:
+        run = GradingRun(status=CANNOT_GRADE, submission=job.entry.file.name,
+                         reason=outcome.problem or "no readable results.json was written")
+        record.save_run(job.student, run)
+    record.save_inputs(job.student, job.inputs)  # after results.json: a kill in between only regrades
+    return run
+
+
+def class_rows(roster: list[Entry], record: Record) -> list[Row]:
+    """Every student of the roster with their stored run (None: no submission, or not graded yet):
+    what the class outputs are written from, after grading or when merging runs graded elsewhere."""
+    return [Row(entry, record.run(entry.student) if entry.has_file else None) for entry in roster]
+
+
+def hold_course(course: Path, console: Console):
+    """An exclusive lock on the course's record, so two class runs never grade it at once."""
+    lock_path = Record(course).root / ".lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(lock_path, "a+")
     try:
-        return GradingRun.from_gradescope(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return None
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        console.print("another grading run holds this course; waiting for it to finish")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
 
 
-def warn_empty(console: Console, empty: list[str]):
-    for student in empty:
-        console.print(f"[yellow]{student}: no mha.ipynb or mha.py in submitted/{student}/{ASSIGNMENT}/[/]")
-
-
-def is_current(job: Job, rubric: Path) -> bool:
-    """The student's results.json exists and is newer than its inputs (the submission and the rubric)."""
-    if not job.results.exists():
-        return False
-    newest_input = max(job.submission.stat().st_mtime, rubric.stat().st_mtime)
-    return job.results.stat().st_mtime >= newest_input
-
-
-def up_to_date(job: Job, rubric: Path) -> GradingRun | None:
-    """The last run, when it graded and is newer than its inputs; a run that could not grade is redone."""
-    if not is_current(job, rubric):
-        return None
-    run = read_run(job.results)
-    return run if run is not None and run.graded else None
-
-
-def grade_one(job: Job, device: str, rubric: Path, timeout: float, env: dict[str, str] | None = None) -> GradingRun:
-    job.results.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "autograder", "grade", str(job.submission), "--out", str(job.results),
-               "--device", device, "--rubric", str(rubric), "--quiet"]
-    try:
-        subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-        reason = "no readable results.json was written"
-    except subprocess.TimeoutExpired:
-        reason = f"grading took more than {timeout:g} s and was stopped"
-    run = read_run(job.results)
-    return run if run is not None else GradingRun(status="cannot_grade", submission=job.submission.name, reason=reason)
-
-
-def grade_placed(placement: Placement, job: Job, rubric: Path, timeout: float) -> GradingRun:
-    with placement.slot() as env:
-        return grade_one(job, placement.device, rubric, timeout, env)
+def default_jobs() -> int:
+    """Twice the CPUs, at least 2 and at most 8: a submission that hangs spends most of its time waiting
+    for deadlines, and another can use the CPU meanwhile; each job holds a grader and a worker in memory."""
+    return min(max(2, 2 * (os.cpu_count() or 1)), 8)
 
 
 def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, jobs: int | None = None,
-                force: bool = False, shard: Shard | None = None) -> int:
-    console = Console()
-    rubric = rubric or DEFAULT_RUBRIC
+                force: bool = False, students: list[str] | None = None, released: bool = False,
+                db_url: str | None = None, isolation: str | None = None, shard: Shard | None = None) -> int:
+    console = Console(highlight=False)
+    course = Path(course)
+    rubric_path = Path(rubric or DEFAULT_RUBRIC)
     try:
-        timeout = load_rubric(rubric).limit("class_seconds")
+        loaded: Rubric = load_rubric(rubric_path)
         placement = placement_for(device)
     except (RubricError, NoDevice) as exc:
         console.print(f"cannot grade: {exc}", style="red", markup=False)
         return EXIT_CANNOT_GRADE
-    jobs = jobs or max(2, len(placement.devices))
-    todo, empty = find_submissions(course)
+    isolation = isolation or os.environ.get("AUTOGRADER_ISOLATION", "auto")
+    roster = read_roster(course)
+    known = {e.student for e in roster}
+    if students is not None and set(students) - known:
+        missing = ", ".join(sorted(set(students) - known))
+        console.print(f"cannot grade: no folder submitted/<student>/ for {missing}", style="red", markup=False)
+        return EXIT_CANNOT_GRADE
     if shard is not None:
-        todo, empty = shard_share(console, shard, todo, empty)
+        mine = shard.select([entry.student for entry in roster])  # split over every student folder
+        console.print(f"shard {shard}: {len(mine)} of the class's {len(roster)} students", markup=False)
+        students = [s for s in mine if students is None or s in students]
     elif engine_variable := engine_index_in():
-        console.print(f"[yellow]{engine_variable} is set, but without --shard this grades the whole class; "
-                      "--shard auto grades this task's share[/]")
+        console.print(f"{engine_variable} is set, but without --shard this grades the whole class; "
+                      "--shard auto grades this task's share", style="yellow", markup=False)
+    jobs = jobs or max(default_jobs(), len(placement.devices))
     if placement.devices:
         console.print(f"{jobs} at a time on {len(placement.devices)} CUDA device(s): "
-                      f"{', '.join(placement.devices)}, one per grading process")
-    warn_empty(console, empty)
-    results: dict[str, GradingRun] = {}
-    pending = []
-    for job in todo:
-        previous = None if force else up_to_date(job, rubric)
-        if previous is not None:
-            results[job.student] = previous
-        else:
-            pending.append(job)
-    console.print(f"{len(todo)} submissions: {len(pending)} to grade, {len(todo) - len(pending)} already graded")
-    with Progress(console=console) as progress, ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        task = progress.add_task("grading", total=len(pending))
-        futures = {pool.submit(grade_placed, placement, job, rubric, timeout): job for job in pending}
-        for future in as_completed(futures):
-            job = futures[future]
-            results[job.student] = future.result()
-            progress.advance(task)
+                      f"{', '.join(placement.devices)}, each grading process on one", markup=False)
+    lock = hold_course(course, console)
+    try:
+        record = Record(course)
+        for entry in roster:
+            if entry.note and (students is None or entry.student in students):
+                console.print(f"{entry.student}: {entry.note}", style="yellow", markup=False)
+        todo = plan(roster, record, ClassInputs.compute(rubric_path, device), force, students)
+        submitted = [e for e in roster if e.has_file and (students is None or e.student in students)]
+        reasons: dict[str, int] = {}
+        for job in todo:
+            reasons[job.reason] = reasons.get(job.reason, 0) + 1
+        why = f" ({', '.join(f'{n} {r}' for r, n in reasons.items())})" if reasons else ""
+        console.print(f"{len(submitted)} submissions: {len(todo)} to grade, {len(submitted) - len(todo)} "
+                      f"already graded{why}", markup=False)
+        interrupted = not grade_all(todo, record, placement, rubric_path, loaded.limit("class_seconds"),
+                                    jobs, isolation, console)
+        if shard is None:
+            rows = class_rows(roster, record)
+            write_class_outputs(course, rows, loaded, OutputOptions(released=released, db_url=db_url), console)
+    finally:
+        lock.close()
+    if interrupted:
+        console.print("interrupted: what was graded is kept; run again to grade the rest")
+        return EXIT_INTERRUPTED
     if shard is not None:
-        print_class_table(console, results, title=f"Shard {shard}")
-        console.print(f"shard {shard} done; once every shard is, `grade-class {course} --merge` writes the class's outputs")
-        return EXIT_DONE
-    write_class_outputs(course, results, console)
+        console.print(f"shard {shard} done; once every shard is, `grade-class {course} --merge` writes the "
+                      "class's outputs", markup=False)
     return EXIT_DONE
 
 
-def shard_share(console: Console, shard: Shard, todo: list[Job], empty: list[str]) -> tuple[list[Job], list[str]]:
-    """The jobs and empty folders of this shard's students (the split is over every student folder)."""
-    everyone = [job.student for job in todo] + empty
-    mine = set(shard.select(everyone))
-    console.print(f"shard {shard}: {len(mine)} of the class's {len(everyone)} students")
-    return [job for job in todo if job.student in mine], [student for student in empty if student in mine]
-
-
-def merge_class(course: Path, rubric: Path | None = None) -> int:
-    """Write the class's outputs from the results already there (shards' or earlier runs'), grading
-    nothing. A run that could not grade counts as it does after a whole-class run (a row saying so).
-    When a student with a submission has no current results, say who, write nothing, and return
-    EXIT_MERGE_INCOMPLETE: grade them (their shard again, or plain grade-class) and merge again."""
-    console = Console()
-    rubric = rubric or DEFAULT_RUBRIC
-    todo, empty = find_submissions(course)
-    warn_empty(console, empty)
-    results: dict[str, GradingRun] = {}
+def merge_class(course: Path, rubric: Path | None = None, released: bool = False, db_url: str | None = None) -> int:
+    """Write the class's outputs from the runs already recorded (by shards or earlier runs), grading
+    nothing. A run that could not grade counts as it does after a whole-class run. When a student with
+    a submission has no run up to date with their submission, the rubric, the grader and the reference,
+    say who and why, write nothing, and return EXIT_MERGE_INCOMPLETE: grade them (their shard again, or
+    plain grade-class) and merge again. The torch build and device are not compared: shards may differ."""
+    console = Console(highlight=False)
+    course = Path(course)
+    rubric_path = Path(rubric or DEFAULT_RUBRIC)
+    try:
+        loaded = load_rubric(rubric_path)
+    except RubricError as exc:
+        console.print(f"cannot merge: {exc}", style="red", markup=False)
+        return EXIT_CANNOT_GRADE
+    roster = read_roster(course)
+    record = Record(course)
+    class_inputs = ClassInputs.compute(rubric_path, device="")
     missing: dict[str, str] = {}
-    for job in todo:
-        if not job.results.exists():
-            missing[job.student] = "not graded"
-        elif not is_current(job, rubric):
-            missing[job.student] = "graded before its submission or the rubric changed"
-        elif (run := read_run(job.results)) is None:
-            missing[job.student] = "its results.json is unreadable, or was not written by this grader"
-        else:
-            results[job.student] = run
+    for entry in roster:
+        if not entry.has_file:
+            continue
+        wanted = {key: value for key, value in class_inputs.for_file(entry.file).items() if key in MERGE_INPUTS}
+        why = record.why_regrade(entry.student, wanted)
+        if why is not None and why != "its last run could not grade":
+            missing[entry.student] = why
+    submitted = sum(entry.has_file for entry in roster)
     if missing:
-        console.print(f"[red]cannot merge: {len(missing)} of {len(todo)} students have no up-to-date results; "
-                      "nothing was written[/]")
+        console.print(f"cannot merge: {len(missing)} of {submitted} students have no up-to-date results; "
+                      "nothing was written", style="red", markup=False)
         for student, why in sorted(missing.items()):
-            console.print(f"  {escape(student)}: {why}")
-        console.print(f"grade them (their shard again, or `grade-class {escape(str(course))}`, which grades only "
-                      "what is missing) and merge again")
+            console.print(f"  {student}: {why}", markup=False)
+        console.print(f"grade them (their shard again, or `grade-class {course}`, which grades only what is "
+                      "missing) and merge again", markup=False)
         return EXIT_MERGE_INCOMPLETE
-    console.print(f"merged the results of {len(results)} students")
-    write_class_outputs(course, results, console)
+    console.print(f"merged the results of {submitted} students", markup=False)
+    write_class_outputs(course, class_rows(roster, record), loaded, OutputOptions(released=released, db_url=db_url),
+                        console)
     return EXIT_DONE
 
 
-def write_class_outputs(course: Path, results: dict[str, GradingRun], console: Console):
-    """Every output about the whole class, from every student's grading run: the one place a class
-    output is written (after grading the whole class, and by a merge of shards alike)."""
-    write_grades_csv(course / "grades.csv", results)
-    print_class_table(console, results)
+def grade_all(todo: list[Job], record: Record, placement: Placement, rubric: Path, timeout: float, jobs: int,
+              isolation: str, console: Console) -> bool:
+    """Grade every job; False when interrupted (Ctrl-C)."""
+    if not todo:
+        return True
+    device = placement.device
+    slots = Slots(placement)
+    columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
+    pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo))))
+    futures = {}
+    try:
+        with Progress(*columns, console=console) as progress:
+            task = progress.add_task("", total=len(todo))
+            futures = {pool.submit(grade_job, slots, record, job, device, rubric, timeout, isolation): job for job in todo}
+            for future in as_completed(futures):
+                run = future.result()
+                progress.update(task, advance=1, description=f"{futures[future].student}: "
+                                + (f"{run.score:g}/{run.max_score:g}" if run.graded else "could not grade"))
+        return True
+    except KeyboardInterrupt:
+        for future in futures:
+            future.cancel()
+        return False
+    finally:
+        slots.close()
+        pool.shutdown(wait=True, cancel_futures=True)
 
-
-def write_grades_csv(path: Path, results: dict[str, GradingRun]):
-    parts: list[str] = []
-    for run in results.values():
-        for part in run.parts():
-            if part.part not in parts:
-                parts.append(part.part)
-    with open_atomically(path) as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["student", "score", "max_score", *parts, "status", "problem"])
-        for student in sorted(results):
-            run = results[student]
-            by_part = {p.part: p.score for p in run.parts()}
-            writer.writerow([student, run.score, run.max_score, *(by_part.get(p, 0.0) for p in parts), run.status,
-                             run.reason or (run.load.lines() or [""])[0]])
-
-
-def print_class_table(console: Console, results: dict[str, GradingRun], title: str = "Class results"):
-    table = Table(title=title)
-    table.add_column("student")
-    table.add_column("score", justify="right")
-    table.add_column("note", overflow="fold")
-    for student in sorted(results):
-        run = results[student]
-        note = run.reason or next(iter(run.load.lines() + [f"Worker: {e}" for e in run.events]), "")
-        score = f"{run.score:g} / {run.max_score:g}" if run.graded else "could not grade"
-        table.add_row(escape(student), score, escape(note[:160]))
-    console.print(table)

@@ -1,0 +1,107 @@
+"""Who is in the class, and which file of theirs is graded: one entry per folder under submitted/.
+
+nbgrader's layout is `submitted/<student>/<assignment>/`. Every student folder is an entry, whatever
+it holds, so no student can silently drop out of the outputs:
+
+- `submitted`: one candidate file (a `.py` or `.ipynb` directly in the assignment folder). It is
+  graded whatever its name; `mha (1).ipynb` or `mha-1.ipynb` (what `nbgrader zip_collect` and LMS
+  downloads produce) gets a note saying which file was graded.
+- `ambiguous`: several candidates. One is graded, by a fixed rule (`choose`), and the note names it,
+  the others and the reason.
+- `no_submission`: no assignment folder, or no candidate in it; the note says which.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ASSIGNMENT = "mha"
+SUFFIXES = (".ipynb", ".py")
+SUBMITTED, AMBIGUOUS, NO_SUBMISSION = "submitted", "ambiguous", "no_submission"
+# "mha (2)", "mha-2", "mha_2", "mha 2", "mha(2)": the copy number LMS downloads and browsers add
+_COPY = re.compile(r"^(?P<stem>.*?)[\s_-]*(?:\((?P<paren>\d+)\)|(?<=[\s_-])(?P<bare>\d+))$")
+
+
+@dataclass(frozen=True)
+class Entry:
+    student: str
+    status: str  # SUBMITTED, AMBIGUOUS or NO_SUBMISSION
+    file: Path | None = None  # the file graded
+    candidates: tuple[str, ...] = ()  # every candidate's name
+    note: str = ""  # for the instructor: which file was graded and why, or why there is none
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def has_file(self) -> bool:
+        return self.file is not None
+
+
+def candidates_in(folder: Path) -> list[Path]:
+    """The files in `folder` that could be the submission: `.py` or `.ipynb`, not hidden."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir()
+                  if p.is_file() and p.suffix.lower() in SUFFIXES and not p.name.startswith("."))
+
+
+def copy_number(path: Path) -> tuple[str, int]:
+    """("mha", 2) for `mha (2).ipynb` or `mha-2.py`; ("mha", 0) for `mha.py`."""
+    match = _COPY.match(path.stem)
+    if not match:
+        return path.stem, 0
+    return match["stem"], int(match["paren"] or match["bare"])
+
+
+def choose(files: list[Path], assignment: str = ASSIGNMENT) -> tuple[Path, str]:
+    """The file to grade among several, and why: the assignment's own name first (the notebook before
+    the .py), then the highest copy number of the assignment's name (the latest upload), then a
+    notebook, then the first name in alphabetical order."""
+    def rank(path: Path):
+        stem, number = copy_number(path)
+        exact = path.stem == assignment
+        named = stem.lower().endswith(assignment)
+        return (not exact, not named, -number, path.suffix.lower() != ".ipynb", path.name)
+
+    best = min(files, key=rank)
+    stem, number = copy_number(best)
+    if best.stem == assignment:
+        why = f"it has the assignment's own name ({best.name})"
+    elif stem.lower().endswith(assignment) and number:
+        why = f"it has the highest copy number of {assignment}{best.suffix} (the latest upload)"
+    elif best.suffix.lower() == ".ipynb":
+        why = "it is the notebook"
+    else:
+        why = "it comes first in alphabetical order"
+    return best, why
+
+
+def entry_for(student_folder: Path, assignment: str = ASSIGNMENT) -> Entry:
+    student = student_folder.name
+    folder = student_folder / assignment
+    if not folder.is_dir():
+        return Entry(student, NO_SUBMISSION, note=f"no {assignment}/ folder in submitted/{student}/")
+    files = candidates_in(folder)
+    if not files:
+        others = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+        seen = f" (it holds: {', '.join(others[:5])}{', ...' if len(others) > 5 else ''})" if others else " (it is empty)"
+        return Entry(student, NO_SUBMISSION, note=f"no {assignment}.ipynb or {assignment}.py, nor any other .ipynb "
+                                                  f"or .py file, in submitted/{student}/{assignment}/{seen}")
+    names = tuple(p.name for p in files)
+    if len(files) == 1:
+        file = files[0]
+        note = "" if file.stem == assignment else f"graded {file.name}, the only submission file (not named {assignment}.ipynb or {assignment}.py)"
+        return Entry(student, SUBMITTED, file, names, note)
+    file, why = choose(files, assignment)
+    others = ", ".join(n for n in names if n != file.name)
+    return Entry(student, AMBIGUOUS, file, names,
+                 f"{len(files)} candidate files: graded {file.name} because {why}; not graded: {others}")
+
+
+def read_roster(course: Path, assignment: str = ASSIGNMENT) -> list[Entry]:
+    """One entry per folder under `course/submitted/`, sorted by student."""
+    submitted = Path(course) / "submitted"
+    if not submitted.is_dir():
+        return []
+    folders = sorted(p for p in submitted.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return [entry_for(folder, assignment) for folder in folders]

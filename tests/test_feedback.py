@@ -1,0 +1,169 @@
+"""feedback.html: what a student reads. Valid, self-contained, escaped, rendered by a real browser, and
+never showing what the rubric withholds."""
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import html5lib
+import pytest
+from classkit import make_course, synthetic_run
+
+from autograder.class_outputs import Row
+from autograder.feedback import feedback_path, render, write_feedback
+from autograder.model import CANNOT_GRADE, FAILED, PASSED, CheckResult, LoadReport
+from autograder.roster import read_roster
+
+SPEED = {"speedup": 2.51, "reference_speedup": 2.43, "threshold": {"full": 0.8, "none": 0.5},
+         "rounds": [{"student_ms": 1.0 + i / 10, "wrapper_ms": 2.5 + i / 20, "reference_ms": 1.05} for i in range(8)],
+         "ratios": [2.4, 2.5, 2.6, 2.45, 2.55]}
+
+
+def marked_run():
+    """A run whose every check and output carries a marker, by visibility."""
+    checks = [
+        CheckResult("combine::test_visible", "combine", "heads side by side [VISIBLE-NAME]", FAILED, 0.0, 5.0,
+                    "VISIBLE-MESSAGE: <script>alert('x')</script> & \"quotes\""),
+        CheckResult("combine::test_after", "combine", "hidden widths [AFTER-NAME]", FAILED, 0.0, 5.0,
+                    "AFTER-SECRET: largest difference 0.123456 at input[3, 1]", visibility="after_due_date"),
+        CheckResult("mha::test_hidden", "mha", "the secret check [HIDDEN-NAME]", FAILED, 0.0, 10.0,
+                    "HIDDEN-SECRET: expected 42.4242", visibility="hidden"),
+        CheckResult("mha::test_ok", "mha", "dtype kept", PASSED, 15.0, 15.0),
+        CheckResult("speed::test_speedup", "speed", "faster than the wrapper", PASSED, 10.0, 10.0),
+    ]
+    run = synthetic_run("mha.py", checks=checks, speed=SPEED)
+    run.student_output = "PRINTED-SECRET tensor([[0.1234, 0.5678]])"
+    run.load = LoadReport(cells=[])
+    run.events = ["forward of MultiHeadAttention did not finish within 10 s (an infinite loop?)"]
+    return run
+
+
+def row_for(tmp_path, run, name="mha.py", student="ann") -> Row:
+    course = make_course(tmp_path / student, {student: {name: ""}})
+    return Row(read_roster(course)[0], run)
+
+
+def parse_strict(page: str):
+    """html5lib's parser in strict mode raises on any parse error of the HTML standard."""
+    return html5lib.HTMLParser(strict=True, namespaceHTMLElements=False).parse(page)
+
+
+def test_hidden_details_are_withheld_before_the_due_date(tmp_path):
+    page = render(row_for(tmp_path, marked_run()), released=False)
+    assert "VISIBLE-NAME" in page and "VISIBLE-MESSAGE" in page
+    for secret in ("AFTER-NAME", "AFTER-SECRET", "0.123456", "HIDDEN-NAME", "HIDDEN-SECRET", "42.4242",
+                   "PRINTED-SECRET", "0.1234"):
+        assert secret not in page, secret
+    assert "1 more check ran on hidden inputs; their details are shown after the due date." in page
+    assert "1 check whose details are not shown." in page
+
+
+def test_after_the_due_date_only_hidden_checks_stay_withheld(tmp_path):
+    page = render(row_for(tmp_path, marked_run()), released=True)
+    assert "AFTER-NAME" in page and "AFTER-SECRET" in page
+    for secret in ("HIDDEN-NAME", "HIDDEN-SECRET", "42.4242", "PRINTED-SECRET"):
+        assert secret not in page, secret
+
+
+def test_every_string_is_escaped(tmp_path):
+    page = render(row_for(tmp_path, marked_run(), student="eve<b>&amp"))
+    tree = parse_strict(page)
+    assert tree.findall(".//script") == [] and tree.findall(".//b") == []
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page
+    texts = "".join(tree.itertext())
+    assert "<script>alert('x')</script> & \"quotes\"" in texts and "eve<b>&amp" in texts
+
+
+@pytest.mark.parametrize("case", ["graded", "released", "cannot_grade", "no_submission"])
+def test_every_page_is_valid_html_and_self_contained(tmp_path, case):
+    if case == "no_submission":
+        course = make_course(tmp_path, {"zed": {}})
+        row = Row(read_roster(course)[0], None)
+    elif case == "cannot_grade":
+        row = row_for(tmp_path, synthetic_run("mha.py", status=CANNOT_GRADE, reason="grading took more than 900 s"))
+    else:
+        row = row_for(tmp_path, marked_run())
+    page = render(row, released=case == "released")
+    tree = parse_strict(page)
+    assert page.startswith("<!DOCTYPE html>") and tree.get("lang") == "en"
+    assert tree.find("head/meta[@charset='utf-8']") is not None and tree.find("head/title").text.strip()
+    assert not re.search(r"<link|<script|@import|url\(", page)  # nothing fetched: one file says it all
+    assert all(img.get("src", "").startswith("data:image/png;base64,") and img.get("alt")
+               for img in tree.iter("img"))
+    assert not [a for a in tree.iter("a") if a.get("href")]
+    expected = {"graded": "Score: 25 / 45", "released": "Score: 25 / 45", "cannot_grade": "could not be graded yet",
+                "no_submission": "No submission was found"}[case]
+    assert expected in " ".join("".join(tree.itertext()).split())
+
+
+def test_the_speed_part_shows_its_figures_and_a_plot_of_the_rounds(tmp_path):
+    tree = parse_strict(render(row_for(tmp_path, marked_run())))
+    section = tree.find(".//section[@id='part-speed']")
+    rows = [["".join(td.itertext()).strip() for td in tr.findall("td")] for tr in section.iter("tr")]
+    assert ["speedup", "2.51"] in rows and ["reference speedup", "2.43"] in rows and ["threshold (full)", "0.8"] in rows
+    image = section.find(".//img")
+    png = base64.b64decode(image.get("src").removeprefix("data:image/png;base64,"))
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+    assert "rounds: student ms" in image.get("alt") and "ratios" in image.get("alt")
+
+
+def test_a_page_is_rewritten_only_when_what_it_shows_changed(tmp_path):
+    course = make_course(tmp_path, {"ann": {"mha.py": ""}, "bob": {}})
+    rows = [Row(e, synthetic_run("mha.py") if e.has_file else None) for e in read_roster(course)]
+    assert write_feedback(course, rows) == 2
+    assert write_feedback(course, rows) == 0
+    assert write_feedback(course, rows, released=True) == 2
+    feedback_path(course, "ann").unlink()  # as `nbgrader generate_feedback --force` does to the folder
+    assert write_feedback(course, rows, released=True) == 1
+    rows[0].run.checks[0].status, rows[0].run.checks[0].score = FAILED, 0.0
+    assert write_feedback(course, rows, released=True) == 1
+
+
+# -- in a real browser ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's headless Chromium, installed by the test when it is missing (as root)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if not shutil.which("apt-get"):
+        pytest.skip("Chromium is not installed and there is no apt-get to install it")
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("Chromium is not installed, and installing it with apt-get needs root")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+        if done.returncode != 0:
+            pytest.skip(f"could not install Chromium ({' '.join(command)}): {done.stderr.strip()[-300:]}")
+    found = shutil.which("chromium")
+    if not found:
+        pytest.skip("apt-get installed chromium, but there is no chromium command")
+    return found
+
+
+def headless(chromium: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=180)
+
+
+def test_chromium_renders_the_page_and_takes_a_screenshot(chromium, tmp_path):
+    import matplotlib.image
+
+    page = tmp_path / "feedback.html"
+    page.write_text(render(row_for(tmp_path, marked_run())))
+    shot = tmp_path / "shot.png"
+    done = headless(chromium, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1000,1600",
+                    "--hide-scrollbars", page.as_uri())
+    assert shot.is_file(), done.stderr[-2000:]
+    pixels = matplotlib.image.imread(shot)
+    assert pixels.shape[:2] == (1600, 1000)
+    assert pixels[..., :3].std() > 0.05  # text, tables and the plot, not a blank page
+    dom = headless(chromium, tmp_path / "profile2", "--dump-dom", page.as_uri()).stdout
+    assert "Score: 25 / 45" in dom and "VISIBLE-MESSAGE" in dom and "HIDDEN-SECRET" not in dom

@@ -1,0 +1,245 @@
+"""The whole class: every student accounted for, nothing stale, nothing lost, no submission stopping the others."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from classkit import ROOT, autograder, fill_record, make_course, synthetic_run
+from conftest import REFERENCE
+
+from autograder.class_outputs import (AMBIGUOUS_STATUS, COULD_NOT_GRADE, GRADED, NO_SUBMISSION, Row, canvas_csv,
+                                      class_table, grades_csv)
+from autograder.grading_pool import descendants
+from autograder.model import CANNOT_GRADE
+from autograder.roster import AMBIGUOUS, SUBMITTED, read_roster
+from autograder.rubric import DEFAULT_RUBRIC, load_rubric
+from autograder.store import ClassInputs, Record
+
+# -- the roster -----------------------------------------------------------------------------------
+
+
+def test_every_student_folder_is_an_entry_with_the_file_graded_and_why(tmp_path):
+    course = make_course(tmp_path, {
+        "ann": {"mha.ipynb": "{}"},
+        "bob": {"mha (1).ipynb": "{}"},  # what a browser or LMS download names a second copy
+        "cat": {"mha-1.ipynb": "{}"},  # what nbgrader zip_collect makes of an LMS export
+        "dan": {"mha.py": "", "mha.ipynb": "{}", "notes.txt": ""},
+        "eve": {"mha (1).py": "", "mha (2).py": "", "draft.py": ""},
+        "fay": {"notes.txt": "I forgot"},
+        "gus": {},
+        "hal": None,  # no mha/ folder at all
+    })
+    roster = {e.student: e for e in read_roster(course)}
+    assert sorted(roster) == ["ann", "bob", "cat", "dan", "eve", "fay", "gus", "hal"]
+    assert roster["ann"].status == SUBMITTED and roster["ann"].note == ""
+    for student, name in (("bob", "mha (1).ipynb"), ("cat", "mha-1.ipynb")):
+        assert roster[student].status == SUBMITTED and roster[student].file.name == name
+        assert f"graded {name}" in roster[student].note
+    assert roster["dan"].status == AMBIGUOUS and roster["dan"].file.name == "mha.ipynb"
+    assert "graded mha.ipynb because it has the assignment's own name" in roster["dan"].note
+    assert "not graded: mha.py" in roster["dan"].note
+    assert roster["eve"].status == AMBIGUOUS and roster["eve"].file.name == "mha (2).py"
+    assert "highest copy number" in roster["eve"].note and "draft.py" in roster["eve"].note
+    assert roster["fay"].status == "no_submission" and "notes.txt" in roster["fay"].note
+    assert roster["gus"].status == "no_submission" and "(it is empty)" in roster["gus"].note
+    assert roster["hal"].status == "no_submission" and "no mha/ folder" in roster["hal"].note
+
+
+# -- nothing stale ----------------------------------------------------------------------------------
+
+def test_a_run_is_redone_exactly_when_an_input_changed_or_it_could_not_grade(tmp_path, monkeypatch):
+    course = make_course(tmp_path / "course", {"ann": {"mha.py": "x = 1\n"}})
+    file = course / "submitted/ann/mha/mha.py"
+    rubric = tmp_path / "rubric.toml"
+    shutil.copy(DEFAULT_RUBRIC, rubric)
+    record = Record(course)
+
+    def why():
+        return record.why_regrade("ann", ClassInputs.compute(rubric, "cpu").for_file(file))
+
+    assert why() == "not graded yet"
+    record.save_run("ann", synthetic_run("mha.py"))
+    record.save_inputs("ann", ClassInputs.compute(rubric, "cpu").for_file(file))
+    assert why() is None
+    os.utime(file, (0, 0))  # an mtime alone changes nothing
+    assert why() is None
+    file.write_text("x = 2\n")
+    assert why() == "the submission changed"
+    file.write_text("x = 1\n")
+    rubric.write_text(rubric.read_text() + "\n# a comment\n")
+    assert why() == "the rubric changed"
+    shutil.copy(DEFAULT_RUBRIC, rubric)
+    assert record.why_regrade("ann", ClassInputs.compute(rubric, "cuda").for_file(file)) == "another device was asked for"
+    import autograder.store as store
+
+    monkeypatch.setattr(store, "sha256_tree", lambda files, root: "another grader" if root == store.PACKAGE_DIR
+                        else "same reference")
+    assert why() == "the checks or the grader changed"
+    monkeypatch.undo()
+    assert why() is None
+    record.save_run("ann", synthetic_run("mha.py", status=CANNOT_GRADE, reason="the grader itself failed"))
+    assert why() == "its last run could not grade"
+
+
+def test_the_grader_fingerprint_covers_checks_and_sandbox_but_not_presentation():
+    from autograder.store import PACKAGE_DIR, grader_files
+
+    names = {p.relative_to(PACKAGE_DIR).as_posix() for p in grader_files()}
+    assert {"grade.py", "scoring.py", "checks/test_mha.py", "checks/pytest.ini", "sandbox/server.py"} <= names
+    assert not {"feedback.py", "grade_class.py", "gradebook.py", "rubric.toml"} & names
+
+
+# -- the class outputs ------------------------------------------------------------------------------
+
+def class_rows(tmp_path) -> list[Row]:
+    course = make_course(tmp_path, {"ann": {"mha.py": ""}, "bob": {"mha (1).ipynb": "{}"},
+                                    "cat": {"mha.py": "", "mha.ipynb": "{}"}, "dan": {"mha.py": ""}, "eve": {}})
+    runs = {"ann": synthetic_run("mha.py"), "bob": synthetic_run("mha (1).ipynb", {"mha": 5.0, "fuse": 0.0}),
+            "cat": synthetic_run("mha.ipynb", {"quiz": 0.0}),
+            "dan": synthetic_run("mha.py", status=CANNOT_GRADE, reason="grading took more than 900 s and was stopped")}
+    return [Row(e, runs.get(e.student)) for e in read_roster(course)]
+
+
+def test_grades_csv_has_a_row_per_student_with_parts_status_file_and_note(tmp_path):
+    rubric = load_rubric()
+    rows = {r["student"]: r for r in csv.DictReader(io.StringIO(grades_csv(class_rows(tmp_path), rubric)))}
+    assert list(rows) == ["ann", "bob", "cat", "dan", "eve"]
+    assert [rows[s]["status"] for s in rows] == [GRADED, GRADED, AMBIGUOUS_STATUS, COULD_NOT_GRADE, NO_SUBMISSION]
+    assert rows["ann"]["score"] == "100" and rows["ann"]["mha"] == str(int(rubric.part_points("mha")))
+    expected_bob = rubric.max_score - rubric.part_points("mha") + 5 - rubric.part_points("fuse")
+    assert float(rows["bob"]["score"]) == expected_bob and rows["bob"]["mha"] == "5" and rows["bob"]["fuse"] == "0"
+    assert rows["bob"]["file"] == "mha (1).ipynb" and "graded mha (1).ipynb" in rows["bob"]["note"]
+    assert "graded mha.ipynb" in rows["cat"]["note"] and "not graded: mha.py" in rows["cat"]["note"]
+    assert rows["dan"]["score"] == "" and "900 s" in rows["dan"]["note"]  # no made-up zero
+    assert rows["eve"]["score"] == "0" and rows["eve"]["file"] == ""
+
+
+def test_the_canvas_export_has_canvas_columns_points_possible_and_totals(tmp_path):
+    rubric = load_rubric()
+    lines = list(csv.reader(io.StringIO(canvas_csv(class_rows(tmp_path), rubric))))
+    assert lines[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "mha"]
+    assert lines[1] == ["Points Possible", "", "", "", "", "100"]
+    by_login = {line[3]: line[5] for line in lines[2:]}
+    assert by_login == {"ann": "100", "bob": str(round(100 - rubric.part_points("mha") + 5 - rubric.part_points("fuse"), 2)).removesuffix(".0"),
+                        "cat": str(int(100 - rubric.part_points("quiz"))), "dan": "", "eve": "0"}
+
+
+def test_the_class_table_gives_mean_median_and_distribution_per_part(tmp_path):
+    from rich.console import Console
+
+    rubric = load_rubric()
+    console = Console(record=True, width=150)
+    console.print(class_table(class_rows(tmp_path), rubric))
+    text = console.export_text()
+    lines = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]] for line in text.splitlines()
+             if line.startswith("│")}
+    scored = [100.0, 100 - rubric.part_points("mha") + 5 - rubric.part_points("fuse"), 100 - rubric.part_points("quiz")]
+    import statistics
+
+    assert lines["total"][1] == f"{statistics.fmean(scored):.1f}" and lines["total"][2] == f"{statistics.median(scored):g}"
+    assert lines["mha"][3] == "2/3" and lines["quiz"][3] == "2/3"
+    assert "3 of 5 students scored" in text
+    quiz_bars = lines["quiz"][4]
+    assert len(quiz_bars) == 10 and quiz_bars[0] != "·" and quiz_bars[-1] == "█"
+
+
+# -- grading a class -----------------------------------------------------------------------------------
+
+HOSTILE = {
+    "crash": "import os\nos._exit(3)\n",
+    "flood": "import sys\nfor _ in range(200000):\n    sys.stdout.write('flood ' * 20 + '\\n')\n",
+    "hang": "while True:\n    pass\n",
+    "forks": ("import os, time\nfor _ in range(60):\n    if os.fork() == 0:\n        time.sleep(600)\n"
+              "        os._exit(0)\n"),
+}
+
+
+@pytest.mark.slow
+def test_crashes_floods_hangs_and_forks_never_stop_the_others_and_outputs_cover_everyone(tmp_path):
+    files = {name: {"mha.py": text} for name, text in HOSTILE.items()}
+    files["ann"] = {"mha (1).py": REFERENCE.read_text()}
+    files["zed"] = {}
+    course = make_course(tmp_path / "course", files)
+    first = autograder("grade-class", course, "--device", "cpu", "--jobs", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    rows = {r["student"]: r for r in csv.DictReader((course / "grades.csv").open())}
+    assert sorted(rows) == ["ann", "crash", "flood", "forks", "hang", "zed"]
+    assert rows["ann"]["score"] == "100" and rows["ann"]["status"] == GRADED and "mha (1).py" in rows["ann"]["note"]
+    for name in HOSTILE:
+        assert rows[name]["status"] == GRADED and rows[name]["score"] == "0", rows[name]
+        assert (course / "feedback" / name / "mha" / "feedback.html").is_file()
+        assert (course / "autograded" / name / "mha" / "results.json").is_file()
+    assert rows["zed"]["status"] == NO_SUBMISSION
+    out = " ".join(first.stdout.split())
+    assert "The class at a glance" in out and "grades.csv" in out and "feedback" in out
+
+    again = autograder("grade-class", course, "--device", "cpu", "--student", "crash", "--force", cwd=tmp_path)
+    assert "1 submissions: 1 to grade, 0 already graded (1 forced)" in " ".join(again.stdout.split())
+    assert len(list(csv.DictReader((course / "grades.csv").open()))) == 6  # outputs still cover everyone
+
+
+@pytest.mark.slow
+def test_kill_9_mid_class_then_run_again_finishes_the_rest_and_loses_nothing(tmp_path):
+    students = ["ann", "bob", "cat"]
+    course = make_course(tmp_path / "course", {s: {"mha.py": REFERENCE.read_text()} for s in students})
+    record = Record(course)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    make = subprocess.Popen(["make", "--no-print-directory", "-C", str(ROOT), "grade", f"COURSE={course}", "DEVICE=cpu",
+                             "JOBS=1", f"VENV={Path(sys.executable).parent.parent}"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not record.inputs_path("ann").exists():
+        assert make.poll() is None, "make grade ended before the test could kill it"
+        time.sleep(0.2)
+    assert record.inputs_path("ann").exists(), "the first submission was not graded within 10 minutes"
+    family = descendants(make.pid)
+    os.killpg(make.pid, signal.SIGKILL)  # make, grade-class and its grading processes, all at once
+    make.wait()
+    first_results = record.results_path("ann").read_bytes()
+    survivors = []
+    for _ in range(50):  # workers live in their own sessions: they must die with their grader
+        survivors = [pid for pid in family if Path(f"/proc/{pid}").exists() and
+                     Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"]
+        if not survivors:
+            break
+        time.sleep(0.2)
+    assert not survivors, f"processes outlived the killed class run: {survivors}"
+    assert not (course / "grades.csv").exists()  # it was killed before the end
+
+    second = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    summary = " ".join(second.stdout.split())
+    assert "3 submissions:" in summary and "already graded" in summary
+    assert record.results_path("ann").read_bytes() == first_results  # not graded again, not lost
+    rows = {r["student"]: r for r in csv.DictReader((course / "grades.csv").open())}
+    assert {s: rows[s]["score"] for s in students} == {s: "100" for s in students}
+    assert all(record.inputs_path(s).exists() for s in students)
+    third = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    assert "3 submissions: 0 to grade, 3 already graded" in " ".join(third.stdout.split())
+
+
+def test_a_rerun_with_nothing_changed_grades_nothing_and_writes_nothing(tmp_path):
+    course = make_course(tmp_path / "course", {"ann": {"mha.py": "x = 1\n"}, "bob": {"mha.ipynb": "{}"}, "cat": {}})
+    fill_record(course, {"ann": synthetic_run("mha.py"), "bob": synthetic_run("mha.ipynb", {"quiz": 0})})
+    first = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    assert "2 submissions: 0 to grade, 2 already graded" in " ".join(first.stdout.split()), first.stdout + first.stderr
+    outputs = [course / "grades.csv", course / "feedback/ann/mha/feedback.html", course / "gradebook.db",
+               course / "autograded/bob/mha/results.json"]
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in outputs}
+    started = time.monotonic()
+    second = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    took = time.monotonic() - started
+    assert "0 to grade" in second.stdout and "(0 written)" in " ".join(second.stdout.split())
+    for path in outputs[1:]:
+        assert path.stat().st_mtime_ns == before[path][0], f"{path} was rewritten"
+    assert (course / "grades.csv").read_bytes() == before[outputs[0]][1]
+    assert took < 60  # (about a second; generous for a loaded machine)

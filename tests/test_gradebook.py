@@ -1,0 +1,102 @@
+"""nbgrader's gradebook, checked with nbgrader's own commands; and nbgrader's commands never destroy ours."""
+from __future__ import annotations
+
+import csv
+import shutil
+
+import pytest
+from classkit import ROOT, autograder, fill_record, make_course, nbgrader, synthetic_run
+
+from autograder.rubric import load_rubric
+from autograder.store import Record
+
+ADA = ROOT / "assignments" / "submitted" / "ada" / "mha" / "mha.ipynb"  # a complete notebook
+
+
+def course_with_record(tmp_path, scores: dict[str, dict[str, float]]):
+    """A course whose record is up to date, so `grade-class` grades nothing and only writes outputs."""
+    course = make_course(tmp_path / "course", {"ann": {"mha.py": "x = 1\n"}, "bob": {"mha (1).ipynb": "{}"},
+                                               "cat": {}, "dan": None})
+    shutil.copy(ROOT / "assignments" / "nbgrader_config.py", course)
+    fill_record(course, {"ann": synthetic_run("mha.py", scores.get("ann")),
+                         "bob": synthetic_run("mha (1).ipynb", scores.get("bob"))})
+    return course
+
+
+def export_totals(path) -> dict[str, float]:
+    return {row["student_id"]: float(row["score"]) for row in csv.DictReader(path.open())}
+
+
+def our_totals(course) -> dict[str, float]:
+    return {row["student"]: float(row["score"] or 0) for row in csv.DictReader((course / "grades.csv").open())}
+
+
+def test_nbgrader_lists_every_student_and_exports_our_totals(tmp_path):
+    course = course_with_record(tmp_path, {"bob": {"mha": 5.0, "quiz": 0.0}})
+    run = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    assert "0 to grade" in run.stdout, run.stdout + run.stderr
+    listed = nbgrader("db", "student", "list", cwd=course)
+    assert listed.returncode == 0, listed.stderr
+    assert "There are 4 students in the database" in listed.stdout + listed.stderr
+    exported = nbgrader("export", cwd=course)
+    assert exported.returncode == 0, exported.stderr
+    rubric = load_rubric()
+    expected = {"ann": 100.0, "bob": 100 - rubric.part_points("mha") + 5 - rubric.part_points("quiz"), "cat": 0.0,
+                "dan": 0.0}
+    assert export_totals(course / "nbgrader-grades.csv") == expected == our_totals(course)
+    assert our_totals(course)["bob"] == expected["bob"]  # grades.csv is ours still, not nbgrader's
+
+
+def test_any_sqlalchemy_url_from_the_course_configuration_or_the_command_line(tmp_path):
+    course = course_with_record(tmp_path, {})
+    other = tmp_path / "elsewhere.db"
+    with (course / "nbgrader_config.py").open("a") as config:
+        config.write(f'c.CourseDirectory.db_url = "sqlite:///{other}"\n')
+    autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    assert other.is_file() and not (course / "gradebook.db").exists()
+    assert "There are 4 students" in nbgrader("db", "student", "list", cwd=course).stdout
+    third = tmp_path / "third.db"
+    autograder("grade-class", course, "--device", "cpu", "--db", f"sqlite:///{third}", cwd=tmp_path)
+    assert "There are 4 students" in nbgrader("db", "student", "list", f"--db=sqlite:///{third}", cwd=course).stdout
+
+
+@pytest.mark.slow
+def test_nbgraders_autograde_feedback_and_export_destroy_nothing_of_ours(tmp_path):
+    """nbgrader autograde --force deletes autograded/<student>/mha/; generate_feedback --force deletes
+    feedback/<student>/mha/; export writes a CSV; scores changed in the gradebook by someone else (the
+    formgrader's API here) are overwritten. The record is untouched, and the next `grade-class` puts
+    every output back, and the gradebook in agreement with it, without grading anything."""
+    course = make_course(tmp_path / "course", {"ada": {}})
+    shutil.copy(ADA, course / "submitted" / "ada" / "mha" / "mha.ipynb")
+    shutil.copy(ROOT / "assignments" / "nbgrader_config.py", course)
+    shutil.copytree(ROOT / "assignments" / "source", course / "source")
+    fill_record(course, {"ada": synthetic_run("mha.ipynb", {"mha": 7.0})})  # ours: not the self-checks' 100
+    first = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    record = Record(course)
+    kept = {p: p.read_bytes() for p in (record.results_path("ada"), record.inputs_path("ada"), course / "grades.csv")}
+    ours = 100 - load_rubric().part_points("mha") + 7
+
+    autograde = nbgrader("autograde", "mha", "--force", cwd=course)
+    assert autograde.returncode == 0, autograde.stderr[-3000:]
+    assert "Removing existing assignment" in autograde.stderr
+    assert not (course / "autograded/ada/mha/results.json").exists()  # nbgrader's doing
+    feedback = nbgrader("generate_feedback", "mha", "--force", cwd=course)
+    assert feedback.returncode == 0, feedback.stderr[-3000:]
+    assert not (course / "feedback/ada/mha/feedback.html").exists()  # nbgrader's doing
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        gradebook.find_grade("mha", "mha", "mha", "ada").auto_score = 0.0  # someone else's score
+        gradebook.db.commit()
+    nbgrader("export", cwd=course)
+    assert export_totals(course / "nbgrader-grades.csv") == {"ada": ours - 7}
+    assert all(p.read_bytes() == data for p, data in kept.items())  # the record and grades.csv: untouched
+
+    again = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    assert "1 submissions: 0 to grade, 1 already graded" in " ".join(again.stdout.split()), again.stdout
+    assert (course / "autograded/ada/mha/results.json").read_bytes() == kept[record.results_path("ada")]
+    assert (course / "feedback/ada/mha/feedback.html").is_file()
+    assert (course / "feedback/ada/mha/mha.html").is_file()  # nbgrader's own page is left alone
+    nbgrader("export", cwd=course)
+    assert export_totals(course / "nbgrader-grades.csv") == {"ada": ours} == our_totals(course)

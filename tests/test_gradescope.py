@@ -1,0 +1,86 @@
+"""Gradescope's autograder zip, run as Gradescope runs it, against a fake /autograder tree."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from classkit import ROOT
+from conftest import REFERENCE
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    done = subprocess.run([sys.executable, "-m", "autograder", "gradescope", "--out", str(out)], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return out / "mha-gradescope.zip"
+
+
+def fake_autograder(tmp_path, archive, files: dict[str, str]):
+    """/autograder as Gradescope lays it out: the zip unpacked in source/... (here: its top level), the
+    student's files in submission/, an empty results/."""
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(archive) as bundle:
+        bundle.extractall(root)
+        for info in bundle.infolist():
+            os.chmod(root / info.filename, info.external_attr >> 16)
+    (root / "submission").mkdir()
+    (root / "results").mkdir()
+    for name, text in files.items():
+        (root / "submission" / name).write_text(text)
+    return root
+
+
+def run_autograder(root, **env):
+    environment = dict(os.environ, AUTOGRADER_ROOT=str(root), AUTOGRADER_PYTHON=sys.executable, **env)
+    return subprocess.run([str(root / "run_autograder")], capture_output=True, text=True, timeout=900, env=environment)
+
+
+def test_the_zip_has_gradescopes_two_scripts_and_the_grader(archive):
+    with zipfile.ZipFile(archive) as bundle:
+        names = set(bundle.namelist())
+        modes = {i.filename: i.external_attr >> 16 for i in bundle.infolist()}
+        setup = bundle.read("setup.sh").decode()
+    assert {"setup.sh", "run_autograder", "source/autograder/grade.py", "source/autograder/rubric.toml",
+            "source/reference/mha.py", "source/pyproject.toml"} <= names
+    assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
+    assert not [n for n in names if "__pycache__" in n or n.startswith("source/tests/")]
+    assert "bubblewrap" in setup and "chmod -R go-rwx" in setup  # the worker's uid cannot read the grader
+
+
+def test_nothing_submitted_still_gives_results_json(tmp_path, archive):
+    root = fake_autograder(tmp_path, archive, {})
+    done = run_autograder(root)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert results["score"] == 0 and "no mha.ipynb or mha.py was submitted" in results["output"]
+
+
+@pytest.mark.slow
+def test_a_submission_is_graded_into_results_json_with_the_students_code_as_another_user(tmp_path, archive):
+    """The student's code finds out whether it can read the grader's source: the answer it gives
+    (HEADS_RUN) is right only if it cannot. Under a root grader the worker is sandboxed and a fresh
+    unprivileged uid, so it cannot."""
+    as_root = os.geteuid() == 0
+    root = tmp_path / "autograder"
+    probe = (f"import os as _os\n_grader = {str(root / 'source' / 'reference' / 'mha.py')!r}\n"
+             "try:\n    open(_grader).read()\n    _READ = True\nexcept OSError:\n    _READ = False\n\n")
+    source = REFERENCE.read_text().replace('HEADS_RUN = "B"', 'HEADS_RUN = "A" if _READ else "B"')
+    root = fake_autograder(tmp_path, archive, {"mha (2).py": probe + source})
+    os.chmod(root / "source", 0o700)  # as setup.sh leaves it
+    done = run_autograder(root)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert results["extra_data"]["isolation"] in ("namespace", "process")
+    assert "Graded mha (2).py." in results["output"]
+    if as_root:
+        assert results["score"] == results["max_score"] == 100, results["output"]
+        assert "the grader's own user" not in results["extra_data"]["sandbox"]["user"]
+    else:  # not root: no uid change, but still graded, the answer being whatever the file system allows
+        assert results["max_score"] == 100

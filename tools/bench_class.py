@@ -1,0 +1,74 @@
+"""How long a class takes: N submissions (copies of the sample class), graded, then graded again unchanged.
+
+    .venv/bin/python tools/bench_class.py 100 --jobs 6 [--course /tmp/class100] [--keep]
+
+Student k gets the k-th sample of assignments/submitted/ in turn (a complete notebook, a loop over
+heads, a wrong gathering step, the untouched release, a forward that never returns), so the class has
+the sample class's mix. It prints the load average before and after (the figures mean little on a
+busy machine), the wall time of the first `grade-class` run and of a second one with nothing
+changed, and the per-student statuses found.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_class(course: Path, size: int) -> None:
+    samples = sorted(p for p in (ROOT / "assignments" / "submitted").glob("*/mha/mha.*"))
+    for k in range(size):
+        sample = samples[k % len(samples)]
+        folder = course / "submitted" / f"s{k:03d}-{sample.parent.parent.name}" / "mha"
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(sample, folder / sample.name)
+
+
+def grade(course: Path, jobs: int, extra: list[str]) -> float:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "autograder", "grade-class", str(course), "--device", "cpu",
+                           "--jobs", str(jobs), *extra], capture_output=True, text=True)
+    took = time.monotonic() - started
+    if done.returncode != 0:
+        print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
+        raise SystemExit(f"grade-class exited {done.returncode}")
+    return took
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("size", type=int)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--course", type=Path, default=None)
+    parser.add_argument("--keep", action="store_true", help="keep the course folder")
+    args = parser.parse_args()
+    course = args.course or Path(tempfile.mkdtemp(prefix="mha-class-"))
+    if (course / "submitted").exists():
+        raise SystemExit(f"{course} already has a submitted/ folder; choose another --course")
+    make_class(course, args.size)
+    print(f"{args.size} submissions in {course}; {os.cpu_count()} CPUs; load average before: "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    first = grade(course, args.jobs, [])
+    load_after = os.getloadavg()
+    second = grade(course, args.jobs, [])
+    statuses = Counter(row["status"] for row in csv.DictReader((course / "grades.csv").open()))
+    print(f"first run (--jobs {args.jobs}): {first:.1f} s ({first / args.size:.2f} s per submission); "
+          f"load average after it: {' '.join(f'{x:.2f}' for x in load_after)}")
+    print(f"re-run with nothing changed: {second:.2f} s")
+    print("statuses: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))
+    if not args.keep and args.course is None:
+        shutil.rmtree(course)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
