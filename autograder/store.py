@@ -127,6 +127,8 @@ class Record:
         """None when the stored run is up to date; else the reason to grade again."""
         run = self.run(student)
         if run is None:
+            if self.results_path(student).exists():
+                return "its results.json is unreadable, or was not written by this grader"
             return "not graded yet"
         stored = self.inputs(student)
         if stored is None:

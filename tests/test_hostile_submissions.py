@@ -290,12 +290,12 @@ def pytest_runtest_makereport(item, call):
 
 # The worker's own request loop, patched from the submission: replies that break the protocol in every
 # way it bounds. Each one is refused before it is materialised, and the worker is replaced.
-def hostile_server(load: str = "", forward: str = "", call: str = "", get: str = "") -> str:
+def hostile_server(load: str = "", forward: str = "", call: str = "", get: str = "", describe: str = "") -> str:
     """A cell that patches the worker's request loop to answer an operation with a hostile frame."""
     return f"""
 import os, struct, sys
 _server = sys.modules["sandbox.server"]
-_receive, _send, _state = _server.Channel.receive, _server.Channel.send, {{"op": "load", "forwards": 0}}
+_receive, _send, _state = _server.Channel.receive, _server.Channel.send, {{"op": "load"}}
 _FRAMES = {{
     # a load report whose cell error has no type, message or traceback
     "tampered": lambda: (b'{{"ok":true,"value":{{"errors":[{{"cell":1}}],"defined":{{"$":"dict","items":[]}}}}}}', []),
@@ -315,10 +315,8 @@ def _receive_op(self):
     return header, blobs
 
 def _hostile_send(self, header, blobs=()):
-    kind = {{"load": {load!r}, "forward": {forward!r}, "call": {call!r}, "get": {get!r}}}.get(_state["op"], "")
-    if "|" in kind:  # take turns
-        _state["forwards"] += 1
-        kind = kind.split("|")[_state["forwards"] % 2]
+    kind = {{"load": {load!r}, "forward": {forward!r}, "call": {call!r}, "get": {get!r},
+             "describe": {describe!r}}}.get(_state["op"], "")
     if kind == "message":
         return _send(self, {{"ok": False, "error": {{"type": "ValueError\\x1b[31m", "message": _MESSAGE,
                                                   "traceback": _MESSAGE}}}})
@@ -710,8 +708,8 @@ CASES += [
     # replies that break the protocol: refused before anything is materialised, the worker replaced
     Case("tampered_load_reply", lambda c: with_cells(last=hostile_server(load="tampered")), EVERY_PART,
          ("could not be read safely", "field 'type'")),
-    Case("hostile_replies", lambda c: with_cells(last=hostile_server(forward="deep|huge_blob", call="message",
-                                                                     get="node_bomb")),
+    Case("hostile_replies", lambda c: with_cells(last=hostile_server(forward="huge_blob", call="message",
+                                                                     get="node_bomb", describe="deep")),
          {part: ANY for part in EVERY_PART}, ("could not be read safely",)),
     Case("expanded_output", lambda c: with_cells(last=EXPANDED_OUTPUT), MHA_FORWARD_BROKEN,
          ("bytes of tensors (the limit is",), FUSED_FORWARD_ONLY),
@@ -841,7 +839,7 @@ def test_contained_and_scored_for_what_it_deserves(graded, reference_results, ca
     # The grader's own, complete results: every check of the reference's run, each one run.
     assert results["extra_data"]["isolation"] in ("namespace", "process")
     assert set(check_names(results)) == set(check_names(reference_results))
-    assert not [t["name"] for t in results["tests"] if "not run" in t["output"]]
+    assert not [t["name"] for t in results["tests"] if "the grading run ended before this check" in t["output"]]
     assert results["max_score"] == reference_results["max_score"]
 
     scores, full = part_scores(results), part_scores(reference_results)

@@ -1,6 +1,6 @@
 """Shards of a class: which students each grades, how the index is read from Slurm and Kubernetes,
 and the merge that writes the class's outputs from every shard's results without grading."""
-import json
+import csv
 import os
 import subprocess
 import sys
@@ -8,7 +8,9 @@ import sys
 import pytest
 
 from autograder.model import CheckResult, GradingRun
+from autograder.rubric import DEFAULT_RUBRIC
 from autograder.shard import Shard, ShardError, engine_index_in, parse_shard
+from autograder.store import ClassInputs, Record
 
 CLASS = ["ann", "bob", "cat", "dan", "eve", "fay", "gus"]
 
@@ -105,12 +107,22 @@ def make_course(tmp_path, students=CLASS, graded=CLASS):
 
 
 def write_results(course, student, score):
+    """Record a made-up graded run for `student`, with the inputs a CPU class run would record."""
     run = GradingRun(status="graded", submission="mha.py", checks=[
         CheckResult(key="quiz::test_answer", part="quiz", name="the answers", status="passed", score=score,
                     max_score=100)])
-    path = course / "autograded" / student / "mha" / "results.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(run.to_gradescope()))
+    record_run(course, student, run)
+
+
+def record_run(course, student, run):
+    record = Record(course)
+    record.save_run(student, run)
+    file = course / "submitted" / student / "mha" / "mha.py"
+    record.save_inputs(student, ClassInputs.compute(DEFAULT_RUBRIC, "cpu").for_file(file))
+
+
+def grades(course) -> list[list[str]]:
+    return list(csv.reader((course / "grades.csv").read_text().splitlines()))
 
 
 def test_merge_writes_the_class_outputs_from_every_results_file(tmp_path):
@@ -118,9 +130,9 @@ def test_merge_writes_the_class_outputs_from_every_results_file(tmp_path):
     run = autograder("grade-class", course, "--merge")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "merged the results of 7 students" in run.stdout
-    rows = (course / "grades.csv").read_text().splitlines()
-    assert rows[0].startswith("student,score,max_score,quiz")
-    assert [(row.split(",")[0], float(row.split(",")[1])) for row in rows[1:]] == [(s, n) for n, s in enumerate(CLASS)]
+    rows = grades(course)
+    assert rows[0][:4] == ["student", "score", "max_score", "quiz"]
+    assert [(row[0], float(row[1])) for row in rows[1:]] == [(s, n) for n, s in enumerate(CLASS)]
 
 
 def test_a_merge_with_students_missing_names_them_writes_nothing_and_fails(tmp_path):
@@ -129,29 +141,27 @@ def test_a_merge_with_students_missing_names_them_writes_nothing_and_fails(tmp_p
     assert run.returncode == 1
     out = " ".join(run.stdout.split())
     assert "cannot merge: 2 of 7 students have no up-to-date results; nothing was written" in out
-    assert "bob: not graded" in out and "fay: not graded" in out and "ann:" not in out
+    assert "bob: not graded yet" in out and "fay: not graded yet" in out and "ann:" not in out
     assert not (course / "grades.csv").exists()
 
 
-def test_a_merge_counts_results_older_than_the_submission_as_missing(tmp_path):
+def test_a_merge_counts_a_run_of_an_older_submission_as_missing(tmp_path):
     course = make_course(tmp_path)
-    submission = course / "submitted" / "cat" / "mha" / "mha.py"
-    later = (course / "autograded" / "cat" / "mha" / "results.json").stat().st_mtime + 60
-    os.utime(submission, (later, later))  # cat resubmitted after being graded
+    (course / "submitted" / "cat" / "mha" / "mha.py").write_text("x = 2\n")  # cat resubmitted after being graded
     run = autograder("grade-class", course, "--merge")
     assert run.returncode == 1
-    assert "cat: graded before its submission or the rubric changed" in " ".join(run.stdout.split())
+    assert "cat: the submission changed" in " ".join(run.stdout.split())
 
 
 def test_a_merge_keeps_a_run_that_could_not_grade_and_refuses_a_foreign_results_file(tmp_path):
     course = make_course(tmp_path)
-    could_not = GradingRun(status="cannot_grade", submission="mha.py", reason="the checks could not run")
-    (course / "autograded" / "bob" / "mha" / "results.json").write_text(json.dumps(could_not.to_gradescope()))
+    record_run(course, "bob", GradingRun(status="cannot_grade", submission="mha.py", reason="the checks could not run"))
     run = autograder("grade-class", course, "--merge")
     assert run.returncode == 0, run.stdout + run.stderr  # as after a whole-class run: a row that says so
-    assert "bob,0.0,0.0,0.0,cannot_grade,the checks could not run" in (course / "grades.csv").read_text()
+    bob = next(row for row in grades(course) if row[0] == "bob")
+    assert bob[1] == "" and "could_not_grade" in bob and "the checks could not run" in bob[-1]
 
-    (course / "autograded" / "cat" / "mha" / "results.json").write_text('{"score": 100, "tests": []}')
+    Record(course).results_path("cat").write_text('{"score": 100, "tests": []}')
     run = autograder("grade-class", course, "--merge")
     assert run.returncode == 1
     assert "cat: its results.json is unreadable, or was not written by this grader" in " ".join(run.stdout.split())
@@ -164,9 +174,8 @@ def test_a_shard_handles_only_its_students_and_writes_no_class_output(tmp_path):
     out = " ".join(run.stdout.split())
     assert "shard 1/3: 2 of the class's 7 students" in out
     assert "2 submissions: 0 to grade, 2 already graded" in out
-    table = [line for line in run.stdout.splitlines() if line.startswith("│")]
-    assert [line.split()[1] for line in table] == ["bob", "eve"]
-    assert not (course / "grades.csv").exists()
+    assert "shard 1/3 done" in out
+    assert not (course / "grades.csv").exists() and not (course / "autograded").exists()
 
 
 def test_slurm_s_variables_choose_the_shard(tmp_path):

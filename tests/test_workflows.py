@@ -154,7 +154,7 @@ def test_the_workflow_grades_a_class_shard_by_shard_and_merges_the_artifacts(tmp
         rows = {row["student"]: row for row in csv.DictReader(handle)}
     assert sorted(rows) == sorted(CLASS)
     for student, row in rows.items():
-        results = json.loads((merged / "autograded" / student / "mha" / "results.json").read_text())
+        results = json.loads((merged / "results" / student / "mha" / "results.json").read_text())
         assert float(row["score"]) == results["score"]
     assert float(rows["ann"]["score"]) == 100 and float(rows["dee"]["score"]) == 0
 

@@ -93,9 +93,9 @@ def time_big_merge(graded: Path, course: Path, students: int) -> dict:
         target = course / "submitted" / student / "mha" / source.name
         target.parent.mkdir(parents=True)
         shutil.copy(source, target)
-        results = course / "autograded" / student / "mha" / "results.json"
+        results = course / "results" / student / "mha" / "results.json"
         results.parent.mkdir(parents=True)
-        shutil.copyfile(graded / "autograded" / source.parent.parent.name / "mha" / "results.json", results)
+        shutil.copyfile(graded / "results" / source.parent.parent.name / "mha" / "results.json", results)
     started = time.monotonic()
     run([*AUTOGRADER, course, "--merge"])
     return {"students": students, "wall_s": round(time.monotonic() - started, 2)}
@@ -107,7 +107,7 @@ def grades(course: Path) -> dict[str, dict]:
 
 
 def execution_times(course: Path) -> list[float]:
-    return [json.loads(p.read_text())["execution_time"] for p in sorted(course.glob("autograded/*/mha/results.json"))]
+    return [json.loads(p.read_text())["execution_time"] for p in sorted(course.glob("results/*/mha/results.json"))]
 
 
 def main() -> int:
