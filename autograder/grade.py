@@ -73,18 +73,13 @@ def read_submission(path: Path) -> tuple[list[tuple[int, int, str]], str | None]
     """The file's code cells as [number, first line, source], or no cells and why the file cannot be
     loaded (the student's problem: graded, 0 points). A path that is not a submission file at all
     (missing, a directory) cannot be graded."""
-    not_a_submission = getattr(reader, "NotASubmission", None)
-    if not_a_submission is None and not path.is_file():
-        raise CannotGrade(f"no such submission file: {path}")
     try:
         cells = reader.read_cells(path)
     except reader.SubmissionFormatError as exc:
         return [], str(exc)
-    except Exception as exc:
-        if not_a_submission is not None and isinstance(exc, not_a_submission):
-            raise CannotGrade(str(exc)) from None
-        raise
-    return [(c[0], c[1], c[2]) if len(c) == 3 else (c[0], 1, c[1]) for c in cells], None
+    except reader.NotASubmission as exc:
+        raise CannotGrade(str(exc)) from None
+    return [tuple(cell) for cell in cells], None
 
 
 def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) -> WorkerConfig:

@@ -73,13 +73,18 @@ class CannotTime(RuntimeError):
 class BackgroundWorker:
     """A worker started in a thread as soon as it is made, so that its start overlaps the other checks;
     `get()` waits for it. A trusted one (running the reference) that fails to start is the grader's fault
-    (CannotTime); the submission's remembers why it could not load, and says so at its first request."""
+    (CannotTime); the submission's remembers why it could not load, and says so at its first request.
+
+    The starting thread lives until `close()`: the worker asks the kernel to kill it when the thread that
+    started it ends (PR_SET_PDEATHSIG belongs to the thread, not the process)."""
 
     def __init__(self, cells, filename: str, config: WorkerConfig, trusted: bool, load_failure: str | None = None):
         self.worker = Worker(cells, filename, config)
         self.worker.load_failure = load_failure
         self.trusted = trusted
         self.error: str | None = None
+        self.started = threading.Event()
+        self.closing = threading.Event()
         self.thread = threading.Thread(target=self._start, name=f"timing-worker-{filename}", daemon=True)
         self.thread.start()
 
@@ -90,16 +95,21 @@ class BackgroundWorker:
                 self.error = f"the reference did not load in its timing worker: {loaded.errors[0].message}"
         except WorkerError as exc:
             self.error = f"the reference's timing worker could not start: {exc}" if self.trusted else None
+        finally:
+            self.started.set()
+        self.closing.wait()
 
     def get(self) -> Worker:
-        self.thread.join()
+        self.started.wait()
         if self.error:
             raise CannotTime(self.error)
         return self.worker
 
     def close(self):
-        self.thread.join()
+        self.started.wait()
         self.worker.close()
+        self.closing.set()
+        self.thread.join()
 
 
 def start_timing_workers(submission: Worker) -> dict[str, BackgroundWorker]:
@@ -122,13 +132,13 @@ def reference_cells(path: Path = REFERENCE_SOURCE) -> list[tuple[int, int, str]]
     """The reference's code cells that only define (imports, classes, functions, constants): what its timing
     worker loads, without the notebook's demonstrations and self-checks."""
     cells = []
-    for number, source in reader.read_cells(path):
+    for number, line, source in reader.read_cells(path):
         body = ast.parse(source).body
         if body and all(isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef))
                         or (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper()
                                                                  for t in node.targets))
                         for node in body):
-            cells.append((number, 1, source))
+            cells.append((number, line, source))
     return cells
 
 

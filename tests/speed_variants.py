@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 import re
 
-from conftest import REFERENCE
+from helpers import REFERENCE
 
 _CELL = re.compile(r"^# %%(.*)$", re.M)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from classkit import ROOT, synthetic_run
-from conftest import REFERENCE
+from helpers import REFERENCE
 
 from autograder.classroom import runner_result
 from autograder.model import CANNOT_GRADE, FAILED, CheckResult

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from classkit import ROOT, autograder, fill_record, make_course, synthetic_run
-from conftest import REFERENCE
+from helpers import REFERENCE
 
 from autograder.class_outputs import (AMBIGUOUS_STATUS, COULD_NOT_GRADE, GRADED, NO_SUBMISSION, Row, canvas_csv,
                                       class_table, grades_csv)

@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 from classkit import ROOT
-from conftest import REFERENCE
+from helpers import REFERENCE
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 from classkit import ROOT
-from conftest import REFERENCE, mutated_reference
+from helpers import REFERENCE, mutated_reference
 
 from autograder import kit
 

@@ -4,7 +4,7 @@ import torch
 
 from autograder import timing
 from autograder.rubric import load_rubric
-from conftest import REFERENCE, grade
+from helpers import REFERENCE, grade
 from speed_variants import VARIANTS
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow,

@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from conftest import grade
+from helpers import grade
 from speed_variants import VARIANTS
 
 GRADINGS = int(os.environ.get("SPEED_VERDICT_GRADINGS", "10"))

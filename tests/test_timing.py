@@ -247,8 +247,8 @@ PACKAGED = DEFAULT_RUBRIC.read_text()
     ("threads = 1 ", "threads = 1.5 ", "[speed] threads must be an integer"),
     ("requires = [", "requires = 3 #", "requires must be a list of check keys"),
     ("[[speed.workloads]]\ndevice = \"cuda\"", "[[speed.workloads]]\ndevice = \"tpu\"", "device must be one of"),
-    ("heads = 64\ncalls = 16", "heads = 60\ncalls = 16", "does not split into 60 heads"),
-    ("calls = 16 ", "calls = 16\ncolour = 1 ", "unknown key in [[speed.workloads]] number 1: 'colour'"),
+    ("heads = 64\ncalls = 32", "heads = 60\ncalls = 32", "does not split into 60 heads"),
+    ("calls = 32 ", "calls = 32\ncolour = 1 ", "unknown key in [[speed.workloads]] number 1: 'colour'"),
     ("lock_seconds = 120 ", "lock_seconds = 120\nspeed = 1 ", "unknown key in [speed]: 'speed'"),
 ])
 def test_speed_settings_are_validated_in_full(tmp_path, old, new, message):
@@ -385,7 +385,7 @@ def test_the_notebook_times_the_graders_cpu_workload():
     """The notebook's speed self-check says it times what the grader times: it must be so."""
     import ast
 
-    from conftest import REFERENCE
+    from helpers import REFERENCE
 
     tree = ast.parse(REFERENCE.read_text())
     (call,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
@@ -410,7 +410,7 @@ def speed_rubric_with(tmp_path, **settings):
 
 @pytest.mark.slow
 def test_a_speedup_far_above_the_references_is_flagged_for_the_instructor(tmp_path):
-    from conftest import REFERENCE
+    from helpers import REFERENCE
 
     # bands moved so that the reference itself counts as implausibly fast (it runs at about 1.0)
     rubric = speed_rubric_with(tmp_path, give_up_below=0.1, no_credit_at=0.4, full_credit_at=0.5, flag_above=0.6)
@@ -428,7 +428,7 @@ def test_a_speedup_far_above_the_references_is_flagged_for_the_instructor(tmp_pa
 
 @pytest.mark.slow
 def test_a_run_where_the_reference_is_not_ahead_cannot_grade(tmp_path):
-    from conftest import REFERENCE
+    from helpers import REFERENCE
 
     rubric = speed_rubric_with(tmp_path, min_reference_speedup=1000)
     out = tmp_path / "r.json"
