@@ -14,6 +14,7 @@ import pytest
 
 from autograder import devices, grade_class
 from autograder.devices import DevicePool, NoDevice, placement_for, timing_lock, timing_lock_path, visible_devices
+from autograder.grading_pool import Outcome
 from autograder.model import GradingRun
 from helpers import REFERENCE
 
@@ -60,8 +61,9 @@ def test_placement_on_cpu_and_on_made_up_gpus():
 
 
 def test_grade_class_pins_every_grading_process_to_one_device(tmp_path, monkeypatch):
-    """A class of 12 on 3 made-up GPUs with 6 processes at once: each process gets one device, never more
-    than 2 share one, and every device is used. grade_one is replaced, so nothing is graded for real."""
+    """A class of 12 on 3 made-up GPUs with 6 grading processes at once: each process is pinned to one
+    device for its life, 2 per device, and asked for --device cuda. The grading processes are replaced,
+    so nothing is graded for real."""
     course = tmp_path / "course"
     for number in range(12):
         folder = course / "submitted" / f"s{number:02d}" / "mha"
@@ -70,27 +72,34 @@ def test_grade_class_pins_every_grading_process_to_one_device(tmp_path, monkeypa
     monkeypatch.setattr(devices, "cuda_device_count", lambda: 3)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     lock = threading.Lock()
-    running: dict[str, int] = {}
-    most: dict[str, int] = {}
-    seen = []
+    pinned: list[str] = []
+    requests = []
     all_started = threading.Barrier(6, timeout=30)
 
-    def fake_grade_one(job, device, rubric, timeout, env=None):
-        pinned = env["CUDA_VISIBLE_DEVICES"]
-        with lock:
-            running[pinned] = running.get(pinned, 0) + 1
-            most[pinned] = max(most.get(pinned, 0), running[pinned])
-            seen.append((job.student, device, pinned))
-        if len(seen) <= 6:
-            all_started.wait()  # the first six overlap for certain
-        with lock:
-            running[pinned] -= 1
-        return GradingRun(status="graded", submission=job.submission.name)
+    class FakeGrader:
+        def __init__(self, env=None):
+            with lock:
+                pinned.append(env["CUDA_VISIBLE_DEVICES"])
+            self.first = True
 
-    monkeypatch.setattr(grade_class, "grade_one", fake_grade_one)
+        def grade(self, request, timeout):
+            if self.first:  # the six processes run at once, for certain
+                self.first = False
+                all_started.wait()
+            with lock:
+                requests.append(request)
+            run = GradingRun(status="graded", submission="mha.py")
+            with open(request["out"], "w") as handle:
+                json.dump(run.to_gradescope(), handle)
+            return Outcome(ok=True)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(grade_class, "Grader", FakeGrader)
     assert grade_class.grade_class(course, device="cuda", jobs=6) == 0
-    assert len(seen) == 12 and {device for _, device, _ in seen} == {"cuda"}
-    assert sorted(most) == ["0", "1", "2"] and max(most.values()) == 2
+    assert len(requests) == 12 and {r["device"] for r in requests} == {"cuda"}
+    assert sorted(pinned) == ["0", "0", "1", "1", "2", "2"]
 
 
 def test_grade_class_says_so_when_cuda_is_asked_for_and_absent(tmp_path, monkeypatch, capsys):
