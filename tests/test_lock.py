@@ -4,6 +4,8 @@ import re
 import sys
 import tomllib
 
+from packaging.requirements import Requirement
+
 from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -24,7 +26,7 @@ def test_every_pin_in_pyproject_is_in_the_lock_at_the_same_version():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = project["dependencies"] + [r for extra in lock.EXTRAS for r in project["optional-dependencies"][extra]]
     pins = locked()
-    stale = [r for r in wanted if pins.get(canonical(r.split("==")[0])) != r.split("==")[1]]
+    stale = [r for r in wanted if pins.get(canonical(Requirement(r).name)) != str(Requirement(r).specifier).removeprefix("==")]
     assert not stale, f"requirements.lock is out of date for {stale}: run `make lock`"
 
 
