@@ -120,10 +120,11 @@ def class_rows(roster: list[Entry], record: Record) -> list[Row]:
     return [Row(entry, record.run(entry.student) if entry.has_file else None) for entry in roster]
 
 
-def hold_course(course: Path, console: Console):
-    """An exclusive lock on the course's record, so two class runs never grade it at once."""
-    lock_path = Record(course).root / ".lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
+def hold_course(course: Path, console: Console, shard: Shard | None = None):
+    """An exclusive lock on the course (on one shard of it), so two runs never grade the same students at
+    once; the shards of a class, on one machine or on many sharing the folder, run side by side. It lives
+    beside the record, not in it, so that copying a shard's record (a CI artifact) copies no lock."""
+    lock_path = Path(course) / (f".grading-shard-{shard.index}-of-{shard.count}.lock" if shard else ".grading.lock")
     handle = open(lock_path, "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -169,7 +170,7 @@ def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, 
     if placement.devices:
         console.print(f"{jobs} at a time on {len(placement.devices)} CUDA device(s): "
                       f"{', '.join(placement.devices)}, each grading process on one", markup=False)
-    lock = hold_course(course, console)
+    lock = hold_course(course, console, shard)
     try:
         record = Record(course)
         for entry in roster:

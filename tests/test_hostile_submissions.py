@@ -290,7 +290,7 @@ def pytest_runtest_makereport(item, call):
 
 # The worker's own request loop, patched from the submission: replies that break the protocol in every
 # way it bounds. Each one is refused before it is materialised, and the worker is replaced.
-def hostile_server(load: str = "", forward: str = "", call: str = "", get: str = "", describe: str = "") -> str:
+def hostile_server(load: str = "", forward: str = "", call: str = "", get: str = "", build_mha: str = "") -> str:
     """A cell that patches the worker's request loop to answer an operation with a hostile frame."""
     return f"""
 import os, struct, sys
@@ -312,11 +312,13 @@ _MESSAGE = ("\\ud800 \\x1b[2J\\x1b[H\\x1b[32mTotal: 100 / 100\\x1b[0m\\x07 " + "
 def _receive_op(self):
     header, blobs = _receive(self)
     _state["op"] = header.get("op")
+    if _state["op"] == "build" and dict(header["args"]["items"]).get("cls") == "MultiHeadAttention":
+        _state["op"] = "build_mha"
     return header, blobs
 
 def _hostile_send(self, header, blobs=()):
     kind = {{"load": {load!r}, "forward": {forward!r}, "call": {call!r}, "get": {get!r},
-             "describe": {describe!r}}}.get(_state["op"], "")
+             "build_mha": {build_mha!r}}}.get(_state["op"], "")
     if kind == "message":
         return _send(self, {{"ok": False, "error": {{"type": "ValueError\\x1b[31m", "message": _MESSAGE,
                                                   "traceback": _MESSAGE}}}})
@@ -629,27 +631,25 @@ class Case:
 
 
 # fuse_heads' module runs the student's forward; no forward, or a wrong one, earns no speed points
-MHA_FORWARD_BROKEN = {"mha": "all", "fuse": "some", "speed": "all"}
-FUSED_FORWARD_ONLY = {"fuse": ("fuse::test_fused_output_equals_wrapper",)}
+# a mistake costs points once: fuse_heads builds the right module whatever MultiHeadAttention.forward does,
+# and the speed part counts only when the values are right
+MHA_FORWARD_BROKEN = {"mha": "all", "speed": "all"}
 EVERY_PART = {part: "all" for part in ("quiz", "combine", "wrapper", "two_dim", "columns", "mha", "fuse", "speed")}
 
 CASES = [
     # slowest first (they wait out request deadlines), the CPU burner last
     Case("loop_in_every_forward", lambda c: with_cells(last=LOOP_IN_EVERY_FORWARD),
-         {"wrapper": "all", "two_dim": "some", "mha": "all", "fuse": "some", "speed": "all"},
+         {"wrapper": "all", "mha": "all", "speed": "all"},
          ("MultiHeadAttentionWrapper.forward did not finish within",
-          "MultiHeadAttention.forward did not finish within"),
-         {"two_dim": ("two_dim::test_output_is_the_heads_side_by_side", "two_dim::test_book_example"),
-          **FUSED_FORWARD_ONLY}),
+          "MultiHeadAttention.forward did not finish within")),
     Case("loop_in_mha_forward", lambda c: with_cells(last=LOOP_IN_FORWARD), MHA_FORWARD_BROKEN,
-         (f"MultiHeadAttention.forward did not finish within {REQUEST_SECONDS:g} s", "not tried again"),
-         FUSED_FORWARD_ONLY),
+         (f"MultiHeadAttention.forward did not finish within {REQUEST_SECONDS:g} s", "not tried again")),
     Case("exit_in_mha_forward", lambda c: with_cells(last=EXIT_IN_FORWARD), MHA_FORWARD_BROKEN,
-         ("ended while MultiHeadAttention.forward: it exited with status 3", "not tried again"), FUSED_FORWARD_ONLY),
+         ("ended while MultiHeadAttention.forward: it exited with status 3", "not tried again")),
     Case("segfault_in_mha_forward", lambda c: with_cells(last=SEGFAULT_IN_FORWARD), MHA_FORWARD_BROKEN,
-         ("ended by SIGSEGV (a segmentation fault)",), FUSED_FORWARD_ONLY),
+         ("ended by SIGSEGV (a segmentation fault)",)),
     Case("non_tensors", lambda c: with_cells(last=NON_TENSORS.replace("{marker}", str(c.out_dir / c.marker))),
-         {"wrapper": "some", "two_dim": "some", "mha": "some", "fuse": "all", "speed": "all"},
+         {"wrapper": "all", "two_dim": "all", "mha": "all", "fuse": "all", "speed": "all"},
          ("expected a tensor, got tuple", "expected a tensor, got Foreign <_Hostile (unprintable)>",
           # the tensor subclass whose pickle would run a command crosses as plain bytes: nothing to unpickle
           "fuse_heads returned tensor([0., 0.]); it must return a MultiHeadAttention")),
@@ -660,11 +660,10 @@ CASES = [
     Case("sys_exit_at_import", lambda c: with_cells(first=SYS_EXIT_AT_IMPORT), {},
          ("cell 1 raised SystemExit: no grading today",)),
     Case("memory_hog_in_mha_forward", lambda c: with_cells(last=MEMORY_HOG), MHA_FORWARD_BROKEN,
-         ("RuntimeError", "can't allocate memory"), FUSED_FORWARD_ONLY),
-    Case("patched_comparisons", lambda c: with_cells(last=FAKE_EQUALITY), {"mha": "some", "fuse": "some", "speed": "all"},
-         ("values differ from the reference",),
-         {"mha": ("mha::test_matches_reference", "mha::test_book_example", "mha::test_new_inputs_new_answers",
-                  "mha::test_gradients", "mha::test_dropout"), **FUSED_FORWARD_ONLY}),
+         ("RuntimeError", "can't allocate memory")),
+    # wrong values: and so no points for the properties of a right answer either
+    Case("patched_comparisons", lambda c: with_cells(last=FAKE_EQUALITY), {"mha": "all", "speed": "all"},
+         ("values differ from the reference",)),
     Case("cached_by_shape", lambda c: with_cells(last=CACHED_BY_SHAPE), {"mha": "some", "speed": "all"},
          ("output for new input number 2 of the same shape", "answers cached or replayed"),
          {"mha": ("mha::test_new_inputs_new_answers",)}),
@@ -673,9 +672,9 @@ CASES = [
     Case("fake_results_and_conftest", lambda c: with_cells(
         first=escape_attempts([c.out_file], [c.submission_dir, c.out_dir], parents=c.sandboxed),
         last=BROKEN_MHA_FORWARD), MHA_FORWARD_BROKEN,
-         ("ESCAPE", "MultiHeadAttention.forward is not written yet"), FUSED_FORWARD_ONLY),
+         ("ESCAPE", "MultiHeadAttention.forward is not written yet")),
     Case("reference_theft", lambda c: with_cells(last=reference_theft(ROOT)), MHA_FORWARD_BROKEN,
-         ("THEFT BLOCKED import", "MultiHeadAttention.forward is not written yet"), FUSED_FORWARD_ONLY),
+         ("THEFT BLOCKED import", "MultiHeadAttention.forward is not written yet")),
     Case("notebook_with_magics", lambda c: notebook_with_magics(), {}, (), suffix=".ipynb"),
     # its burners are stopped while the reference is timed, and slow down (and are charged to) its own timing
     Case("background_burner", lambda c: with_cells(last=BACKGROUND_BURNER.replace("{marker}", c.marker)),
@@ -706,10 +705,10 @@ CASES += [
     Case("tampered_load_reply", lambda c: with_cells(last=hostile_server(load="tampered")), EVERY_PART,
          ("could not be read safely", "field 'type'")),
     Case("hostile_replies", lambda c: with_cells(last=hostile_server(forward="huge_blob", call="message",
-                                                                     get="node_bomb", describe="deep")),
+                                                                     get="node_bomb", build_mha="deep")),
          {part: ANY for part in EVERY_PART}, ("could not be read safely",)),
     Case("expanded_output", lambda c: with_cells(last=EXPANDED_OUTPUT), MHA_FORWARD_BROKEN,
-         ("bytes of tensors (the limit is",), FUSED_FORWARD_ONLY),
+         ("bytes of tensors (the limit is",)),
     # the sandbox: every way out tried at import; the definitions that follow earn full marks
     Case("sandbox_probe", lambda c: with_cells(first=sandbox_probe(sandbox_targets(c), c.marker)), {},
          ("PROBE forks",), limits=(("processes", 128), ("cell_seconds", 30))),
@@ -723,7 +722,7 @@ CASES += [
          limits=(("submission_seconds", 40),), wall_seconds=150),
     # lies about its own behaviour: the structure checks rest on the worker's word (tagged so), but what a
     # traced forward computes must be right, and the same untraced
-    Case("cheap_answer_when_traced", lambda c: with_cells(last=_when_traced("_cheap")), {"mha": "some"},
+    Case("cheap_answer_when_traced", lambda c: with_cells(last=_when_traced("_cheap")), {"mha": "some", "speed": "all"},
          ("output of the traced forward",),
          {"mha": ("mha::test_one_pass_for_all_heads", "mha::test_no_ready_made_attention", "mha::test_dropout")}),
     Case("sdpa_when_not_traced", lambda c: with_cells(last=_when_traced("_honest")), {"mha": "some"},

@@ -8,6 +8,7 @@ import zipfile
 
 import pytest
 from classkit import ROOT
+from autograder.rubric import load_rubric
 from helpers import REFERENCE, mutated_reference
 
 from autograder import kit
@@ -81,12 +82,13 @@ def selfcheck(path, cwd):
 @pytest.mark.slow
 def test_the_kits_self_check_reports_each_part_without_the_answer_key(built, tmp_path):
     folder = built / "mha-student-kit"
+    parts = len(load_rubric().parts)  # one self-check cell per part
     untouched = selfcheck(folder / "mha.ipynb", folder)
     assert untouched.returncode == 1
-    assert "0 of 7 self-checks passed" in untouched.stdout and untouched.stdout.count("not done yet") == 7
+    assert f"0 of {parts} self-checks passed" in untouched.stdout and untouched.stdout.count("not done yet") == parts
     solved = selfcheck(REFERENCE, folder)  # the reference carries the same self-check cells
     assert solved.returncode == 0, solved.stdout + solved.stderr
-    assert "7 of 7 self-checks passed" in solved.stdout
+    assert f"{parts} of {parts} self-checks passed" in solved.stdout
     wrong = mutated_reference(tmp_path, "dim1", "return torch.cat(outputs, dim=-1)", "return torch.cat(outputs, dim=1)")
     failed = selfcheck(wrong, folder)
     assert failed.returncode == 1

@@ -18,6 +18,7 @@ All submissions are graded once per session, two at a time.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -94,6 +95,8 @@ class Mistake:
     says: dict[str, str | tuple[str, ...]]
     more: tuple[tuple[str, str], ...] = ()  # further (old, new) replacements in the same submission
 
+
+SPEED = ("test_faster_than_the_wrapper",)
 
 MISTAKES = [
     # --- quiz
@@ -204,7 +207,8 @@ MISTAKES = [
             "        context_vec = torch.stack(\n"
             "            [attn_weights[:, h] @ values[:, h] for h in range(self.num_heads)], dim=2\n"
             "        )  # (b, T, H, hd)\n",
-            {"mha": ("test_one_pass_for_all_heads",)}, {"mha": "a loop over heads"}),
+            {"mha": ("test_one_pass_for_all_heads",), "speed": SPEED},
+            {"mha": "a loop over heads", "speed": "a Python loop over the heads"}),
     Mistake("mha_loop_with_dropout_per_head", MHA_ATTENTION,
             "        contexts = []\n"
             "        for h in range(self.num_heads):  # one head at a time\n"
@@ -213,7 +217,8 @@ MISTAKES = [
             "            weights = self.dropout(torch.softmax(scores / self.head_dim ** 0.5, dim=-1))\n"
             "            contexts.append(weights @ values[:, h])  # (b, T, hd)\n"
             "        context_vec = torch.stack(contexts, dim=2)  # (b, T, H, hd)\n",
-            {"mha": ("test_one_pass_for_all_heads",)}, {"mha": "a loop over heads"}),
+            {"mha": ("test_one_pass_for_all_heads",), "speed": SPEED},
+            {"mha": "a loop over heads", "speed": "a Python loop over the heads"}),
     Mistake("mha_sdpa", MHA_ATTENTION,
             "        context_vec = torch.nn.functional.scaled_dot_product_attention(\n"
             "            queries, keys, values, dropout_p=self.dropout.p if self.training else 0.0, is_causal=True\n"
@@ -249,6 +254,19 @@ MISTAKES = [
             {"fuse": ("test_fused_output_equals_wrapper~",)},
             {"fuse": "check the arguments fuse_heads passes to MultiHeadAttention (num_heads"}),
 ]
+
+
+def speed_lost_with_wrong_values(mistake: Mistake) -> Mistake:
+    """The speed part counts only when the checks the rubric's [speed] requires pass: a mistake that fails
+    one of them (in any case) earns no speed points either, as the rubric says."""
+    for key in load_rubric().speed.requires:
+        part, name = key.split("::")
+        if any(failed.rstrip("~") == name for failed in mistake.fails.get(part, ())) and "speed" not in mistake.fails:
+            return dataclasses.replace(mistake, fails={**mistake.fails, "speed": SPEED})
+    return mistake
+
+
+MISTAKES = [speed_lost_with_wrong_values(m) for m in MISTAKES]
 COMMON_MISTAKES = (common.HEAD_CHANGED, common.OTHER_QUANTITY, common.HALF_SPLIT, common.INCONSISTENT_ORDER,
                    common.SHAPE_DRIFT)
 
