@@ -45,7 +45,11 @@ from pathlib import Path
 from autograder.sandbox.cgroups import Limits, WorkerGroup
 
 SANDBOX_DIR = Path(__file__).resolve().parent
-PROJECT_ROOT = SANDBOX_DIR.parent.parent
+CHECKOUT = SANDBOX_DIR.parent.parent
+# The project's source checkout, hidden from the worker whole; None when the grader is installed (a wheel),
+# where the folder above the package is site-packages, which the worker needs: there only the grader's
+# own packages are hidden.
+PROJECT_ROOT = CHECKOUT if (CHECKOUT / "pyproject.toml").is_file() else None
 SERVER_MODULES = ("protocol", "jail", "server")  # loaded, in this order, inside the worker
 GRADER_PACKAGES = ("autograder", "reference")
 WORKDIR = "/tmp"  # the worker's empty scratch folder, inside the namespace sandbox
@@ -227,7 +231,7 @@ def allow_list() -> AllowList:
         folder = _package_folder(name)
         if folder and any(_inside(folder, b) for b in binds):
             masks.append(folder)
-    if any(_inside(str(PROJECT_ROOT), b) for b in binds):
+    if PROJECT_ROOT is not None and any(_inside(str(PROJECT_ROOT), b) for b in binds):
         masks.append(str(PROJECT_ROOT))
     return AllowList(tuple(binds), tuple(sorted(shown_links.items())), tuple(masks))
 
@@ -238,6 +242,13 @@ def _system_site_packages() -> bool:
         return "include-system-site-packages = true" in cfg.read_text().replace("\t", " ").lower()
     except OSError:
         return False
+
+
+def grader_folders() -> list[str]:
+    """What of the grader the worker must not see: the checkout, or, installed, the grader's packages."""
+    if PROJECT_ROOT is not None:
+        return [str(PROJECT_ROOT)]
+    return [folder for folder in map(_package_folder, GRADER_PACKAGES) if folder]
 
 
 def _package_folder(name: str) -> str | None:
@@ -573,7 +584,7 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
         os.chmod(scratch, 0o700)
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
-    hide = sorted({str(PROJECT_ROOT), tempfile.gettempdir(), *settings.hide})
+    hide = sorted({*grader_folders(), tempfile.gettempdir(), *settings.hide})
     keep = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})
     workdir = WORKDIR if sandbox else scratch
     config = {
