@@ -19,11 +19,12 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: setup test test-fast test-speed lint lock bench release grade merge grade-slurm check preview grade-one student-kit gradescope help
+.PHONY: setup test test-fast test-long test-speed lint lock bench release grade merge grade-slurm check preview grade-one student-kit gradescope help
 
 help:
-	@echo "make test                      set up .venv and run the project's tests"
+	@echo "make test                      set up .venv and run the project's tests (all but the long suites)"
 	@echo "make test-fast                 the quick tests only (no whole-submission grading, no CUDA)"
+	@echo "make test-long                 the long suites: hostile and wrong submissions, Slurm, the wheel"
 	@echo "make test-speed                the speed part's verdicts, each graded 10 times beside a CPU burner (long)"
 	@echo "make lint                      ruff: lint and formatting"
 	@echo "make lock                      regenerate requirements.lock from pyproject.toml"
@@ -44,7 +45,10 @@ setup:
 	@$(PYTHON) tools/setup_venv.py --venv "$(VENV)" --torch "$(TORCH_SPEC)"
 
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not long"
+
+test-long: setup
+	$(PY) -m pytest -m "long and not cuda"
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not cuda"
@@ -57,7 +61,7 @@ lock:
 	@$(PYTHON) tools/lock.py --venv "$(VENV)" --torch "$(TORCH_SPEC)"
 
 test-speed: setup
-	SPEED_VERDICTS=1 $(PY) -m pytest tests/test_speed_verdicts.py -s -q
+	SPEED_VERDICTS=1 $(PY) -m pytest tests/test_speed_verdicts.py -s -q -rA
 
 bench: setup
 	$(PY) -m autograder.bench --device $(DEVICE) --out bench

@@ -44,7 +44,8 @@ from autograder.rubric import DEFAULT_RUBRIC, load_rubric
 from autograder.sandbox.launcher import namespace_sandbox_available
 from helpers import REFERENCE, ROOT, failures, grade, part_scores
 
-pytestmark = pytest.mark.slow  # every test grades whole submissions
+# Every test grades whole submissions; the first waits for the whole table to be graded (several minutes).
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
 
 RELEASE = ROOT / "assignments" / "release" / "mha" / "mha.py"
 # Bounds on every grading here, whatever the submission does (measured on a shared 2-core machine with its

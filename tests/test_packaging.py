@@ -31,7 +31,7 @@ import pytest
 
 from helpers import REFERENCE, ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1200)]
 
 # Whatever the build copy must leave out: what setup, tests and grading write into a checkout.
 NOT_SOURCE = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",

@@ -76,6 +76,7 @@ CLASS = {"ann": "ada", "ben": "brook", "cai": "casey", "dee": "devon"}
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_job_array_and_its_merge_grade_the_class_as_a_local_run_does(slurm, tmp_path):
     local = make_class(tmp_path / "local", CLASS)
     run = subprocess.run([sys.executable, "-m", "autograder", "grade-class", local, "--device", "cpu"],
@@ -105,6 +106,7 @@ def test_a_job_array_and_its_merge_grade_the_class_as_a_local_run_does(slurm, tm
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_when_array_tasks_fail_the_merge_still_runs_and_names_who_is_missing(slurm, tmp_path):
     course = make_class(tmp_path / "course", {"ann": "ada", "ben": "brook"})
     logs = tmp_path / "logs"

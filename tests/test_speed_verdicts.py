@@ -28,7 +28,7 @@ GRADINGS = int(os.environ.get("SPEED_VERDICT_GRADINGS", "10"))
 EARNS_ALL = {"reference"}
 EARNS_NOTHING = set(VARIANTS) - EARNS_ALL
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.long,
               pytest.mark.skipif(os.environ.get("SPEED_VERDICTS") != "1",
                                  reason="long: run by `make test-speed` (SPEED_VERDICTS=1)")]
 

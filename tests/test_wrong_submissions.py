@@ -30,7 +30,8 @@ from autograder.rubric import load_rubric
 from autograder.submission import read_cells
 from helpers import REFERENCE, failures, grade, mutated_reference, part_scores
 
-pytestmark = pytest.mark.slow  # every test grades whole submissions
+# Every test grades whole submissions; the first waits for the whole table to be graded (several minutes).
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
 
 # The attention step of MultiHeadAttention.forward in the reference, from the scores to the context vectors.
 MHA_ATTENTION = """\
