@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     args = parser.parse_args(argv)
 
-    from autograder.gradescope import find_submission
     from autograder.grade import Options, grade_submission, write_results
+    from autograder.gradescope import find_submission
     from autograder.model import CANNOT_GRADE
 
     file, note = find_submission(args.submission)

@@ -30,9 +30,9 @@ from pathlib import Path
 
 from autograder.atomic import write_text_atomically
 from autograder.class_outputs import Row, graded_parts
-from autograder.store import Record, sha256_file
 from autograder.roster import ASSIGNMENT
 from autograder.rubric import Rubric
+from autograder.store import Record, sha256_file
 
 CONFIG_FILE = "nbgrader_config.py"
 

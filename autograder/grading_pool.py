@@ -59,9 +59,9 @@ def descendants(pid: int) -> list[int]:
 def kill_tree(pid: int, include_self: bool = True):
     """SIGKILL `pid`'s descendants and their process groups (a worker leads its own session), then `pid`."""
     for child in descendants(pid):
-        for kill in (lambda: os.killpg(child, signal.SIGKILL), lambda: os.kill(child, signal.SIGKILL)):
+        for kill in (os.killpg, os.kill):
             try:
-                kill()
+                kill(child, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
     if include_self:

@@ -20,9 +20,8 @@ def test_the_new_contents_replace_the_old_in_one_step(tmp_path):
 def test_a_write_that_fails_leaves_the_old_file_and_no_litter(tmp_path):
     path = tmp_path / "grades.csv"
     write_text_atomically(path, "old\n")
-    with pytest.raises(RuntimeError):
-        with open_atomically(path) as handle:
-            handle.write("half of the ")
-            raise RuntimeError("killed mid-write")
+    with pytest.raises(RuntimeError), open_atomically(path) as handle:
+        handle.write("half of the ")
+        raise RuntimeError("killed mid-write")
     assert path.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["grades.csv"]

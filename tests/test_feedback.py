@@ -10,12 +10,12 @@ from pathlib import Path
 
 import html5lib
 import pytest
-from classkit import make_course, synthetic_run
 
 from autograder.class_outputs import Row
 from autograder.feedback import feedback_path, render, write_feedback
 from autograder.model import CANNOT_GRADE, FAILED, PASSED, CheckResult, LoadReport
 from autograder.roster import read_roster
+from classkit import make_course, synthetic_run
 
 SPEED = {"speedup": 2.51, "reference_speedup": 2.43, "threshold": {"full": 0.8, "none": 0.5},
          "rounds": [{"student_ms": 1.0 + i / 10, "wrapper_ms": 2.5 + i / 20, "reference_ms": 1.05} for i in range(8)],

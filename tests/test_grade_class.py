@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import shutil
 import signal
@@ -13,16 +12,24 @@ import time
 from pathlib import Path
 
 import pytest
-from classkit import ROOT, autograder, fill_record, make_course, synthetic_run
-from helpers import REFERENCE
 
-from autograder.class_outputs import (AMBIGUOUS_STATUS, COULD_NOT_GRADE, GRADED, NO_SUBMISSION, Row, canvas_csv,
-                                      class_table, grades_csv)
+from autograder.class_outputs import (
+    AMBIGUOUS_STATUS,
+    COULD_NOT_GRADE,
+    GRADED,
+    NO_SUBMISSION,
+    Row,
+    canvas_csv,
+    class_table,
+    grades_csv,
+)
 from autograder.grading_pool import descendants
 from autograder.model import CANNOT_GRADE
 from autograder.roster import AMBIGUOUS, SUBMITTED, read_roster
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
 from autograder.store import ClassInputs, Record
+from classkit import ROOT, autograder, fill_record, make_course, synthetic_run
+from helpers import REFERENCE
 
 # -- the roster -----------------------------------------------------------------------------------
 

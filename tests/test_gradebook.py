@@ -5,10 +5,10 @@ import csv
 import shutil
 
 import pytest
-from classkit import ROOT, autograder, fill_record, make_course, nbgrader, synthetic_run
 
 from autograder.rubric import load_rubric
 from autograder.store import Record
+from classkit import ROOT, autograder, fill_record, make_course, nbgrader, synthetic_run
 
 ADA = ROOT / "assignments" / "submitted" / "ada" / "mha" / "mha.ipynb"  # a complete notebook
 

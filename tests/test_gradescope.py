@@ -9,6 +9,7 @@ import sys
 import zipfile
 
 import pytest
+
 from classkit import ROOT
 from helpers import REFERENCE
 

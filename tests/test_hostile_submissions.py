@@ -39,7 +39,6 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import submission as reader
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
 from autograder.sandbox.launcher import namespace_sandbox_available
 from helpers import REFERENCE, ROOT, failures, grade, part_scores

@@ -7,11 +7,11 @@ import sys
 import zipfile
 
 import pytest
-from classkit import ROOT
-from autograder.rubric import load_rubric
-from helpers import REFERENCE, mutated_reference
 
 from autograder import kit
+from autograder.rubric import load_rubric
+from classkit import ROOT
+from helpers import REFERENCE, mutated_reference
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 

@@ -8,8 +8,17 @@ import pytest
 import torch
 
 from autograder.sandbox import protocol
-from autograder.sandbox.protocol import (Decoder, Encoder, Limits, ModuleInfo, ProtocolError, TensorCodec,
-                                         pack_frame, parse_reply, read_frame)
+from autograder.sandbox.protocol import (
+    Decoder,
+    Encoder,
+    Limits,
+    ModuleInfo,
+    ProtocolError,
+    TensorCodec,
+    pack_frame,
+    parse_reply,
+    read_frame,
+)
 
 CODEC = TensorCodec(torch)
 
@@ -27,7 +36,10 @@ class CountingReader:
         return chunk
 
 
-def roundtrip(value, limits=Limits()):
+DEFAULT_LIMITS = Limits()
+
+
+def roundtrip(value, limits=DEFAULT_LIMITS):
     encoder = Encoder(CODEC)
     frame = pack_frame({"ok": True, "value": encoder.encode(value)}, encoder.blobs)
     header, blobs = read_frame(CountingReader(frame), limits)
@@ -81,7 +93,7 @@ def test_anything_but_a_frame_is_refused():
         read_frame(CountingReader(not_json), Limits())
 
 
-def decode(tree, blobs=(), limits=Limits()):
+def decode(tree, blobs=(), limits=DEFAULT_LIMITS):
     return Decoder(list(blobs), limits, CODEC.from_wire).decode(tree)
 
 

@@ -3,8 +3,8 @@ import ast
 import difflib
 import os
 import re
-import sys
 import shutil
+import sys
 from pathlib import Path
 
 import nbformat

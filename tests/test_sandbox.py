@@ -12,17 +12,17 @@ import subprocess
 import sys
 import textwrap
 import time
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 from autograder.sandbox.cgroups import Limits, WorkerGroup
-from autograder.sandbox.client import BudgetSpent, SubmissionError, Worker, WorkerConfig, WorkerCrashed
+from autograder.sandbox.client import BudgetSpent, Worker, WorkerConfig, WorkerCrashed
 from autograder.sandbox.launcher import PROJECT_ROOT, allow_list, is_root, namespace_sandbox_available
 
 
-@lru_cache(maxsize=None)
+@cache
 def cgroups_available() -> bool:
     group = WorkerGroup.create(Limits(1 << 30, 64, 1.0))
     try:

@@ -4,9 +4,9 @@ the gate on the mha part's values; and the worker's seeded `forward_many`, which
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
-import itertools
 import subprocess
 import sys
 import textwrap

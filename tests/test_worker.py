@@ -4,8 +4,7 @@ import time
 import pytest
 import torch
 
-from autograder.sandbox.client import (LoadFailed, SubmissionError, Worker, WorkerConfig, WorkerCrashed,
-                                       WorkerTimeout)
+from autograder.sandbox.client import LoadFailed, SubmissionError, Worker, WorkerConfig, WorkerCrashed, WorkerTimeout
 
 
 def worker(source: str, **config) -> Worker:

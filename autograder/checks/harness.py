@@ -197,7 +197,7 @@ class Inputs:
         """Random weights for `module` (overwritten in place, returned as a state dict): every
         parameter, biases included, at a scale where attention is neither uniform nor one-hot."""
         with torch.no_grad():
-            for name, param in module.named_parameters():
+            for param in module.parameters():
                 fan_in = param.shape[-1] if param.dim() > 1 else param.shape[0]
                 param.copy_(self.randn(*param.shape) / fan_in**0.5 * 1.5)
         module.to(dtype)

@@ -213,7 +213,7 @@ def describe_module_mistake(fused_state: dict[str, torch.Tensor], wrapper: ref.M
             return named(f"the fused {name} holds none of the wrapper's {name} weights: fuse_heads must copy each "
                          "head's weights into the new module, so that it computes exactly what the wrapper "
                          "computes (a freshly initialised MultiHeadAttention is a different layer)", OTHER_QUANTITY)
-    d_out = sum(getattr(head, "W_query").weight.shape[0] for head in heads)
+    d_out = sum(head.W_query.weight.shape[0] for head in heads)
     weight = fused_state.get("out_proj.weight")
     if isinstance(weight, torch.Tensor) and weight.shape == (d_out, d_out):
         if not torch.allclose(weight.double(), torch.eye(d_out, dtype=torch.float64)):

@@ -10,8 +10,19 @@ head_column_ranges is wrong, the message says so: fuse_heads may use it.
 import pytest
 import torch
 
-from autograder.checks.harness import (ModuleRef, assert_close, attempt, build_pair, fail, first_match,
-                                       in_student_terms, reference_forward, value_problem, values_first, wrong_ranges)
+from autograder.checks.harness import (
+    ModuleRef,
+    assert_close,
+    attempt,
+    build_pair,
+    fail,
+    first_match,
+    in_student_terms,
+    reference_forward,
+    value_problem,
+    values_first,
+    wrong_ranges,
+)
 from autograder.checks.mistakes import describe_module_mistake, fuse_variants
 from reference import mha as ref
 

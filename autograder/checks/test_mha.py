@@ -8,9 +8,20 @@ property's own case is right: a forward returning zeros earns nothing here.
 import pytest
 import torch
 
-from autograder.checks.harness import (attempt, book_pair, build_pair, check_gradients, count_matmuls, fail,
-                                       first_match, forward_checked, in_student_terms, reference_forward, value_problem,
-                                       values_first)
+from autograder.checks.harness import (
+    attempt,
+    book_pair,
+    build_pair,
+    check_gradients,
+    count_matmuls,
+    fail,
+    first_match,
+    forward_checked,
+    in_student_terms,
+    reference_forward,
+    value_problem,
+    values_first,
+)
 from autograder.checks.mistakes import mha_dropout_variants, mha_train_forward, mha_variants
 
 FORWARD = "MultiHeadAttention.forward"

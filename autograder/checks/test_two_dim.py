@@ -8,8 +8,17 @@ The checks run structure first, then the book's example, then dropout and bias, 
 import pytest
 import torch
 
-from autograder.checks.harness import (ModuleRef, attempt, book_batch, fail, first_match, in_student_terms,
-                                       reference_forward, value_problem, values_first)
+from autograder.checks.harness import (
+    ModuleRef,
+    attempt,
+    book_batch,
+    fail,
+    first_match,
+    in_student_terms,
+    reference_forward,
+    value_problem,
+    values_first,
+)
 from autograder.checks.mistakes import HEAD_CHANGED, describe_changed_heads, named, wrapper_variants
 from reference import mha as ref
 

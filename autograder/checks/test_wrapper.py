@@ -9,8 +9,18 @@ properties (input unchanged, gradients, dropout), which count only when the outp
 import pytest
 import torch
 
-from autograder.checks.harness import (Raised, attempt, book_pair, build_pair, check_gradients, fail, first_match,
-                                       in_student_terms, value_problem, values_first)
+from autograder.checks.harness import (
+    Raised,
+    attempt,
+    book_pair,
+    build_pair,
+    check_gradients,
+    fail,
+    first_match,
+    in_student_terms,
+    value_problem,
+    values_first,
+)
 from autograder.checks.mistakes import wrapper_variants
 from reference import mha as ref
 

@@ -39,7 +39,7 @@ import sys
 import sysconfig
 import tempfile
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from autograder.sandbox.cgroups import Limits, WorkerGroup
@@ -62,14 +62,14 @@ import sys, types
 package = types.ModuleType("sandbox")
 package.__path__ = []
 sys.modules["sandbox"] = package
-for name, source in zip(%r, sys.argv[4:]):
+for name, source in zip({modules!r}, sys.argv[4:]):
     module = types.ModuleType("sandbox." + name)
     module.__package__ = "sandbox"
     sys.modules[module.__name__] = module
     exec(compile(source, "<sandbox/" + name + ".py>", "exec"), module.__dict__)
     setattr(package, name, module)
 sys.modules["sandbox.server"].main(sys.argv[1:4])
-""" % (SERVER_MODULES,)
+""".replace("{modules!r}", repr(SERVER_MODULES))
 
 _libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
@@ -82,7 +82,7 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
-@lru_cache(maxsize=None)
+@cache
 def namespace_sandbox_available() -> bool:
     """Whether bubblewrap can start this interpreter in the sandbox here (tried once, for real)."""
     if not shutil.which("bwrap"):
@@ -96,7 +96,7 @@ def namespace_sandbox_available() -> bool:
     return probe.returncode == 0
 
 
-@lru_cache(maxsize=None)
+@cache
 def separate_uid_available() -> bool:
     """Whether a process-isolated worker can run as a fresh unprivileged uid: the grader is root and
     that uid can read the interpreter, its standard library and torch."""
@@ -190,7 +190,7 @@ class AllowList:
     masks: tuple[str, ...]  # folders inside `binds` hidden behind an empty tmpfs (the grader's packages)
 
 
-@lru_cache(maxsize=None)
+@cache
 def allow_list() -> AllowList:
     """What the worker may see besides /dev, /proc and /tmp: the interpreter and what it loads."""
     import torch  # noqa: F401  (its shared libraries must be in the memory map read below)

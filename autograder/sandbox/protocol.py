@@ -25,8 +25,9 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 MAGIC = b"MHA1"
 _PREFIX = struct.Struct(">4sII")
@@ -282,7 +283,7 @@ class Decoder:
         if dtype not in DTYPES:
             raise ProtocolError(f"a tensor of a dtype that is not allowed: {self.text(str(dtype))[:40]}")
         if not (isinstance(shape, list) and len(shape) <= 8
-                and all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n for n in shape)):
+                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)):
             raise ProtocolError("a tensor with a malformed shape")
         if not (isinstance(index, int) and 0 <= index < len(self.blobs)) or index in self.used:
             raise ProtocolError("a tensor that refers to a missing or already used blob")
