@@ -17,6 +17,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,15 +134,30 @@ def timing_lock_path(key: str, environ: Mapping[str, str] | None = None) -> Path
     return Path(tempfile.gettempdir()) / f"mha-autograder-timing-{re.sub(r'[^A-Za-z0-9._-]', '_', key)}.lock"
 
 
+class TimingLockBusy(TimeoutError):
+    """Another grading held the device's timing lock for longer than the wait allowed."""
+
+
 @contextlib.contextmanager
-def timing_lock(key: str, environ: Mapping[str, str] | None = None) -> Iterator[Path]:
-    """Hold the device's timing lock (an flock, so it is released if the holder dies) while timing."""
+def timing_lock(key: str, seconds: float | None = None, environ: Mapping[str, str] | None = None,
+                poll: float = 0.05) -> Iterator[Path]:
+    """Hold the device's timing lock while timing: an flock on a file in the grader's temporary folder
+    (which sandboxed workers cannot see), released by the kernel however its holder ends, so it is never
+    stale. Waits at most `seconds` (None: as long as it takes), then raises TimingLockBusy."""
     path = timing_lock_path(key, environ)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Read-only is enough for flock, so a lock file another user created still works.
     descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while True:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimingLockBusy(f"the timing lock {path} was held by another grading for {seconds:g} s") from None
+                time.sleep(poll)
         yield path
     finally:
         os.close(descriptor)  # closing releases the lock

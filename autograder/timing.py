@@ -30,20 +30,16 @@ over rounds, with the spread kept. Because the wrapper and the reference are mea
 the same machine, the thresholds hold on any machine.
 
 On CUDA the whole measurement holds a lock file per device, so gradings running in parallel on one GPU never
-time at the same moment (`device_lock`); the worker overwrites a buffer larger than the L2 cache before each
+time at the same moment (`devices.timing_lock`); the worker overwrites a buffer larger than the L2 cache before each
 forward and synchronises the device after each, as GPU kernel leaderboards do.
 """
 from __future__ import annotations
 
 import ast
-import contextlib
 import dataclasses
-import errno
-import fcntl
 import math
 import os
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -353,31 +349,3 @@ def geometric_mean(values: list[float]) -> float:
 
 
 # -- the device lock -----------------------------------------------------------------------------------------
-
-def lock_path(device: str, directory: str | Path | None = None) -> Path:
-    name = "".join(ch if ch.isalnum() else "-" for ch in device)
-    return Path(directory or tempfile.gettempdir()) / f"mha-autograder-timing-{name}.lock"
-
-
-@contextlib.contextmanager
-def device_lock(device: str, seconds: float, directory: str | Path | None = None, poll: float = 0.05):
-    """Hold the timing lock of `device` (an exclusive `flock` on a file in the temporary directory, which the
-    sandboxed workers cannot see). The kernel releases it when its holder exits, however that happens, so
-    no lock is ever stale. Raises CannotTime after waiting `seconds`."""
-    path = lock_path(device, directory)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        deadline = time.monotonic() + seconds
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() >= deadline:
-                    raise CannotTime(f"the timing lock {path} was held by another grading for {seconds:g} s") from None
-                time.sleep(poll)
-        yield path
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock

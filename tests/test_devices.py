@@ -9,6 +9,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -142,6 +143,11 @@ def test_a_timing_lock_is_held_across_processes_per_device_and_freed_when_its_ho
         assert held.parent == tmp_path and held != other
         assert not try_lock(held)  # the same device: busy
         assert try_lock(other)  # another device: free
+        started = time.monotonic()
+        with pytest.raises(devices.TimingLockBusy, match="held by another grading for 0.3 s"):
+            with timing_lock("cuda-GPU-aaaa", seconds=0.3):
+                pass
+        assert time.monotonic() - started >= 0.3
     finally:
         holder.kill()
         holder.wait()

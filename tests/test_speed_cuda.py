@@ -71,7 +71,7 @@ def test_forward_many_on_cuda_is_seeded_flushed_and_checked(tmp_path):
 
 
 def test_the_timing_lock_is_per_gpu():
-    from autograder.checks.test_speed import lock_name
+    from autograder.devices import device_key as lock_name
 
     assert lock_name("cpu") == "cpu"
     assert lock_name("cuda").startswith("cuda-")

@@ -9,8 +9,6 @@ import json
 import re
 import subprocess
 import sys
-import textwrap
-import time
 
 import pytest
 import torch
@@ -204,35 +202,6 @@ def test_probes_accept_an_output_within_tolerance_and_refuse_a_wrong_one():
         timing.check_probes(probes(y)[:, :8], expected, rtol, atol, SPEED.probe_sigmas, 256)
     with pytest.raises(timing.TimingFailed, match="malformed"):
         timing.check_probes(probes(y) * float("nan"), expected, rtol, atol, SPEED.probe_sigmas, 256)
-
-
-# -- the device lock -------------------------------------------------------------------------------------
-
-HOLD = textwrap.dedent("""
-    import sys, time
-    from autograder.timing import device_lock
-    with device_lock("cpu", 5, directory=sys.argv[1]):
-        print("held", flush=True)
-        time.sleep(float(sys.argv[2]))
-""")
-
-
-def test_the_device_lock_serialises_gradings_and_dies_with_its_holder(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), "60"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        started = time.monotonic()
-        with pytest.raises(timing.CannotTime, match="held by another grading"):
-            with timing.device_lock("cpu", 0.3, directory=tmp_path):
-                pass
-        assert time.monotonic() - started >= 0.3
-        with timing.device_lock("cuda-0", 0.3, directory=tmp_path):  # another device: free
-            pass
-    finally:
-        holder.kill()  # however its holder ends, the lock is released
-        holder.wait()
-    with timing.device_lock("cpu", 5, directory=tmp_path) as path:
-        assert path == timing.lock_path("cpu", tmp_path)
 
 
 # -- the rubric's [speed] --------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import torch
 
 from autograder import timing
 from autograder.checks.harness import Submission, assert_close, fail, reference_forward
+from autograder.devices import TimingLockBusy, device_key, timing_lock
 from autograder.sandbox.client import Worker, WorkerError
 
 
@@ -62,14 +63,6 @@ def same_weights(inputs, workload, dtype):
             for name in ("W_query", "W_key", "W_value"):
                 getattr(head, name).weight.copy_(getattr(mha, name).weight[h * width:(h + 1) * width])
     return mha.eval(), state, wrapper.state_dict()
-
-
-def lock_name(device: str) -> str:
-    """One timing lock per physical device (the GPU's UUID where torch gives it)."""
-    if not device.startswith("cuda"):
-        return "cpu"
-    props = torch.cuda.get_device_properties(torch.device(device))
-    return f"cuda-{getattr(props, 'uuid', None) or torch.cuda.current_device()}"
 
 
 def verifier(workload, rubric):
@@ -141,10 +134,12 @@ def test_faster_than_the_wrapper(context, submission, inputs, rubric, device, sp
     ]
     seeds = iter(inputs.seed_value, None)
     try:
-        with timing.device_lock(lock_name(device), settings.lock_seconds):
+        with timing_lock(device_key(device), settings.lock_seconds):
             mine.begin_check()  # the wait for the lock is not the submission's time
             measurement = timing.measure(targets, settings, seeds, verifier(w, rubric),
                                          mine.worker.config.request_seconds)
+    except TimingLockBusy as exc:
+        raise timing.CannotTime(str(exc)) from None
     except timing.TimingFailed as exc:
         record(context, w, {"workload": dataclasses.asdict(w), "failed": str(exc)})
         fail(f"{describe(w)}: {exc}")

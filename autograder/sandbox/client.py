@@ -333,7 +333,9 @@ def _check_deadline(deadline, what: str):
     if time.monotonic() >= end:
         if budget:
             raise BudgetSpent(f"{what} was stopped: the time budget for the whole submission is used up")
-        raise WorkerTimeout(f"{what} did not finish within {seconds:g} s (an infinite loop?)")
+        hint = ("far slower than the reference's forward, whose time sets this limit" if what.endswith("(timed)")
+                else "an infinite loop?")
+        raise WorkerTimeout(f"{what} did not finish within {seconds:g} s ({hint})")
 
 
 def describe_exit(code: int | None) -> str:
