@@ -195,6 +195,7 @@ def test_crashes_floods_hangs_and_forks_never_stop_the_others_and_outputs_cover_
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_kill_9_mid_class_then_run_again_finishes_the_rest_and_loses_nothing(tmp_path):
     students = ["ann", "bob", "cat"]
     course = make_course(tmp_path / "course", {s: {"mha.py": REFERENCE.read_text()} for s in students})

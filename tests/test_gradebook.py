@@ -61,6 +61,7 @@ def test_any_sqlalchemy_url_from_the_course_configuration_or_the_command_line(tm
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_nbgraders_autograde_feedback_and_export_destroy_nothing_of_ours(tmp_path):
     """nbgrader autograde --force deletes autograded/<student>/mha/; generate_feedback --force deletes
     feedback/<student>/mha/; export writes a CSV; scores changed in the gradebook by someone else (the

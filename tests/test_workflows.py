@@ -95,6 +95,7 @@ CLASS = {"ann": "ada", "cai": "casey", "dee": "devon"}
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_workflow_grades_a_class_shard_by_shard_and_merges_the_artifacts(tmp_path):
     if not (Path(sys.prefix) / ".inputs").exists():
         pytest.skip("runs `make`, which needs the project's virtualenv made by `make setup`; "
