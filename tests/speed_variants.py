@@ -1,29 +1,12 @@
 """Submissions for the speed part's verdicts: the reference's definitions with one change each."""
 from __future__ import annotations
 
-import ast
-import re
-
-from helpers import REFERENCE
-
-_CELL = re.compile(r"^# %%(.*)$", re.M)
-
+from autograder.timing import reference_cells
 
 def definitions() -> str:
-    """The reference's code cells that only define (no demonstrations, no self-checks)."""
-    source = REFERENCE.read_text()
-    starts = [m.start() for m in _CELL.finditer(source)] + [len(source)]
-    cells = []
-    for start, stop in zip(starts, starts[1:]):
-        header, _, body = source[start:stop].partition("\n")
-        if "[markdown]" in header or not body.strip():
-            continue
-        nodes = ast.parse(body).body
-        if all(isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef))
-               or (isinstance(n, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in n.targets))
-               for n in nodes):
-            cells.append(f"# %%\n{body.strip()}\n\n")
-    return "".join(cells)
+    """The reference's code cells that only define (no demonstrations, no self-checks): what the grader's
+    reference timing worker loads."""
+    return "".join(f"# %%\n{source.strip()}\n\n" for _number, _line, source in reference_cells())
 
 
 def with_cell(code: str) -> str:
