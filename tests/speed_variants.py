@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from autograder.timing import reference_cells
 
+
 def definitions() -> str:
     """The reference's code cells that only define (no demonstrations, no self-checks): what the grader's
     reference timing worker loads."""
