@@ -335,3 +335,16 @@ time.sleep(0.5)
     assert os.getpid() not in pids and os.getppid() not in pids
     w.close()
     assert not [pid for pid in pids if alive(pid)]
+
+
+def test_the_scratch_folder_is_mounted_before_the_binds(monkeypatch):
+    """A checkout and its virtualenv under /tmp (a CI runner's clone): the worker's empty /tmp must not
+    cover the interpreter's binds, so it is mounted before them."""
+    from autograder.sandbox import launcher
+
+    allowed = launcher.AllowList(binds=("/tmp/ci/.venv/lib/python3.11/site-packages", "/usr"), links=(), masks=())
+    monkeypatch.setattr(launcher, "allow_list", lambda: allowed)
+    command = launcher._bwrap_command("cpu", 1 << 20)
+    scratch = command.index(launcher.WORKDIR, command.index("--tmpfs"))
+    assert command[scratch - 1] == "--tmpfs" and scratch < command.index("--ro-bind")
+    assert ["--ro-bind", allowed.binds[0], allowed.binds[0]] == command[command.index(allowed.binds[0]) - 1:][:3]

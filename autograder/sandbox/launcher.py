@@ -274,8 +274,11 @@ def _bwrap_command(device: str, scratch_bytes: int) -> list[str]:
         command += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         command += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
-    made: set[str] = {"/"}
-    for path in [*allowed.binds, *(link for link, _ in allowed.links), WORKDIR]:
+    # The scratch folder first: the interpreter, its packages and the checkout may themselves live under
+    # /tmp (a CI runner's clone), and their binds must land on top of it, not under it.
+    command += ["--size", str(scratch_bytes), "--perms", "1777", "--tmpfs", WORKDIR]
+    made: set[str] = {"/", WORKDIR}
+    for path in [*allowed.binds, *(link for link, _ in allowed.links)]:
         for parent in list(Path(path).parents)[::-1]:
             parent = str(parent)
             if parent not in made and not any(_inside(parent, b) for b in allowed.binds) \
@@ -292,7 +295,7 @@ def _bwrap_command(device: str, scratch_bytes: int) -> list[str]:
     if device.startswith("cuda"):
         for entry in sorted(Path("/dev").glob("nvidia*")):
             command += ["--dev-bind", str(entry), str(entry)]
-    command += ["--size", str(scratch_bytes), "--perms", "1777", "--tmpfs", WORKDIR, "--chdir", WORKDIR]
+    command += ["--chdir", WORKDIR]
     return command
 
 
