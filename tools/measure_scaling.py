@@ -93,9 +93,10 @@ def time_big_merge(graded: Path, course: Path, students: int) -> dict:
         target = course / "submitted" / student / "mha" / source.name
         target.parent.mkdir(parents=True)
         shutil.copy(source, target)
-        results = course / "results" / student / "mha" / "results.json"
-        results.parent.mkdir(parents=True)
-        shutil.copyfile(graded / "results" / source.parent.parent.name / "mha" / "results.json", results)
+        record = course / "results" / student / "mha"
+        record.mkdir(parents=True)
+        for name in ("results.json", "inputs.json"):  # the run and the content hashes it was made from
+            shutil.copyfile(graded / "results" / source.parent.parent.name / "mha" / name, record / name)
     started = time.monotonic()
     run([*AUTOGRADER, course, "--merge"])
     return {"students": students, "wall_s": round(time.monotonic() - started, 2)}
@@ -103,7 +104,7 @@ def time_big_merge(graded: Path, course: Path, students: int) -> dict:
 
 def grades(course: Path) -> dict[str, dict]:
     with (course / "grades.csv").open(newline="") as handle:
-        return {row["student"]: {k: v for k, v in row.items() if k != "problem"} for row in csv.DictReader(handle)}
+        return {row["student"]: {k: v for k, v in row.items() if k != "note"} for row in csv.DictReader(handle)}
 
 
 def execution_times(course: Path) -> list[float]:
