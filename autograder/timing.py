@@ -38,7 +38,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
-import os
 import statistics
 import threading
 import time
@@ -51,6 +50,7 @@ import torch
 from autograder import submission as reader
 from autograder.rubric import SpeedSettings
 from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
+from autograder.sandbox.launcher import thread_schedstats
 
 REFERENCE_SOURCE = Path(__file__).resolve().parent.parent / "reference" / "mha.py"
 WRAPPER, REFERENCE, SUBMISSION = "wrapper", "reference", "submission"
@@ -201,19 +201,8 @@ def task_waits(worker) -> dict[int, int]:
     """Nanoseconds each live thread of the worker has spent ready to run but waiting for a CPU (the second
     field of /proc/PID/task/TID/schedstat), by thread id."""
     process = getattr(worker, "process", None)
-    waits = {}
-    for pid in process.pids() if process is not None else ():
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as handle:
-                    waits[int(tid)] = int(handle.read().split()[1])
-            except (OSError, ValueError, IndexError):
-                pass
-    return waits
+    return {tid: waited for pid in (process.pids() if process is not None else ())
+            for tid, (_ran, waited) in thread_schedstats(pid).items()}
 
 
 def waited(before: dict[int, int], after: dict[int, int]) -> float:

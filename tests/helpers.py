@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "reference" / "mha.py"
+SAMPLES = ROOT / "assignments" / "submitted"  # the sample class, one folder per student
 
 
 def grade(path: Path, out_dir: Path, *extra: str, timeout: float = 300) -> tuple[dict, subprocess.CompletedProcess]:
@@ -43,3 +45,13 @@ def mutated_reference(tmp_path: Path, name: str, old: str, new: str, count: int 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(source.replace(old, new))
     return path
+
+
+def course_of_samples(course: Path, students: dict[str, str]) -> Path:
+    """A course whose students hand in copies of the sample class's submissions: {student: sample}."""
+    for student, sample in students.items():
+        source = next((SAMPLES / sample / "mha").iterdir())
+        target = course / "submitted" / student / "mha" / source.name
+        target.parent.mkdir(parents=True)
+        shutil.copy(source, target)
+    return course

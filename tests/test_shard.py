@@ -2,15 +2,15 @@
 and the merge that writes the class's outputs from every shard's results without grading."""
 import csv
 import os
-import subprocess
-import sys
 
 import pytest
 
+import classkit
 from autograder.model import CheckResult, GradingRun
-from autograder.rubric import DEFAULT_RUBRIC
 from autograder.shard import Shard, ShardError, engine_index_in, parse_shard
-from autograder.store import ClassInputs, Record
+from autograder.store import Record
+from classkit import fill_record
+from helpers import ROOT
 
 CLASS = ["ann", "bob", "cat", "dan", "eve", "fay", "gus"]
 
@@ -90,35 +90,21 @@ def test_engine_index_in():
 # --- the commands, on results written here (nothing is graded) -----------------------------------
 
 def autograder(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    return classkit.autograder(*args, cwd=ROOT, timeout=300, env=env)
+
+
+def quiz_run(score: float) -> GradingRun:
+    """A made-up graded run: one check, `score` of 100 points."""
+    return GradingRun(status="graded", submission="mha.py", checks=[
+        CheckResult(key="quiz::test_answer", part="quiz", name="the answers", status="passed", score=score,
+                    max_score=100)])
 
 
 def make_course(tmp_path, students=CLASS, graded=CLASS):
-    """A course whose `graded` students already have a results.json (a made-up score per student)."""
-    course = tmp_path / "course"
-    for number, student in enumerate(students):
-        folder = course / "submitted" / student / "mha"
-        folder.mkdir(parents=True)
-        (folder / "mha.py").write_text("x = 1\n")
-        if student in graded:
-            write_results(course, student, score=number)
+    """A course whose `graded` students already have an up-to-date run recorded (student k scores k)."""
+    course = classkit.make_course(tmp_path / "course", {student: {"mha.py": "x = 1\n"} for student in students})
+    fill_record(course, {student: quiz_run(number) for number, student in enumerate(students) if student in graded})
     return course
-
-
-def write_results(course, student, score):
-    """Record a made-up graded run for `student`, with the inputs a CPU class run would record."""
-    run = GradingRun(status="graded", submission="mha.py", checks=[
-        CheckResult(key="quiz::test_answer", part="quiz", name="the answers", status="passed", score=score,
-                    max_score=100)])
-    record_run(course, student, run)
-
-
-def record_run(course, student, run):
-    record = Record(course)
-    record.save_run(student, run)
-    file = course / "submitted" / student / "mha" / "mha.py"
-    record.save_inputs(student, ClassInputs.compute(DEFAULT_RUBRIC, "cpu").for_file(file))
 
 
 def grades(course) -> list[list[str]]:
@@ -155,7 +141,7 @@ def test_a_merge_counts_a_run_of_an_older_submission_as_missing(tmp_path):
 
 def test_a_merge_keeps_a_run_that_could_not_grade_and_refuses_a_foreign_results_file(tmp_path):
     course = make_course(tmp_path)
-    record_run(course, "bob", GradingRun(status="cannot_grade", submission="mha.py", reason="the checks could not run"))
+    fill_record(course, {"bob": GradingRun(status="cannot_grade", submission="mha.py", reason="the checks could not run")})
     run = autograder("grade-class", course, "--merge")
     assert run.returncode == 0, run.stdout + run.stderr  # as after a whole-class run: a row that says so
     bob = next(row for row in grades(course) if row[0] == "bob")

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, course_of_samples
 
 sys.path.insert(0, str(ROOT / "tools" / "slurm"))
 from local_cluster import LocalSlurm  # noqa: E402
 
 SUBMIT = ROOT / "tools" / "slurm" / "submit.sh"
-SAMPLES = ROOT / "assignments" / "submitted"
 DEBIAN_PACKAGES = ("slurmctld", "slurmd", "slurm-client")
 
 
@@ -51,16 +50,6 @@ def slurm(tmp_path_factory):
         yield env
 
 
-def make_class(course: Path, students: dict[str, str]) -> Path:
-    """A course whose students hand in copies of the sample submissions: {student: sample}."""
-    for student, sample in students.items():
-        source = next((SAMPLES / sample / "mha").iterdir())
-        target = course / "submitted" / student / "mha" / source.name
-        target.parent.mkdir(parents=True)
-        shutil.copy(source, target)
-    return course
-
-
 def read_grades(course: Path) -> dict[str, dict]:
     with (course / "grades.csv").open(newline="") as handle:
         return {row["student"]: row for row in csv.DictReader(handle)}
@@ -78,12 +67,12 @@ CLASS = {"ann": "ada", "ben": "brook", "cai": "casey", "dee": "devon"}
 @pytest.mark.slow
 @pytest.mark.long
 def test_a_job_array_and_its_merge_grade_the_class_as_a_local_run_does(slurm, tmp_path):
-    local = make_class(tmp_path / "local", CLASS)
+    local = course_of_samples(tmp_path / "local", CLASS)
     run = subprocess.run([sys.executable, "-m", "autograder", "grade-class", local, "--device", "cpu"],
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
 
-    cluster = make_class(tmp_path / "cluster", CLASS)
+    cluster = course_of_samples(tmp_path / "cluster", CLASS)
     logs = tmp_path / "logs"
     # 3 shards over 4 students: one shard grades two. Each task gets 1 CPU, so two run at once.
     submitted = submit(slurm, cluster, logs, SHARDS=3, CPUS=1)
@@ -108,7 +97,7 @@ def test_a_job_array_and_its_merge_grade_the_class_as_a_local_run_does(slurm, tm
 @pytest.mark.slow
 @pytest.mark.long
 def test_when_array_tasks_fail_the_merge_still_runs_and_names_who_is_missing(slurm, tmp_path):
-    course = make_class(tmp_path / "course", {"ann": "ada", "ben": "brook"})
+    course = course_of_samples(tmp_path / "course", {"ann": "ada", "ben": "brook"})
     logs = tmp_path / "logs"
     # asking for CUDA on a node without a GPU: every task fails before grading anyone
     submitted = submit(slurm, course, logs, SHARDS=2, CPUS=1, DEVICE="cuda")

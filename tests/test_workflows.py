@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT
+from helpers import ROOT, course_of_samples
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 GRADE_CLASS = WORKFLOWS / "grade-class.yml"
 ACTIONLINT = Path(sys.executable).with_name("actionlint")
-SAMPLES = ROOT / "assignments" / "submitted"
 
 
 def actionlint(*paths) -> subprocess.CompletedProcess:
@@ -81,16 +80,6 @@ def run_step(found: dict, values: dict, extra_env: dict) -> subprocess.Completed
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
 
 
-def make_checkout_course(folder: Path, students: dict[str, str]) -> Path:
-    """A runner's fresh checkout of the course: submitted/ only, copies of the sample submissions."""
-    for student, sample in students.items():
-        source = next((SAMPLES / sample / "mha").iterdir())
-        target = folder / "submitted" / student / "mha" / source.name
-        target.parent.mkdir(parents=True)
-        shutil.copy(source, target)
-    return folder
-
-
 CLASS = {"ann": "ada", "cai": "casey", "dee": "devon"}
 
 
@@ -123,7 +112,7 @@ def test_the_workflow_grades_a_class_shard_by_shard_and_merges_the_artifacts(tmp
     # each shard, in its own checkout, keeps its results as an artifact
     artifacts: dict[str, Path] = {}
     for index in listed:
-        checkout = make_checkout_course(tmp_path / f"shard-{index}", CLASS)
+        checkout = course_of_samples(tmp_path / f"shard-{index}", CLASS)
         shard_values = {**values, "matrix.shard": index, "env.COURSE": checkout}
         run = run_step(step(shard_job, "Grade shard"), shard_values, {**make_env, "COURSE": str(checkout)})
         assert run.returncode == 0, run.stdout + run.stderr
@@ -143,7 +132,7 @@ def test_the_workflow_grades_a_class_shard_by_shard_and_merges_the_artifacts(tmp
     assert all(fnmatch.fnmatch(name, download["pattern"]) for name in artifacts)
 
     def merge(artifact_names) -> tuple[subprocess.CompletedProcess, Path]:
-        checkout = make_checkout_course(tmp_path / f"merge-{len(artifact_names)}", CLASS)
+        checkout = course_of_samples(tmp_path / f"merge-{len(artifact_names)}", CLASS)
         target = Path(expand(download["path"], {"env.COURSE": checkout}))
         for name in artifact_names:  # as download-artifact does: files written anew, at download time
             shutil.copytree(artifacts[name], target, dirs_exist_ok=True, copy_function=shutil.copyfile)

@@ -223,7 +223,8 @@ class Worker:
         return limit is None or self.cpu_spent + self.cpu_seconds() < limit
 
     # -- requests
-    def request(self, op: str, timeout: float | None = None, target: str | None = None, **args):
+    def request(self, op: str, timeout: float | None = None, target: str | None = None,
+                overrun_hint: str = "an infinite loop?", **args):
         """Send one request and return its decoded value. Raises SubmissionError when the student's code
         raised, WorkerTimeout / WorkerCrashed when the worker had to be killed (it is restarted next
         time), LoadFailed when the file cannot be loaded at all."""
@@ -244,7 +245,7 @@ class Worker:
             self.start()
         timeout = timeout or self.config.request_seconds
         try:
-            reply = self._exchange(op, args, self._deadline(timeout), target or op)
+            reply = self._exchange(op, args, self._deadline(timeout, overrun_hint), target or op)
         except WorkerTimeout as exc:
             if target and not isinstance(exc, BudgetSpent):
                 self.hung[target] = f"{exc} (not tried again in later checks)"
@@ -261,12 +262,13 @@ class Worker:
             raise SubmissionError(reply.error)
         return reply.value
 
-    def _deadline(self, seconds: float) -> tuple[float, float, bool]:
-        """(deadline, the seconds it stands for, whether the submission's budget is what limits it)."""
+    def _deadline(self, seconds: float, overrun_hint: str = "an infinite loop?") -> tuple[float, float, bool, str]:
+        """(deadline, the seconds it stands for, whether the submission's budget is what limits it, what to
+        suggest when it is overrun)."""
         now = time.monotonic()
         if now + seconds <= self.budget_end:
-            return now + seconds, seconds, False
-        return self.budget_end, seconds, True
+            return now + seconds, seconds, False, overrun_hint
+        return self.budget_end, seconds, True, overrun_hint
 
     def _codec(self) -> protocol.TensorCodec:
         if self.codec is None:
@@ -329,12 +331,10 @@ class Worker:
 
 
 def _check_deadline(deadline, what: str):
-    end, seconds, budget = deadline
+    end, seconds, budget, hint = deadline
     if time.monotonic() >= end:
         if budget:
             raise BudgetSpent(f"{what} was stopped: the time budget for the whole submission is used up")
-        hint = ("far slower than the reference's forward, whose time sets this limit" if what.endswith("(timed)")
-                else "an infinite loop?")
         raise WorkerTimeout(f"{what} did not finish within {seconds:g} s ({hint})")
 
 

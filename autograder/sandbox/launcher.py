@@ -57,19 +57,19 @@ UID_RANGE = (1_500_000_000, 1 << 22)  # fresh uids for workers: start, count (fa
 
 # Loads the untrusted-side modules from the sources passed on the command line, as the package
 # `sandbox`, then hands over to the server. argv: FD_IN FD_OUT CONFIG SOURCE...
-BOOT = """
+BOOT = f"""
 import sys, types
 package = types.ModuleType("sandbox")
 package.__path__ = []
 sys.modules["sandbox"] = package
-for name, source in zip({modules!r}, sys.argv[4:]):
+for name, source in zip({SERVER_MODULES!r}, sys.argv[4:]):
     module = types.ModuleType("sandbox." + name)
     module.__package__ = "sandbox"
     sys.modules[module.__name__] = module
     exec(compile(source, "<sandbox/" + name + ".py>", "exec"), module.__dict__)
     setattr(package, name, module)
 sys.modules["sandbox.server"].main(sys.argv[1:4])
-""".replace("{modules!r}", repr(SERVER_MODULES))
+"""
 
 _libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
@@ -550,20 +550,27 @@ def _state(pid: int) -> str | None:
     return text[text.rfind(")") + 2:].split()[0]
 
 
-def _threads_runtime(pid: int) -> float:
-    """Seconds on a CPU of the live threads of `pid` (the first field of each thread's schedstat, in ns)."""
-    total = 0
+def thread_schedstats(pid: int) -> dict[int, tuple[int, int]]:
+    """Per live thread of `pid`, by thread id: nanoseconds on a CPU and nanoseconds ready to run but
+    waiting for one (the first two fields of /proc/PID/task/TID/schedstat)."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return 0.0
+        return {}
+    found = {}
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as handle:
-                total += int(handle.read().split()[0])
-        except (OSError, ValueError, IndexError):
+                ran, waited = handle.read().split()[:2]
+            found[int(tid)] = (int(ran), int(waited))
+        except (OSError, ValueError):
             pass
-    return total / 1e9
+    return found
+
+
+def _threads_runtime(pid: int) -> float:
+    """Seconds on a CPU of the live threads of `pid`."""
+    return sum(ran for ran, _ in thread_schedstats(pid).values()) / 1e9
 
 
 def _stat(pid: int) -> tuple[int, ...] | None:
