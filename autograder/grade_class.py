@@ -222,8 +222,8 @@ def merge_class(course: Path, rubric: Path | None = None, released: bool = False
         if not entry.has_file:
             continue
         wanted = {key: value for key, value in class_inputs.for_file(entry.file).items() if key in MERGE_INPUTS}
-        why = record.why_regrade(entry.student, wanted)
-        if why is not None and why != "its last run could not grade":
+        why = record.why_stale(entry.student, wanted)  # a run that could not grade is merged as it is
+        if why is not None:
             missing[entry.student] = why
     submitted = sum(entry.has_file for entry in roster)
     if missing:

@@ -68,15 +68,15 @@ class ResultsPlugin:
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
         for item in items:
-            part = item.get_closest_marker("part")
-            if part is None or part.args[0] not in self.rubric.parts:
+            part = _part(item)
+            if part not in self.rubric.parts:
                 self.grader_errors.append(f"{item.nodeid}: no @pytest.mark.part(...) naming a part of the rubric")
                 continue
             evidence = item.get_closest_marker("evidence")
             doc = (item.function.__doc__ or item.originalname).strip().splitlines()[0]
             param = getattr(item, "callspec", None)
             self.outcomes[item.nodeid] = Outcome(
-                key=check_key(item), part=part.args[0], name=f"{doc} [{param.id}]" if param else doc,
+                key=check_key(item), part=part, name=f"{doc} [{param.id}]" if param else doc,
                 evidence=WORKER if evidence and evidence.args[0] == WORKER else GRADER)
         if self.grader_errors:
             items[:] = []

@@ -123,22 +123,29 @@ class Record:
             return None
         return data if isinstance(data, dict) else None
 
-    def why_regrade(self, student: str, inputs: dict[str, str]) -> str | None:
-        """None when the stored run is up to date; else the reason to grade again."""
+    def _compare(self, student: str, inputs: dict[str, str]) -> tuple[GradingRun | None, str | None]:
+        """The stored run, and None when it was made from `inputs` (whether it graded or not), else why not."""
         run = self.run(student)
         if run is None:
             if self.results_path(student).exists():
-                return "its results.json is unreadable, or was not written by this grader"
-            return "not graded yet"
+                return None, "its results.json is unreadable, or was not written by this grader"
+            return None, "not graded yet"
         stored = self.inputs(student)
         if stored is None:
-            return "its inputs were not recorded"
+            return run, "its inputs were not recorded"
         changed = [INPUT_NAMES.get(key, f"{key} changed") for key in inputs if stored.get(key) != inputs[key]]
-        if changed:
-            return changed[0]
-        if not run.graded:
+        return run, changed[0] if changed else None
+
+    def why_stale(self, student: str, inputs: dict[str, str]) -> str | None:
+        """None when a run is stored and was made from `inputs`, whether it graded or not; else why not."""
+        return self._compare(student, inputs)[1]
+
+    def why_regrade(self, student: str, inputs: dict[str, str]) -> str | None:
+        """None when the stored run is up to date and graded; else the reason to grade again."""
+        run, stale = self._compare(student, inputs)
+        if stale is None and not run.graded:
             return "its last run could not grade"
-        return None
+        return stale
 
     def save_inputs(self, student: str, inputs: dict[str, str]):
         write_text_atomically(self.inputs_path(student), json.dumps(inputs, indent=2, sort_keys=True) + "\n")
