@@ -24,14 +24,13 @@ import argparse
 import os
 import shutil
 import sys
-import zipfile
 from pathlib import Path
 
+from autograder.atomic import write_zip_atomically
 from autograder.release import ASSIGNMENT, default_root
 from autograder.roster import candidates_in, choose
 
 ZIP_NAME = f"{ASSIGNMENT}-gradescope.zip"
-ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 SETUP = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image.
@@ -77,19 +76,9 @@ def build_zip(out: Path, root: Path | None = None) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     archive = out / ZIP_NAME
-    partial = archive.with_suffix(".zip.partial")
-    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as bundle:
-        for name, text in (("setup.sh", SETUP), ("run_autograder", RUN)):
-            info = zipfile.ZipInfo(name, ZIP_TIME)
-            info.external_attr = 0o755 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            bundle.writestr(info, text)
-        for path in source_files(root):
-            info = zipfile.ZipInfo(f"source/{path.relative_to(root).as_posix()}", ZIP_TIME)
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            bundle.writestr(info, path.read_bytes())
-    partial.replace(archive)
+    write_zip_atomically(archive, [("setup.sh", SETUP, 0o755), ("run_autograder", RUN, 0o755)]
+                         + [(f"source/{path.relative_to(root).as_posix()}", path.read_bytes(), 0o644)
+                            for path in source_files(root)])
     print(f"Gradescope autograder: {archive} (setup.sh, run_autograder, source/)")
     return archive
 

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import zipfile
 from pathlib import Path
 
-from autograder.atomic import write_text_atomically
+from autograder.atomic import write_text_atomically, write_zip_atomically
 from autograder.release import ASSIGNMENT, SOLUTION_BEGIN, SOLUTION_END, default_root
 
 KIT_NAME = f"{ASSIGNMENT}-student-kit"
-ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 README = """# Parallel attention heads: the {assignment} assignment
 
@@ -137,13 +135,6 @@ def build_kit(out: Path, root: Path | None = None) -> Path:
     for name, data in files.items():
         write_text_atomically(folder / name, data.decode("utf-8"))
     archive = out / f"{KIT_NAME}.zip"
-    partial = archive.with_suffix(".zip.partial")
-    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as bundle:
-        for name in sorted(files):
-            info = zipfile.ZipInfo(f"{KIT_NAME}/{name}", ZIP_TIME)
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            bundle.writestr(info, files[name])
-    partial.replace(archive)
+    write_zip_atomically(archive, [(f"{KIT_NAME}/{name}", files[name], 0o644) for name in sorted(files)])
     print(f"student kit: {folder}/ and {archive} ({', '.join(sorted(files))}); no solution line in it")
     return archive
