@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from autograder import submission as reader
+from autograder import timing
 from autograder.checks.fixtures import GradingContext, GradingFixtures
 from autograder.checks.harness import Submission, new_run_seed
 from autograder.contract import CONTRACT_NAMES
@@ -35,7 +36,6 @@ from autograder.rubric import Rubric, RubricError, load_rubric
 from autograder.sandbox import protocol
 from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
 from autograder.scoring import score
-from autograder.timing import start_timing_workers
 
 CHECKS_DIR = Path(__file__).with_name("checks")
 EXIT_GRADED, EXIT_CHECKS_FAILED, EXIT_CANNOT_GRADE = 0, 1, 2
@@ -55,6 +55,7 @@ class Options:
     isolation: str = "auto"
     seed: int | None = None
     parts: tuple[str, ...] | None = None  # grade only these parts (None: all)
+    keep_timing_workers: bool = False  # a long-lived grading process keeps the reference's timing workers
 
 
 # -- the steps ----------------------------------------------------------------------------------
@@ -210,14 +211,18 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     context = GradingContext(Submission(worker, run.device, rubric.limit("check_seconds")), rubric, run.device,
                              run.seed)
     if rubric.speed is not None and (options.parts is None or "speed" in options.parts):
-        # the speed part's workers start now, in the background, while the other checks run
-        context.timing_workers = start_timing_workers(worker)
+        # the reference's timing workers start now, in the background, while the submission loads
+        context.timing_workers = timing.start_trusted_workers(worker.config, keep=options.keep_timing_workers)
+    plugin = None
     try:
         plugin = run_checks(context, rubric, options.visible_only, parts=options.parts)
     finally:
         worker.close()  # every process of the submission is gone before anything is written
         for timing_worker in context.timing_workers.values():
-            timing_worker.close()
+            if not timing_worker.kept:
+                timing_worker.close()
+        if plugin is None or plugin.grader_errors:
+            timing.forget_trusted_workers()  # after any trouble, the next grading starts them afresh
     if _stopped:
         plugin.grader_errors.insert(0, f"grading was stopped ({signal.Signals(_stopped[0]).name}) before it finished")
     run.isolation = worker.isolation  # after the run: a fallback may have changed it

@@ -3,8 +3,10 @@
 Starting Python, importing torch and pytest, and collecting the checks cost the trusted grader a few
 seconds; paid once per process instead of once per submission, they no longer dominate a class.
 Nothing about isolation changes: the grader only ever runs trusted code, and every submission still
-gets a fresh worker process (started, jailed and killed by `grade.grade_submission`, exactly as for
-`python -m autograder grade`).
+gets fresh worker processes (started, jailed and killed by `grade.grade_submission`, exactly as for
+`python -m autograder grade`). What the process keeps from one grading to the next is its own and the
+reference's: the speed part's two timing workers that only ever run the reference's code
+(`timing.kept_trusted_workers`).
 
 `Grader` (the class side) drives one such process: it sends a job (one line of JSON on the process's
 stdin), waits for its answer (one line on its stdout) at most `timeout` seconds, and on any trouble (a
@@ -104,7 +106,7 @@ def serve(stdin=None, replies=None) -> int:
         job = json.loads(line)
         started = time.monotonic()
         options = Options(device=job["device"], out=Path(job["out"]), rubric_path=Path(job["rubric"]),
-                          quiet=True, isolation=job.get("isolation", "auto"))
+                          quiet=True, isolation=job.get("isolation", "auto"), keep_timing_workers=True)
         run = grade_submission(Path(job["submission"]), options)
         write_results(options.out, run)
         replies.write(json.dumps({"id": job["id"], "status": run.status,

@@ -64,11 +64,11 @@ class ResultsPlugin:
             except RubricError as exc:
                 self.grader_errors.append(str(exc))
         keep = [i for i in items if (not self.visible_only or self.rubric.visibility(check_key(i)) == "visible")
-                and (self.parts is None or _part(i) in self.parts)]
+                and (self.parts is None or part_of(i) in self.parts)]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
         for item in items:
-            part = _part(item)
+            part = part_of(item)
             if part not in self.rubric.parts:
                 self.grader_errors.append(f"{item.nodeid}: no @pytest.mark.part(...) naming a part of the rubric")
                 continue
@@ -108,6 +108,6 @@ class ResultsPlugin:
         self.grader_errors.append(f"{where}: {excinfo.typename}: {str(error)[:500]}\n{text}")
 
 
-def _part(item: pytest.Item) -> str | None:
+def part_of(item: pytest.Item) -> str | None:
     marker = item.get_closest_marker("part")
     return marker.args[0] if marker and marker.args else None

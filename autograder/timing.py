@@ -5,7 +5,9 @@ submission's `MultiHeadAttention`, all built with the same weights, each in a wo
 reference modules in workers that run only the reference's code, in the same kind of sandboxed process as the
 submission's, spoken to through the same protocol, so process, protocol and serialisation costs are the same
 for all three and cancel in the ratios. (Each has a worker of its own because a process that has just run
-the wrapper's many small calls runs the next forward measurably slower.)
+the wrapper's many small calls runs the next forward measurably slower.) The submission's is its grading
+worker, timed before any other check has run in it (the speed part's checks run first); a long-lived grading
+process keeps the two reference workers for its next gradings (`kept_trusted_workers`).
 
 How (`measure`):
 
@@ -36,6 +38,7 @@ forward and synchronises the device after each, as GPU kernel leaderboards do.
 from __future__ import annotations
 
 import ast
+import atexit
 import dataclasses
 import math
 import statistics
@@ -67,17 +70,16 @@ class CannotTime(RuntimeError):
 # -- the reference's own worker ------------------------------------------------------------------------------
 
 class BackgroundWorker:
-    """A worker started in a thread as soon as it is made, so that its start overlaps the other checks;
-    `get()` waits for it. A trusted one (running the reference) that fails to start is the grader's fault
-    (CannotTime); the submission's remembers why it could not load, and says so at its first request.
+    """A trusted timing worker (running only the reference's code), started in a thread as soon as it is
+    made, so that its start overlaps the grading; `get()` waits for it. One that fails to start is the
+    grader's fault (CannotTime).
 
     The starting thread lives until `close()`: the worker asks the kernel to kill it when the thread that
     started it ends (PR_SET_PDEATHSIG belongs to the thread, not the process)."""
 
-    def __init__(self, cells, filename: str, config: WorkerConfig, trusted: bool, load_failure: str | None = None):
+    def __init__(self, cells, filename: str, config: WorkerConfig):
         self.worker = Worker(cells, filename, config)
-        self.worker.load_failure = load_failure
-        self.trusted = trusted
+        self.kept = False  # one of a grading process's kept workers (`kept_trusted_workers`)
         self.error: str | None = None
         self.started = threading.Event()
         self.closing = threading.Event()
@@ -87,10 +89,10 @@ class BackgroundWorker:
     def _start(self):
         try:
             loaded = self.worker.start()
-            if self.trusted and loaded.errors:
+            if loaded.errors:
                 self.error = f"the reference did not load in its timing worker: {loaded.errors[0].message}"
         except WorkerError as exc:
-            self.error = f"the reference's timing worker could not start: {exc}" if self.trusted else None
+            self.error = f"the reference's timing worker could not start: {exc}"
         finally:
             self.started.set()
         self.closing.wait()
@@ -101,6 +103,19 @@ class BackgroundWorker:
             raise CannotTime(self.error)
         return self.worker
 
+    def healthy(self) -> bool:
+        """Whether a kept worker can serve another grading: started, never timed out or crashed, running
+        (not left stopped by a measurement that ended badly) and answering."""
+        self.started.wait()
+        if self.error or self.worker.hung or self.worker.crashes or not self.worker.alive():
+            return False
+        self.worker.resume()
+        try:
+            self.worker.request("ping", timeout=5.0)
+        except WorkerError:
+            return False
+        return True
+
     def close(self):
         self.started.wait()
         self.worker.close()
@@ -108,20 +123,59 @@ class BackgroundWorker:
         self.thread.join()
 
 
-def start_timing_workers(submission: Worker) -> dict[str, BackgroundWorker]:
-    """The three timing workers, all starting now: the wrapper's and the reference's, each loading only the
-    reference's definitions, and a fresh one loading the submission, so that the three timed modules live in
-    processes with the same history (a worker that has run every other check runs the same forward about
-    10 % slower than a fresh one). All are in the submission's kind of sandbox with its limits; the two
-    trusted ones without its time budgets, which are the submission's to spend."""
-    config = submission.config
-    trusted = dataclasses.replace(config, submission_seconds=math.inf, submission_cpu_seconds=None)
-    cells = reference_cells()
-    return {WRAPPER: BackgroundWorker(cells, "reference.py", trusted, trusted=True),
-            REFERENCE: BackgroundWorker(cells, "reference.py", trusted, trusted=True),
-            SUBMISSION: BackgroundWorker([tuple(c) for c in submission.cells], submission.filename,
-                                         dataclasses.replace(config), trusted=False,
-                                         load_failure=submission.load_failure)}
+def trusted_config(config: WorkerConfig) -> WorkerConfig:
+    """A trusted timing worker's settings: the submission's kind of sandboxed process with its limits, so that
+    process, protocol and serialisation costs are the same for the three timed modules; without the
+    submission's time budgets (the submission's to spend) or its hidden folders (nothing of it is loaded)."""
+    return dataclasses.replace(config, submission_seconds=math.inf, submission_cpu_seconds=None, hide=[])
+
+
+def start_trusted_workers(config: WorkerConfig, keep: bool = False) -> dict[str, BackgroundWorker]:
+    """The wrapper's and the reference's timing workers, each loading only the reference's definitions and
+    starting now, in the background. The submission's module is timed in the submission's own worker, which
+    the speed check is the first to use (so all three timed modules live in processes that have run nothing
+    but the timed forwards: a worker that has run every other check runs the same forward about 10 % slower).
+
+    With `keep` (a long-lived grading process) they are the process's own, started once and kept for its
+    later gradings (`kept_trusted_workers`): they only ever run the reference's code, so nothing of one
+    submission reaches the next, and a grading starts one worker instead of three."""
+    if keep:
+        return kept_trusted_workers(config)
+    cells, trusted = reference_cells(), trusted_config(config)
+    return {WRAPPER: BackgroundWorker(cells, "reference.py", trusted),
+            REFERENCE: BackgroundWorker(cells, "reference.py", trusted)}
+
+
+_kept: dict = {"config": None, "workers": {}}  # this process's kept trusted workers, and their settings
+_kept_lock = threading.Lock()
+
+
+def kept_trusted_workers(config: WorkerConfig) -> dict[str, BackgroundWorker]:
+    """This process's two trusted timing workers for `config`'s kind of worker: the kept ones when they are
+    for the same settings and still answer, else new ones (replacing any others). Whoever uses a kept
+    worker leaves closing it to `forget_trusted_workers`."""
+    wanted = trusted_config(config)
+    with _kept_lock:
+        workers = _kept["workers"]
+        if not (workers and _kept["config"] == wanted and all(w.healthy() for w in workers.values())):
+            for worker in workers.values():
+                worker.close()
+            workers = start_trusted_workers(config)
+            for worker in workers.values():
+                worker.kept = True
+            _kept.update(config=wanted, workers=workers)
+        return dict(workers)
+
+
+def forget_trusted_workers():
+    """Close this process's kept trusted workers (after any trouble in a grading, and when the process ends)."""
+    with _kept_lock:
+        for worker in _kept["workers"].values():
+            worker.close()
+        _kept.update(config=None, workers={})
+
+
+atexit.register(forget_trusted_workers)
 
 
 def reference_cells(path: Path = REFERENCE_SOURCE) -> list[tuple[int, int, str]]:

@@ -48,7 +48,7 @@ def test_forward_many_on_cuda_is_seeded_flushed_and_checked(tmp_path):
     torch.manual_seed(0)
     module = ref.MultiHeadAttention(64, 64, 32, 0.0, 16).to("cuda").eval()
     started = timing.BackgroundWorker(timing.reference_cells(), "reference.py",
-                                      WorkerConfig(device="cuda", threads=1, request_seconds=60), trusted=True)
+                                      WorkerConfig(device="cuda", threads=1, request_seconds=60))
     try:
         worker = started.get()
         info = worker.request("build", cls="MultiHeadAttention", args=[64, 64, 32, 0.0, 16], kwargs={},

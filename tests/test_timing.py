@@ -319,7 +319,7 @@ def reference_worker():
     from autograder.sandbox.client import WorkerConfig
 
     started = timing.BackgroundWorker(timing.reference_cells(), "reference.py",
-                                      WorkerConfig(threads=1, request_seconds=30), trusted=True)
+                                      WorkerConfig(threads=1, request_seconds=30))
     yield started.get()
     started.close()
 
@@ -408,3 +408,76 @@ def test_a_run_where_the_reference_is_not_ahead_cannot_grade(tmp_path):
     results = json.loads(out.read_text())
     assert results["extra_data"]["status"] == "cannot_grade" and results["tests"] == []
     assert "tell a parallel forward from a sequential one" in results["extra_data"]["grader_errors"][0]
+
+
+# -- what a long-lived grading process keeps ----------------------------------------------------------------
+
+def test_a_grading_process_keeps_the_reference_workers_and_replaces_any_that_fail():
+    from autograder.sandbox.client import WorkerConfig
+
+    config = WorkerConfig(threads=1, request_seconds=30)
+    try:
+        first = timing.kept_trusted_workers(config)
+        pids = {name: kept.get().process.pid for name, kept in first.items()}
+        assert set(pids) == {timing.WRAPPER, timing.REFERENCE} and len(set(pids.values())) == 2
+        assert all(kept.kept for kept in first.values())
+        # the next submission's settings differ only in what it hides and its budgets: the same workers
+        again = timing.kept_trusted_workers(dataclasses.replace(config, hide=["/elsewhere"], submission_seconds=5))
+        assert {name: kept.get().process.pid for name, kept in again.items()} == pids
+        # a worker left stopped by a measurement that ended badly is woken and kept
+        again[timing.REFERENCE].get().suspend()
+        assert {name: kept.get().process.pid for name, kept in timing.kept_trusted_workers(config).items()} == pids
+        # one that died, or timed out once, is replaced, and so is its partner
+        again[timing.REFERENCE].get().kill()
+        renewed = timing.kept_trusted_workers(config)
+        assert not {kept.get().process.pid for kept in renewed.values()} & set(pids.values())
+        renewed[timing.WRAPPER].get().hung["x"] = "did not finish"
+        assert timing.kept_trusted_workers(config)[timing.WRAPPER] is not renewed[timing.WRAPPER]
+        # another kind of worker (here: other limits) gets workers of its own
+        other = timing.kept_trusted_workers(dataclasses.replace(config, memory_bytes=3 << 30))
+        assert other[timing.WRAPPER].worker.config.memory_bytes == 3 << 30
+    finally:
+        timing.forget_trusted_workers()
+    assert timing._kept["workers"] == {}
+
+
+def test_kept_reference_workers_serve_the_next_grading_and_forget_what_each_built(tmp_path):
+    """Two gradings in one process (as `make grade` runs them): the second times against the same reference
+    workers, both earn the speed part, and the modules the first built are gone from the kept workers."""
+    from autograder.grade import Options, grade_submission
+    from autograder.sandbox.client import SubmissionError
+    from helpers import REFERENCE
+
+    options = Options(device="cpu", out=tmp_path / "results.json", quiet=True, parts=("mha", "speed"),
+                      keep_timing_workers=True)
+    try:
+        runs, pids = [], []
+        for _ in range(2):
+            runs.append(grade_submission(REFERENCE, options))
+            pids.append({name: kept.get().process.pid for name, kept in timing._kept["workers"].items()})
+        assert pids[0] == pids[1] and len(pids[0]) == 2
+        for run in runs:
+            assert run.graded and run.speed["relative"] > 0, run.reason
+            speed = [c for c in run.checks if c.part == "speed"]
+            assert speed and all(c.status == "passed" for c in speed), [c.message for c in speed]
+        for kept in timing._kept["workers"].values():
+            with pytest.raises(SubmissionError, match="KeyError"):
+                kept.get().request("describe", handle="h0")
+    finally:
+        timing.forget_trusted_workers()
+
+
+def test_the_speed_part_runs_first():
+    """So that the submission's module is timed in a worker that has only loaded its file."""
+    from autograder.checks.fixtures import GradingFixtures
+
+    class Item:
+        def __init__(self, part):
+            self.part = part
+
+        def get_closest_marker(self, name):
+            return type("Marker", (), {"args": (self.part,)})()
+
+    items = [Item(part) for part in ("columns", "mha", "speed", "wrapper")]
+    GradingFixtures.pytest_collection_modifyitems(None, items)
+    assert [item.part for item in items] == ["speed", "columns", "mha", "wrapper"]

@@ -87,7 +87,8 @@ def main() -> int:
             started = time.monotonic()
             if profiler:
                 profiler.enable()
-            run = grade_submission(file, Options(device="cpu", out=Path("/nonexistent/results.json"), quiet=True))
+            run = grade_submission(file, Options(device="cpu", out=Path("/nonexistent/results.json"), quiet=True,
+                                                 keep_timing_workers=True))
             if profiler:
                 profiler.disable()
             total = time.monotonic() - started

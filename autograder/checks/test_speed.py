@@ -1,5 +1,8 @@
 """Speed: the submission's weight split against the reference wrapper, by as much as the reference's.
 
+The speed part's checks run first in a grading (`GradingFixtures` orders them), so that the submission's
+module is timed in a worker that has only loaded its file, as the reference's are.
+
 How it is measured is `autograder/timing.py`'s business; this check builds the three modules with the same
 hidden weights, checks the submission's values on the timed workload first (a clear message beats a timing
 of something wrong), holds the device's timing lock while it measures, then scores the submission's speedup
@@ -7,37 +10,27 @@ over the wrapper as a fraction of the reference's own speedup in the same run (`
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
 import torch
 
 from autograder import timing
-from autograder.checks.harness import Submission, assert_close, fail, reference_forward
+from autograder.checks.harness import assert_close, fail, reference_forward
 from autograder.devices import TimingLockBusy, device_key, timing_lock
 from autograder.sandbox.client import Worker, WorkerError
 
 
 @pytest.fixture(scope="module")
 def timing_workers(context) -> dict[str, timing.BackgroundWorker]:
-    """The three timing workers: the wrapper's and the reference's (running only the reference's code) and a
-    fresh one of the submission's, all the same kind of sandboxed process with the same history (the
-    grading run starts them early, in the background; here otherwise)."""
-    started = context.timing_workers or timing.start_timing_workers(context.submission.worker)
+    """The wrapper's and the reference's timing workers, running only the reference's code (the grading run
+    starts them in the background when it starts; here otherwise)."""
+    started = context.timing_workers or timing.start_trusted_workers(context.submission.worker.config)
     yield started
     if not context.timing_workers:
         for worker in started.values():
             worker.close()
-
-
-def timed_submission(submission: Submission, started: timing.BackgroundWorker) -> Submission:
-    """The submission's fresh timing worker behind the checks' usual door; what hung or crashed in the
-    other worker is not tried again here."""
-    worker = started.get()
-    worker.hung.update(submission.worker.hung)
-    for target, crashes in submission.worker.crashes.items():
-        worker.crashes.setdefault(target, []).extend(crashes)
-    return Submission(worker, submission.device, submission.check_seconds)
 
 
 def trusted(worker: Worker, op: str, **args):
@@ -101,7 +94,7 @@ def test_faster_than_the_wrapper(context, submission, inputs, rubric, device, sp
     dtype = getattr(torch, w.dtype)
     mha, state, wrapper_state = same_weights(inputs, w, dtype)
     args = [w.d_in, w.d_out, w.tokens, 0.0, w.heads]
-    mine = timed_submission(submission, timing_workers[timing.SUBMISSION])
+    mine = submission  # its grading worker, which no other check has used yet: the speed part runs first
     module = mine.build("MultiHeadAttention", *args, state_dict=state, dtype=dtype)
 
     # the values first, on this very workload: a timing of something wrong would mean nothing
@@ -143,6 +136,10 @@ def test_faster_than_the_wrapper(context, submission, inputs, rubric, device, sp
     except timing.TimingFailed as exc:
         record(context, w, {"workload": dataclasses.asdict(w), "failed": str(exc)})
         fail(f"{describe(w)}: {exc}")
+    finally:  # kept reference workers serve later gradings: they forget what this one built
+        for worker, built in ((reference_worker, reference), (wrapper_worker, wrapper)):
+            with contextlib.suppress(WorkerError):
+                worker.request("drop", handle=built.handle)
 
     figures = timing.summarize(measurement)
     if figures["reference_speedup"] < settings.min_reference_speedup:

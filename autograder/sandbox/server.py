@@ -4,7 +4,7 @@ The grader starts it as a fresh `python -I -u -c BOOT ...` process (see `client.
 this module, `jail` and `protocol` from source under the package name `sandbox`; it imports nothing
 else of the grader, and torch only after `jail` has shut the process in. It loads one submission cell
 by cell and answers requests: load, get a name, call a function, build a module, describe it, run a
-forward (with optional backward, head hooks and a dispatch trace), run forwards for timing, ping.
+forward (with optional backward, head hooks and a dispatch trace), run forwards for timing, drop a module, ping.
 
 Nothing said here is trusted: the grader validates every reply against the protocol's schema and
 compares every value with its own reference computation.
@@ -62,6 +62,7 @@ class Session:
         self.codec = protocol.TensorCodec(torch)
         self.namespace = {}
         self.objects = {}
+        self.built = 0  # handles are never reused, even after a drop
 
     # -- values
     def encoder(self):
@@ -125,7 +126,8 @@ class Session:
         return value
 
     def register(self, module, state=True):
-        handle = f"h{len(self.objects)}"
+        handle = f"h{self.built}"
+        self.built += 1
         self.objects[handle] = module
         return self.describe(handle, state)
 
@@ -290,6 +292,10 @@ class Session:
                 if cuda:
                     torch.cuda.synchronize()
         return [answer.cpu() for answer in answers]
+
+    def op_drop(self, handle):
+        """Forget a module (a long-lived worker of the reference's frees what each grading built)."""
+        self.objects.pop(handle, None)
 
     def op_ping(self):
         return {"pid": os.getpid()}
