@@ -63,6 +63,10 @@ class TimingFailed(Exception):
     """The submission's timed forwards failed, were wrong or far too slow; the message is for the student."""
 
 
+class TooSlow(TimingFailed):
+    """After warm-up, even the submission's best time is far below anything that could earn points."""
+
+
 class CannotTime(RuntimeError):
     """The measurement itself cannot be trusted or run (never the submission's fault)."""
 
@@ -309,9 +313,9 @@ def measure(targets: list[Target], settings: SpeedSettings, seeds: Iterator[int]
         if SUBMISSION in warm and REFERENCE in warm:
             best = max(warm[REFERENCE]) / min(warm[SUBMISSION])
             if best < settings.give_up_below:
-                raise TimingFailed(
+                raise TooSlow(
                     f"your forward took {min(warm[SUBMISSION]) * 1e3:.3g} ms per call at best, the reference's "
-                    f"{max(warm[REFERENCE]) * 1e3:.3g} ms at worst: more than {1 / settings.give_up_below:g} times "
+                    f"{max(warm[REFERENCE]) * 1e3:.3g} ms at worst: more than {1 / settings.give_up_below:.3g} times "
                     "slower, so the measured rounds were not run")
         for index in range(settings.rounds):
             one_round(round_order(names, index), counted=True)
