@@ -212,7 +212,8 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
                              run.seed)
     if rubric.speed is not None and (options.parts is None or "speed" in options.parts):
         # the reference's timing workers start now, in the background, while the submission loads
-        context.timing_workers = timing.start_trusted_workers(worker.config, keep=options.keep_timing_workers)
+        start = timing.kept_trusted_workers if options.keep_timing_workers else timing.start_trusted_workers
+        context.timing_workers = start(worker.config)
     plugin = None
     try:
         plugin = run_checks(context, rubric, options.visible_only, parts=options.parts)

@@ -73,9 +73,7 @@ def source_files(root: Path) -> list[Path]:
 
 def build_zip(out: Path, root: Path | None = None) -> Path:
     root = Path(root) if root else default_root()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    archive = out / ZIP_NAME
+    archive = Path(out) / ZIP_NAME
     write_zip_atomically(archive, [("setup.sh", SETUP, 0o755), ("run_autograder", RUN, 0o755)]
                          + [(f"source/{path.relative_to(root).as_posix()}", path.read_bytes(), 0o644)
                             for path in source_files(root)])

@@ -134,17 +134,11 @@ def trusted_config(config: WorkerConfig) -> WorkerConfig:
     return dataclasses.replace(config, submission_seconds=math.inf, submission_cpu_seconds=None, hide=[])
 
 
-def start_trusted_workers(config: WorkerConfig, keep: bool = False) -> dict[str, BackgroundWorker]:
+def start_trusted_workers(config: WorkerConfig) -> dict[str, BackgroundWorker]:
     """The wrapper's and the reference's timing workers, each loading only the reference's definitions and
     starting now, in the background. The submission's module is timed in the submission's own worker, which
     the speed check is the first to use (so all three timed modules live in processes that have run nothing
-    but the timed forwards: a worker that has run every other check runs the same forward about 10 % slower).
-
-    With `keep` (a long-lived grading process) they are the process's own, started once and kept for its
-    later gradings (`kept_trusted_workers`): they only ever run the reference's code, so nothing of one
-    submission reaches the next, and a grading starts one worker instead of three."""
-    if keep:
-        return kept_trusted_workers(config)
+    but the timed forwards: a worker that has run every other check runs the same forward about 10 % slower)."""
     cells, trusted = reference_cells(), trusted_config(config)
     return {WRAPPER: BackgroundWorker(cells, "reference.py", trusted),
             REFERENCE: BackgroundWorker(cells, "reference.py", trusted)}
@@ -155,8 +149,10 @@ _kept_lock = threading.Lock()
 
 
 def kept_trusted_workers(config: WorkerConfig) -> dict[str, BackgroundWorker]:
-    """This process's two trusted timing workers for `config`'s kind of worker: the kept ones when they are
-    for the same settings and still answer, else new ones (replacing any others). Whoever uses a kept
+    """This process's two trusted timing workers for `config`'s kind of worker (a long-lived grading process
+    keeps them for its later gradings): the kept ones when they are for the same settings and still answer,
+    else new ones (replacing any others). They only ever run the reference's code, so nothing of one
+    submission reaches the next, and a grading starts one worker instead of three. Whoever uses a kept
     worker leaves closing it to `forget_trusted_workers`."""
     wanted = trusted_config(config)
     with _kept_lock:
