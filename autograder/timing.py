@@ -311,7 +311,7 @@ def measure(targets: list[Target], settings: SpeedSettings, seeds: Iterator[int]
             if best < settings.give_up_below:
                 raise TooSlow(
                     f"your forward took {min(warm[SUBMISSION]) * 1e3:.3g} ms per call at best, the reference's "
-                    f"{max(warm[REFERENCE]) * 1e3:.3g} ms at worst: more than {1 / settings.give_up_below:.3g} times "
+                    f"{max(warm[REFERENCE]) * 1e3:.3g} ms at worst in the same run: more than {1 / settings.give_up_below:.3g} times "
                     "slower, so the measured rounds were not run")
         for index in range(settings.rounds):
             one_round(round_order(names, index), counted=True)
