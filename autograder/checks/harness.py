@@ -127,6 +127,16 @@ class Submission:
             fail(f"building {cls} did not give a module")
         return answer
 
+    def to_device(self, module: ModuleInfo, target: str) -> ModuleInfo:
+        """Move a module the student's code returned to the grading device (`build` puts the modules the
+        grader builds there): a function that makes a module makes it on the CPU, wherever it is graded."""
+        if self.device == "cpu":
+            return module
+        answer = self._ask("to", target=target, handle=module.handle, device=self.device)
+        if not isinstance(answer, ModuleInfo):
+            fail("the worker did not describe the module")
+        return answer
+
     def describe(self, module: ModuleInfo) -> ModuleInfo:
         answer = self._ask("describe", handle=module.handle)
         if not isinstance(answer, ModuleInfo):
@@ -261,6 +271,9 @@ def build_pair(submission: Submission, inputs: Inputs, cls: str, *args, dtype=to
 
 
 def reference_forward(module: torch.nn.Module, x: torch.Tensor, *, train=False, seed=0) -> torch.Tensor:
+    """The reference's output on x, on the module's device; in training mode, dropout drawn from `seed`.
+    A dropout draw matches the worker's only on the same device: CPU and CUDA generators seeded alike
+    draw different masks (a check in training mode keeps its reference on the grading device)."""
     module.train(train)
     torch.manual_seed(seed)
     with torch.no_grad():

@@ -207,9 +207,10 @@ def test_no_ready_made_attention(submission, inputs, rubric):
 
 
 @pytest.mark.part("mha")
-def test_dropout(submission, inputs, rubric):
+def test_dropout(submission, inputs, rubric, device):
     """dropout acts on the attention weights in training mode, and not at all in eval mode"""
-    reference, module, shape = pair(submission, inputs, "d_in != d_out, bias", dropout=0.5)
+    # the reference on the grading device: CPU and CUDA draw different dropout masks from one seed
+    reference, module, shape = pair(submission, inputs, "d_in != d_out, bias", device=device, dropout=0.5)
     x = inputs.randn(*shape)
     problem = output_problem(reference, x, run(submission, reference, module, x).y, "float64", rubric,
                              "eval-mode output with dropout=0.5 (dropout must be inert in eval mode)")
@@ -218,10 +219,12 @@ def test_dropout(submission, inputs, rubric):
     seed = inputs.seed_value()
     y = run(submission, reference, module, x, train=True, seed=seed).y
     what = "training-mode output with dropout=0.5 (apply self.dropout once, to the attention weights)"
-    problem = value_problem(y, reference_forward(reference, x, train=True, seed=seed), "float64", rubric, what,
-                            diagnose=lambda y: first_match(y, mha_dropout_variants(reference, x, seed)))
+    x = x.to(device)
+    variants = lambda: {k: v.cpu() for k, v in mha_dropout_variants(reference, x, seed).items()}  # noqa: E731
+    problem = value_problem(y, reference_forward(reference, x, train=True, seed=seed).cpu(), "float64", rubric,
+                            what, diagnose=lambda y: first_match(y, variants()))
     # Dropout drawn one head at a time (as a loop over heads draws it) is still dropout on the attention
     # weights; the loop itself is charged in test_one_pass_for_all_heads.
-    if problem and value_problem(y, mha_train_forward(reference, x, seed, "weights_per_head"), "float64",
+    if problem and value_problem(y, mha_train_forward(reference, x, seed, "weights_per_head").cpu(), "float64",
                                  rubric, what) is not None:
         fail(problem)

@@ -32,7 +32,7 @@ def built(submission, d_in, context, **kwargs) -> ModuleRef:
     module = submission.call("make_2d_wrapper", d_in, context, **kwargs)
     if not isinstance(module, ModuleRef):
         fail(f"{call} returned {module!r:.80}; it must return a MultiHeadAttentionWrapper")
-    return module
+    return submission.to_device(module, "make_2d_wrapper")
 
 
 def head_layout(state) -> list[tuple[int, int]]:
@@ -94,9 +94,10 @@ def output_problem(submission, module, d_in, context, bias, x, rubric, what, dro
                    seed=0) -> str | None:
     """None when the 2-D wrapper's output is right: the reference's, or that of the student's own
     MultiHeadAttentionWrapper built with d_out=1 and 2 heads (same weights, same dropout draw)."""
-    reference = reference_for(module, d_in, context, bias, dropout)
+    reference = reference_for(module, d_in, context, bias, dropout).to(submission.device)
     x = x.to(reference.heads[0].W_query.weight.dtype)
-    heads = [reference_forward(head, x) for head in reference.heads]
+    on_device = x.to(submission.device)  # a dropout draw is the worker's only on its device
+    heads = [reference_forward(head, on_device).cpu() for head in reference.heads]
     answer, problem = attempt(submission.forward, module, x, train=train, seed=seed, hooks=not train)
     if problem is None:
         for call in answer.head_calls:
@@ -105,7 +106,8 @@ def output_problem(submission, module, d_in, context, bias, x, rubric, what, dro
                 return named(f"head {call.index} no longer computes what a CausalAttention computes on its own "
                              "weights: change only the argument that sizes each head (d_out), never what a head "
                              "computes", HEAD_CHANGED)
-        problem = value_problem(answer.y, reference_forward(reference, x, train=train, seed=seed), "float32", rubric,
+        expected = reference_forward(reference, on_device, train=train, seed=seed).cpu()
+        problem = value_problem(answer.y, expected, "float32", rubric,
                                 what, diagnose=None if train else lambda y: first_match(y, wrapper_variants(heads)))
         if problem is None:
             return None

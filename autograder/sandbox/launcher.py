@@ -82,18 +82,26 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
-@cache
 def namespace_sandbox_available() -> bool:
     """Whether bubblewrap can start this interpreter in the sandbox here (tried once, for real)."""
+    return namespace_sandbox_problem() is None
+
+
+@cache
+def namespace_sandbox_problem() -> str | None:
+    """Why bubblewrap cannot start this interpreter in the sandbox here, or None when it can."""
     if not shutil.which("bwrap"):
-        return False
+        return "bubblewrap (`bwrap`) is not installed"
     try:
         probe = subprocess.run(_bwrap_command("cpu", scratch_bytes=1 << 20)
                                + [sys.executable, "-I", "-S", "-c", "pass"],
                                env=_worker_env(), capture_output=True, timeout=30, cwd="/")
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap could not be run: {exc}"
+    if probe.returncode != 0:
+        said = " ".join(probe.stderr.decode(errors="replace").split())[-300:]
+        return f"bubblewrap exited with status {probe.returncode}" + (f": {said}" if said else "")
+    return None
 
 
 @cache
@@ -116,6 +124,11 @@ def separate_uid_available() -> bool:
     return probe.returncode == 0
 
 
+@cache
+def _say_once(message: str):
+    print(message, file=sys.stderr)
+
+
 def choose_isolation(wanted: str) -> str:
     """`auto`: the namespace sandbox where bubblewrap works, else a process as a fresh uid. A process
     as the grader's own user is only ever chosen explicitly (`process`)."""
@@ -123,13 +136,17 @@ def choose_isolation(wanted: str) -> str:
         if namespace_sandbox_available():
             return "namespace"
         if separate_uid_available():
+            _say_once(f"note: grading without the namespace sandbox ({namespace_sandbox_problem()}); each "
+                      "worker runs as a fresh unprivileged uid instead")
             return "process"
-        raise OSError("no sandbox is available here: bubblewrap (`bwrap`) cannot run and the grader is not "
-                      "root, so the student's code would run as the grader's own user. Install bubblewrap "
+        instead = ("a fresh unprivileged uid cannot read the interpreter and torch" if is_root()
+                   else "the grader is not root")
+        raise OSError(f"no sandbox is available here: {namespace_sandbox_problem()}, and {instead}, so the "
+                      "student's code would run as the grader's own user. Install bubblewrap "
                       "(Debian/Ubuntu: apt-get install bubblewrap), or pass --isolation process (or set "
                       "AUTOGRADER_ISOLATION=process) to grade without a sandbox anyway")
     if wanted == "namespace" and not namespace_sandbox_available():
-        raise OSError("namespace isolation was asked for, but bubblewrap (`bwrap`) cannot start a sandbox here")
+        raise OSError(f"namespace isolation was asked for, but it cannot start here: {namespace_sandbox_problem()}")
     if wanted not in ("namespace", "process"):
         raise ValueError(f"unknown isolation {wanted!r}")
     return wanted

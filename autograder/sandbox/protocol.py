@@ -302,7 +302,7 @@ class Decoder:
 # ----------------------------------------------------------------------------------------------
 # Requests and replies
 
-OPS = ("ready", "load", "get", "call", "build", "describe", "forward", "forward_many", "drop", "ping")
+OPS = ("ready", "load", "get", "call", "build", "describe", "to", "forward", "forward_many", "drop", "ping")
 
 
 @dataclass

@@ -210,6 +210,12 @@ class Session:
     def op_describe(self, handle):
         return self.describe(handle)
 
+    def op_to(self, handle, device):
+        """Move a module the student's code made (make_2d_wrapper's) to the grading device, as `build`
+        does with the modules the grader builds."""
+        self.objects[handle] = self.objects[handle].to(device)
+        return self.describe(handle)
+
     def op_forward(self, handle, x, train=False, seed=0, grad_out=None, trace=False, hooks=False):
         torch = self.torch
         module = self.objects[handle]
