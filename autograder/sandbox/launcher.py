@@ -283,7 +283,8 @@ def _package_folder(name: str) -> str | None:
 def _bwrap_command(device: str, scratch_bytes: int) -> list[str]:
     """bwrap and its options; the interpreter's command line follows."""
     allowed = allow_list()
-    command = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+    # bwrap by its full path: the worker's scrubbed PATH may not hold the folder it was found in
+    command = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
                "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
     if is_root():
         # No user namespace (it would map the worker to root): real root makes the namespaces, keeps only
