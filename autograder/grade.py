@@ -90,6 +90,7 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
         load_seconds=rubric.limit("load_seconds"),
         cell_seconds=rubric.limit("cell_seconds"),
         request_seconds=rubric.limit("request_seconds"),
+        hung_request_seconds=rubric.limit("hung_request_seconds"),
         submission_seconds=rubric.limit("submission_seconds"),
         submission_cpu_seconds=rubric.limit("submission_cpu_seconds"),
         processes=int(rubric.limit("processes")),

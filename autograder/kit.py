@@ -21,6 +21,7 @@ from pathlib import Path
 
 from autograder.atomic import write_text_atomically, write_zip_atomically
 from autograder.release import ASSIGNMENT, SOLUTION_BEGIN, SOLUTION_END, default_root
+from autograder.rubric import load_rubric
 
 KIT_NAME = f"{ASSIGNMENT}-student-kit"
 
@@ -57,6 +58,13 @@ device, that gradients flow, that your parallel `MultiHeadAttention` really comp
 one pass, and how much faster it is than the wrapper. The self-checks are a first test, not the
 grade: passing them does not guarantee full marks. Your feedback names the likely mistake for
 each check that fails.
+
+Time limits: when the grader loads your file, each top-level cell may run {cell:g} s (once one has
+been stopped, the later ones {later:g} s each), so keep long experiments out of the file you submit.
+Each call the grader makes into your code (a forward, a function) may run {request:g} s, and
+{hung:g} s once your file has hung somewhere; the checks' inputs are small, so a right answer takes
+milliseconds. Code that does not finish in time earns nothing for that check and is not called
+again.
 """
 
 MAKEFILE = """PYTHON ?= python3
@@ -107,7 +115,10 @@ def kit_files(root: Path) -> dict[str, bytes]:
             raise KitError(f"{release / name} is missing: run `make release` first")
         files[name] = (release / name).read_bytes()
     files["selfcheck.py"] = (Path(__file__).with_name("selfcheck.py")).read_bytes()
-    files["README.md"] = README.format(assignment=ASSIGNMENT).encode()
+    limits = load_rubric().limit
+    files["README.md"] = README.format(assignment=ASSIGNMENT, cell=limits("cell_seconds"), later=1,
+                                       request=limits("request_seconds"),
+                                       hung=limits("hung_request_seconds")).encode()
     files["Makefile"] = MAKEFILE.format(assignment=ASSIGNMENT).encode()
     return files
 

@@ -25,6 +25,7 @@ LIMITS = {
     "load_seconds": (float, "importing the submission and running its cells, in all"),
     "cell_seconds": (float, "one top-level cell; once one is stopped, later cells get 1 s each"),
     "request_seconds": (float, "any single request to the worker (a forward, a call)"),
+    "hung_request_seconds": (float, "the same, once the submission is known to hang (a cell or a request was stopped)"),
     "check_seconds": (float, "one check, all its requests together"),
     "submission_seconds": (float, "the whole submission: every request, restart and check"),
     "class_seconds": (float, "grade-class: one submission's grading process, start to end"),

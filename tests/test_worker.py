@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from autograder.sandbox.client import LoadFailed, SubmissionError, Worker, WorkerConfig, WorkerCrashed, WorkerTimeout
+from autograder.sandbox.protocol import ModuleInfo
 
 
 def worker(source: str, **config) -> Worker:
@@ -34,12 +35,59 @@ def test_answers_are_plain_data_and_tensors(make_worker):
     assert value[1] == (1, "a")
 
 
+def test_a_module_the_students_code_made_is_moved_to_the_grading_device(make_worker):
+    """make_2d_wrapper's module is made by the student's function, on the CPU; `to` moves it where the
+    grader's own modules are built (on a CUDA grading, tests/test_cuda.py grades it there)."""
+    w = make_worker("import torch\ndef make():\n    return torch.nn.Linear(2, 3)\n")
+    made = w.request("call", fn="make", args=[], kwargs={})
+    moved = w.request("to", handle=made.handle, device="cpu")
+    assert isinstance(moved, ModuleInfo) and moved.handle == made.handle
+    assert set(moved.state_dict) == {"weight", "bias"} and moved.state_dict["weight"].shape == (3, 2)
+    with pytest.raises(SubmissionError):  # an unknown device is the request's error, reported, not a crash
+        w.request("to", handle=made.handle, device="no-such-device")
+
+
 def test_student_exceptions_come_back_with_their_traceback(make_worker):
     w = make_worker("def f():\n    raise ValueError('bad split')\n")
     with pytest.raises(SubmissionError) as info:
         w.request("call", fn="f", args=[], kwargs={})
     assert info.value.type == "ValueError" and info.value.message == "bad split"
     assert 'File "<mha.py, cell 1>", line 2, in f' in info.value.traceback
+
+
+SPIN_AND_SPIN_AGAIN = ("def spin():\n    while True:\n        pass\n"
+                       "def spin_again():\n    while True:\n        pass\n"
+                       "def ok():\n    return 1\n")
+
+
+@pytest.mark.slow  # waits out deadlines
+def test_once_a_submission_has_hung_its_requests_get_the_shorter_deadline(make_worker):
+    w = make_worker(SPIN_AND_SPIN_AGAIN, request_seconds=6, hung_request_seconds=1)
+    assert w.request_limit() == 6 and not w.known_to_hang()
+    with pytest.raises(WorkerTimeout, match=r"did not finish within 6 s \(an infinite loop\?\)"):
+        w.request("call", target="spin", fn="spin", args=[], kwargs={})
+    assert w.known_to_hang() and w.request_limit() == 1
+    assert w.request_limit("build") == 6  # building may start CUDA: never shortened
+    started = time.monotonic()
+    with pytest.raises(WorkerTimeout, match="within 1 s .*your file hung before, so a request now gets 1 s, not 6"):
+        w.request("call", target="spin_again", fn="spin_again", args=[], kwargs={})
+    assert time.monotonic() - started < 6  # cut at 1 s (plus a restart), not at 6
+    assert w.request("call", target="ok", fn="ok", args=[], kwargs={}) == 1  # the rest is still graded
+
+
+@pytest.mark.slow  # waits out deadlines
+def test_a_cell_stopped_while_loading_makes_the_submission_known_to_hang(make_worker):
+    w = make_worker("while True:\n    pass\n", request_seconds=6, hung_request_seconds=1, cell_seconds=1)
+    w.start()
+    assert w.skipped_cells == [1] and w.known_to_hang() and w.request_limit() == 1
+
+
+@pytest.mark.slow  # waits out a deadline
+def test_a_timed_request_past_its_deadline_does_not_shorten_the_others(make_worker):
+    w = make_worker(SPIN_AND_SPIN_AGAIN, request_seconds=6, hung_request_seconds=1)
+    with pytest.raises(WorkerTimeout, match="within 1 s"):
+        w.request("call", timeout=1, timed=True, target="spin (timed)", fn="spin", args=[], kwargs={})
+    assert not w.known_to_hang() and w.request_limit() == 6
 
 
 @pytest.mark.slow  # restarts the worker or waits out a deadline

@@ -6,7 +6,7 @@ Student k gets the k-th sample of assignments/submitted/ in turn (a complete not
 heads, a wrong gathering step, the untouched release, a forward that never returns), so the class has
 the sample class's mix. It prints the load average before and after (the figures mean little on a
 busy machine), the wall time of the first `grade-class` run and of a second one with nothing
-changed, and the per-student statuses found.
+changed, the per-student statuses found, and the scores each sample's copies got.
 """
 from __future__ import annotations
 
@@ -60,11 +60,17 @@ def main() -> int:
     first = grade(course, args.jobs, [])
     load_after = os.getloadavg()
     second = grade(course, args.jobs, [])
-    statuses = Counter(row["status"] for row in csv.DictReader((course / "grades.csv").open()))
+    rows = list(csv.DictReader((course / "grades.csv").open()))
+    statuses = Counter(row["status"] for row in rows)
+    scores: dict[str, Counter] = {}  # by sample: the scores its copies got (the same, unless timing differs)
+    for row in rows:
+        scores.setdefault(row["student"].split("-", 1)[-1], Counter())[row["score"]] += 1
     print(f"first run (--jobs {args.jobs}): {first:.1f} s ({first / args.size:.2f} s per submission); "
           f"load average after it: {' '.join(f'{x:.2f}' for x in load_after)}")
     print(f"re-run with nothing changed: {second:.2f} s")
     print("statuses: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))
+    for sample, counts in sorted(scores.items()):
+        print(f"  {sample}: " + ", ".join(f"{n} x {score}" for score, n in counts.most_common()))
     if not args.keep and args.course is None:
         shutil.rmtree(course)
     return 0

@@ -161,7 +161,7 @@ class Submission:
         """Timed forwards on inputs the worker makes from `seeds` (the worker's `forward_many`): per call, a
         (batch, tokens, 3) tensor of probes of the output. A forward that hangs here is not held against
         the untimed checks (its own target)."""
-        answer = self._ask("forward_many", target=f"{module.cls}.forward (timed)", timeout=timeout,
+        answer = self._ask("forward_many", target=f"{module.cls}.forward (timed)", timeout=timeout, timed=True,
                            overrun_hint="far slower than the reference's forward, whose time sets this limit",
                            handle=module.handle, seeds=seeds, **settings)
         if not (isinstance(answer, list) and len(answer) == len(seeds)

@@ -59,6 +59,7 @@ class WorkerConfig:
     load_seconds: float = 60.0
     cell_seconds: float = 3.0
     request_seconds: float = 10.0
+    hung_request_seconds: float | None = None  # once the submission is known to hang; None: request_seconds
     submission_seconds: float = 600.0
     submission_cpu_seconds: float | None = None
     processes: int | None = 256  # processes and threads of the worker, all together
@@ -113,6 +114,7 @@ class Worker:
         self.hung: dict[str, str] = {}  # target -> message, for targets that timed out once
         self.crashes: dict[str, list[str]] = {}  # target -> messages, each time it ended the worker
         self.skipped_cells: list[int] = []  # top-level cells stopped for running too long
+        self.stopped_request = False  # an untimed request was stopped at its deadline
         self.starts = 0
         self.events: list[str] = []
         self.outputs: list[str] = []
@@ -223,11 +225,26 @@ class Worker:
         return limit is None or self.cpu_spent + self.cpu_seconds() < limit
 
     # -- requests
+    def known_to_hang(self) -> bool:
+        """Whether this submission has hung already: a cell stopped while its file loaded, or an untimed
+        request stopped at its deadline."""
+        return bool(self.skipped_cells) or self.stopped_request
+
+    def request_limit(self, op: str = "forward") -> float:
+        """The deadline of one untimed request: `request_seconds`, or `hung_request_seconds` once the
+        submission is known to hang (a forward of the checks' inputs takes milliseconds, so a file that
+        hung once is not waited for as long again). Building a module is exempt: it may start CUDA."""
+        shorter = self.config.hung_request_seconds
+        if shorter is not None and op != "build" and self.known_to_hang():
+            return min(shorter, self.config.request_seconds)
+        return self.config.request_seconds
+
     def request(self, op: str, timeout: float | None = None, target: str | None = None,
-                overrun_hint: str = "an infinite loop?", **args):
+                overrun_hint: str = "an infinite loop?", timed: bool = False, **args):
         """Send one request and return its decoded value. Raises SubmissionError when the student's code
         raised, WorkerTimeout / WorkerCrashed when the worker had to be killed (it is restarted next
-        time), LoadFailed when the file cannot be loaded at all."""
+        time), LoadFailed when the file cannot be loaded at all. A `timed` request (the speed part's) has
+        its own deadline, and running past it does not make the submission known to hang."""
         if time.monotonic() >= self.budget_end:
             raise BudgetSpent(f"{target or op} was not run: the time budget for the whole submission "
                               f"({self.config.submission_seconds:g} s) is used up")
@@ -243,10 +260,19 @@ class Worker:
                                 "not tried again in later checks)")
         if not self.alive():
             self.start()
-        timeout = timeout or self.config.request_seconds
+        if timed:
+            timeout = timeout or self.config.request_seconds
+        else:
+            limit = self.request_limit(op)
+            timeout = min(timeout, limit) if timeout else limit
+            if limit < self.config.request_seconds:
+                overrun_hint += (f"; your file hung before, so a request now gets {limit:g} s, "
+                                 f"not {self.config.request_seconds:g}")
         try:
             reply = self._exchange(op, args, self._deadline(timeout, overrun_hint), target or op)
         except WorkerTimeout as exc:
+            if not timed and not isinstance(exc, BudgetSpent):
+                self.stopped_request = True
             if target and not isinstance(exc, BudgetSpent):
                 self.hung[target] = f"{exc} (not tried again in later checks)"
             self.events.append(str(exc))
