@@ -22,6 +22,7 @@ from pathlib import Path
 from autograder.atomic import write_text_atomically, write_zip_atomically
 from autograder.release import ASSIGNMENT, SOLUTION_BEGIN, SOLUTION_END, default_root
 from autograder.rubric import load_rubric
+from autograder.sandbox.protocol import LATER_CELL_SECONDS
 
 KIT_NAME = f"{ASSIGNMENT}-student-kit"
 
@@ -116,7 +117,7 @@ def kit_files(root: Path) -> dict[str, bytes]:
         files[name] = (release / name).read_bytes()
     files["selfcheck.py"] = (Path(__file__).with_name("selfcheck.py")).read_bytes()
     limits = load_rubric().limit
-    files["README.md"] = README.format(assignment=ASSIGNMENT, cell=limits("cell_seconds"), later=1,
+    files["README.md"] = README.format(assignment=ASSIGNMENT, cell=limits("cell_seconds"), later=LATER_CELL_SECONDS,
                                        request=limits("request_seconds"),
                                        hung=limits("hung_request_seconds")).encode()
     files["Makefile"] = MAKEFILE.format(assignment=ASSIGNMENT).encode()

@@ -82,6 +82,12 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
+@cache
+def bwrap_path() -> str | None:
+    """bubblewrap's full path, found on the grader's PATH (the worker's scrubbed PATH may not hold it)."""
+    return shutil.which("bwrap")
+
+
 def namespace_sandbox_available() -> bool:
     """Whether bubblewrap can start this interpreter in the sandbox here (tried once, for real)."""
     return namespace_sandbox_problem() is None
@@ -90,7 +96,7 @@ def namespace_sandbox_available() -> bool:
 @cache
 def namespace_sandbox_problem() -> str | None:
     """Why bubblewrap cannot start this interpreter in the sandbox here, or None when it can."""
-    if not shutil.which("bwrap"):
+    if not bwrap_path():
         return "bubblewrap (`bwrap`) is not installed"
     try:
         probe = subprocess.run(_bwrap_command("cpu", scratch_bytes=1 << 20)
@@ -283,9 +289,8 @@ def _package_folder(name: str) -> str | None:
 def _bwrap_command(device: str, scratch_bytes: int) -> list[str]:
     """bwrap and its options; the interpreter's command line follows."""
     allowed = allow_list()
-    # bwrap by its full path: the worker's scrubbed PATH may not hold the folder it was found in
-    command = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
-               "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
+    command = [bwrap_path() or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
+               "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
     if is_root():
         # No user namespace (it would map the worker to root): real root makes the namespaces, keeps only
         # what it takes to change uid, and the worker drops to a fresh uid before student code runs.

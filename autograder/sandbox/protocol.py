@@ -302,6 +302,9 @@ class Decoder:
 # ----------------------------------------------------------------------------------------------
 # Requests and replies
 
+# Once a top-level cell has been stopped while loading, each later cell gets this many seconds.
+LATER_CELL_SECONDS = 1.0
+
 OPS = ("ready", "load", "get", "call", "build", "describe", "to", "forward", "forward_many", "drop", "ping")
 
 

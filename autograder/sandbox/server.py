@@ -143,8 +143,8 @@ class Session:
     # -- requests
     def op_load(self, cells, filename, cell_seconds=None, skip=()):
         """Run the cells in order. A cell that raises is recorded and the next one runs; a cell still
-        running after `cell_seconds` is stopped (SIGALRM), and once one has been, later cells get 1 s:
-        the file is known to hang. Cells in `skip` (stopped in an earlier load) are not run again.
+        running after `cell_seconds` is stopped (SIGALRM), and once one has been, later cells get
+        `protocol.LATER_CELL_SECONDS` (1 s): the file is known to hang. Cells in `skip` (stopped in an earlier load) are not run again.
         Each cell is compiled with its line numbers shifted to where it starts in the file, so
         tracebacks point at the student's own lines."""
         module = types.ModuleType("submission")
@@ -179,7 +179,7 @@ class Session:
                 errors.append({"cell": number, "type": "TimeLimit", "timed_out": True,
                                "message": f"stopped after {budget:g} s (an infinite loop?); the cells after it were still run",
                                "traceback": student_traceback(exc, filename)})
-                budget = min(budget, 1.0)
+                budget = min(budget, protocol.LATER_CELL_SECONDS)
             except SyntaxError as exc:
                 if exc.lineno is not None:
                     exc.lineno += line - 1
