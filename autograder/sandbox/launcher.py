@@ -478,6 +478,22 @@ class WorkerProcess:
             self.memory_kills = self.group.memory_kills()
         return self.memory_kills > 0
 
+    def stop_tree(self) -> list[int]:
+        """Stop (SIGSTOP) every process of the worker found by walking /proc, and walk again until no new
+        one appears: a stopped process neither forks nor exits, so the tree holds still while it is read."""
+        stopped: set[int] = set()
+        for _ in range(16):
+            found = set(self.pids()) - stopped
+            if not found:
+                break
+            for pid in found:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            stopped |= found
+        return sorted(stopped)
+
     def kill(self):
         """Kill every process of the worker, reap them, and remove its control group and scratch folder."""
         if self.group is not None and self.group.dirs:
@@ -485,15 +501,26 @@ class WorkerProcess:
             self.memory_kills = self.group.memory_kills()
             self.memory_peak = self.group.memory_peak()
             self._cpu_at_exit = self.group.cpu_seconds()
+        walked = self.group is None or not self.group.can_kill()
+        if walked:
+            # Without a control group the processes are found through the tree, so the whole tree is stopped
+            # before any of it dies: a process killed first hands its children to the grader (their
+            # subreaper), out of the tree, and a setsid child of the worker would outlive it.
+            tree = self.stop_tree()
+            self._cpu_at_exit = self.cpu_seconds()
         if self.uid is not None:
             _kill_uid(self.uid)
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        if self.group is None or not self.group.can_kill():
-            self._cpu_at_exit = self.cpu_seconds()
-            for _ in range(3):  # a few rounds: a process may fork while the first is being killed
+        if walked:
+            for pid in tree:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            for _ in range(3):  # a few rounds more, for anything that started while the tree was walked
                 self.signal_all(signal.SIGKILL)
         self.process.wait()
         _reap_orphans()
