@@ -33,7 +33,7 @@ help:
 	@echo "     DEVICE=cpu|cuda JOBS=n (default 2 per CPU, 2..8) FORCE=1 (regrade all) STUDENT=name RELEASED=1 (past the due date)"
 	@echo "make grade SHARD=K/N           grade shard K of N (K from 0) only; SHARD=auto in a Slurm array task"
 	@echo "make merge                     the class's outputs from every shard's results, grading nothing"
-	@echo "make grade-slurm SHARDS=4      grade on a Slurm cluster: a job array and a merge job (tools/slurm/)"
+	@echo "make grade-slurm SHARDS=4      grade on a Slurm cluster: a job array and a merge job (deploy/slurm/)"
 	@echo "make check SUBMISSION=mha.py   the notebook's self-checks, part by part (what students run; runs the file's code)"
 	@echo "make preview SUBMISSION=...    instructors: the grader's visible checks on a file, sandboxed (needs reference/)"
 	@echo "make student-kit               what students receive: $(DIST)/mha-student-kit.zip"
@@ -63,13 +63,13 @@ test-speed: setup
 	SPEED_VERDICTS=1 $(PY) -m pytest tests/test_speed_verdicts.py -s -q -rA
 
 bench: setup
-	$(PY) -m autograder.bench --device $(DEVICE) --out bench
+	$(PY) tools/bench.py --device $(DEVICE) --out bench
 
 release: setup
 	$(PY) -m autograder release
 
 check: setup
-	$(PY) -m autograder.selfcheck "$(SUBMISSION)"
+	$(PY) -m autograder.authoring.selfcheck "$(SUBMISSION)"
 
 preview: setup
 	$(PY) -m autograder check "$(SUBMISSION)" --device $(DEVICE)
@@ -85,7 +85,7 @@ merge: setup
 	$(PY) -m autograder grade-class "$(COURSE)" --merge
 
 grade-slurm: setup
-	COURSE="$(COURSE)" VENV="$(VENV)" tools/slurm/submit.sh
+	COURSE="$(COURSE)" VENV="$(VENV)" deploy/slurm/submit.sh
 
 student-kit: setup
 	$(PY) -m autograder student-kit --out "$(DIST)"

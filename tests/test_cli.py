@@ -113,7 +113,7 @@ def test_the_seed_is_recorded_and_a_run_can_be_reproduced(tmp_path):
 
 def test_a_broken_installation_is_not_graded_as_zero(tmp_path, monkeypatch):
     """If the checks themselves cannot run, the grader says so and exits non-zero."""
-    import autograder.grade as grade
+    import autograder.grading.grade as grade
 
     checks = tmp_path / "broken_checks"  # a package name of its own: pytest runs twice in this process
     shutil.copytree(grade.CHECKS_DIR, checks, ignore=shutil.ignore_patterns("__pycache__"))
@@ -129,7 +129,7 @@ def test_a_broken_installation_is_not_graded_as_zero(tmp_path, monkeypatch):
 def test_a_fault_in_a_check_is_the_graders_not_the_students(tmp_path, monkeypatch):
     """A check that raises anything but its own failure (here a KeyError, as a rubric missing a tolerance
     once caused) makes the run ungradable: no score, exit 2, the fault named; never points lost."""
-    import autograder.grade as grade
+    import autograder.grading.grade as grade
 
     checks = tmp_path / "faulty_checks"  # a package name of its own: pytest runs twice in this process
     shutil.copytree(grade.CHECKS_DIR, checks, ignore=shutil.ignore_patterns("__pycache__"))

@@ -13,9 +13,11 @@ import time
 
 import pytest
 
-from autograder import devices, grade_class
-from autograder.devices import DevicePool, NoDevice, placement_for, timing_lock, timing_lock_path, visible_devices
-from autograder.grading_pool import Outcome
+from autograder.course import grade_class, placement
+from autograder.course.grading_pool import Outcome
+from autograder.course.placement import DevicePool, NoDevice, placement_for
+from autograder.grading import devices
+from autograder.grading.devices import timing_lock, timing_lock_path, visible_devices
 from autograder.model import GradingRun
 from helpers import REFERENCE
 
@@ -70,7 +72,7 @@ def test_grade_class_pins_every_grading_process_to_one_device(tmp_path, monkeypa
         folder = course / "submitted" / f"s{number:02d}" / "mha"
         folder.mkdir(parents=True)
         (folder / "mha.py").write_text("x = 1\n")
-    monkeypatch.setattr(devices, "cuda_device_count", lambda: 3)
+    monkeypatch.setattr(placement, "cuda_device_count", lambda: 3)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     lock = threading.Lock()
     pinned: list[str] = []
@@ -105,7 +107,7 @@ def test_grade_class_pins_every_grading_process_to_one_device(tmp_path, monkeypa
 
 def test_grade_class_says_so_when_cuda_is_asked_for_and_absent(tmp_path, monkeypatch, capsys):
     (tmp_path / "course" / "submitted").mkdir(parents=True)
-    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    monkeypatch.setattr(placement, "cuda_device_count", lambda: 0)
     assert grade_class.grade_class(tmp_path / "course", device="cuda") == grade_class.EXIT_CANNOT_GRADE
     assert "torch sees no CUDA device" in capsys.readouterr().out
 
@@ -114,7 +116,7 @@ def test_grade_class_says_so_when_cuda_is_asked_for_and_absent(tmp_path, monkeyp
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from autograder.devices import timing_lock
+    from autograder.grading.devices import timing_lock
     with timing_lock(sys.argv[1]):
         print("holding", flush=True)
         time.sleep(600)

@@ -11,10 +11,10 @@ from pathlib import Path
 import html5lib
 import pytest
 
-from autograder.class_outputs import Row
-from autograder.feedback import feedback_path, render, write_feedback
+from autograder.course.class_outputs import Row
+from autograder.course.feedback import feedback_path, render, write_feedback
+from autograder.course.roster import read_roster
 from autograder.model import CANNOT_GRADE, FAILED, PASSED, CheckResult, LoadReport
-from autograder.roster import read_roster
 from classkit import make_course, synthetic_run
 
 SPEED = {"speedup": 2.51, "reference_speedup": 2.43, "threshold": {"full": 0.8, "none": 0.5},

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.class_outputs import (
+from autograder.course.class_outputs import (
     AMBIGUOUS_STATUS,
     COULD_NOT_GRADE,
     GRADED,
@@ -23,11 +23,11 @@ from autograder.class_outputs import (
     class_table,
     grades_csv,
 )
-from autograder.grading_pool import descendants
+from autograder.course.grading_pool import descendants
+from autograder.course.roster import AMBIGUOUS, SUBMITTED, read_roster
+from autograder.course.store import ClassInputs, Record
 from autograder.model import CANNOT_GRADE
-from autograder.roster import AMBIGUOUS, SUBMITTED, read_roster
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
-from autograder.store import ClassInputs, Record
 from classkit import ROOT, autograder, fill_record, make_course, synthetic_run
 from helpers import REFERENCE
 
@@ -86,7 +86,7 @@ def test_a_run_is_redone_exactly_when_an_input_changed_or_it_could_not_grade(tmp
     assert why() == "the rubric changed"
     shutil.copy(DEFAULT_RUBRIC, rubric)
     assert record.why_regrade("ann", ClassInputs.compute(rubric, "cuda").for_file(file)) == "another device was asked for"
-    import autograder.store as store
+    import autograder.course.store as store
 
     monkeypatch.setattr(store, "sha256_tree", lambda files, root: "another grader" if root == store.PACKAGE_DIR
                         else "same reference")
@@ -98,11 +98,39 @@ def test_a_run_is_redone_exactly_when_an_input_changed_or_it_could_not_grade(tmp
 
 
 def test_the_grader_fingerprint_covers_checks_and_sandbox_but_not_presentation():
-    from autograder.store import PACKAGE_DIR, grader_files
+    from autograder.course.store import PACKAGE_DIR, grader_files
 
     names = {p.relative_to(PACKAGE_DIR).as_posix() for p in grader_files()}
-    assert {"grade.py", "scoring.py", "checks/test_mha.py", "checks/pytest.ini", "sandbox/server.py"} <= names
-    assert not {"feedback.py", "grade_class.py", "gradebook.py", "rubric.toml"} & names
+    assert {"grading/grade.py", "grading/scoring.py", "grading/checks/test_mha.py", "grading/checks/pytest.ini",
+            "sandbox/inside/server.py", "sandbox/client.py", "contract.py", "rubric.py", "model.py"} <= names
+    assert not {p for p in names if p.startswith(("course/", "platforms/", "authoring/"))}
+    assert "rubric.toml" not in names
+
+
+def test_editing_what_only_presents_or_hands_out_results_does_not_regrade_a_class(tmp_path):
+    """The self-check, the benchmark, the feedback page's template and a platform adapter decide no score:
+    editing any of them leaves the grader's hash alone; editing a check or the sandbox changes it."""
+    from autograder.course.store import PACKAGE_DIR, grader_files, sha256_tree
+
+    package = tmp_path / "autograder"
+    shutil.copytree(PACKAGE_DIR, package, ignore=shutil.ignore_patterns("__pycache__"))
+    bench = tmp_path / "tools" / "bench.py"
+    bench.parent.mkdir()
+    shutil.copy(ROOT / "tools" / "bench.py", bench)
+
+    def fingerprint() -> str:
+        return sha256_tree(grader_files(package), package)
+
+    before = fingerprint()
+    for edited in (package / "authoring" / "selfcheck.py", bench, package / "course" / "templates" / "feedback.html.j2",
+                   package / "platforms" / "gradescope.py", package / "platforms" / "classroom.py"):
+        edited.write_text(edited.read_text() + "\n# edited\n")
+        assert fingerprint() == before, f"editing {edited.relative_to(tmp_path)} would regrade the class"
+    for edited in (package / "grading" / "checks" / "test_mha.py", package / "sandbox" / "client.py"):
+        original = edited.read_text()
+        edited.write_text(original + "\n# edited\n")
+        assert fingerprint() != before, f"editing {edited.relative_to(tmp_path)} must regrade the class"
+        edited.write_text(original)
 
 
 # -- the class outputs ------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
+from autograder.course.store import Record
 from autograder.rubric import load_rubric
-from autograder.store import Record
 from classkit import ROOT, autograder, fill_record, make_course, nbgrader, synthetic_run
 
 ADA = ROOT / "assignments" / "submitted" / "ada" / "mha" / "mha.ipynb"  # a complete notebook

@@ -48,7 +48,7 @@ def test_the_zip_has_gradescopes_two_scripts_and_the_grader(archive):
         names = set(bundle.namelist())
         modes = {i.filename: i.external_attr >> 16 for i in bundle.infolist()}
         setup = bundle.read("setup.sh").decode()
-    assert {"setup.sh", "run_autograder", "source/autograder/grade.py", "source/autograder/rubric.toml",
+    assert {"setup.sh", "run_autograder", "source/autograder/grading/grade.py", "source/autograder/rubric.toml",
             "source/reference/mha.py", "source/pyproject.toml"} <= names
     assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
     assert not [n for n in names if "__pycache__" in n or n.startswith("source/tests/")]

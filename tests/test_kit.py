@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-from autograder import kit
+from autograder.authoring import kit
 from autograder.rubric import load_rubric
 from classkit import ROOT
 from helpers import REFERENCE, mutated_reference

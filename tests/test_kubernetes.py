@@ -7,7 +7,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from autograder.shard import Shard, parse_shard
+from autograder.course.shard import Shard, parse_shard
 from helpers import ROOT
 
 MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))

@@ -1,8 +1,8 @@
 """The results plugin, run by pytest's own pytester on small check modules written here."""
 import pytest
 
+from autograder.grading.plugin import ResultsPlugin
 from autograder.model import FAILED, PASSED, WORKER
-from autograder.plugin import ResultsPlugin
 from rubric_text import rubric_file
 
 pytest_plugins = ["pytester"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.release import (
+from autograder.authoring.release import (
     ReleaseError,
     build_source_notebook,
     default_root,

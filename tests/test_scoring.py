@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from autograder.contract import PART_IDS
+from autograder.grading.scoring import Outcome, allocate_points, score
 from autograder.model import GRADED, GradingRun
 from autograder.rubric import load_rubric
-from autograder.scoring import Outcome, allocate_points, score
 from rubric_text import rubric_file
 
 
@@ -71,7 +71,7 @@ def test_a_run_that_could_not_grade_has_no_score():
 
 
 def test_a_checks_inputs_depend_only_on_the_run_seed_and_its_own_id():
-    from autograder.checks.harness import Inputs, check_seed
+    from autograder.grading.checks.harness import Inputs, check_seed
 
     first = Inputs(check_seed(123, "test_mha.py::test_gradients")).randn(3, 4)
     # whatever other checks ran before, in whatever order: the same id and run seed give the same inputs

@@ -6,9 +6,9 @@ import os
 import pytest
 
 import classkit
+from autograder.course.shard import Shard, ShardError, engine_index_in, parse_shard
+from autograder.course.store import Record
 from autograder.model import CheckResult, GradingRun
-from autograder.shard import Shard, ShardError, engine_index_in, parse_shard
-from autograder.store import Record
 from classkit import fill_record
 from helpers import ROOT
 

@@ -1,4 +1,4 @@
-"""tools/slurm/ on a real Slurm: a one-node cluster (slurmctld and slurmd from Debian's slurm-wlm,
+"""deploy/slurm/ on a real Slurm: a one-node cluster (slurmctld and slurmd from Debian's slurm-wlm,
 installed by the test where missing) started here, the class graded as a job array plus a merge
 job, compared with grading it locally."""
 from __future__ import annotations
@@ -15,10 +15,10 @@ import pytest
 
 from helpers import ROOT, course_of_samples
 
-sys.path.insert(0, str(ROOT / "tools" / "slurm"))
-from local_cluster import LocalSlurm  # noqa: E402
+sys.path.insert(0, str(ROOT / "tools"))
+from local_slurm import LocalSlurm  # noqa: E402
 
-SUBMIT = ROOT / "tools" / "slurm" / "submit.sh"
+SUBMIT = ROOT / "deploy" / "slurm" / "submit.sh"
 DEBIAN_PACKAGES = ("slurmctld", "slurmd", "slurm-client")
 
 
@@ -41,7 +41,7 @@ def ensure_slurm_installed():
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    """A running one-node cluster (tools/slurm/local_cluster.py); yields the environment that points
+    """A running one-node cluster (tools/local_slurm.py); yields the environment that points
     Slurm's commands at it. The daemons, and any job left over, are always stopped at the end."""
     if os.geteuid() != 0:
         pytest.skip("slurmd must run as root to start jobs, and this test is not root")

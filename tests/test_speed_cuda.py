@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from autograder import timing
+from autograder.grading import timing
 from autograder.rubric import load_rubric
 from helpers import REFERENCE, grade
 from speed_variants import VARIANTS
@@ -71,7 +71,7 @@ def test_forward_many_on_cuda_is_seeded_flushed_and_checked(tmp_path):
 
 
 def test_the_timing_lock_is_per_gpu():
-    from autograder.devices import device_key as lock_name
+    from autograder.grading.devices import device_key as lock_name
 
     assert lock_name("cpu") == "cpu"
     assert lock_name("cuda").startswith("cuda-")

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autograder.submission import (
+from autograder.grading.submission import (
     MAX_BYTES,
     Cell,
     NotASubmission,

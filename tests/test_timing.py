@@ -13,9 +13,9 @@ import sys
 import pytest
 import torch
 
-from autograder import timing
+from autograder.grading import timing
+from autograder.grading.scoring import Outcome, score
 from autograder.rubric import DEFAULT_RUBRIC, RubricError, load_rubric
-from autograder.scoring import Outcome, score
 from rubric_text import rubric_file
 
 SPEED = load_rubric().speed
@@ -277,7 +277,7 @@ def test_partial_credit_and_the_gate_on_the_values(tmp_path):
 
 
 def test_a_check_reports_its_credit_to_the_plugin(pytester, tmp_path):
-    from autograder.plugin import ResultsPlugin
+    from autograder.grading.plugin import ResultsPlugin
 
     pytester.makepyfile(test_speed='''
 import pytest
@@ -444,7 +444,7 @@ def test_a_grading_process_keeps_the_reference_workers_and_replaces_any_that_fai
 def test_kept_reference_workers_serve_the_next_grading_and_forget_what_each_built(tmp_path):
     """Two gradings in one process (as `make grade` runs them): the second times against the same reference
     workers, both earn the speed part, and the modules the first built are gone from the kept workers."""
-    from autograder.grade import Options, grade_submission
+    from autograder.grading.grade import Options, grade_submission
     from autograder.sandbox.client import SubmissionError
     from helpers import REFERENCE
 
@@ -469,7 +469,7 @@ def test_kept_reference_workers_serve_the_next_grading_and_forget_what_each_buil
 
 def test_the_speed_part_runs_first():
     """So that the submission's module is timed in a worker that has only loaded its file."""
-    from autograder.checks.fixtures import GradingFixtures
+    from autograder.grading.checks.fixtures import GradingFixtures
 
     class Item:
         def __init__(self, part):

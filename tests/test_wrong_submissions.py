@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from autograder.checks import mistakes as common
+from autograder.grading.checks import mistakes as common
+from autograder.grading.submission import read_cells
 from autograder.rubric import load_rubric
-from autograder.submission import read_cells
 from helpers import REFERENCE, failures, grade, mutated_reference, part_scores
 
 # Every test grades whole submissions; the first waits for the whole table to be graded (several minutes).

@@ -59,7 +59,7 @@ PYTHON
 # what `make bench DEVICE=cuda` runs, without make's check of the virtualenv (it would reinstall the
 # default torch over a CUDA build installed by hand)
 echo "== 3. the benchmark on $DEVICE"
-"$PY" -m autograder.bench --device "$DEVICE" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt" || status=1
+"$PY" tools/bench.py --device "$DEVICE" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt" || status=1
 
 echo "== done (status $status): see $OUT/"
 exit $status

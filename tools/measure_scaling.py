@@ -6,7 +6,7 @@ merge, and as an N-task Slurm job array then its merge job (on a one-node Slurm 
 The class is copies of the sample submissions in assignments/submitted/, dealt in turn. Prints the
 wall time of each way, whether every student's grades (score and part by part) are identical to the
 local run's, and the time per submission; writes the same as JSON with --out. The Slurm way needs
-root and Debian's slurm-wlm packages (see tools/slurm/local_cluster.py); --ways local,shards skips it.
+root and Debian's slurm-wlm packages (see tools/local_slurm.py); --ways local,shards skips it.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools" / "slurm"))
-from local_cluster import LocalSlurm  # noqa: E402
+sys.path.insert(0, str(ROOT / "tools"))
+from local_slurm import LocalSlurm  # noqa: E402
 
 AUTOGRADER = [sys.executable, "-m", "autograder", "grade-class"]
 
@@ -67,7 +67,7 @@ def grade_in_local_shards(course: Path, shards: int, jobs: int):
 
 def grade_on_slurm(course: Path, shards: int, jobs: int, env: dict, logs: Path) -> dict:
     """Runs submit.sh (waiting for the merge); returns Slurm's own times, in seconds from the array's submission."""
-    done = run(["bash", ROOT / "tools" / "slurm" / "submit.sh"], cwd=ROOT, env={
+    done = run(["bash", ROOT / "deploy" / "slurm" / "submit.sh"], cwd=ROOT, env={
         **env, "COURSE": str(course), "SHARDS": str(shards), "CPUS": str(jobs), "JOBS": str(jobs),
         "VENV": sys.prefix, "LOGS": str(logs), "WAIT": "1"})
     array_id = re.search(r"array job (\d+)", done.stdout).group(1)

@@ -23,10 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def startup() -> tuple[float, float]:
-    """(wall, CPU) seconds of a fresh `python -c "import autograder.grade"`: what one grader process costs."""
+    """(wall, CPU) seconds of a fresh `python -c "import autograder.grading.grade"`: what one grader process costs."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import autograder.grade"], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-c", "import autograder.grading.grade"], check=True, cwd=ROOT)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return time.monotonic() - started, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -46,7 +46,7 @@ def main() -> int:
     wall, used = startup()
     print(f"a fresh grader process (python, torch, pytest, autograder imports): {wall:.2f} s wall, {used:.2f} s CPU")
 
-    from autograder.grade import Options, grade_submission
+    from autograder.grading.grade import Options, grade_submission
     from autograder.sandbox import client
 
     phases: dict[str, float] = {}

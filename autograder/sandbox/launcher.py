@@ -45,7 +45,7 @@ from pathlib import Path
 from autograder.sandbox.cgroups import Limits, WorkerGroup
 
 SANDBOX_DIR = Path(__file__).resolve().parent
-CHECKOUT = SANDBOX_DIR.parent.parent
+CHECKOUT = SANDBOX_DIR.parents[1]
 # The project's source checkout, hidden from the worker whole; None when the grader is installed (a wheel),
 # where the folder above the package is site-packages, which the worker needs: there only the grader's
 # own packages are hidden.
@@ -658,7 +658,7 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
         "workdir": workdir,
         "contract": list(settings.contract),
     }
-    sources = [(SANDBOX_DIR / f"{name}.py").read_text() for name in SERVER_MODULES]
+    sources = [(SANDBOX_DIR / ("" if name == "protocol" else "inside") / f"{name}.py").read_text() for name in SERVER_MODULES]
     # -u: unbuffered, so what the student's code printed is captured even when the worker is killed
     command = [sys.executable, "-I", "-u", "-c", BOOT, str(req_r), str(resp_w), json.dumps(config), *sources]
     if sandbox:

@@ -1,0 +1,1 @@
+"""What instructors make for students: the release, the student kit, and the notebook's self-check."""

@@ -1,0 +1,233 @@
+"""Everything written about the whole class, from the record alone (no grading happens here).
+
+`write_class_outputs` is the one step that writes them, after a class run and after a merge of
+shards alike. Each student of the roster is one `Row`, whatever happened to them, and every output
+has a row per student:
+
+- `autograded/<student>/mha/results.json`: a copy of the record, where nbgrader's layout puts it;
+- `feedback/<student>/mha/feedback.html`: what a student reads (`feedback.py`);
+- the gradebook database, through nbgrader's own API (`gradebook.py`);
+- `grades.csv`: per-part scores, the status and a note per student;
+- `grades-canvas.csv`: the totals in Canvas's gradebook import format;
+- the class at a glance on the terminal: per part, mean, median and the distribution of scores.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from autograder.atomic import write_text_atomically
+from autograder.contract import PART_IDS
+from autograder.course.roster import AMBIGUOUS, ASSIGNMENT, Entry
+from autograder.course.store import Record
+from autograder.model import GradingRun
+from autograder.rubric import Rubric
+
+GRADED, AMBIGUOUS_STATUS, COULD_NOT_GRADE, NO_SUBMISSION, NOT_GRADED = (
+    "graded", "ambiguous", "could_not_grade", "no_submission", "not_graded")
+STATUS_WORDS = {GRADED: "graded", AMBIGUOUS_STATUS: "graded (ambiguous)", COULD_NOT_GRADE: "could not grade",
+                NO_SUBMISSION: "no submission", NOT_GRADED: "not graded yet"}
+BARS = " ▁▂▃▄▅▆▇█"
+
+
+@dataclass
+class Row:
+    entry: Entry
+    run: GradingRun | None  # None: no submission, or not graded (yet)
+
+    @property
+    def student(self) -> str:
+        return self.entry.student
+
+    @property
+    def status(self) -> str:
+        if not self.entry.has_file:
+            return NO_SUBMISSION
+        if self.run is None:
+            return NOT_GRADED
+        if not self.run.graded:
+            return COULD_NOT_GRADE
+        return AMBIGUOUS_STATUS if self.entry.status == AMBIGUOUS else GRADED
+
+    @property
+    def scored(self) -> bool:
+        return self.status in (GRADED, AMBIGUOUS_STATUS)
+
+    def part_scores(self) -> dict[str, float]:
+        return {p.part: p.score for p in self.run.parts()} if self.scored else {}
+
+    def note(self) -> str:
+        """For the instructor: why there is no score, or what to know about the one there is."""
+        notes = []
+        if self.status == COULD_NOT_GRADE:
+            notes.append(self.run.reason)
+        if self.entry.note:
+            notes.append(self.entry.note)
+        if self.scored:
+            notes += self.run.load.lines()[:1] + [f"Worker: {e}" for e in self.run.events[:1]]
+            notes += [f"Flagged: {flag}" for flag in self.run.flags]
+        return "; ".join(n.replace("\n", " ") for n in notes if n)
+
+
+def graded_parts(rubric: Rubric) -> list[str]:
+    """The rubric's parts, in the fixed part order."""
+    return [p for p in PART_IDS if p in rubric.parts] + [p for p in rubric.parts if p not in PART_IDS]
+
+
+# -- grades.csv and the LMS export -----------------------------------------------------------------
+
+def grades_csv(rows: list[Row], rubric: Rubric) -> str:
+    """Per student: total, per-part scores, status, the file graded, a note. A student without a score
+    has empty score cells (could not grade) or zeros (no submission), never a made-up number."""
+    parts = graded_parts(rubric)
+    handle = io.StringIO()
+    writer = csv.writer(handle, lineterminator="\n")
+    writer.writerow(["student", "score", "max_score", *parts, "status", "file", "note"])
+    for row in rows:
+        if row.scored:
+            scores = row.part_scores()
+            cells = [_number(row.run.score), *(_number(scores.get(p, 0.0)) for p in parts)]
+        elif row.status == NO_SUBMISSION:
+            cells = ["0", *("0" for _ in parts)]
+        else:
+            cells = ["", *("" for _ in parts)]
+        writer.writerow([row.student, cells[0], _number(rubric.max_score), *cells[1:], row.status,
+                         row.entry.file.name if row.entry.file else "", row.note()])
+    return handle.getvalue()
+
+
+def canvas_csv(rows: list[Row], rubric: Rubric, assignment: str = ASSIGNMENT) -> str:
+    """Canvas's gradebook import: Student, ID, SIS User ID, SIS Login ID, Section, then one column
+    per assignment, and a "Points Possible" row first. nbgrader's student id (the folder name) goes
+    in SIS Login ID, which Canvas matches students by when ID is empty. A student who could not be
+    graded gets an empty cell (Canvas leaves the grade alone), one with no submission a 0."""
+    handle = io.StringIO()
+    writer = csv.writer(handle, lineterminator="\n")
+    writer.writerow(["Student", "ID", "SIS User ID", "SIS Login ID", "Section", assignment])
+    writer.writerow(["Points Possible", "", "", "", "", _number(rubric.max_score)])
+    for row in rows:
+        score = _number(row.run.score) if row.scored else ("0" if row.status == NO_SUBMISSION else "")
+        writer.writerow([row.student, "", "", row.student, "", score])
+    return handle.getvalue()
+
+
+def _number(value: float) -> str:
+    return f"{round(value, 2):g}"
+
+
+# -- the class at a glance -------------------------------------------------------------------------
+
+def distribution(scores: list[float], maximum: float, bins: int = 10) -> str:
+    """A one-line histogram of `scores` over [0, maximum]: one bar per bin, height by count."""
+    if not scores:
+        return ""
+    counts = [0] * bins
+    for score in scores:
+        index = bins - 1 if maximum <= 0 else min(bins - 1, int(score / maximum * bins))
+        counts[index] += 1
+    top = max(counts)
+    return "".join(BARS[round(c / top * (len(BARS) - 1))] if c else "·" for c in counts)
+
+
+def class_table(rows: list[Row], rubric: Rubric) -> Table:
+    scored = [r for r in rows if r.scored]
+    table = Table(title=f"The class at a glance: {len(scored)} of {len(rows)} students scored")
+    for column, justify in (("part", "left"), ("points", "right"), ("mean", "right"), ("median", "right"),
+                            ("full marks", "right"), ("distribution (0 to max)", "left")):
+        table.add_column(column, justify=justify)
+    series = [(p, rubric.part_points(p), [r.part_scores().get(p, 0.0) for r in scored]) for p in graded_parts(rubric)]
+    series.append(("total", rubric.max_score, [r.run.score for r in scored]))
+    for name, points, scores in series:
+        if scores:
+            full = sum(s >= points - 1e-9 for s in scores)
+            table.add_row(name, f"{points:g}", f"{statistics.fmean(scores):.1f}", f"{statistics.median(scores):g}",
+                          f"{full}/{len(scores)}", distribution(scores, points), end_section=name == series[-2][0])
+        else:
+            table.add_row(name, f"{points:g}", "-", "-", "-", "")
+    return table
+
+
+def students_table(rows: list[Row]) -> Table:
+    table = Table(title="Students")
+    table.add_column("student")
+    table.add_column("score", justify="right")
+    table.add_column("status")
+    table.add_column("note", overflow="fold")
+    for row in rows:
+        score = f"{row.run.score:g} / {row.run.max_score:g}" if row.scored else "-"
+        style = {COULD_NOT_GRADE: "red", NO_SUBMISSION: "yellow", NOT_GRADED: "yellow", AMBIGUOUS_STATUS: "yellow"}
+        table.add_row(escape(row.student), score, STATUS_WORDS[row.status], escape(row.note()[:200]),
+                      style=style.get(row.status))
+    return table
+
+
+# -- the one step that writes them ----------------------------------------------------------------
+
+@dataclass
+class OutputOptions:
+    released: bool = False  # feedback may show what the rubric shows "after_due_date"
+    db_url: str | None = None  # the gradebook (default: the course's nbgrader configuration)
+    gradebook: bool = True
+    feedback: bool = True
+
+
+def mirror_results(course: Path, record: Record, rows: list[Row]) -> int:
+    """Copy each stored results.json to `autograded/<student>/mha/` where it differs or is missing."""
+    copied = 0
+    for row in rows:
+        source = record.results_path(row.student)
+        if row.run is None or not source.is_file():
+            continue
+        target = course / "autograded" / row.student / record.assignment / "results.json"
+        data = source.read_bytes()
+        try:
+            same = target.read_bytes() == data
+        except OSError:
+            same = False
+        if not same:
+            write_text_atomically(target, data.decode("utf-8"))
+            copied += 1
+    return copied
+
+
+def write_class_outputs(course: Path, rows: list[Row], rubric: Rubric, options: OutputOptions | None = None,
+                        console: Console | None = None) -> dict[str, str]:
+    """Write every class output from `rows`; print the tables and where each output is."""
+    options = options or OutputOptions()
+    console = console or Console(highlight=False)
+    course = Path(course)
+    record = Record(course)
+    where: dict[str, str] = {}
+    mirror_results(course, record, rows)
+    where["results (the record)"] = f"{course / record.root.name}/<student>/{ASSIGNMENT}/results.json"
+    where["results (nbgrader's layout)"] = f"{course}/autograded/<student>/{ASSIGNMENT}/results.json"
+    if options.feedback:
+        from autograder.course.feedback import write_feedback
+
+        written = write_feedback(course, rows, released=options.released)
+        where["feedback"] = f"{course}/feedback/<student>/{ASSIGNMENT}/feedback.html ({written} written)"
+    if options.gradebook:
+        from autograder.course.gradebook import GradebookError, record_grades
+
+        try:
+            where["gradebook"] = record_grades(course, rows, rubric, db_url=options.db_url)
+        except GradebookError as exc:
+            console.print(f"gradebook not updated: {exc}", style="red", markup=False)
+    write_text_atomically(course / "grades.csv", grades_csv(rows, rubric))
+    where["grades.csv"] = str(course / "grades.csv")
+    write_text_atomically(course / "grades-canvas.csv", canvas_csv(rows, rubric))
+    where["Canvas import"] = str(course / "grades-canvas.csv")
+    console.print(students_table(rows))
+    console.print(class_table(rows, rubric))
+    counts = {status: sum(r.status == status for r in rows) for status in STATUS_WORDS}
+    console.print(", ".join(f"{n} {STATUS_WORDS[s]}" for s, n in counts.items() if n))
+    for name, path in where.items():
+        console.print(f"{name}: {path}", markup=False)
+    return where

@@ -1,0 +1,269 @@
+"""Grading a whole class: every assignments/submitted/<student>/mha/, a few at a time.
+
+The steps:
+
+1. read the roster (`roster.read_roster`): one entry per student folder, with the file to grade;
+2. decide who needs grading (`store.Record.why_regrade`): a new or changed submission, rubric,
+   grader, reference, torch or device (content hashes), or a last run that could not grade;
+   `force` regrades everyone asked for, `students` limits grading to those students;
+3. grade them, `jobs` at a time, in long-lived grading processes (`grading_pool.Grader`), each
+   submission with its own fresh worker; a submission whose grading process hangs or dies gets a
+   "could not grade" run and is retried next time, and the others go on;
+4. write every class output from the record (`class_outputs.write_class_outputs`).
+
+A class can be split into shards graded on many machines that share the course folder (`--shard K/N`,
+see `autograder.course.shard`): a shard grades and records only its own students and writes no class output.
+`merge_class` (`--merge`) then writes the class's outputs from everyone's stored runs without grading,
+and names whoever has no up-to-date run. With several CUDA devices, each grading process is pinned to
+the least busy one (`autograder.course.placement`).
+
+Each run's results.json is stored (atomically) as soon as it is graded, and its inputs right after,
+so a class run killed at any moment loses nothing already graded: the next run grades the rest.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from autograder.course.class_outputs import OutputOptions, Row, write_class_outputs
+from autograder.course.grading_pool import Grader
+from autograder.course.placement import NoDevice, Placement, placement_for
+from autograder.course.roster import Entry, read_roster
+from autograder.course.shard import Shard, engine_index_in
+from autograder.course.store import ClassInputs, Record
+from autograder.model import CANNOT_GRADE, GradingRun
+from autograder.rubric import DEFAULT_RUBRIC, Rubric, RubricError, load_rubric
+
+EXIT_DONE, EXIT_MERGE_INCOMPLETE, EXIT_CANNOT_GRADE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# What a merge compares with the stored inputs: shards may run other torch builds on other devices.
+MERGE_INPUTS = ("submission", "file", "rubric", "grader", "reference")
+
+
+@dataclass
+class Job:
+    entry: Entry
+    inputs: dict[str, str]
+    reason: str  # why it is graded
+
+    @property
+    def student(self) -> str:
+        return self.entry.student
+
+
+def plan(roster: list[Entry], record: Record, class_inputs: ClassInputs, force: bool,
+         students: list[str] | None) -> list[Job]:
+    """The students to grade now, each with the reason."""
+    jobs = []
+    for entry in roster:
+        if not entry.has_file or (students is not None and entry.student not in students):
+            continue
+        inputs = class_inputs.for_file(entry.file)
+        reason = "forced" if force else record.why_regrade(entry.student, inputs)
+        if reason is not None:
+            jobs.append(Job(entry, inputs, reason))
+    return jobs
+
+
+class Slots:
+    """One long-lived grading process per pool thread, each pinned for its life to one device of the
+    placement (the least busy visible GPU on CUDA; nothing on the CPU)."""
+
+    def __init__(self, placement: Placement | None = None):
+        self.placement = placement
+        self.local = threading.local()
+        self.graders: list[Grader] = []
+        self.lock = threading.Lock()
+        self.held = contextlib.ExitStack()
+
+    def grader(self) -> Grader:
+        if not hasattr(self.local, "grader"):
+            with self.lock:
+                env = self.held.enter_context(self.placement.slot()) if self.placement else None
+                self.local.grader = Grader(env=env)
+                self.graders.append(self.local.grader)
+        return self.local.grader
+
+    def close(self):
+        with self.lock:
+            for grader in self.graders:
+                grader.close()
+            self.held.close()
+
+
+def grade_job(slots: Slots, record: Record, job: Job, device: str, rubric: Path, timeout: float,
+              isolation: str) -> GradingRun:
+    out = record.results_path(job.student)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    request = {"id": job.student, "submission": str(job.entry.file), "out": str(out), "device": device,
+               "rubric": str(rubric), "isolation": isolation}
+    outcome = slots.grader().grade(request, timeout)
+    run = record.run(job.student) if outcome.ok else None
+    if run is None:
+        run = GradingRun(status=CANNOT_GRADE, submission=job.entry.file.name,
+                         reason=outcome.problem or "no readable results.json was written")
+        record.save_run(job.student, run)
+    record.save_inputs(job.student, job.inputs)  # after results.json: a kill in between only regrades
+    return run
+
+
+def class_rows(roster: list[Entry], record: Record) -> list[Row]:
+    """Every student of the roster with their stored run (None: no submission, or not graded yet):
+    what the class outputs are written from, after grading or when merging runs graded elsewhere."""
+    return [Row(entry, record.run(entry.student) if entry.has_file else None) for entry in roster]
+
+
+def hold_course(course: Path, console: Console, shard: Shard | None = None):
+    """An exclusive lock on the course (on one shard of it), so two runs never grade the same students at
+    once; the shards of a class, on one machine or on many sharing the folder, run side by side. It lives
+    beside the record, not in it, so that copying a shard's record (a CI artifact) copies no lock."""
+    lock_path = Path(course) / (f".grading-shard-{shard.index}-of-{shard.count}.lock" if shard else ".grading.lock")
+    handle = open(lock_path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        console.print("another grading run holds this course; waiting for it to finish")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
+def default_jobs() -> int:
+    """Twice the CPUs, at least 2 and at most 8: a submission that hangs spends most of its time waiting
+    for deadlines, and another can use the CPU meanwhile; each job holds a grader and a worker in memory."""
+    return min(max(2, 2 * (os.cpu_count() or 1)), 8)
+
+
+def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, jobs: int | None = None,
+                force: bool = False, students: list[str] | None = None, released: bool = False,
+                db_url: str | None = None, isolation: str | None = None, shard: Shard | None = None) -> int:
+    console = Console(highlight=False)
+    course = Path(course)
+    rubric_path = Path(rubric or DEFAULT_RUBRIC)
+    try:
+        loaded: Rubric = load_rubric(rubric_path)
+        placement = placement_for(device)
+    except (RubricError, NoDevice) as exc:
+        console.print(f"cannot grade: {exc}", style="red", markup=False)
+        return EXIT_CANNOT_GRADE
+    isolation = isolation or os.environ.get("AUTOGRADER_ISOLATION", "auto")
+    roster = read_roster(course)
+    known = {e.student for e in roster}
+    if students is not None and set(students) - known:
+        missing = ", ".join(sorted(set(students) - known))
+        console.print(f"cannot grade: no folder submitted/<student>/ for {missing}", style="red", markup=False)
+        return EXIT_CANNOT_GRADE
+    if shard is not None:
+        mine = shard.select([entry.student for entry in roster])  # split over every student folder
+        console.print(f"shard {shard}: {len(mine)} of the class's {len(roster)} students", markup=False)
+        students = [s for s in mine if students is None or s in students]
+    elif engine_variable := engine_index_in():
+        console.print(f"{engine_variable} is set, but without --shard this grades the whole class; "
+                      "--shard auto grades this task's share", style="yellow", markup=False)
+    jobs = jobs or max(default_jobs(), len(placement.devices))
+    if placement.devices:
+        console.print(f"{jobs} at a time on {len(placement.devices)} CUDA device(s): "
+                      f"{', '.join(placement.devices)}, each grading process on one", markup=False)
+    lock = hold_course(course, console, shard)
+    try:
+        record = Record(course)
+        for entry in roster:
+            if entry.note and (students is None or entry.student in students):
+                console.print(f"{entry.student}: {entry.note}", style="yellow", markup=False)
+        todo = plan(roster, record, ClassInputs.compute(rubric_path, device), force, students)
+        submitted = [e for e in roster if e.has_file and (students is None or e.student in students)]
+        reasons: dict[str, int] = {}
+        for job in todo:
+            reasons[job.reason] = reasons.get(job.reason, 0) + 1
+        why = f" ({', '.join(f'{n} {r}' for r, n in reasons.items())})" if reasons else ""
+        console.print(f"{len(submitted)} submissions: {len(todo)} to grade, {len(submitted) - len(todo)} "
+                      f"already graded{why}", markup=False)
+        interrupted = not grade_all(todo, record, placement, rubric_path, loaded.limit("class_seconds"),
+                                    jobs, isolation, console)
+        if shard is None:
+            rows = class_rows(roster, record)
+            write_class_outputs(course, rows, loaded, OutputOptions(released=released, db_url=db_url), console)
+    finally:
+        lock.close()
+    if interrupted:
+        console.print("interrupted: what was graded is kept; run again to grade the rest")
+        return EXIT_INTERRUPTED
+    if shard is not None:
+        console.print(f"shard {shard} done; once every shard is, `grade-class {course} --merge` writes the "
+                      "class's outputs", markup=False)
+    return EXIT_DONE
+
+
+def merge_class(course: Path, rubric: Path | None = None, released: bool = False, db_url: str | None = None) -> int:
+    """Write the class's outputs from the runs already recorded (by shards or earlier runs), grading
+    nothing. A run that could not grade counts as it does after a whole-class run. When a student with
+    a submission has no run up to date with their submission, the rubric, the grader and the reference,
+    say who and why, write nothing, and return EXIT_MERGE_INCOMPLETE: grade them (their shard again, or
+    plain grade-class) and merge again. The torch build and device are not compared: shards may differ."""
+    console = Console(highlight=False)
+    course = Path(course)
+    rubric_path = Path(rubric or DEFAULT_RUBRIC)
+    try:
+        loaded = load_rubric(rubric_path)
+    except RubricError as exc:
+        console.print(f"cannot merge: {exc}", style="red", markup=False)
+        return EXIT_CANNOT_GRADE
+    roster = read_roster(course)
+    record = Record(course)
+    class_inputs = ClassInputs.compute(rubric_path, device="")
+    missing: dict[str, str] = {}
+    for entry in roster:
+        if not entry.has_file:
+            continue
+        wanted = {key: value for key, value in class_inputs.for_file(entry.file).items() if key in MERGE_INPUTS}
+        why = record.why_stale(entry.student, wanted)  # a run that could not grade is merged as it is
+        if why is not None:
+            missing[entry.student] = why
+    submitted = sum(entry.has_file for entry in roster)
+    if missing:
+        console.print(f"cannot merge: {len(missing)} of {submitted} students have no up-to-date results; "
+                      "nothing was written", style="red", markup=False)
+        for student, why in sorted(missing.items()):
+            console.print(f"  {student}: {why}", markup=False)
+        console.print(f"grade them (their shard again, or `grade-class {course}`, which grades only what is "
+                      "missing) and merge again", markup=False)
+        return EXIT_MERGE_INCOMPLETE
+    console.print(f"merged the results of {submitted} students", markup=False)
+    write_class_outputs(course, class_rows(roster, record), loaded, OutputOptions(released=released, db_url=db_url),
+                        console)
+    return EXIT_DONE
+
+
+def grade_all(todo: list[Job], record: Record, placement: Placement, rubric: Path, timeout: float, jobs: int,
+              isolation: str, console: Console) -> bool:
+    """Grade every job; False when interrupted (Ctrl-C)."""
+    if not todo:
+        return True
+    device = placement.device
+    slots = Slots(placement)
+    columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
+    pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo))))
+    futures = {}
+    try:
+        with Progress(*columns, console=console) as progress:
+            task = progress.add_task("", total=len(todo))
+            futures = {pool.submit(grade_job, slots, record, job, device, rubric, timeout, isolation): job for job in todo}
+            for future in as_completed(futures):
+                run = future.result()
+                progress.update(task, advance=1, description=f"{futures[future].student}: "
+                                + (f"{run.score:g}/{run.max_score:g}" if run.graded else "could not grade"))
+        return True
+    except KeyboardInterrupt:
+        for future in futures:
+            future.cancel()
+        return False
+    finally:
+        slots.close()
+        pool.shutdown(wait=True, cancel_futures=True)
+

@@ -1,0 +1,143 @@
+"""The class's scores in nbgrader's gradebook, through nbgrader's own API (`nbgrader.api.Gradebook`).
+
+The database is the one nbgrader's own commands use: `CourseDirectory.db_url` from the course's
+`nbgrader_config.py` (SQLite `gradebook.db` in the course folder by default; any SQLAlchemy URL
+there, or `--db URL`). What is recorded, so that `nbgrader export` gives the totals we give:
+
+- the assignment `mha` with its notebook `mha` and one grade cell per part of the rubric, named by
+  the part id, with the part's points: the release's autograder-test cells have exactly these
+  grade_ids and points (the release is generated from the rubric), so nbgrader's view of the
+  notebook and ours agree;
+- every student of the roster, and a submission for everyone who submitted a file;
+- each part's score as that grade cell's auto score. A run that could not grade leaves the auto
+  scores empty and marks the cells for manual grading, so the formgrader shows them. An
+  instructor's manual score in the formgrader is never touched (nbgrader counts it over ours).
+
+Every `grade-class` run writes every student's scores again, so a gradebook that another command
+changed (`nbgrader autograde` records its own scores) agrees with the record again afterwards.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from autograder.atomic import write_text_atomically
+from autograder.course.class_outputs import Row, graded_parts
+from autograder.course.roster import ASSIGNMENT
+from autograder.course.store import Record, sha256_file
+from autograder.rubric import Rubric
+
+CONFIG_FILE = "nbgrader_config.py"
+
+
+class GradebookError(RuntimeError):
+    """The gradebook cannot be written; the message says why."""
+
+
+def course_settings(course: Path) -> tuple[str, str]:
+    """(db_url, course_id) as nbgrader's own commands see them for this course folder: its
+    nbgrader_config.py, else nbgrader's defaults (importing nbgrader itself takes seconds, so the
+    defaults of `nbgrader.coursedir.CourseDirectory` are repeated here)."""
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = Config()
+    if (course / CONFIG_FILE).is_file():
+        config = PyFileConfigLoader(CONFIG_FILE, path=str(course)).load_config()
+    settings = config.get("CourseDirectory", {})
+    root = settings.get("root") or str(course.resolve())
+    db_url = settings.get("db_url") or "sqlite:///{}".format(os.path.abspath(os.path.join(root, "gradebook.db")))
+    return db_url, settings.get("course_id", "")
+
+
+def submission_time(folder: Path) -> datetime | None:
+    """nbgrader's submission timestamp (`timestamp.txt`, written by `nbgrader collect`), if any."""
+    from nbgrader.utils import parse_utc
+
+    try:
+        return parse_utc((folder / "timestamp.txt").read_text().strip())
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def sqlite_path(db_url: str) -> Path | None:
+    return Path(db_url.removeprefix("sqlite:///")) if db_url.startswith("sqlite:///") else None
+
+
+def state(db_url: str, rows: list[Row], rubric: Rubric) -> dict:
+    """What the gradebook was last written from, and the SQLite file's hash after writing it."""
+    scores = [[r.student, r.status, r.entry.file.name if r.entry.file else None, r.part_scores()] for r in rows]
+    digest = hashlib.sha256(json.dumps([db_url, scores, {p: rubric.part_points(p) for p in rubric.parts}],
+                                       sort_keys=True).encode()).hexdigest()
+    path = sqlite_path(db_url)
+    return {"db_url": db_url, "scores": digest,
+            "database": sha256_file(path) if path is not None and path.is_file() else None}
+
+
+def record_grades(course: Path, rows: list[Row], rubric: Rubric, db_url: str | None = None,
+                  assignment: str = ASSIGNMENT) -> str:
+    """Write the roster's students and scores into the gradebook; return its URL. Skipped when the
+    scores are those last written and the SQLite file is as we left it (byte for byte); any other
+    database is written every time."""
+    course = Path(course)
+    configured_url, course_id = course_settings(course)
+    db_url = db_url or configured_url
+    stamp_path = Record(course).root / ".gradebook.json"
+    before = state(db_url, rows, rubric)
+    try:
+        last = json.loads(stamp_path.read_text())
+    except (OSError, ValueError):
+        last = None
+    if before["database"] is not None and last == before:
+        return db_url
+    write_grades(db_url, course_id, rows, rubric, assignment)
+    write_text_atomically(stamp_path, json.dumps(state(db_url, rows, rubric), sort_keys=True) + "\n")
+    return db_url
+
+
+def write_grades(db_url: str, course_id: str, rows: list[Row], rubric: Rubric, assignment: str):
+    from nbgrader.api import Grade, Gradebook, InvalidEntry, MissingEntry
+    from sqlalchemy.exc import SQLAlchemyError
+
+    parts = [p for p in graded_parts(rubric) if rubric.part_points(p) > 0]
+    logging.getLogger("nbgrader").setLevel(logging.WARNING)
+    bin_dir = str(Path(sys.executable).parent)  # nbgrader runs `alembic` from its own environment
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), Gradebook(db_url, course_id) as gradebook:
+            gradebook.update_or_create_assignment(assignment)
+            gradebook.update_or_create_notebook(assignment, assignment)
+            cells = {part: gradebook.update_or_create_grade_cell(part, assignment, assignment, cell_type="code",
+                                                                 max_score=rubric.part_points(part))
+                     for part in parts}
+            for row in rows:
+                try:
+                    gradebook.find_student(row.student)
+                except MissingEntry:
+                    gradebook.add_student(row.student)
+                if not row.entry.has_file:
+                    continue
+                stamp = submission_time(row.entry.file.parent)
+                submission = gradebook.update_or_create_submission(
+                    assignment, row.student, **({"timestamp": stamp} if stamp else {}))
+                notebook = next(n for n in submission.notebooks if n.name == assignment)
+                grades = {g.name: g for g in notebook.grades}
+                scores = row.part_scores()
+                for part, cell in cells.items():
+                    grade = grades.get(part)
+                    if grade is None:  # a cell added after the submission was first recorded
+                        grade = Grade(cell_id=cell.id, notebook=notebook)
+                        gradebook.db.add(grade)
+                    grade.auto_score = scores.get(part, 0.0) if row.scored else None
+                    grade.needs_manual_grade = not row.scored
+            gradebook.db.commit()
+    except (SQLAlchemyError, InvalidEntry, OSError) as exc:
+        raise GradebookError(f"{db_url}: {exc}") from None

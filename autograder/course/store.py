@@ -1,0 +1,166 @@
+"""The class's record: each student's last grading run, and what it was made from.
+
+`course/results/<student>/mha/` holds `results.json` (the grading run, Gradescope's format) and
+`inputs.json` (the content hashes of everything that decided it). nbgrader never writes under
+`results/`, so its commands (`autograde --force`, `generate_feedback --force`, `export`) cannot
+destroy the record; the copies in nbgrader's folders (`autograded/`, `feedback/`) are rewritten
+from it by every `grade-class` run.
+
+A run is redone when any input changed (content hashes, never mtimes): the submission's bytes or
+name, the rubric, the grader's code that decides a score (`grader_files`: the package's top-level
+modules and the folders `grading/` and `sandbox/`; never the class workflow, the platform adapters or
+the authoring tools), the reference, the torch version or the device asked for; or when the last run
+could not grade.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from autograder.atomic import write_text_atomically
+from autograder.course.roster import ASSIGNMENT
+from autograder.model import GradingRun
+
+RECORD_DIR = "results"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+# What decides a score: the package's top-level modules (contract, rubric, model, ...) and these folders.
+# The class workflow (course/), the platform adapters (platforms/) and the authoring tools (authoring/)
+# only schedule, present or hand out results, so editing them never regrades a class.
+SCORE_DECIDING_FOLDERS = ("grading", "sandbox")
+# What each input is called when it is the reason for a regrade.
+INPUT_NAMES = {"submission": "the submission changed", "file": "another file is graded now",
+               "rubric": "the rubric changed", "grader": "the checks or the grader changed",
+               "reference": "the reference changed", "torch": "the torch version changed",
+               "device": "another device was asked for"}
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_tree(files: list[Path], root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(sha256_file(path).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def grader_files(package: Path = PACKAGE_DIR) -> list[Path]:
+    """The grader's files that decide a score (the rubric in use is hashed on its own)."""
+    top = list(package.glob("*.py"))
+    folders = [p for folder in SCORE_DECIDING_FOLDERS for p in (package / folder).rglob("*")
+               if p.is_file() and p.suffix in (".py", ".ini", ".toml") and "__pycache__" not in p.parts]
+    return sorted(top + folders)
+
+
+def reference_files() -> list[Path]:
+    spec = importlib.util.find_spec("reference")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return [p for p in root.rglob("*.py") if "__pycache__" not in p.parts]
+
+
+def torch_version() -> str:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+@dataclass(frozen=True)
+class ClassInputs:
+    """What every student's run shares: hashed once per class run."""
+
+    rubric: str
+    grader: str
+    reference: str
+    torch: str
+    device: str
+
+    @classmethod
+    def compute(cls, rubric: Path, device: str) -> ClassInputs:
+        reference = reference_files()
+        return cls(rubric=sha256_file(rubric), grader=sha256_tree(grader_files(), PACKAGE_DIR),
+                   reference=sha256_tree(reference, reference[0].parent) if reference else "none",
+                   torch=torch_version(), device=device)
+
+    def for_file(self, file: Path) -> dict[str, str]:
+        return {"submission": sha256_file(file), "file": file.name, "rubric": self.rubric, "grader": self.grader,
+                "reference": self.reference, "torch": self.torch, "device": self.device}
+
+
+class Record:
+    """`course/results/<student>/mha/`: read and written by student."""
+
+    def __init__(self, course: Path, assignment: str = ASSIGNMENT):
+        self.root = Path(course) / RECORD_DIR
+        self.assignment = assignment
+
+    def folder(self, student: str) -> Path:
+        return self.root / student / self.assignment
+
+    def results_path(self, student: str) -> Path:
+        return self.folder(student) / "results.json"
+
+    def inputs_path(self, student: str) -> Path:
+        return self.folder(student) / "inputs.json"
+
+    def run(self, student: str) -> GradingRun | None:
+        """The stored grading run, or None when there is none or it cannot be read."""
+        return read_run(self.results_path(student))
+
+    def inputs(self, student: str) -> dict | None:
+        try:
+            data = json.loads(self.inputs_path(student).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _compare(self, student: str, inputs: dict[str, str]) -> tuple[GradingRun | None, str | None]:
+        """The stored run, and None when it was made from `inputs` (whether it graded or not), else why not."""
+        run = self.run(student)
+        if run is None:
+            if self.results_path(student).exists():
+                return None, "its results.json is unreadable, or was not written by this grader"
+            return None, "not graded yet"
+        stored = self.inputs(student)
+        if stored is None:
+            return run, "its inputs were not recorded"
+        changed = [INPUT_NAMES.get(key, f"{key} changed") for key in inputs if stored.get(key) != inputs[key]]
+        return run, changed[0] if changed else None
+
+    def why_stale(self, student: str, inputs: dict[str, str]) -> str | None:
+        """None when a run is stored and was made from `inputs`, whether it graded or not; else why not."""
+        return self._compare(student, inputs)[1]
+
+    def why_regrade(self, student: str, inputs: dict[str, str]) -> str | None:
+        """None when the stored run is up to date and graded; else the reason to grade again."""
+        run, stale = self._compare(student, inputs)
+        if stale is None and not run.graded:
+            return "its last run could not grade"
+        return stale
+
+    def save_inputs(self, student: str, inputs: dict[str, str]):
+        write_text_atomically(self.inputs_path(student), json.dumps(inputs, indent=2, sort_keys=True) + "\n")
+
+    def save_run(self, student: str, run: GradingRun):
+        write_text_atomically(self.results_path(student),
+                              json.dumps(run.to_gradescope(), indent=2, ensure_ascii=False) + "\n")
+
+
+def read_run(path: Path) -> GradingRun | None:
+    """The grading model stored in a results.json, or None when there is none (or it is unreadable)."""
+    try:
+        return GradingRun.from_gradescope(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None

@@ -1,0 +1,67 @@
+"""Fixtures the checks ask for, handed over by the grading run (registered as a plugin object)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from autograder.grading.checks.harness import Inputs, Submission, check_seed, dtypes_for
+from autograder.grading.plugin import part_of
+from autograder.rubric import Rubric
+
+
+@dataclass
+class GradingContext:
+    submission: Submission
+    rubric: Rubric
+    device: str
+    run_seed: int
+    measurements: dict = field(default_factory=dict)  # what checks measured for the model (e.g. speed)
+    flags: list[str] = field(default_factory=list)  # what checks flag for the instructor
+    timing_workers: dict = field(default_factory=dict)  # the reference's timing workers by target, started early
+
+
+class GradingFixtures:
+    def __init__(self, context: GradingContext):
+        self._context = context
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):
+        """The speed part's checks run first: the submission's module is timed in a worker that has only
+        loaded its file, like the reference's (a worker that has run every other check is slower)."""
+        items.sort(key=lambda item: part_of(item) != "speed")
+
+    @pytest.fixture(scope="session")
+    def submission(self) -> Submission:
+        return self._context.submission
+
+    @pytest.fixture(scope="session")
+    def rubric(self) -> Rubric:
+        return self._context.rubric
+
+    @pytest.fixture(scope="session")
+    def device(self) -> str:
+        return self._context.device
+
+    @pytest.fixture(scope="session")
+    def context(self) -> GradingContext:
+        return self._context
+
+    @pytest.fixture
+    def inputs(self, request) -> Inputs:
+        """Hidden inputs drawn from (the run's seed, this check's id) alone."""
+        return Inputs(check_seed(self._context.run_seed, request.node.nodeid))
+
+    @pytest.fixture(autouse=True)
+    def _check_budget(self):
+        self._context.submission.begin_check()
+
+    def pytest_generate_tests(self, metafunc):
+        """Checks that take `dtype_name` run once per dtype of the device: fp64 and fp32 on the CPU,
+        fp32, bf16 and fp16 on CUDA; checks that take `speed_workload` once per workload of the device."""
+        if "dtype_name" in metafunc.fixturenames:
+            metafunc.parametrize("dtype_name", dtypes_for(self._context.device))
+        if "speed_workload" in metafunc.fixturenames:  # the rubric's speed workloads for the grading device
+            speed = self._context.rubric.speed
+            workloads = speed.workloads_for(self._context.device) if speed else []
+            metafunc.parametrize("speed_workload", workloads, ids=[w.name for w in workloads])

@@ -1,0 +1,425 @@
+"""What the checks share: the narrow interface to the submission, hidden inputs, and comparisons.
+
+Checks never see the student's objects, only what the worker answers: decoded tensors and plain data
+(`protocol.ModuleInfo` for a module living in the worker, `protocol.Foreign` for anything else).
+Everything a check compares against is computed here, in the trusted process, by `reference/`.
+
+A check fails the student only through `fail()`. Any other exception in a check is the grader's own
+fault: the run then cannot grade rather than charge the student.
+"""
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from autograder.rubric import Rubric
+from autograder.sandbox.client import LoadFailed, SubmissionError, Worker, WorkerCrashed, WorkerTimeout
+from autograder.sandbox.protocol import MISSING, Foreign, Handle, ModuleInfo
+
+MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "mv", "dot", "addmv", "linear",
+              "_addmm_activation"}
+ModuleRef = ModuleInfo  # a module living in the worker, known by its handle
+__all__ = ["Foreign", "ModuleRef"]
+
+
+def fail(message: str):
+    """Fail the current check with a message for the student (no Python traceback of ours)."""
+    pytest.fail(message, pytrace=False)
+
+
+@dataclass
+class Raised:
+    """An exception the student's code raised: its class name and message."""
+
+    type: str
+    message: str
+
+
+@dataclass
+class TensorInfo:
+    device: str
+    requires_grad: bool
+
+
+@dataclass
+class HeadCall:
+    """One call of a wrapper head, seen by a forward hook in the worker (reported by the worker)."""
+
+    index: int
+    same_values: bool  # the head received the wrapper's input unchanged
+    output: torch.Tensor | None
+
+
+@dataclass
+class Forward:
+    y: object
+    y_info: TensorInfo | None
+    x_after: torch.Tensor
+    head_calls: list[HeadCall] = field(default_factory=list)
+    ops: list[str] | None = None  # reported by the worker
+    python_calls: list[str] | None = None  # reported by the worker
+    grads: dict[str, torch.Tensor | None] | None = None
+    grad_problem: str | None = None
+
+
+class Submission:
+    """The checks' one door into the student's code (which runs in the worker).
+
+    Each check has a time budget (`begin_check`): a request gets the smaller of its own deadline and
+    what is left of the check's budget, and the worker's client enforces the whole submission's."""
+
+    def __init__(self, worker: Worker, device: str, check_seconds: float = 60.0):
+        self.worker, self.device, self.check_seconds = worker, device, check_seconds
+        self.check_end = time.monotonic() + check_seconds
+
+    def begin_check(self):
+        self.check_end = time.monotonic() + self.check_seconds
+
+    def _timeout(self) -> float:
+        left = self.check_end - time.monotonic()
+        if left <= 0:
+            fail(f"this check used up its time budget ({self.check_seconds:g} s) waiting for your code")
+        return min(left, self.worker.config.request_seconds)
+
+    def _ask(self, op, target=None, timeout=None, **payload):
+        limit = self._timeout() if timeout is None else min(self._timeout(), timeout)
+        try:
+            return self.worker.request(op, timeout=limit, target=target, **payload)
+        except LoadFailed as exc:
+            fail(str(exc))
+        except SubmissionError as exc:
+            trace = f"\n{exc.traceback}" if exc.traceback else ""
+            if exc.type == "NotImplementedError":
+                fail(f"not done yet: this still raises NotImplementedError (a stub left as released?){trace}")
+            fail(f"your code raised {exc.type}: {exc.message}{trace}")
+        except (WorkerTimeout, WorkerCrashed) as exc:
+            fail(str(exc))
+
+    def value(self, name: str):
+        answer = self._ask("get", name=name)
+        if answer is MISSING:
+            fail(f"`{name}` is not defined in your file")
+        return answer
+
+    def call(self, fn: str, *args, target: str | None = None, **kwargs):
+        return self._ask("call", target=target or fn, fn=fn, args=_wire(list(args)), kwargs=_wire(kwargs))
+
+    def try_call(self, fn: str, *args, target: str | None = None):
+        """Like call, but when the student's code raises, return that exception as a `Raised`."""
+        try:
+            return self.worker.request("call", timeout=self._timeout(), target=target or fn, fn=fn,
+                                       args=_wire(list(args)), kwargs={})
+        except SubmissionError as exc:
+            return Raised(exc.type, exc.message)
+        except (LoadFailed, WorkerTimeout, WorkerCrashed) as exc:
+            fail(str(exc))
+
+    def build(self, cls: str, *args, state_dict=None, dtype: torch.dtype | None = None, **kwargs) -> ModuleInfo:
+        dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else None
+        answer = self._ask("build", target=f"{cls}.__init__", cls=cls, args=list(args), kwargs=kwargs,
+                           state_dict=state_dict, dtype=dtype_name, device=self.device)
+        if not isinstance(answer, ModuleInfo):
+            fail(f"building {cls} did not give a module")
+        return answer
+
+    def to_device(self, module: ModuleInfo, target: str) -> ModuleInfo:
+        """Move a module the student's code returned to the grading device (`build` puts the modules the
+        grader builds there): a function that makes a module makes it on the CPU, wherever it is graded."""
+        if self.device == "cpu":
+            return module
+        answer = self._ask("to", target=target, handle=module.handle, device=self.device)
+        if not isinstance(answer, ModuleInfo):
+            fail("the worker did not describe the module")
+        return answer
+
+    def describe(self, module: ModuleInfo) -> ModuleInfo:
+        answer = self._ask("describe", handle=module.handle)
+        if not isinstance(answer, ModuleInfo):
+            fail("the worker did not describe the module")
+        return answer
+
+    def forward(self, module: ModuleInfo, x: torch.Tensor, *, train=False, seed=0, grad_out=None,
+                trace=False, hooks=False) -> Forward:
+        answer = self._ask("forward", target=f"{module.cls}.forward", handle=module.handle, x=x,
+                           train=train, seed=seed, grad_out=grad_out, trace=trace, hooks=hooks)
+        if not isinstance(answer.x_after, torch.Tensor):
+            fail("the worker's answer did not include the input after the forward")
+        info = TensorInfo(answer.y_device or "cpu", False) if isinstance(answer.y, torch.Tensor) else None
+        calls = [HeadCall(c.index, c.same_values, c.output if isinstance(c.output, torch.Tensor) else None)
+                 for c in answer.head_calls]
+        return Forward(y=answer.y, y_info=info, x_after=answer.x_after, head_calls=calls, ops=answer.ops,
+                       python_calls=answer.python_calls, grads=answer.grads, grad_problem=answer.grad_problem)
+
+
+    def forward_many(self, module: ModuleInfo, seeds: list[int], *, timeout: float | None = None,
+                     **settings) -> list[torch.Tensor]:
+        """Timed forwards on inputs the worker makes from `seeds` (the worker's `forward_many`): per call, a
+        (batch, tokens, 3) tensor of probes of the output. A forward that hangs here is not held against
+        the untimed checks (its own target)."""
+        answer = self._ask("forward_many", target=f"{module.cls}.forward (timed)", timeout=timeout, timed=True,
+                           overrun_hint="far slower than the reference's forward, whose time sets this limit",
+                           handle=module.handle, seeds=seeds, **settings)
+        if not (isinstance(answer, list) and len(answer) == len(seeds)
+                and all(isinstance(a, torch.Tensor) for a in answer)):
+            fail("the timed forwards did not answer one tensor per call")
+        return answer
+
+
+def _wire(value):
+    if isinstance(value, ModuleInfo):
+        return Handle(value.handle)
+    if isinstance(value, (list, tuple)):
+        return [_wire(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _wire(v) for k, v in value.items()}
+    return value
+
+
+def check_seed(run_seed: int, check_id: str) -> int:
+    """The seed of one check's hidden inputs: a function of the run's seed and the check's id only, so
+    `--seed N` reproduces any one check whatever else runs, in whatever order."""
+    digest = hashlib.sha256(f"{run_seed}:{check_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def new_run_seed() -> int:
+    return secrets.randbits(63)
+
+
+class Inputs:
+    """Hidden inputs for one check, from a seed the submission never sees."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def randn(self, *shape, dtype=torch.float64) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.generator, dtype=torch.float64).to(dtype)
+
+    def seed_value(self) -> int:
+        return int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
+
+    def state_dict(self, module: torch.nn.Module, dtype=torch.float64) -> dict[str, torch.Tensor]:
+        """Random weights for `module` (overwritten in place, returned as a state dict): every
+        parameter, biases included, at a scale where attention is neither uniform nor one-hot."""
+        with torch.no_grad():
+            for param in module.parameters():
+                fan_in = param.shape[-1] if param.dim() > 1 else param.shape[0]
+                param.copy_(self.randn(*param.shape) / fan_in**0.5 * 1.5)
+        module.to(dtype)
+        return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def assert_close(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric, what: str,
+                 diagnose=None):
+    """Fail unless `actual` is a tensor of `expected`'s shape and dtype, close within the rubric's
+    tolerance. `diagnose(actual)` may name the likely mistake."""
+    if not isinstance(actual, torch.Tensor):
+        fail(f"{what}: expected a tensor, got {type(actual).__name__} {actual!r:.80}")
+    hint = diagnose(actual) if diagnose else None
+    if tuple(actual.shape) != tuple(expected.shape):
+        fail(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}."
+             + (f"\nLikely mistake: {hint}" if hint else ""))
+    if actual.dtype != expected.dtype:
+        fail(f"{what}: dtype {actual.dtype}, expected {expected.dtype} (keep the input's dtype)")
+    rtol, atol = rubric.tolerance(dtype_name)
+    if not torch.allclose(actual.double(), expected.double(), rtol=rtol, atol=atol, equal_nan=False):
+        diff = (actual.double() - expected.double()).abs()
+        finite = torch.isfinite(actual).all()
+        detail = (f"largest difference {diff.max().item():.3g} (tolerance {atol:g} + {rtol:g} x |expected|)"
+                  if finite else "your output contains NaN or infinity")
+        fail(f"{what}: values differ from the reference; {detail}." + (f"\nLikely mistake: {hint}" if hint else ""))
+
+
+def matches(actual, candidate: torch.Tensor, atol=1e-6) -> bool:
+    return (isinstance(actual, torch.Tensor) and tuple(actual.shape) == tuple(candidate.shape)
+            and torch.allclose(actual.double(), candidate.double(), rtol=1e-5, atol=atol))
+
+
+def first_match(actual, variants: dict) -> str | None:
+    """The description of the first known wrong variant that `actual` equals, if any. A variant is a
+    tensor or a function making one; a variant that cannot be computed for this input is skipped."""
+    for description, candidate in variants.items():
+        try:
+            candidate = candidate() if callable(candidate) else candidate
+        except (RuntimeError, ValueError, IndexError):
+            continue
+        if matches(actual, candidate):
+            return description
+    return None
+
+
+def count_matmuls(ops: list[str]) -> int:
+    return sum(op in MATMUL_OPS for op in ops)
+
+
+def build_pair(submission: Submission, inputs: Inputs, cls: str, *args, dtype=torch.float64,
+               device="cpu", **kwargs):
+    """The reference module with hidden random weights, and the student's class built with the
+    same arguments and loaded with the same weights. The reference is in eval mode."""
+    from reference import mha as ref
+
+    reference = getattr(ref, cls)(*args, **kwargs)
+    state = inputs.state_dict(reference, dtype)
+    reference = reference.to(device).eval()
+    return reference, submission.build(cls, *args, state_dict=state, dtype=dtype, **kwargs)
+
+
+def reference_forward(module: torch.nn.Module, x: torch.Tensor, *, train=False, seed=0) -> torch.Tensor:
+    """The reference's output on x, on the module's device; in training mode, dropout drawn from `seed`.
+    A dropout draw matches the worker's only on the same device: CPU and CUDA generators seeded alike
+    draw different masks (a check in training mode keeps its reference on the grading device)."""
+    module.train(train)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        y = module(x)
+    module.eval()
+    return y
+
+
+def dtypes_for(device: str) -> list[str]:
+    return ["float64", "float32"] if device == "cpu" else ["float32", "bfloat16", "float16"]
+
+
+def book_batch() -> torch.Tensor:
+    """The book's running example, "Your journey starts with one step" as six 3-D embeddings, twice."""
+    from reference import mha as ref
+
+    return ref.batch.clone()  # (2, 6, 3)
+
+
+def book_pair(submission: Submission, cls: str, *args):
+    """The book's setting: the reference built right after torch.manual_seed(123), the student's
+    class given the same weights (float32), and the book's batch."""
+    from reference import mha as ref
+
+    torch.manual_seed(123)
+    reference = getattr(ref, cls)(*args).eval()
+    module = submission.build(cls, *args, state_dict=reference.state_dict(), dtype=torch.float32)
+    return reference, module, book_batch()
+
+
+def check_gradients(answer: Forward, expected: dict, rubric: Rubric, dtype_name: str = "float64"):
+    """Compare the worker's gradients (keys "x" and "param:<name>") with the reference's."""
+    if answer.grad_problem:
+        fail(answer.grad_problem)
+    got = answer.grads
+    if got is None:
+        fail("no gradients came back: does the forward return a tensor connected to its input?")
+    for name, grad in expected.items():
+        label = "the input x" if name == "x" else name.removeprefix("param:")
+        mine = got.get(name)
+        if mine is None:
+            fail(f"no gradient reached {label}: is it used in the computation, without .detach() or torch.no_grad()?")
+        assert_close(mine, grad, dtype_name, rubric, f"gradient of {label}")
+
+
+# -- Charging a mistake once, in the student's terms ------------------------------------------------
+# A later part that uses an earlier one (the wrapper calls combine, fuse_heads may call
+# head_column_ranges) is graded on what it adds; when it cannot be, its message names the earlier
+# part. A check of a property (no input mutation, dtype kept, gradients, structure) counts only when
+# the part's values are right on the check's own case.
+
+import re  # noqa: E402  (kept with the helpers that use it)
+
+
+def attempt(request, *args, **kwargs):
+    """Run one Submission request: (its answer, None), or (None, the message the check would have failed
+    with), so that a check can explain a failure before reporting it."""
+    try:
+        return request(*args, **kwargs), None
+    except pytest.fail.Exception as exc:
+        return None, str(exc.msg)
+
+
+def value_problem(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric, what: str,
+                  diagnose=None) -> str | None:
+    """The message `assert_close` would fail with, or None when `actual` is right."""
+    try:
+        assert_close(actual, expected, dtype_name, rubric, what, diagnose)
+    except pytest.fail.Exception as exc:
+        return str(exc.msg)
+    return None
+
+
+def values_first(problem: str | None, what: str):
+    """Fail a property check whose case's output is wrong: a property of a wrong answer earns nothing."""
+    if problem is not None:
+        fail(f"{what} counts only once the output on this check's input is right, and it is not:\n{problem}")
+
+
+_SIZE_ERROR = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
+_INTERNAL_ERRORS = (
+    ("dtype", re.compile(r"same dtype|expected scalar type|dtype mismatch|Input type .* weight type|"
+                         r"expected m1 and m2|mat1 and mat2 must have the same dtype|can't be cast", re.I),
+     "{function} mixes dtypes: a tensor or a module it uses does not have the input's dtype. Keep every "
+     "parameter in the module's dtype, and create new tensors with the input's dtype (dtype=x.dtype)"),
+    ("device", re.compile(r"same device|Expected all tensors to be on", re.I),
+     "{function} mixes devices: a tensor or a module it uses is not on the input's device. Create new "
+     "tensors on x.device, and keep modules on the device they were given"),
+    ("grad", re.compile(r"does not require grad and does not have a grad_fn", re.I),
+     "{function}'s output is not connected to its input and weights, so no gradient can reach them: no "
+     ".detach(), .data or torch.no_grad(), and no new tensor built from plain numbers"),
+    ("inplace", re.compile(r"leaf Variable that requires grad is being used in an in-place operation|"
+                           r"modified by an inplace operation", re.I),
+     "{function} changes a tensor in place that gradients need (its input x?): work on new tensors instead"),
+    ("view", re.compile(r"view size is not compatible with input tensor's size and stride", re.I),
+     "{function} calls .view() on a tensor that is no longer laid out row by row (after a transpose): "
+     "use .contiguous().view(...) or .reshape(...)"),
+)
+
+
+def in_student_terms(message: str, function: str, *, tokens: int | None = None,
+                     context_length: int | None = None) -> str:
+    """A failure message with PyTorch's internal errors (a mask not cut to T x T, dtypes, devices, gradients,
+    in-place changes, views) explained in the student's terms, naming the function to fix. Messages that
+    are no such error come back unchanged."""
+    size = _SIZE_ERROR.search(message)
+    if size and tokens is not None and context_length is not None and tokens != context_length \
+            and {int(size.group(1)), int(size.group(2))} == {tokens, context_length}:
+        return (f"Likely mistake: {function} fails for {tokens} tokens when context_length is {context_length}: "
+                "the causal mask is context_length x context_length, so cut it to T x T "
+                "(self.mask.bool()[:num_tokens, :num_tokens]) and sequences shorter than context_length work."
+                f"\n{message}")
+    for _, pattern, text in _INTERNAL_ERRORS:
+        if pattern.search(message):
+            return f"Likely mistake: {text.format(function=function)}.\n{message}"
+    return message
+
+
+def forward_checked(submission: Submission, module: ModuleInfo, x: torch.Tensor, *, function: str,
+                    context_length: int | None = None, **kwargs) -> Forward:
+    """`submission.forward`, failing with internal errors put in the student's terms."""
+    answer, problem = attempt(submission.forward, module, x, **kwargs)
+    if problem is not None:
+        fail(in_student_terms(problem, function, tokens=x.shape[1] if x.dim() == 3 else None,
+                              context_length=context_length))
+    return answer
+
+
+def wrong_ranges(submission: Submission, num_columns: int, num_heads: int) -> str | None:
+    """When the student's head_column_ranges(num_columns, num_heads) is wrong: a sentence saying what it
+    returns and why, for the message of a later part that may use it; None when it is right."""
+    from autograder.grading.checks.mistakes import column_range_variants
+    from reference import mha as ref
+
+    expected = ref.head_column_ranges(num_columns, num_heads)
+    given = submission.try_call("head_column_ranges", num_columns, num_heads)
+    call = f"head_column_ranges({num_columns}, {num_heads})"
+    if isinstance(given, Raised):
+        if given.type == "NotImplementedError":
+            return f"your {call} is not written yet"
+        return f"your {call} raises {given.type}: {given.message}"
+    ranges = given
+    if isinstance(given, (list, tuple)):
+        ranges = [tuple(r) if isinstance(r, (list, tuple)) else r for r in given]
+    if ranges == expected:
+        return None
+    mistake = next((d.split(":")[0].split(";")[0] for d, v in column_range_variants(num_columns, num_heads).items()
+                    if v == ranges), None)
+    return f"your {call} returns {ranges!r:.120}" + (f", which are {mistake}" if mistake else f", not {expected!r}")

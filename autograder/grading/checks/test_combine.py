@@ -1,0 +1,64 @@
+"""combine: the gathering step, per-head (b, T, d_h) tensors -> (b, T, sum d_h).
+
+The checks run in this order, so the first failure shown is the most telling: the book's example
+(visible), hidden cases, then the dtype (which counts only when the values are right).
+"""
+import re
+
+import pytest
+import torch
+
+from autograder.grading.checks.harness import assert_close, attempt, book_batch, fail, first_match
+from autograder.grading.checks.mistakes import SHAPE_DRIFT, combine_variants
+from reference import mha as ref
+
+# (batch, tokens, widths of the heads)
+CASES = {
+    "2 heads": (2, 6, [2, 2]),
+    "4 heads": (3, 5, [3, 3, 3, 3]),
+    "12 heads": (1, 7, [4] * 12),
+    "uneven widths": (2, 4, [1, 3, 2]),
+    "1 head": (4, 3, [5]),
+}
+
+
+def head_outputs(inputs, batch, tokens, widths, dtype=torch.float64):
+    return [inputs.randn(batch, tokens, width, dtype=dtype) for width in widths]
+
+
+def check_combine(submission, rubric, outputs, dtype_name, what):
+    got, problem = attempt(submission.call, "combine", outputs)
+    if problem:
+        joined = re.search(r"Sizes of tensors must match except in dimension (\d+)", problem)
+        if joined and joined.group(1) != "2":
+            fail(f"{what}: Likely mistake: combine joins the heads along dimension {joined.group(1)}, where "
+                 "heads of different widths do not line up; only the last dimension may differ between heads, "
+                 f"so concatenate along it, torch.cat(outputs, dim=-1) ({SHAPE_DRIFT}).\n{problem}")
+        fail(problem)
+    assert_close(got, ref.combine(outputs), dtype_name, rubric, what,
+                 diagnose=lambda y: first_match(y, combine_variants(outputs)))
+
+
+@pytest.mark.part("combine")
+def test_book_example(submission, rubric):
+    """combine gathers the book's two heads into (2, 6, 4) context vectors"""
+    batch = book_batch()
+    torch.manual_seed(123)
+    heads = ref.MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2).heads
+    with torch.no_grad():
+        outputs = [head(batch) for head in heads]
+    check_combine(submission, rubric, outputs, "float32", "combine of the book's example")
+
+
+@pytest.mark.part("combine")
+@pytest.mark.parametrize("case", list(CASES))
+def test_concatenates_heads(submission, inputs, rubric, case):
+    """combine puts the heads side by side in the last dimension, head 0 first"""
+    check_combine(submission, rubric, head_outputs(inputs, *CASES[case]), "float64", f"combine of {case}")
+
+
+@pytest.mark.part("combine")
+def test_keeps_dtype(submission, inputs, rubric):
+    """combine keeps the heads' dtype (float32 in, float32 out)"""
+    outputs = head_outputs(inputs, 2, 3, [2, 2], dtype=torch.float32)
+    check_combine(submission, rubric, outputs, "float32", "combine of float32 heads")

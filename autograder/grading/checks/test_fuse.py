@@ -1,0 +1,156 @@
+"""fuse_heads: a wrapper's heads become one MultiHeadAttention that computes the same quantity.
+
+fuse_heads is graded on what it builds, not on the student's MultiHeadAttention.forward: its weights
+are run through the reference forward, and its own forward is compared with the student's own
+MultiHeadAttention built right and given the right weights (so a bug in forward is charged in mha
+alone). Keeping the wrapper's dtype and device is a small check of its own. The other checks count
+only when the weights are right on their own case. When fuse_heads fails and the student's
+head_column_ranges is wrong, the message says so: fuse_heads may use it.
+"""
+import pytest
+import torch
+
+from autograder.grading.checks.harness import (
+    ModuleRef,
+    assert_close,
+    attempt,
+    build_pair,
+    fail,
+    first_match,
+    in_student_terms,
+    reference_forward,
+    value_problem,
+    values_first,
+    wrong_ranges,
+)
+from autograder.grading.checks.mistakes import describe_module_mistake, fuse_variants
+from reference import mha as ref
+
+# (d_in, head width, context_length, heads, qkv_bias)
+CASES = {
+    "2 heads": (3, 2, 6, 2, False),
+    "3 heads, bias": (5, 4, 8, 3, True),
+    "1 head": (4, 3, 5, 1, False),
+    "6 heads, bias": (6, 2, 7, 6, True),
+}
+DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16",
+               torch.float16: "float16"}
+DTYPE_HINT = ("fuse_heads' module does not have the wrapper's dtype: MultiHeadAttention(...) is created in the "
+              "default dtype (float32) on the CPU; move it to the wrapper's, e.g. .to(wrapper.heads[0].W_query.weight)")
+
+
+def fused_pair(submission, inputs, case):
+    """The reference wrapper, the student's wrapper with the same weights, and fuse_heads of the latter."""
+    d_in, width, context, heads, bias = CASES[case]
+    wrapper_ref, wrapper = build_pair(submission, inputs, "MultiHeadAttentionWrapper", d_in, width, context, 0.0,
+                                      heads, qkv_bias=bias)
+    fused, problem = attempt(submission.call, "fuse_heads", wrapper)
+    if problem:
+        note = wrong_ranges(submission, width * heads, heads)
+        fail((f"Likely cause: {note}. If fuse_heads places each head's weights with head_column_ranges, fix "
+              "that first (see the columns checks).\n" if note else "") + problem)
+    if not isinstance(fused, ModuleRef):
+        fail(f"fuse_heads returned {fused!r:.80}; it must return a MultiHeadAttention")
+    if "MultiHeadAttention" not in fused.instance_of:
+        fail(f"fuse_heads returned a {fused.cls}; it must return a MultiHeadAttention (your class)")
+    return wrapper_ref, wrapper, fused
+
+
+def placement_problem(submission, inputs, rubric, case, wrapper_ref, fused) -> str | None:
+    """None when the fused weights, run through the reference forward, reproduce the wrapper."""
+    d_in, width, context, heads, bias = CASES[case]
+    state = fused.state_dict or {}
+    module = ref.MultiHeadAttention(d_in, width * heads, context, 0.0, heads, qkv_bias=bias)
+    expected = module.state_dict()
+    for name, tensor in expected.items():
+        if name not in state or not isinstance(state[name], torch.Tensor) or state[name].shape != tensor.shape:
+            got = tuple(state[name].shape) if isinstance(state.get(name), torch.Tensor) else "nothing"
+            return (f"the fused module's {name} is {got}, expected {tuple(tensor.shape)}: fuse_heads must build "
+                    f"MultiHeadAttention(d_in={d_in}, d_out={width * heads}, context_length={context}, dropout, "
+                    f"num_heads={heads}, qkv_bias={bias}), taking every size from the wrapper")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        return (f"the fused module has weights a MultiHeadAttention(..., qkv_bias={bias}) does not have: "
+                f"{unexpected[:3]}")
+    module.load_state_dict({k: v.double() if v.is_floating_point() else v for k, v in state.items()})
+    module = module.double().eval()
+    x = inputs.randn(2, context, d_in)
+    # the weights' own precision: a float32 copy of float64 weights is a dtype mistake, charged in its own check
+    dtype_name = DTYPE_NAMES.get(state["W_query.weight"].dtype, "float64")
+    problem = value_problem(reference_forward(module, x), reference_forward(wrapper_ref, x), dtype_name, rubric,
+                            f"the reference forward with your fused weights ({case})",
+                            diagnose=lambda y: describe_module_mistake(state, wrapper_ref)
+                            or first_match(y, fuse_variants(wrapper_ref, x)))
+    if problem is None:
+        return None
+    note = wrong_ranges(submission, width * heads, heads)
+    return problem + (f"\nLikely cause: {note}. If fuse_heads places each head's weights with "
+                      "head_column_ranges, fix that first (see the columns checks)." if note else "")
+
+
+@pytest.mark.part("fuse")
+@pytest.mark.parametrize("case", list(CASES))
+def test_weights_placed_per_head(submission, inputs, rubric, case):
+    """head h's weights become head h's columns, out_proj is the identity (checked with the reference forward)"""
+    wrapper_ref, _, fused = fused_pair(submission, inputs, case)
+    problem = placement_problem(submission, inputs, rubric, case, wrapper_ref, fused)
+    if problem:
+        fail(problem)
+
+
+@pytest.mark.part("fuse")
+def test_keeps_dtype_and_device(submission, inputs, rubric, device):
+    """the fused module has the wrapper's dtype (float64 here) and device"""
+    case = "3 heads, bias"
+    wrapper_ref, _, fused = fused_pair(submission, inputs, case)
+    values_first(placement_problem(submission, inputs, rubric, case, wrapper_ref, fused), "Keeping the dtype")
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for name, t in (fused.state_dict or {}).items()
+                     if name != "mask" and isinstance(t, torch.Tensor) and t.is_floating_point()})
+    if dtypes != ["float64"]:
+        fail(f"Likely mistake: {DTYPE_HINT}. For a float64 wrapper the fused module's weights are {', '.join(dtypes)}.")
+    if device != "cpu":
+        d_in, _, context, _, _ = CASES[case]
+        _, problem = attempt(submission.forward, fused, inputs.randn(1, context, d_in))
+        if problem and "device" in problem:
+            fail("Likely mistake: fuse_heads' module is not on the wrapper's device: create it there, e.g. "
+                 f".to(wrapper.heads[0].W_query.weight).\n{problem}")
+
+
+@pytest.mark.part("fuse")
+@pytest.mark.parametrize("case", list(CASES))
+def test_fused_output_equals_wrapper(submission, inputs, rubric, device, case):
+    """your fused module's own forward computes what your MultiHeadAttention computes with the wrapper's weights"""
+    wrapper_ref, _, fused = fused_pair(submission, inputs, case)
+    values_first(placement_problem(submission, inputs, rubric, case, wrapper_ref, fused), "The fused module's forward")
+    d_in, width, context, heads, bias = CASES[case]
+    state = fused.state_dict or {}
+    dtype = state["W_query.weight"].dtype  # a dtype mistake is charged in test_keeps_dtype_and_device alone
+    dtype_name = DTYPE_NAMES.get(dtype, "float64")
+    right = {k: v.detach().cpu().to(dtype) for k, v in ref.fuse_heads(wrapper_ref).state_dict().items()}
+    own = submission.build("MultiHeadAttention", d_in, width * heads, context, 0.0, heads, qkv_bias=bias,
+                           state_dict=right, dtype=dtype)
+    x = inputs.randn(3, context - 1, d_in, dtype=dtype)
+    mine, own_problem = attempt(submission.forward, own, x)
+    if own_problem is not None:
+        return  # your MultiHeadAttention.forward fails on its own (see mha): nothing here to compare with
+    answer, problem = attempt(submission.forward, fused, x)
+    if problem is not None:
+        if device != "cpu" and "device" in problem:
+            return  # charged in test_keeps_dtype_and_device
+        fail(in_student_terms(problem, "the fused module's forward"))
+    assert_close(answer.y, mine.y, dtype_name, rubric,
+                 f"fused module output vs your own MultiHeadAttention with the wrapper's weights ({case}); check the "
+                 "arguments fuse_heads passes to MultiHeadAttention (num_heads, context_length, dropout)")
+
+
+@pytest.mark.part("fuse")
+def test_wrapper_left_unchanged(submission, inputs, rubric):
+    """fusing leaves the wrapper's own weights as they were"""
+    case = "3 heads, bias"
+    wrapper_ref, wrapper, fused = fused_pair(submission, inputs, case)
+    after = submission.describe(wrapper).state_dict or {}
+    for name, tensor in wrapper_ref.state_dict().items():
+        if name not in after or not torch.equal(after[name].double(), tensor.double()):
+            fail(f"fuse_heads changed the wrapper's {name}; copy the weights into the new module instead")
+    values_first(placement_problem(submission, inputs, rubric, case, wrapper_ref, fused),
+                 "Leaving the wrapper unchanged")

@@ -1,0 +1,290 @@
+"""Grading one submission, as a sequence of small steps:
+
+    load the rubric -> choose the device -> read the file -> start its worker -> run the checks
+    -> assemble the grading model -> write results.json -> print the summary
+
+Each step is a function of plain data; the model (`model.GradingRun`) is built once, at the end, and
+everything written or printed is made from it. A run that cannot grade (a broken rubric, a file that
+is not a submission, a fault of the grader's own in a check) says so in results.json and exits 2.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import resource
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from autograder.contract import CONTRACT_NAMES
+from autograder.grading import submission as reader
+from autograder.grading import timing
+from autograder.grading.checks.fixtures import GradingContext, GradingFixtures
+from autograder.grading.checks.harness import Submission, new_run_seed
+from autograder.grading.plugin import ResultsPlugin
+from autograder.grading.report import print_summary
+from autograder.grading.scoring import score
+from autograder.model import CANNOT_GRADE, GRADED, CellProblem, GradingRun, LoadReport
+from autograder.rubric import Rubric, RubricError, load_rubric
+from autograder.sandbox import protocol
+from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
+
+CHECKS_DIR = Path(__file__).with_name("checks")
+EXIT_GRADED, EXIT_CHECKS_FAILED, EXIT_CANNOT_GRADE = 0, 1, 2
+
+
+class CannotGrade(Exception):
+    """The run cannot grade; the message says why (never the student's fault)."""
+
+
+@dataclass
+class Options:
+    device: str = "auto"
+    out: Path | None = Path("results.json")
+    rubric_path: Path | None = None
+    visible_only: bool = False
+    quiet: bool = False
+    isolation: str = "auto"
+    seed: int | None = None
+    parts: tuple[str, ...] | None = None  # grade only these parts (None: all)
+    keep_timing_workers: bool = False  # a long-lived grading process keeps the reference's timing workers
+
+
+# -- the steps ----------------------------------------------------------------------------------
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CannotGrade("--device cuda was asked for, but torch sees no CUDA device")
+    if device not in ("cpu", "cuda"):
+        raise CannotGrade(f"unknown device {device!r}")
+    return device
+
+
+def read_submission(path: Path) -> tuple[list[tuple[int, int, str]], str | None]:
+    """The file's code cells as [number, first line, source], or no cells and why the file cannot be
+    loaded (the student's problem: graded, 0 points). A path that is not a submission file at all
+    (missing, a directory) cannot be graded."""
+    try:
+        cells = reader.read_cells(path)
+    except reader.SubmissionFormatError as exc:
+        return [], str(exc)
+    except reader.NotASubmission as exc:
+        raise CannotGrade(str(exc)) from None
+    return [tuple(cell) for cell in cells], None
+
+
+def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) -> WorkerConfig:
+    return WorkerConfig(
+        device=device,
+        memory_bytes=int(rubric.limit("memory_gib") * (1 << 30)),
+        load_seconds=rubric.limit("load_seconds"),
+        cell_seconds=rubric.limit("cell_seconds"),
+        request_seconds=rubric.limit("request_seconds"),
+        hung_request_seconds=rubric.limit("hung_request_seconds"),
+        submission_seconds=rubric.limit("submission_seconds"),
+        submission_cpu_seconds=rubric.limit("submission_cpu_seconds"),
+        processes=int(rubric.limit("processes")),
+        cpus=rubric.limit("cpu_cores"),
+        output_bytes=int(rubric.limit("output_kib") * 1024),
+        crashes_before_giving_up=int(rubric.limit("crashes_before_giving_up")),
+        isolation=isolation,
+        hide=hide,
+        threads=int(rubric.limit("worker_threads")),
+        limits=protocol.Limits(blob_bytes=int(rubric.limit("reply_mib") * (1 << 20))),
+        contract=CONTRACT_NAMES,
+    )
+
+
+def run_checks(context: GradingContext, rubric: Rubric, visible_only: bool, verbose: bool = False,
+               parts: tuple[str, ...] | None = None) -> ResultsPlugin:
+    """Run the pytest checks in this (trusted) process, with the grader's own configuration only."""
+    timeout = rubric.limit("check_seconds") + rubric.limit("request_seconds") + 30
+    plugin = ResultsPlugin(rubric, visible_only, parts)
+    args = [str(CHECKS_DIR), "-c", str(CHECKS_DIR / "pytest.ini"), "--rootdir", str(CHECKS_DIR),
+            "--noconftest", "-p", "no:cacheprovider", "-p", "pytest_timeout", f"--timeout={timeout:g}",
+            # its gc.collect() at the end of every session costs about a second in a grader holding torch
+            "-p", "no:unraisableexception",
+            "-q", "--no-header", "-rN"]
+    stream = io.StringIO()
+    previous = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    try:
+        with contextlib.redirect_stdout(stream):
+            code = pytest.main(args, plugins=[GradingFixtures(context), plugin])
+    finally:
+        if previous is None:
+            os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+        else:
+            os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = previous
+    if verbose:
+        sys.stderr.write(stream.getvalue())
+    if code not in (0, 1) and not plugin.grader_errors:
+        # 0: all passed, 1: some failed. Anything else (a check module that does not import, a usage
+        # error) is the grader's own trouble.
+        tail = "\n".join(stream.getvalue().strip().splitlines()[-15:])
+        plugin.grader_errors.append(f"the checks could not run (pytest exit code {int(code)}):\n{tail}")
+    return plugin
+
+
+def start_worker(cells, filename: str, config: WorkerConfig, options: Options) -> Worker:
+    """The submission's worker. Without any sandbox on this machine, `grade` refuses unless process
+    isolation was asked for explicitly; `check` (a student running the visible checks on their own
+    code) goes on without one, and says so."""
+    try:
+        return Worker(cells, filename, config)
+    except WorkerError:
+        if not (options.visible_only and config.isolation == "auto"):
+            raise
+    config.isolation = "process"
+    worker = Worker(cells, filename, config)
+    worker.events.append("no sandbox is available on this machine: your code ran as your own user")
+    return worker
+
+
+def resources(worker: Worker) -> dict[str, float]:
+    """What the grading used: the grader's own peak memory, the worker's (all its processes together,
+    where a control group measured it) and the worker's CPU time."""
+    used = {"grader_peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "worker_cpu_seconds": round(worker.cpu_spent, 2)}
+    if worker.memory_peak is not None:
+        used["worker_peak_mib"] = round(worker.memory_peak / (1 << 20), 1)
+    return used
+
+
+def load_report(worker: Worker, problem: str | None) -> LoadReport:
+    report = worker.load_report
+    cells = [CellProblem(e.cell, e.type, e.message, e.timed_out) for e in report.errors] if report else []
+    return LoadReport(problem=problem or worker.load_failure, cells=cells, defined=dict(report.defined) if report else {})
+
+
+def write_results(out: Path, run: GradingRun):
+    """results.json, atomically (a temp file renamed over the old one), readable by feedback tools."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".results-", suffix=".json")
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(run.to_gradescope(), handle, indent=2, ensure_ascii=False)
+            handle.write("\n")
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# -- the pipeline ------------------------------------------------------------------------------
+
+def grade_submission(path: Path, options: Options) -> GradingRun:
+    """Grade one file into a `GradingRun` (status graded or cannot_grade). Never raises for the
+    submission's sake; only a broken installation escapes as an exception."""
+    started = time.monotonic()
+    path = Path(path)
+    run = GradingRun(status=CANNOT_GRADE, submission=path.name, torch=torch.__version__,
+                     visible_only=options.visible_only, seed=options.seed)
+    try:
+        rubric = load_rubric(options.rubric_path)
+        unknown = sorted(set(options.parts or ()) - set(rubric.parts))
+        if unknown:
+            raise CannotGrade(f"no such part: {', '.join(unknown)} (the rubric's parts: {', '.join(rubric.parts)})")
+        run.device = resolve_device(options.device)
+        cells, problem = read_submission(path)
+        hide = [str(path.resolve().parent)] + ([str(Path(options.out).resolve().parent)] if options.out else [])
+        worker = start_worker(cells, path.name, worker_config(rubric, run.device, hide, options.isolation), options)
+    except (RubricError, CannotGrade, WorkerError) as exc:
+        run.reason = str(exc)
+        run.execution_time = time.monotonic() - started
+        return run
+    if problem:
+        worker.load_failure = problem
+    run.seed = new_run_seed() if options.seed is None else options.seed
+    context = GradingContext(Submission(worker, run.device, rubric.limit("check_seconds")), rubric, run.device,
+                             run.seed)
+    if rubric.speed is not None and (options.parts is None or "speed" in options.parts):
+        # the reference's timing workers start now, in the background, while the submission loads
+        start = timing.kept_trusted_workers if options.keep_timing_workers else timing.start_trusted_workers
+        context.timing_workers = start(worker.config)
+    plugin = None
+    try:
+        plugin = run_checks(context, rubric, options.visible_only, parts=options.parts)
+    finally:
+        worker.close()  # every process of the submission is gone before anything is written
+        for timing_worker in context.timing_workers.values():
+            if not timing_worker.kept:
+                timing_worker.close()
+        if plugin is None or plugin.grader_errors:
+            timing.forget_trusted_workers()  # after any trouble, the next grading starts them afresh
+    if _stopped:
+        plugin.grader_errors.insert(0, f"grading was stopped ({signal.Signals(_stopped[0]).name}) before it finished")
+    run.isolation = worker.isolation  # after the run: a fallback may have changed it
+    run.sandbox = dict(worker.in_force)
+    run.worker_starts = worker.starts
+    run.resources = resources(worker)
+    run.events = list(dict.fromkeys(worker.events))
+    run.load = load_report(worker, problem)
+    run.student_output = worker.output()
+    run.speed = context.measurements.get("speed")
+    run.flags = list(context.flags)
+    run.execution_time = time.monotonic() - started
+    if plugin.grader_errors:
+        run.grader_errors = plugin.grader_errors
+        run.reason = ("the grader itself failed (not your submission's fault); it will be graded again: "
+                      + plugin.grader_errors[0].splitlines()[0])
+        return run
+    run.status = GRADED
+    run.titles = {part: rubric.part_title(part) for part in rubric.parts}
+    run.checks = score(list(plugin.outcomes.values()), rubric)
+    return run
+
+
+class Stopped(KeyboardInterrupt):
+    """The grading process was asked to stop (SIGTERM): pytest stops, the worker is killed, and
+    results.json says the run did not finish."""
+
+
+_stopped: list[int] = []  # the signal that stopped this process, once one has
+
+
+def _stop(signum, frame):
+    _stopped.append(signum)
+    raise Stopped()
+
+
+def grade_command(path: Path, options: Options) -> int:
+    """`grade` and `check`: grade, write results.json (grade only), print the summary, exit code.
+
+    Before anything runs, results.json already says that grading did not finish: a grader that is
+    killed leaves that behind, never an old score. SIGTERM stops the run cleanly, with the same result."""
+    if options.out is not None:
+        write_results(options.out, GradingRun(status=CANNOT_GRADE, submission=Path(path).name, torch=torch.__version__,
+                                              reason="grading did not finish: the grader was stopped before it "
+                                                     "wrote its results"))
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        run = grade_submission(path, options)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if options.out is not None:
+        write_results(options.out, run)
+    if not run.graded:
+        print(f"cannot grade: {run.reason}", file=sys.stderr)
+        for error in run.grader_errors[:3]:
+            print(error, file=sys.stderr)
+        return EXIT_CANNOT_GRADE
+    if not options.quiet:
+        print_summary(run, visible_only=options.visible_only)
+    if options.visible_only and any(c.status != "passed" for c in run.checks):
+        return EXIT_CHECKS_FAILED
+    return EXIT_GRADED
+

@@ -1,0 +1,113 @@
+"""A pytest plugin that records each check's outcome; no grading logic lives here.
+
+Markers: `@pytest.mark.part("mha")` (required on every check) and `@pytest.mark.evidence("worker")`
+for a check that rests on what the worker reports about itself (hooks, a trace). A check that earns part
+of its points (the speed part) says how much with `request.node.user_properties.append(("credit", f))`,
+f between 0 and 1, before it fails. Which checks exist is
+the checks' business, how outcomes become points is `scoring.score`'s.
+
+Only a check's own failure (`harness.fail`, i.e. `pytest.fail`) counts against the submission. Any
+other exception in a check, in its setup or teardown, or pytest-timeout stopping a check, is the
+grader's fault: it is recorded in `grader_errors`, and the run cannot grade.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from autograder.grading.scoring import Outcome
+from autograder.model import FAILED, GRADER, PASSED, WORKER
+from autograder.rubric import Rubric, RubricError
+
+# How pytest-timeout fails a test (its whole message; no message of a check's own looks like it)
+CREDIT = "credit"  # the user property naming the fraction of its points a check earned
+PYTEST_TIMEOUT = re.compile(r"Timeout \(>[0-9.]+s\) from pytest-timeout\.")
+
+
+def check_key(item: pytest.Item) -> str:
+    """The rubric's key for a check: "<module without test_>::<function>", e.g. "mha::test_values"."""
+    module = Path(str(item.fspath)).stem.removeprefix("test_")
+    return f"{module}::{item.originalname}"
+
+
+MESSAGE_CHARS = 2500  # one check's message in results.json: every check failing at once stays small
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MESSAGE_CHARS:
+        return message
+    return message[:MESSAGE_CHARS] + f"... [{len(message) - MESSAGE_CHARS:,} more characters]"
+
+
+class ResultsPlugin:
+    def __init__(self, rubric: Rubric, visible_only: bool, parts: tuple[str, ...] | None = None):
+        self.rubric, self.visible_only = rubric, visible_only
+        self.parts = parts  # only these parts' checks run (None: every part)
+        self.outcomes: dict[str, Outcome] = {}
+        self.grader_errors: list[str] = []
+
+    def pytest_configure(self, config):
+        config.addinivalue_line("markers", "part(id): the rubric part a check belongs to")
+        config.addinivalue_line("markers", "evidence(who): 'worker' when a check rests on what the worker reports")
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.grader_errors.append(f"the check module {report.nodeid} could not be collected:\n"
+                                      f"{report.longreprtext[-2000:]}")
+
+    def pytest_collection_modifyitems(self, config, items):
+        if not self.grader_errors:
+            try:
+                self.rubric.check_test_keys({check_key(i) for i in items})
+            except RubricError as exc:
+                self.grader_errors.append(str(exc))
+        keep = [i for i in items if (not self.visible_only or self.rubric.visibility(check_key(i)) == "visible")
+                and (self.parts is None or part_of(i) in self.parts)]
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
+        for item in items:
+            part = part_of(item)
+            if part not in self.rubric.parts:
+                self.grader_errors.append(f"{item.nodeid}: no @pytest.mark.part(...) naming a part of the rubric")
+                continue
+            evidence = item.get_closest_marker("evidence")
+            doc = (item.function.__doc__ or item.originalname).strip().splitlines()[0]
+            param = getattr(item, "callspec", None)
+            self.outcomes[item.nodeid] = Outcome(
+                key=check_key(item), part=part, name=f"{doc} [{param.id}]" if param else doc,
+                evidence=WORKER if evidence and evidence.args[0] == WORKER else GRADER)
+        if self.grader_errors:
+            items[:] = []
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        yield
+        outcome = self.outcomes.get(item.nodeid)
+        if outcome is None:
+            return
+        if call.when == "call":
+            credits = [value for name, value in item.user_properties if name == CREDIT]
+            if credits:
+                outcome.credit = min(1.0, max(0.0, float(credits[-1])))
+        excinfo = call.excinfo
+        if excinfo is None:
+            if call.when == "call" and outcome.status is None:
+                outcome.status = PASSED
+            return
+        error = excinfo.value
+        if isinstance(error, pytest.fail.Exception) and not PYTEST_TIMEOUT.fullmatch(str(error.msg)):
+            outcome.status = FAILED
+            outcome.message = outcome.message or _bounded(str(error.msg))
+            return
+        # anything else is the grader's own trouble, never the student's
+        outcome.status = FAILED
+        where = f"{item.nodeid} ({call.when})"
+        text = str(excinfo.getrepr(style="short", chain=False))[-3000:]
+        self.grader_errors.append(f"{where}: {excinfo.typename}: {str(error)[:500]}\n{text}")
+
+
+def part_of(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("part")
+    return marker.args[0] if marker and marker.args else None

@@ -1,0 +1,394 @@
+"""Timing for the speed part: the measurement protocol, its statistics, and the per-device timing lock.
+
+What is timed: the reference `MultiHeadAttentionWrapper`, the reference `MultiHeadAttention` and the
+submission's `MultiHeadAttention`, all built with the same weights, each in a worker of its own: the two
+reference modules in workers that run only the reference's code, in the same kind of sandboxed process as the
+submission's, spoken to through the same protocol, so process, protocol and serialisation costs are the same
+for all three and cancel in the ratios. (Each has a worker of its own because a process that has just run
+the wrapper's many small calls runs the next forward measurably slower.) The submission's is its grading
+worker, timed before any other check has run in it (the speed part's checks run first); a long-lived grading
+process keeps the two reference workers for its next gradings (`kept_trusted_workers`).
+
+How (`measure`):
+
+- Everything that runs inside a worker is treated as hostile, so the clock is the grader's own: wall time
+  around each `forward_many` request. The request carries only seeds; the worker makes each input from its
+  seed (no input exists before its request, and nothing large crosses the pipe while the clock runs) and
+  answers, per token, a random probe of each output. Every answer is compared with the reference's for the
+  same seed, so caching, replaying, returning before the work is done or working on another stream earn
+  nothing but a failure.
+- Warm-up rounds first, then measured rounds. Each round draws fresh seeds, shared by the three targets,
+  and times the wrapper, then the reference and the submission, which take turns at going first.
+- Only the worker being timed runs: every other worker, with every process it started, is stopped
+  (SIGSTOP), so a submission's background threads or processes cannot slow the reference down.
+- Each request is charged its wall time less the time the worker's threads waited for a CPU held by
+  other processes (so a busy machine hurts nobody), but never less than the CPU time of all the worker's
+  processes spread over the threads it was given (equal torch threads everywhere): a submission cannot
+  win by using more cores than the reference gets, and sleeping or blocking is charged (`charge`).
+
+The statistic (`summarize`): per round, the submission's speedup over the wrapper and the reference's own;
+their ratio (the submission's speedup as a fraction of the reference's) is the score's input, as the median
+over rounds, with the spread kept. Because the wrapper and the reference are measured in the same run on
+the same machine, the thresholds hold on any machine.
+
+On CUDA the whole measurement holds a lock file per device, so gradings running in parallel on one GPU never
+time at the same moment (`devices.timing_lock`); the worker overwrites a buffer larger than the L2 cache before each
+forward and synchronises the device after each, as GPU kernel leaderboards do.
+"""
+from __future__ import annotations
+
+import ast
+import atexit
+import dataclasses
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from autograder.grading import submission as reader
+from autograder.rubric import SpeedSettings
+from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
+from autograder.sandbox.launcher import thread_schedstats
+
+REFERENCE_SOURCE = Path(__file__).resolve().parents[2] / "reference" / "mha.py"
+WRAPPER, REFERENCE, SUBMISSION = "wrapper", "reference", "submission"
+
+
+class TimingFailed(Exception):
+    """The submission's timed forwards failed, were wrong or far too slow; the message is for the student."""
+
+
+class TooSlow(TimingFailed):
+    """After warm-up, even the submission's best time is far below anything that could earn points."""
+
+
+class CannotTime(RuntimeError):
+    """The measurement itself cannot be trusted or run (never the submission's fault)."""
+
+
+# -- the reference's own worker ------------------------------------------------------------------------------
+
+class BackgroundWorker:
+    """A trusted timing worker (running only the reference's code), started in a thread as soon as it is
+    made, so that its start overlaps the grading; `get()` waits for it. One that fails to start is the
+    grader's fault (CannotTime).
+
+    The starting thread lives until `close()`: the worker asks the kernel to kill it when the thread that
+    started it ends (PR_SET_PDEATHSIG belongs to the thread, not the process)."""
+
+    def __init__(self, cells, filename: str, config: WorkerConfig):
+        self.worker = Worker(cells, filename, config)
+        self.kept = False  # one of a grading process's kept workers (`kept_trusted_workers`)
+        self.error: str | None = None
+        self.started = threading.Event()
+        self.closing = threading.Event()
+        self.thread = threading.Thread(target=self._start, name=f"timing-worker-{filename}", daemon=True)
+        self.thread.start()
+
+    def _start(self):
+        try:
+            loaded = self.worker.start()
+            if loaded.errors:
+                self.error = f"the reference did not load in its timing worker: {loaded.errors[0].message}"
+        except WorkerError as exc:
+            self.error = f"the reference's timing worker could not start: {exc}"
+        finally:
+            self.started.set()
+        self.closing.wait()
+
+    def get(self) -> Worker:
+        self.started.wait()
+        if self.error:
+            raise CannotTime(self.error)
+        return self.worker
+
+    def healthy(self) -> bool:
+        """Whether a kept worker can serve another grading: started, never timed out or crashed, running
+        (not left stopped by a measurement that ended badly) and answering."""
+        self.started.wait()
+        if self.error or self.worker.hung or self.worker.crashes or not self.worker.alive():
+            return False
+        self.worker.resume()
+        try:
+            self.worker.request("ping", timeout=5.0)
+        except WorkerError:
+            return False
+        return True
+
+    def close(self):
+        self.started.wait()
+        self.worker.close()
+        self.closing.set()
+        self.thread.join()
+
+
+def trusted_config(config: WorkerConfig) -> WorkerConfig:
+    """A trusted timing worker's settings: the submission's kind of sandboxed process with its limits, so that
+    process, protocol and serialisation costs are the same for the three timed modules; without the
+    submission's time budgets (the submission's to spend) or its hidden folders (nothing of it is loaded)."""
+    return dataclasses.replace(config, submission_seconds=math.inf, submission_cpu_seconds=None, hide=[])
+
+
+def start_trusted_workers(config: WorkerConfig) -> dict[str, BackgroundWorker]:
+    """The wrapper's and the reference's timing workers, each loading only the reference's definitions and
+    starting now, in the background. The submission's module is timed in the submission's own worker, which
+    the speed check is the first to use (so all three timed modules live in processes that have run nothing
+    but the timed forwards: a worker that has run every other check runs the same forward about 10 % slower)."""
+    cells, trusted = reference_cells(), trusted_config(config)
+    return {WRAPPER: BackgroundWorker(cells, "reference.py", trusted),
+            REFERENCE: BackgroundWorker(cells, "reference.py", trusted)}
+
+
+_kept: dict = {"config": None, "workers": {}}  # this process's kept trusted workers, and their settings
+_kept_lock = threading.Lock()
+
+
+def kept_trusted_workers(config: WorkerConfig) -> dict[str, BackgroundWorker]:
+    """This process's two trusted timing workers for `config`'s kind of worker (a long-lived grading process
+    keeps them for its later gradings): the kept ones when they are for the same settings and still answer,
+    else new ones (replacing any others). They only ever run the reference's code, so nothing of one
+    submission reaches the next, and a grading starts one worker instead of three. Whoever uses a kept
+    worker leaves closing it to `forget_trusted_workers`."""
+    wanted = trusted_config(config)
+    with _kept_lock:
+        workers = _kept["workers"]
+        if not (workers and _kept["config"] == wanted and all(w.healthy() for w in workers.values())):
+            for worker in workers.values():
+                worker.close()
+            workers = start_trusted_workers(config)
+            for worker in workers.values():
+                worker.kept = True
+            _kept.update(config=wanted, workers=workers)
+        return dict(workers)
+
+
+def forget_trusted_workers():
+    """Close this process's kept trusted workers (after any trouble in a grading, and when the process ends)."""
+    with _kept_lock:
+        for worker in _kept["workers"].values():
+            worker.close()
+        _kept.update(config=None, workers={})
+
+
+atexit.register(forget_trusted_workers)
+
+
+def reference_cells(path: Path = REFERENCE_SOURCE) -> list[tuple[int, int, str]]:
+    """The reference's code cells that only define (imports, classes, functions, constants): what its timing
+    worker loads, without the notebook's demonstrations and self-checks."""
+    cells = []
+    for number, line, source in reader.read_cells(path):
+        body = ast.parse(source).body
+        if body and all(isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef))
+                        or (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper()
+                                                                 for t in node.targets))
+                        for node in body):
+            cells.append((number, line, source))
+    return cells
+
+
+# -- what is timed -------------------------------------------------------------------------------------------
+
+@dataclass
+class Target:
+    """One module to time. `run(seeds, timeout)` sends one `forward_many` request and returns its answers
+    (per call, a (batch, tokens, 3) tensor of probes); `worker` is the process it runs in; `calls` how many
+    forwards it runs per round (the wrapper, many times slower, needs fewer to be timed as well)."""
+
+    name: str
+    worker: Worker  # or anything with suspend(), resume() and cpu_seconds()
+    run: Callable[[list[int], float], list]
+    calls: int
+
+
+@dataclass
+class Measurement:
+    """Per target, per measured round, seconds per forward: `rounds` the charged time (what is scored),
+    `walls` the wall time, `cpus` the CPU time of all the worker's processes, `waits` the time its threads
+    spent ready to run but waiting for a CPU."""
+
+    rounds: dict[str, list[float]]
+    walls: dict[str, list[float]] = field(default_factory=dict)
+    cpus: dict[str, list[float]] = field(default_factory=dict)
+    waits: dict[str, list[float]] = field(default_factory=dict)
+    warmup: dict[str, list[float]] = field(default_factory=dict)
+
+
+class Stage:
+    """Lets one worker run at a time: every other one is stopped, with all its processes."""
+
+    def __init__(self, workers):
+        self.workers = list({id(w): w for w in workers}.values())
+        self.running = None
+
+    def __enter__(self):
+        for worker in self.workers:
+            worker.suspend()
+        return self
+
+    def run(self, worker):
+        if self.running is not worker:
+            if self.running is not None:
+                self.running.suspend()
+            worker.resume()
+            self.running = worker
+
+    def __exit__(self, *exc):
+        for worker in self.workers:
+            worker.resume()
+
+
+def charge(wall: float, cpu: float, wait: float, threads: int) -> float:
+    """The time a request is charged: its wall time less the time the worker's threads waited for a CPU
+    that other processes held (a busy machine is nobody's fault), but never less than its CPU time spread
+    over the threads it was given (more cores earn nothing). Sleeping or blocking is charged; and since
+    waiting for a CPU means wanting one, no worker can be charged less than the CPU time it used."""
+    return max(cpu / threads, wall - wait)
+
+
+def task_waits(worker) -> dict[int, int]:
+    """Nanoseconds each live thread of the worker has spent ready to run but waiting for a CPU (the second
+    field of /proc/PID/task/TID/schedstat), by thread id."""
+    process = getattr(worker, "process", None)
+    return {tid: waited for pid in (process.pids() if process is not None else ())
+            for tid, (_ran, waited) in thread_schedstats(pid).items()}
+
+
+def waited(before: dict[int, int], after: dict[int, int]) -> float:
+    """Seconds waited for a CPU between two `task_waits`, by the threads alive at both (a thread that ended
+    takes its waits with it, which can only raise the charge)."""
+    return sum(after[tid] - before[tid] for tid in after.keys() & before.keys()) / 1e9
+
+
+def measure(targets: list[Target], settings: SpeedSettings, seeds: Iterator[int],
+            verify: Callable[[dict[str, list]], None], request_seconds: float,
+            clock: Callable[[], float] = time.perf_counter) -> Measurement:
+    """Warm-up rounds, then `settings.rounds` measured rounds of each target's forwards (see the module's
+    docstring); in a round every target's inputs come from the same new seeds. `verify(answers by target)`
+    checks a round's answers (it raises TimingFailed). Raises TimingFailed when the submission's forwards
+    fail, or are so slow after warm-up that even its best time is below `give_up_below` of the reference's
+    worst."""
+    by_name = {t.name: t for t in targets}
+    names = [t.name for t in targets]
+    warm: dict[str, list[float]] = {name: [] for name in names}
+    result = Measurement(*({name: [] for name in names} for _ in range(4)), warmup=warm)
+
+    def one_round(order: list[str], counted: bool):
+        round_seeds = [next(seeds) for _ in range(max(t.calls for t in targets))]
+        answers = {}
+        for name in order:
+            target = by_name[name]
+            stage.run(target.worker)
+            timeout = request_seconds
+            if name == SUBMISSION and warm[REFERENCE]:
+                # far beyond what could still earn anything: stop waiting (a sleeping or hanging forward)
+                slowest = max(result.walls[REFERENCE] or warm[REFERENCE]) * target.calls
+                timeout = min(request_seconds, 1.0 + 2 * slowest / settings.give_up_below)
+            cpu_before, waits_before = target.worker.cpu_seconds(), task_waits(target.worker)
+            start = clock()
+            answers[name] = target.run(round_seeds[:target.calls], timeout)
+            wall = clock() - start
+            cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, task_waits(target.worker))
+            charged = charge(wall, cpu, wait, settings.threads) / target.calls
+            if counted:
+                for into, value in ((result.rounds, charged), (result.walls, wall), (result.cpus, cpu),
+                                    (result.waits, wait)):
+                    into[name].append(value if into is result.rounds else value / target.calls)
+            else:
+                warm[name].append(charged)
+        verify(answers)
+
+    with Stage([t.worker for t in targets]) as stage:
+        for _ in range(settings.warmup_rounds):  # the reference before the submission: its time bounds the wait
+            one_round(names, counted=False)
+        if SUBMISSION in warm and REFERENCE in warm:
+            best = max(warm[REFERENCE]) / min(warm[SUBMISSION])
+            if best < settings.give_up_below:
+                raise TooSlow(
+                    f"your forward took {min(warm[SUBMISSION]) * 1e3:.3g} ms per call at best, the reference's "
+                    f"{max(warm[REFERENCE]) * 1e3:.3g} ms at worst in the same run: more than {1 / settings.give_up_below:.3g} times "
+                    "slower, so the measured rounds were not run")
+        for index in range(settings.rounds):
+            one_round(round_order(names, index), counted=True)
+    return result
+
+
+def round_order(names: list[str], index: int) -> list[str]:
+    """The wrapper first, then the reference and the submission, in turn first: each follows the wrapper
+    and the other equally often, so neither gains from what ran just before it."""
+    first, rest = names[0], names[1:]
+    return [first] + (rest if index % 2 == 0 else rest[::-1])
+
+
+def check_probes(mine, expected, rtol: float, atol: float, sigmas: float, features: int):
+    """Compare one timed call's answer (per token: sum y*R, sum |y|, sum y*y over the output's features,
+    R standard normal) with the reference's for the same seed. For an output y' = y + e, the first column
+    differs by sum e*R, normal with standard deviation sqrt(sum e^2); an output within the dtype's tolerance
+    has |e| <= atol + rtol |y|, which bounds that deviation from the reference's own sums. Raises
+    TimingFailed when a token's probe is off by more than `sigmas` such deviations."""
+    if not (isinstance(mine, torch.Tensor) and mine.shape == expected.shape and mine.dtype == expected.dtype
+            and bool(torch.isfinite(mine).all())):
+        raise TimingFailed("a timed forward's answer was malformed or not finite")
+    abs_sum, square_sum = expected[..., 1], expected[..., 2]
+    deviation = torch.sqrt(features * atol**2 + 2 * atol * rtol * abs_sum + rtol**2 * square_sum)
+    worst = ((mine[..., 0] - expected[..., 0]).abs() / deviation).max().item()
+    if worst > sigmas:
+        raise TimingFailed(
+            "the output of a timed forward differs from the reference's for the same input (a random probe of "
+            f"it is off by {worst:.3g} standard deviations of an output within tolerance, {sigmas:g} allowed). "
+            "Each timed call must compute the answer for its own new input: answers cached or replayed from "
+            "earlier calls earn nothing.")
+
+
+# -- statistics ----------------------------------------------------------------------------------------------
+
+def credit(relative: float, no_credit_at: float, full_credit_at: float) -> float:
+    """The fraction of the speed part's points for a speedup that is `relative` of the reference's: none
+    at or below `no_credit_at`, all from `full_credit_at`, linear in between."""
+    if relative >= full_credit_at:
+        return 1.0
+    if relative <= no_credit_at:
+        return 0.0
+    return (relative - no_credit_at) / (full_credit_at - no_credit_at)
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def summarize(measurement: Measurement) -> dict:
+    """The figures of one workload: median times, per-round speedups over the wrapper, the submission's
+    speedup as a fraction of the reference's (`relative`, the median of the per-round ratios) and its
+    spread. Times are charged times (`charge`); the wall, CPU and waiting times are kept beside them."""
+    charged = measurement.rounds
+    wrapper, reference, mine = charged[WRAPPER], charged[REFERENCE], charged[SUBMISSION]
+    speedups = [w / s for w, s in zip(wrapper, mine)]
+    reference_speedups = [w / r for w, r in zip(wrapper, reference)]
+    relatives = [s / r for s, r in zip(speedups, reference_speedups)]
+    q1, median, q3 = quartiles(relatives)
+    return {
+        "speedup": statistics.median(speedups),
+        "reference_speedup": statistics.median(reference_speedups),
+        "relative": median,
+        "relative_spread": {"q1": q1, "q3": q3, "min": min(relatives), "max": max(relatives)},
+        "ms_per_call": {name: statistics.median(times) * 1e3 for name, times in charged.items()},
+        "per_round_ms": {kind: {name: [round(t * 1e3, 4) for t in times] for name, times in values.items()}
+                         for kind, values in (("charged", charged), ("wall", measurement.walls),
+                                              ("cpu", measurement.cpus), ("waiting", measurement.waits))},
+        "rounds": len(relatives),
+    }
+
+
+def geometric_mean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+# -- the device lock -----------------------------------------------------------------------------------------

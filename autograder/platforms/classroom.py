@@ -1,0 +1,78 @@
+"""GitHub Classroom: grade a student repository and report the points Classroom reads.
+
+    python -m autograder.platforms.classroom SUBMISSION_DIR --out results.json >> "$GITHUB_OUTPUT"
+
+finds the submission in the student's checkout (the same rule as Gradescope's: `mha.ipynb` or `mha.py`,
+else the one notebook or .py file), grades it exactly as `python -m autograder grade` does, writes
+results.json, and prints `result=<base64 JSON>`: the runner result that GitHub Classroom's grading
+reporter (`classroom-resources/autograding-grading-reporter`) reads from the environment and turns
+into the check run's "Points X/Y", which is what Classroom records. One test per part, with the
+part's score, so students see where their points went.
+
+The workflow that runs it is `deploy/github-classroom/.github/workflows/classroom.yml` (documented in
+docs/github-classroom.md): it checks the grader out of the instructor's private repository with a
+secret, so the student's repository never holds the reference.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from autograder.model import GradingRun
+
+
+def runner_result(run: GradingRun) -> dict:
+    """The grading reporter's runner result: status, max_score, and one test per part with its score."""
+    if not run.graded:
+        return {"version": 1, "status": "error", "max_score": 0,
+                "tests": [{"name": "grading", "status": "error", "score": 0, "message": run.reason,
+                           "line_no": 0, "execution_time": f"{run.execution_time:.1f}s"}]}
+    tests = []
+    for part in run.parts():
+        failure = part.first_failure
+        message = "" if failure is None else (failure.message if failure.visibility == "visible"
+                                              else "details are shown after the due date")
+        tests.append({"name": part.title, "status": "pass" if failure is None else "fail",
+                      "score": part.score, "message": message, "line_no": 0, "execution_time": ""})
+    status = "pass" if all(t["status"] == "pass" for t in tests) else "fail"
+    return {"version": 1, "status": status, "max_score": run.max_score, "tests": tests}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autograder.platforms.classroom", description=__doc__.splitlines()[0])
+    parser.add_argument("submission", type=Path, help="the student's checkout")
+    parser.add_argument("--out", type=Path, default=Path("results.json"))
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    args = parser.parse_args(argv)
+
+    from autograder.grading.grade import Options, grade_submission, write_results
+    from autograder.model import CANNOT_GRADE
+    from autograder.platforms.gradescope import find_submission
+
+    file, note = find_submission(args.submission)
+    if file is None:
+        run = GradingRun(status=CANNOT_GRADE, submission="", reason=note)
+    else:
+        with tempfile.TemporaryDirectory(prefix="mha-classroom-") as work:  # the worker never sees the checkout
+            copy = Path(work) / f"mha{file.suffix}"
+            shutil.copyfile(file, copy)
+            run = grade_submission(copy, Options(device=args.device, out=args.out, quiet=True,
+                                                           isolation=os.environ.get("AUTOGRADER_ISOLATION", "auto")))
+        if note:
+            run.events.insert(0, note)
+    write_results(args.out, run)
+    encoded = base64.b64encode(json.dumps(runner_result(run)).encode()).decode()
+    print(f"result={encoded}")
+    print(f"{run.score:g} / {run.max_score:g}" if run.graded else f"could not grade: {run.reason}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The untrusted side: what the worker boots, and nothing the grader ever imports (see `launcher.BOOT`)."""
