@@ -1,4 +1,5 @@
 """Writing a file so that a reader (or a crash) sees the old contents or the new, never half of either."""
+
 from __future__ import annotations
 
 import contextlib

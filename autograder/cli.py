@@ -1,4 +1,5 @@
 """Command line: `python -m autograder grade|check|release|grade-class ...`."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,25 +18,38 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--out", type=Path, default=Path("results.json"))
     grade.add_argument("--rubric", type=Path, default=None, help="rubric TOML (default: the packaged one)")
     grade.add_argument("--quiet", action="store_true", help="no summary on the terminal")
-    isolation_help = ("how the student's code is kept apart: namespace (a sandbox; needs user namespaces), "
-                      "process (a separate process only) or auto (namespace where possible; default, or "
-                      "$AUTOGRADER_ISOLATION)")
+    isolation_help = (
+        "how the student's code is kept apart: namespace (a sandbox; needs user namespaces), "
+        "process (a separate process only) or auto (namespace where possible; default, or "
+        "$AUTOGRADER_ISOLATION)"
+    )
     isolation_default = os.environ.get("AUTOGRADER_ISOLATION", "auto")
-    grade.add_argument("--seed", type=int, default=None,
-                       help="the hidden seed (recorded in results.json); only to reproduce a grading run")
-    grade.add_argument("--isolation", choices=("auto", "namespace", "process"), default=isolation_default,
-                       help=isolation_help)
-    grade.add_argument("--part", action="append", default=None, dest="parts", metavar="PART",
-                       help="grade only this part (repeatable), e.g. to regrade the speed part; "
-                            "the others are not run and count for nothing")
+    grade.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the hidden seed (recorded in results.json); only to reproduce a grading run",
+    )
+    grade.add_argument(
+        "--isolation", choices=("auto", "namespace", "process"), default=isolation_default, help=isolation_help
+    )
+    grade.add_argument(
+        "--part",
+        action="append",
+        default=None,
+        dest="parts",
+        metavar="PART",
+        help="grade only this part (repeatable), e.g. to regrade the speed part; "
+        "the others are not run and count for nothing",
+    )
 
-    check = sub.add_parser("check", help="the visible checks only, with feedback, for students "
-                                         "(exit 1 when one fails)")
+    check = sub.add_parser("check", help="the visible checks only, with feedback, for students (exit 1 when one fails)")
     check.add_argument("submission", type=Path)
     check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     check.add_argument("--rubric", type=Path, default=None)
-    check.add_argument("--isolation", choices=("auto", "namespace", "process"), default=isolation_default,
-                       help=isolation_help)
+    check.add_argument(
+        "--isolation", choices=("auto", "namespace", "process"), default=isolation_default, help=isolation_help
+    )
 
     release = sub.add_parser("release", help="regenerate the student release from reference/mha.py")
     release.add_argument("--root", type=Path, default=None, help="project root (default: this checkout)")
@@ -44,26 +58,50 @@ def main(argv: list[str] | None = None) -> int:
     klass.add_argument("course", type=Path, nargs="?", default=Path("assignments"))
     klass.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     klass.add_argument("--rubric", type=Path, default=None)
-    klass.add_argument("--jobs", type=int, default=None,
-                       help="submissions graded at once (default: twice the CPUs, at least 2 and at most 8: "
-                            "a submission waiting on a deadline leaves its CPU to the others)")
+    klass.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="submissions graded at once (default: twice the CPUs, at least 2 and at most 8: "
+        "a submission waiting on a deadline leaves its CPU to the others)",
+    )
     klass.add_argument("--force", action="store_true", help="regrade even what is up to date")
-    klass.add_argument("--shard", default=None, metavar="K/N",
-                       help="grade only shard K of N (K from 0 to N-1), recording only those students' runs and "
-                            "writing no class output; 'auto' or 'auto/N' reads K (and N) from a Slurm array task "
-                            "or a Kubernetes indexed job")
-    klass.add_argument("--merge", action="store_true",
-                       help="grade nothing: write the class's outputs from the runs already recorded; "
-                            "exits 1, writing nothing, when a student's run is missing or out of date")
-    klass.add_argument("--student", action="append", default=None, metavar="NAME",
-                       help="grade only this student (repeatable); the class outputs still cover everyone")
-    klass.add_argument("--released", action="store_true",
-                       help="the due date has passed: feedback shows the checks the rubric shows after_due_date")
-    klass.add_argument("--db", default=None, metavar="URL",
-                       help="the gradebook's SQLAlchemy URL (default: the course's nbgrader_config.py, "
-                            "else sqlite:///COURSE/gradebook.db)")
-    klass.add_argument("--isolation", choices=("auto", "namespace", "process"), default=isolation_default,
-                       help=isolation_help)
+    klass.add_argument(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="grade only shard K of N (K from 0 to N-1), recording only those students' runs and "
+        "writing no class output; 'auto' or 'auto/N' reads K (and N) from a Slurm array task "
+        "or a Kubernetes indexed job",
+    )
+    klass.add_argument(
+        "--merge",
+        action="store_true",
+        help="grade nothing: write the class's outputs from the runs already recorded; "
+        "exits 1, writing nothing, when a student's run is missing or out of date",
+    )
+    klass.add_argument(
+        "--student",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="grade only this student (repeatable); the class outputs still cover everyone",
+    )
+    klass.add_argument(
+        "--released",
+        action="store_true",
+        help="the due date has passed: feedback shows the checks the rubric shows after_due_date",
+    )
+    klass.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        help="the gradebook's SQLAlchemy URL (default: the course's nbgrader_config.py, "
+        "else sqlite:///COURSE/gradebook.db)",
+    )
+    klass.add_argument(
+        "--isolation", choices=("auto", "namespace", "process"), default=isolation_default, help=isolation_help
+    )
 
     kit = sub.add_parser("student-kit", help="build what students receive (release, self-check, README), no solution")
     kit.add_argument("--out", type=Path, default=Path("dist"))
@@ -96,9 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     from autograder.grading.grade import Options, grade_command
 
     visible_only = args.command == "check"
-    options = Options(device=args.device, out=None if visible_only else args.out, rubric_path=args.rubric,
-                      visible_only=visible_only, quiet=getattr(args, "quiet", False), isolation=args.isolation,
-                      seed=getattr(args, "seed", None), parts=tuple(args.parts) if getattr(args, "parts", None) else None)
+    options = Options(
+        device=args.device,
+        out=None if visible_only else args.out,
+        rubric_path=args.rubric,
+        visible_only=visible_only,
+        quiet=getattr(args, "quiet", False),
+        isolation=args.isolation,
+        seed=getattr(args, "seed", None),
+        parts=tuple(args.parts) if getattr(args, "parts", None) else None,
+    )
     return grade_command(args.submission, options)
 
 
@@ -118,9 +163,18 @@ def grade_class_command(parser: argparse.ArgumentParser, args: argparse.Namespac
         shard = parse_shard(args.shard) if args.shard else None
     except ShardError as exc:
         parser.error(str(exc))
-    return grade_class(args.course, device=args.device, rubric=args.rubric, jobs=args.jobs, force=args.force,
-                       students=args.student, released=args.released, db_url=args.db, isolation=args.isolation,
-                       shard=shard)
+    return grade_class(
+        args.course,
+        device=args.device,
+        rubric=args.rubric,
+        jobs=args.jobs,
+        force=args.force,
+        students=args.student,
+        released=args.released,
+        db_url=args.db,
+        isolation=args.isolation,
+        shard=shard,
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """The student contract and the grade's parts: defined here once, imported everywhere else."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,18 +20,31 @@ class Name:
 
 
 CONTRACT = (
-    Name("CausalAttention", "class", "given", "one head: causal scaled dot-product attention, (b, T, d_in) -> (b, T, d_out)"),
+    Name(
+        "CausalAttention",
+        "class",
+        "given",
+        "one head: causal scaled dot-product attention, (b, T, d_in) -> (b, T, d_out)",
+    ),
     Name("combine", "function", "stub", "per-head (b, T, d_h) tensors -> (b, T, sum d_h), head 0's columns first"),
-    Name("MultiHeadAttentionWrapper", "class", "constructor given",
-         "forward: every head on the same x, one after another in order, then combine"),
+    Name(
+        "MultiHeadAttentionWrapper",
+        "class",
+        "constructor given",
+        "forward: every head on the same x, one after another in order, then combine",
+    ),
     Name("make_2d_wrapper", "function", "stub", "a 2-head wrapper whose context vectors are 2-dimensional"),
     Name("head_column_ranges", "function", "stub", "[(0, w), (w, 2w), ...], one half-open range per head"),
     Name("split_columns", "function", "stub", "the per-head column blocks W[:, start:stop] of a (d_in, d_out) matrix"),
     Name("EIGHT_COLUMNS_FOUR_HEADS", "answer", "stub", "the ranges for 8 columns and 4 heads"),
     Name("HEADS_RUN", "answer", "stub", "question 1, a letter"),
     Name("OUTPUT_SHAPE_STEP", "answer", "stub", "question 2, a letter"),
-    Name("MultiHeadAttention", "class", "constructor given",
-         "forward: the weight-split parallel computation, all heads in one batched pass"),
+    Name(
+        "MultiHeadAttention",
+        "class",
+        "constructor given",
+        "forward: the weight-split parallel computation, all heads in one batched pass",
+    ),
     Name("fuse_heads", "function", "stub", "a MultiHeadAttention whose output equals the wrapper's"),
 )
 CONTRACT_NAMES = tuple(n.name for n in CONTRACT)

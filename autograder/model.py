@@ -9,6 +9,7 @@ A run either graded the submission (`status == "graded"`, whatever the score) or
 (`"cannot_grade"`: a broken rubric, a check that failed for a reason of the grader's own, a file that
 is not a submission), in which case it carries no score and `make grade` retries it next time.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -117,11 +118,17 @@ class GradingRun:
         results = []
         for part in sorted(by_part, key=lambda p: order.get(p, len(order))):
             checks = by_part[part]
-            results.append(PartResult(
-                part=part, title=titles.get(part, part),
-                score=round(sum(c.score for c in checks), 2), max_score=round(sum(c.max_score for c in checks), 2),
-                passed=sum(c.status == PASSED for c in checks), total=len(checks),
-                first_failure=next((c for c in checks if c.status == FAILED), None)))
+            results.append(
+                PartResult(
+                    part=part,
+                    title=titles.get(part, part),
+                    score=round(sum(c.score for c in checks), 2),
+                    max_score=round(sum(c.max_score for c in checks), 2),
+                    passed=sum(c.status == PASSED for c in checks),
+                    total=len(checks),
+                    first_failure=next((c for c in checks if c.status == FAILED), None),
+                )
+            )
         return results
 
     def output_text(self) -> str:
@@ -136,16 +143,19 @@ class GradingRun:
 
     # -- the edge: Gradescope's results.json
     def to_gradescope(self) -> dict:
-        tests = [{
-            "name": f"{c.part}: {c.name}",
-            "number": str(number),
-            "score": round(c.score, 6),
-            "max_score": round(c.max_score, 6),
-            "status": c.status,
-            "output": c.message,
-            "visibility": c.visibility,
-            "tags": [c.part, c.key] + (["worker-reported"] if c.evidence == WORKER else []),
-        } for number, c in enumerate(self.checks, start=1)]
+        tests = [
+            {
+                "name": f"{c.part}: {c.name}",
+                "number": str(number),
+                "score": round(c.score, 6),
+                "max_score": round(c.max_score, 6),
+                "status": c.status,
+                "output": c.message,
+                "visibility": c.visibility,
+                "tags": [c.part, c.key] + (["worker-reported"] if c.evidence == WORKER else []),
+            }
+            for number, c in enumerate(self.checks, start=1)
+        ]
         extra = {k: v for k, v in asdict(self).items() if k not in ("checks", "execution_time")}
         extra["model_version"] = MODEL_VERSION
         results = {
@@ -160,8 +170,9 @@ class GradingRun:
             "extra_data": extra,
         }
         if self.speed and self.speed.get("speedup") is not None:
-            results["leaderboard"] = [{"name": "speedup over the wrapper", "value": round(self.speed["speedup"], 3),
-                                       "order": "desc"}]
+            results["leaderboard"] = [
+                {"name": "speedup over the wrapper", "value": round(self.speed["speedup"], 3), "order": "desc"}
+            ]
         return results
 
     @classmethod
@@ -174,12 +185,25 @@ class GradingRun:
         checks = []
         for test in data.get("tests", []):
             part, key = test["tags"][0], test["tags"][1]
-            checks.append(CheckResult(key=key, part=part, name=test["name"].split(": ", 1)[-1], status=test["status"],
-                                      score=float(test["score"]), max_score=float(test["max_score"]),
-                                      message=test.get("output", ""), visibility=test.get("visibility", "visible"),
-                                      evidence=WORKER if "worker-reported" in test["tags"] else GRADER))
+            checks.append(
+                CheckResult(
+                    key=key,
+                    part=part,
+                    name=test["name"].split(": ", 1)[-1],
+                    status=test["status"],
+                    score=float(test["score"]),
+                    max_score=float(test["max_score"]),
+                    message=test.get("output", ""),
+                    visibility=test.get("visibility", "visible"),
+                    evidence=WORKER if "worker-reported" in test["tags"] else GRADER,
+                )
+            )
         fields = {k: v for k, v in extra.items() if k in cls.__dataclass_fields__ and k not in ("load",)}
-        return cls(**fields, checks=checks,
-                   load=LoadReport(load.get("problem"), [CellProblem(**c) for c in load.get("cells", [])],
-                                   load.get("defined", {})),
-                   execution_time=float(data.get("execution_time", 0.0)))
+        return cls(
+            **fields,
+            checks=checks,
+            load=LoadReport(
+                load.get("problem"), [CellProblem(**c) for c in load.get("cells", [])], load.get("defined", {})
+            ),
+            execution_time=float(data.get("execution_time", 0.0)),
+        )

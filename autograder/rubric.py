@@ -7,6 +7,7 @@ title (its id), a check's weight (1) and visibility (`[defaults] visibility`, it
 Check keys in `[tests]` and `[speed] requires` are validated against the checks that exist
 (`check_test_keys`), so a misspelt key is an error, not a silently ignored setting.
 """
+
 from __future__ import annotations
 
 import tomllib
@@ -45,13 +46,21 @@ SPEED_SETTINGS = {
     "threads": (int, 1, "torch threads of every timed worker; CPU time beyond this many threads is charged"),
     "warmup_rounds": (int, 1, "rounds run before the measured ones and not counted"),
     "rounds": (int, 3, "measured rounds; the statistic is the median of the per-round ratios"),
-    "full_credit_at": (float, 0.0, "full points when the submission's speedup is at least this fraction of the reference's"),
+    "full_credit_at": (
+        float,
+        0.0,
+        "full points when the submission's speedup is at least this fraction of the reference's",
+    ),
     "no_credit_at": (float, 0.0, "no points at or below this fraction; linear in between"),
     "give_up_below": (float, 0.0, "after warm-up, below this fraction the rounds are not run at all (too slow)"),
     "flag_above": (float, 0.0, "a speedup more than this many times the reference's is flagged for the instructor"),
     "min_reference_speedup": (float, 1.0, "below this, the run cannot tell parallel from sequential: a grader fault"),
-    "probe_sigmas": (float, 1.0, "a timed output's per-token probe may differ from the reference's by this many "
-                     "standard deviations of an output within the dtype's tolerance"),
+    "probe_sigmas": (
+        float,
+        1.0,
+        "a timed output's per-token probe may differ from the reference's by this many "
+        "standard deviations of an output within the dtype's tolerance",
+    ),
     "lock_seconds": (float, 1.0, "the longest wait for the device's timing lock (other gradings' timing sections)"),
 }
 # [[speed.workloads]]: name -> (type, meaning)
@@ -239,7 +248,9 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
         _no_unknown(settings, ("weight", "visibility"), f"in {where}: ", path)
         visibility = settings.get("visibility")
         if visibility is not None and visibility not in VISIBILITIES:
-            raise RubricError(f"{path}: {where} visibility must be one of {', '.join(VISIBILITIES)}, not {visibility!r}")
+            raise RubricError(
+                f"{path}: {where} visibility must be one of {', '.join(VISIBILITIES)}, not {visibility!r}"
+            )
         tests[key] = CheckSettings(_number(settings.get("weight", 1.0), f"{where} weight", path), visibility)
 
     tolerances = {}
@@ -249,8 +260,10 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
         value = table.get(dtype)
         if not (isinstance(value, list) and len(value) == 2):
             raise RubricError(f"{path}: [tolerances] {dtype} must be [rtol, atol]" + ("" if value else " (missing)"))
-        tolerances[dtype] = (_number(value[0], f"[tolerances] {dtype} rtol", path),
-                             _number(value[1], f"[tolerances] {dtype} atol", path))
+        tolerances[dtype] = (
+            _number(value[0], f"[tolerances] {dtype} rtol", path),
+            _number(value[1], f"[tolerances] {dtype} atol", path),
+        )
 
     limits = {}
     table = _table(data, "limits", path)
@@ -285,21 +298,31 @@ def _speed_settings(table: dict, path: Path) -> SpeedSettings:
     order = ("give_up_below", "no_credit_at", "full_credit_at", "flag_above")
     for low, high in zip(order, order[1:]):
         if not values[low] < values[high]:
-            raise RubricError(f"{path}: [speed] needs {' < '.join(order)}; {low} = {values[low]:g} is not below "
-                              f"{high} = {values[high]:g}")
+            raise RubricError(
+                f"{path}: [speed] needs {' < '.join(order)}; {low} = {values[low]:g} is not below "
+                f"{high} = {values[high]:g}"
+            )
     requires = table.get("requires")
     if not (isinstance(requires, list) and all(isinstance(key, str) for key in requires)):
-        raise RubricError(f'{path}: [speed] requires must be a list of check keys, e.g. ["mha::test_matches_reference"]')
+        raise RubricError(
+            f'{path}: [speed] requires must be a list of check keys, e.g. ["mha::test_matches_reference"]'
+        )
     workloads = table.get("workloads")
     if not (isinstance(workloads, list) and all(isinstance(w, dict) for w in workloads)):
-        raise RubricError(f"{path}: [speed] needs [[speed.workloads]] tables, at least one per device ({', '.join(DEVICES)})")
+        raise RubricError(
+            f"{path}: [speed] needs [[speed.workloads]] tables, at least one per device ({', '.join(DEVICES)})"
+        )
     parsed = [_workload(w, i, path) for i, w in enumerate(workloads, start=1)]
     for device in DEVICES:
         names = [w.name for w in parsed if w.device == device]
         if not names:
-            raise RubricError(f"{path}: [speed] has no [[speed.workloads]] for device {device!r}; every device needs one")
+            raise RubricError(
+                f"{path}: [speed] has no [[speed.workloads]] for device {device!r}; every device needs one"
+            )
         if len(set(names)) != len(names):
-            raise RubricError(f"{path}: two [[speed.workloads]] for {device!r} share a name; names are unique per device")
+            raise RubricError(
+                f"{path}: two [[speed.workloads]] for {device!r} share a name; names are unique per device"
+            )
     return SpeedSettings(**values, requires=tuple(requires), workloads=tuple(parsed))
 
 

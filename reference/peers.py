@@ -3,6 +3,7 @@
 Each takes MultiHeadAttention's constructor arguments and has `from_reference(mha)`, which copies a
 reference module's weights so tests can show that all of them compute the same thing.
 """
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -41,9 +42,7 @@ class CombinedQKVAttention(nn.Module):
         self.qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)
         self.out_proj = nn.Linear(d_out, d_out)
         self.dropout = nn.Dropout(dropout)
-        self.register_buffer(
-            "mask", torch.triu(torch.ones(context_length, context_length), diagonal=1)
-        )
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
 
     @classmethod
     def from_reference(cls, mha):
@@ -75,9 +74,7 @@ class TorchMultiheadAttention(nn.Module):
         super().__init__()
         if d_in != d_out:
             raise ValueError(f"nn.MultiheadAttention needs d_in == d_out, got {d_in} and {d_out}")
-        self.attn = nn.MultiheadAttention(
-            d_out, num_heads, dropout=dropout, bias=qkv_bias, batch_first=True
-        )
+        self.attn = nn.MultiheadAttention(d_out, num_heads, dropout=dropout, bias=qkv_bias, batch_first=True)
         if not qkv_bias:
             # nn.MultiheadAttention ties the output projection's bias to `bias`; ours always has one.
             self.attn.out_proj.bias = nn.Parameter(torch.zeros(d_out))

@@ -1,5 +1,6 @@
 """Helpers for the class-level tests: courses on disk, grading runs made without grading, and the
 record filled so that `grade-class` finds it up to date (only the outputs are then written)."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,15 @@ def make_course(root: Path, files: dict[str, dict[str, str] | None]) -> Path:
     return root
 
 
-def synthetic_run(submission: str, scores: dict[str, float] | None = None, *, checks: list[CheckResult] | None = None,
-                  status: str = GRADED, reason: str = "", speed: dict | None = None) -> GradingRun:
+def synthetic_run(
+    submission: str,
+    scores: dict[str, float] | None = None,
+    *,
+    checks: list[CheckResult] | None = None,
+    status: str = GRADED,
+    reason: str = "",
+    speed: dict | None = None,
+) -> GradingRun:
     """A graded run with one check per part scoring `scores[part]` of the rubric's points (default full)."""
     rubric = load_rubric()
     if checks is None:
@@ -41,12 +49,28 @@ def synthetic_run(submission: str, scores: dict[str, float] | None = None, *, ch
                 continue
             points = rubric.part_points(part)
             score = points if scores is None else scores.get(part, points)
-            checks.append(CheckResult(key=f"{part}::test_all", part=part, name=f"everything in {part}",
-                                      status=PASSED if score >= points else FAILED, score=score, max_score=points,
-                                      message="" if score >= points else f"{part} went wrong"))
-    return GradingRun(status=status, submission=submission, device="cpu", isolation="process", seed=1,
-                      reason=reason, checks=checks if status == GRADED else [], speed=speed,
-                      titles={p: rubric.part_title(p) for p in rubric.parts})
+            checks.append(
+                CheckResult(
+                    key=f"{part}::test_all",
+                    part=part,
+                    name=f"everything in {part}",
+                    status=PASSED if score >= points else FAILED,
+                    score=score,
+                    max_score=points,
+                    message="" if score >= points else f"{part} went wrong",
+                )
+            )
+    return GradingRun(
+        status=status,
+        submission=submission,
+        device="cpu",
+        isolation="process",
+        seed=1,
+        reason=reason,
+        checks=checks if status == GRADED else [],
+        speed=speed,
+        titles={p: rubric.part_title(p) for p in rubric.parts},
+    )
 
 
 def fill_record(course: Path, runs: dict[str, GradingRun], device: str = "cpu"):
@@ -62,10 +86,15 @@ def fill_record(course: Path, runs: dict[str, GradingRun], device: str = "cpu"):
 def nbgrader(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """One of nbgrader's own commands, as an instructor runs it (the virtualenv's bin/ on PATH)."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    return subprocess.run([str(BIN / "nbgrader"), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run([str(BIN / "nbgrader"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def autograder(*args, cwd: Path, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "autograder", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+    )

@@ -1,4 +1,5 @@
 """Fixtures shared by the project's tests; the helpers they use live in helpers.py."""
+
 import pytest
 
 from helpers import REFERENCE, grade

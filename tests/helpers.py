@@ -1,4 +1,5 @@
 """Helpers for the project's tests: grading a file end to end, as an instructor would, and reading results."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,10 @@ def grade(path: Path, out_dir: Path, *extra: str, timeout: float = 300) -> tuple
     out = out_dir / f"{Path(path).stem}-results.json"
     run = subprocess.run(
         [sys.executable, "-m", "autograder", "grade", str(path), "--out", str(out), "--quiet", *extra],
-        capture_output=True, text=True, timeout=timeout, cwd=out_dir,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=out_dir,
     )
     assert out.exists(), f"no results.json was written\nstdout: {run.stdout}\nstderr: {run.stderr}"
     return json.loads(out.read_text()), run

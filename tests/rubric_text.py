@@ -1,4 +1,5 @@
 """Rubric files for tests: the packaged rubric's required sections, with parts and checks of a test's own."""
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """Submissions for the speed part's verdicts: the reference's definitions with one change each."""
+
 from __future__ import annotations
 
 from autograder.grading.timing import reference_cells

@@ -1,4 +1,5 @@
 """Class outputs are written atomically: a reader or a crash sees the old file or the new one."""
+
 import stat
 
 import pytest

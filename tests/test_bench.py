@@ -1,5 +1,6 @@
 """`make bench` runs end to end (on tiny shapes here): every module timed in both modes, the five compute the
 same thing, the table, the JSON and the PNG are written. The figures themselves are the benchmark's to show."""
+
 import json
 import sys
 

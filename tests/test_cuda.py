@@ -1,11 +1,11 @@
 """Checks that need a CUDA device: skipped without one, run by the GPU workflow (`pytest -m cuda`)."""
+
 import pytest
 import torch
 
 from helpers import REFERENCE, grade, part_scores
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 def test_reference_gets_full_marks_on_cuda(tmp_path):

@@ -1,5 +1,6 @@
 """Spreading a class over several GPUs and serialising timing per device, tested with made-up device
 counts (no GPU needed); the CUDA test at the end runs it for real where a device is present."""
+
 import contextlib
 import fcntl
 import json
@@ -137,8 +138,12 @@ def try_lock(path) -> bool:
 
 def test_a_timing_lock_is_held_across_processes_per_device_and_freed_when_its_holder_dies(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this process's temp folder, and the holder's:
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, "cuda-GPU-aaaa"], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "TMPDIR": str(tmp_path)})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, "cuda-GPU-aaaa"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
     try:
         assert holder.stdout.readline().strip() == "holding"
         held, other = timing_lock_path("cuda-GPU-aaaa"), timing_lock_path("cuda-GPU-bbbb")
@@ -167,6 +172,7 @@ def test_the_timing_lock_file_can_be_named(tmp_path):
 
 # --- for real, where CUDA is present ---------------------------------------------------------------
 
+
 @pytest.mark.cuda
 def test_a_class_on_cuda_pins_each_process_to_a_visible_device(tmp_path):
     torch = pytest.importorskip("torch")
@@ -177,8 +183,12 @@ def test_a_class_on_cuda_pins_each_process_to_a_visible_device(tmp_path):
         folder = course / "submitted" / student / "mha"
         folder.mkdir(parents=True)
         (folder / "mha.py").write_text(REFERENCE.read_text())
-    run = subprocess.run([sys.executable, "-m", "autograder", "grade-class", course, "--device", "cuda", "--jobs", "3"],
-                         capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, "-m", "autograder", "grade-class", course, "--device", "cuda", "--jobs", "3"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"on {torch.cuda.device_count()} CUDA device(s)" in " ".join(run.stdout.split())
     for student in ("ann", "bob", "cat"):

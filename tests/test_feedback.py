@@ -1,5 +1,6 @@
 """feedback.html: what a student reads. Valid, self-contained, escaped, rendered by a real browser, and
 never showing what the rubric withholds."""
+
 from __future__ import annotations
 
 import base64
@@ -17,20 +18,47 @@ from autograder.course.roster import read_roster
 from autograder.model import CANNOT_GRADE, FAILED, PASSED, CheckResult, LoadReport
 from classkit import make_course, synthetic_run
 
-SPEED = {"speedup": 2.51, "reference_speedup": 2.43, "threshold": {"full": 0.8, "none": 0.5},
-         "rounds": [{"student_ms": 1.0 + i / 10, "wrapper_ms": 2.5 + i / 20, "reference_ms": 1.05} for i in range(8)],
-         "ratios": [2.4, 2.5, 2.6, 2.45, 2.55]}
+SPEED = {
+    "speedup": 2.51,
+    "reference_speedup": 2.43,
+    "threshold": {"full": 0.8, "none": 0.5},
+    "rounds": [{"student_ms": 1.0 + i / 10, "wrapper_ms": 2.5 + i / 20, "reference_ms": 1.05} for i in range(8)],
+    "ratios": [2.4, 2.5, 2.6, 2.45, 2.55],
+}
 
 
 def marked_run():
     """A run whose every check and output carries a marker, by visibility."""
     checks = [
-        CheckResult("combine::test_visible", "combine", "heads side by side [VISIBLE-NAME]", FAILED, 0.0, 5.0,
-                    "VISIBLE-MESSAGE: <script>alert('x')</script> & \"quotes\""),
-        CheckResult("combine::test_after", "combine", "hidden widths [AFTER-NAME]", FAILED, 0.0, 5.0,
-                    "AFTER-SECRET: largest difference 0.123456 at input[3, 1]", visibility="after_due_date"),
-        CheckResult("mha::test_hidden", "mha", "the secret check [HIDDEN-NAME]", FAILED, 0.0, 10.0,
-                    "HIDDEN-SECRET: expected 42.4242", visibility="hidden"),
+        CheckResult(
+            "combine::test_visible",
+            "combine",
+            "heads side by side [VISIBLE-NAME]",
+            FAILED,
+            0.0,
+            5.0,
+            "VISIBLE-MESSAGE: <script>alert('x')</script> & \"quotes\"",
+        ),
+        CheckResult(
+            "combine::test_after",
+            "combine",
+            "hidden widths [AFTER-NAME]",
+            FAILED,
+            0.0,
+            5.0,
+            "AFTER-SECRET: largest difference 0.123456 at input[3, 1]",
+            visibility="after_due_date",
+        ),
+        CheckResult(
+            "mha::test_hidden",
+            "mha",
+            "the secret check [HIDDEN-NAME]",
+            FAILED,
+            0.0,
+            10.0,
+            "HIDDEN-SECRET: expected 42.4242",
+            visibility="hidden",
+        ),
         CheckResult("mha::test_ok", "mha", "dtype kept", PASSED, 15.0, 15.0),
         CheckResult("speed::test_speedup", "speed", "faster than the wrapper", PASSED, 10.0, 10.0),
     ]
@@ -54,8 +82,16 @@ def parse_strict(page: str):
 def test_hidden_details_are_withheld_before_the_due_date(tmp_path):
     page = render(row_for(tmp_path, marked_run()), released=False)
     assert "VISIBLE-NAME" in page and "VISIBLE-MESSAGE" in page
-    for secret in ("AFTER-NAME", "AFTER-SECRET", "0.123456", "HIDDEN-NAME", "HIDDEN-SECRET", "42.4242",
-                   "PRINTED-SECRET", "0.1234"):
+    for secret in (
+        "AFTER-NAME",
+        "AFTER-SECRET",
+        "0.123456",
+        "HIDDEN-NAME",
+        "HIDDEN-SECRET",
+        "42.4242",
+        "PRINTED-SECRET",
+        "0.1234",
+    ):
         assert secret not in page, secret
     assert "1 more check ran on hidden inputs; their details are shown after the due date." in page
     assert "1 check whose details are not shown." in page
@@ -91,11 +127,14 @@ def test_every_page_is_valid_html_and_self_contained(tmp_path, case):
     assert page.startswith("<!DOCTYPE html>") and tree.get("lang") == "en"
     assert tree.find("head/meta[@charset='utf-8']") is not None and tree.find("head/title").text.strip()
     assert not re.search(r"<link|<script|@import|url\(", page)  # nothing fetched: one file says it all
-    assert all(img.get("src", "").startswith("data:image/png;base64,") and img.get("alt")
-               for img in tree.iter("img"))
+    assert all(img.get("src", "").startswith("data:image/png;base64,") and img.get("alt") for img in tree.iter("img"))
     assert not [a for a in tree.iter("a") if a.get("href")]
-    expected = {"graded": "Score: 25 / 45", "released": "Score: 25 / 45", "cannot_grade": "could not be graded yet",
-                "no_submission": "No submission was found"}[case]
+    expected = {
+        "graded": "Score: 25 / 45",
+        "released": "Score: 25 / 45",
+        "cannot_grade": "could not be graded yet",
+        "no_submission": "No submission was found",
+    }[case]
     assert expected in " ".join("".join(tree.itertext()).split())
 
 
@@ -124,6 +163,7 @@ def test_a_page_is_rewritten_only_when_what_it_shows_changed(tmp_path):
 
 # -- in a real browser ------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def chromium() -> str:
     """Debian's headless Chromium, installed by the test when it is missing (as root)."""
@@ -148,9 +188,23 @@ def chromium() -> str:
 
 
 def headless(chromium: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                           f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def test_chromium_renders_the_page_and_takes_a_screenshot(chromium, tmp_path):
@@ -159,8 +213,14 @@ def test_chromium_renders_the_page_and_takes_a_screenshot(chromium, tmp_path):
     page = tmp_path / "feedback.html"
     page.write_text(render(row_for(tmp_path, marked_run())))
     shot = tmp_path / "shot.png"
-    done = headless(chromium, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1000,1600",
-                    "--hide-scrollbars", page.as_uri())
+    done = headless(
+        chromium,
+        tmp_path / "profile",
+        f"--screenshot={shot}",
+        "--window-size=1000,1600",
+        "--hide-scrollbars",
+        page.as_uri(),
+    )
     assert shot.is_file(), done.stderr[-2000:]
     pixels = matplotlib.image.imread(shot)
     assert pixels.shape[:2] == (1600, 1000)

@@ -1,4 +1,5 @@
 """The whole class: every student accounted for, nothing stale, nothing lost, no submission stopping the others."""
+
 from __future__ import annotations
 
 import csv
@@ -35,16 +36,19 @@ from helpers import REFERENCE
 
 
 def test_every_student_folder_is_an_entry_with_the_file_graded_and_why(tmp_path):
-    course = make_course(tmp_path, {
-        "ann": {"mha.ipynb": "{}"},
-        "bob": {"mha (1).ipynb": "{}"},  # what a browser or LMS download names a second copy
-        "cat": {"mha-1.ipynb": "{}"},  # what nbgrader zip_collect makes of an LMS export
-        "dan": {"mha.py": "", "mha.ipynb": "{}", "notes.txt": ""},
-        "eve": {"mha (1).py": "", "mha (2).py": "", "draft.py": ""},
-        "fay": {"notes.txt": "I forgot"},
-        "gus": {},
-        "hal": None,  # no mha/ folder at all
-    })
+    course = make_course(
+        tmp_path,
+        {
+            "ann": {"mha.ipynb": "{}"},
+            "bob": {"mha (1).ipynb": "{}"},  # what a browser or LMS download names a second copy
+            "cat": {"mha-1.ipynb": "{}"},  # what nbgrader zip_collect makes of an LMS export
+            "dan": {"mha.py": "", "mha.ipynb": "{}", "notes.txt": ""},
+            "eve": {"mha (1).py": "", "mha (2).py": "", "draft.py": ""},
+            "fay": {"notes.txt": "I forgot"},
+            "gus": {},
+            "hal": None,  # no mha/ folder at all
+        },
+    )
     roster = {e.student: e for e in read_roster(course)}
     assert sorted(roster) == ["ann", "bob", "cat", "dan", "eve", "fay", "gus", "hal"]
     assert roster["ann"].status == SUBMITTED and roster["ann"].note == ""
@@ -62,6 +66,7 @@ def test_every_student_folder_is_an_entry_with_the_file_graded_and_why(tmp_path)
 
 
 # -- nothing stale ----------------------------------------------------------------------------------
+
 
 def test_a_run_is_redone_exactly_when_an_input_changed_or_it_could_not_grade(tmp_path, monkeypatch):
     course = make_course(tmp_path / "course", {"ann": {"mha.py": "x = 1\n"}})
@@ -85,11 +90,14 @@ def test_a_run_is_redone_exactly_when_an_input_changed_or_it_could_not_grade(tmp
     rubric.write_text(rubric.read_text() + "\n# a comment\n")
     assert why() == "the rubric changed"
     shutil.copy(DEFAULT_RUBRIC, rubric)
-    assert record.why_regrade("ann", ClassInputs.compute(rubric, "cuda").for_file(file)) == "another device was asked for"
+    assert (
+        record.why_regrade("ann", ClassInputs.compute(rubric, "cuda").for_file(file)) == "another device was asked for"
+    )
     import autograder.course.store as store
 
-    monkeypatch.setattr(store, "sha256_tree", lambda files, root: "another grader" if root == store.PACKAGE_DIR
-                        else "same reference")
+    monkeypatch.setattr(
+        store, "sha256_tree", lambda files, root: "another grader" if root == store.PACKAGE_DIR else "same reference"
+    )
     assert why() == "the checks or the grader changed"
     monkeypatch.undo()
     assert why() is None
@@ -101,8 +109,17 @@ def test_the_grader_fingerprint_covers_checks_and_sandbox_but_not_presentation()
     from autograder.course.store import PACKAGE_DIR, grader_files
 
     names = {p.relative_to(PACKAGE_DIR).as_posix() for p in grader_files()}
-    assert {"grading/grade.py", "grading/scoring.py", "grading/checks/test_mha.py", "grading/checks/pytest.ini",
-            "sandbox/inside/server.py", "sandbox/client.py", "contract.py", "rubric.py", "model.py"} <= names
+    assert {
+        "grading/grade.py",
+        "grading/scoring.py",
+        "grading/checks/test_mha.py",
+        "grading/checks/pytest.ini",
+        "sandbox/inside/server.py",
+        "sandbox/client.py",
+        "contract.py",
+        "rubric.py",
+        "model.py",
+    } <= names
     assert not {p for p in names if p.startswith(("course/", "platforms/", "authoring/"))}
     assert "rubric.toml" not in names
 
@@ -122,8 +139,13 @@ def test_editing_what_only_presents_or_hands_out_results_does_not_regrade_a_clas
         return sha256_tree(grader_files(package), package)
 
     before = fingerprint()
-    for edited in (package / "authoring" / "selfcheck.py", bench, package / "course" / "templates" / "feedback.html.j2",
-                   package / "platforms" / "gradescope.py", package / "platforms" / "classroom.py"):
+    for edited in (
+        package / "authoring" / "selfcheck.py",
+        bench,
+        package / "course" / "templates" / "feedback.html.j2",
+        package / "platforms" / "gradescope.py",
+        package / "platforms" / "classroom.py",
+    ):
         edited.write_text(edited.read_text() + "\n# edited\n")
         assert fingerprint() == before, f"editing {edited.relative_to(tmp_path)} would regrade the class"
     for edited in (package / "grading" / "checks" / "test_mha.py", package / "sandbox" / "client.py"):
@@ -135,12 +157,24 @@ def test_editing_what_only_presents_or_hands_out_results_does_not_regrade_a_clas
 
 # -- the class outputs ------------------------------------------------------------------------------
 
+
 def class_rows(tmp_path) -> list[Row]:
-    course = make_course(tmp_path, {"ann": {"mha.py": ""}, "bob": {"mha (1).ipynb": "{}"},
-                                    "cat": {"mha.py": "", "mha.ipynb": "{}"}, "dan": {"mha.py": ""}, "eve": {}})
-    runs = {"ann": synthetic_run("mha.py"), "bob": synthetic_run("mha (1).ipynb", {"mha": 5.0, "fuse": 0.0}),
-            "cat": synthetic_run("mha.ipynb", {"quiz": 0.0}),
-            "dan": synthetic_run("mha.py", status=CANNOT_GRADE, reason="grading took more than 900 s and was stopped")}
+    course = make_course(
+        tmp_path,
+        {
+            "ann": {"mha.py": ""},
+            "bob": {"mha (1).ipynb": "{}"},
+            "cat": {"mha.py": "", "mha.ipynb": "{}"},
+            "dan": {"mha.py": ""},
+            "eve": {},
+        },
+    )
+    runs = {
+        "ann": synthetic_run("mha.py"),
+        "bob": synthetic_run("mha (1).ipynb", {"mha": 5.0, "fuse": 0.0}),
+        "cat": synthetic_run("mha.ipynb", {"quiz": 0.0}),
+        "dan": synthetic_run("mha.py", status=CANNOT_GRADE, reason="grading took more than 900 s and was stopped"),
+    }
     return [Row(e, runs.get(e.student)) for e in read_roster(course)]
 
 
@@ -164,8 +198,13 @@ def test_the_canvas_export_has_canvas_columns_points_possible_and_totals(tmp_pat
     assert lines[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "mha"]
     assert lines[1] == ["Points Possible", "", "", "", "", "100"]
     by_login = {line[3]: line[5] for line in lines[2:]}
-    assert by_login == {"ann": "100", "bob": str(round(100 - rubric.part_points("mha") + 5 - rubric.part_points("fuse"), 2)).removesuffix(".0"),
-                        "cat": str(int(100 - rubric.part_points("quiz"))), "dan": "", "eve": "0"}
+    assert by_login == {
+        "ann": "100",
+        "bob": str(round(100 - rubric.part_points("mha") + 5 - rubric.part_points("fuse"), 2)).removesuffix(".0"),
+        "cat": str(int(100 - rubric.part_points("quiz"))),
+        "dan": "",
+        "eve": "0",
+    }
 
 
 def test_the_class_table_gives_mean_median_and_distribution_per_part(tmp_path):
@@ -175,12 +214,17 @@ def test_the_class_table_gives_mean_median_and_distribution_per_part(tmp_path):
     console = Console(record=True, width=150)
     console.print(class_table(class_rows(tmp_path), rubric))
     text = console.export_text()
-    lines = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]] for line in text.splitlines()
-             if line.startswith("│")}
+    lines = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+        for line in text.splitlines()
+        if line.startswith("│")
+    }
     scored = [100.0, 100 - rubric.part_points("mha") + 5 - rubric.part_points("fuse"), 100 - rubric.part_points("quiz")]
     import statistics
 
-    assert lines["total"][1] == f"{statistics.fmean(scored):.1f}" and lines["total"][2] == f"{statistics.median(scored):g}"
+    assert (
+        lines["total"][1] == f"{statistics.fmean(scored):.1f}" and lines["total"][2] == f"{statistics.median(scored):g}"
+    )
     assert lines["mha"][3] == "2/3" and lines["quiz"][3] == "2/3"
     assert "3 of 5 students scored" in text
     quiz_bars = lines["quiz"][4]
@@ -193,8 +237,9 @@ HOSTILE = {
     "crash": "import os\nos._exit(3)\n",
     "flood": "import sys\nfor _ in range(200000):\n    sys.stdout.write('flood ' * 20 + '\\n')\n",
     "hang": "while True:\n    pass\n",
-    "forks": ("import os, time\nfor _ in range(60):\n    if os.fork() == 0:\n        time.sleep(600)\n"
-              "        os._exit(0)\n"),
+    "forks": (
+        "import os, time\nfor _ in range(60):\n    if os.fork() == 0:\n        time.sleep(600)\n        os._exit(0)\n"
+    ),
 }
 
 
@@ -229,9 +274,23 @@ def test_kill_9_mid_class_then_run_again_finishes_the_rest_and_loses_nothing(tmp
     course = make_course(tmp_path / "course", {s: {"mha.py": REFERENCE.read_text()} for s in students})
     record = Record(course)
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    make = subprocess.Popen(["make", "--no-print-directory", "-C", str(ROOT), "grade", f"COURSE={course}", "DEVICE=cpu",
-                             "JOBS=1", f"VENV={Path(sys.executable).parent.parent}"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    make = subprocess.Popen(
+        [
+            "make",
+            "--no-print-directory",
+            "-C",
+            str(ROOT),
+            "grade",
+            f"COURSE={course}",
+            "DEVICE=cpu",
+            "JOBS=1",
+            f"VENV={Path(sys.executable).parent.parent}",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and not record.inputs_path("ann").exists():
         assert make.poll() is None, "make grade ended before the test could kill it"
@@ -243,8 +302,11 @@ def test_kill_9_mid_class_then_run_again_finishes_the_rest_and_loses_nothing(tmp
     first_results = record.results_path("ann").read_bytes()
     survivors = []
     for _ in range(50):  # workers live in their own sessions: they must die with their grader
-        survivors = [pid for pid in family if Path(f"/proc/{pid}").exists() and
-                     Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"]
+        survivors = [
+            pid
+            for pid in family
+            if Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        ]
         if not survivors:
             break
         time.sleep(0.2)
@@ -268,8 +330,12 @@ def test_a_rerun_with_nothing_changed_grades_nothing_and_writes_nothing(tmp_path
     fill_record(course, {"ann": synthetic_run("mha.py"), "bob": synthetic_run("mha.ipynb", {"quiz": 0})})
     first = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
     assert "2 submissions: 0 to grade, 2 already graded" in " ".join(first.stdout.split()), first.stdout + first.stderr
-    outputs = [course / "grades.csv", course / "feedback/ann/mha/feedback.html", course / "gradebook.db",
-               course / "autograded/bob/mha/results.json"]
+    outputs = [
+        course / "grades.csv",
+        course / "feedback/ann/mha/feedback.html",
+        course / "gradebook.db",
+        course / "autograded/bob/mha/results.json",
+    ]
     before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in outputs}
     started = time.monotonic()
     second = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)

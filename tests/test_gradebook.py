@@ -1,4 +1,5 @@
 """nbgrader's gradebook, checked with nbgrader's own commands; and nbgrader's commands never destroy ours."""
+
 from __future__ import annotations
 
 import csv
@@ -15,11 +16,14 @@ ADA = ROOT / "assignments" / "submitted" / "ada" / "mha" / "mha.ipynb"  # a comp
 
 def course_with_record(tmp_path, scores: dict[str, dict[str, float]]):
     """A course whose record is up to date, so `grade-class` grades nothing and only writes outputs."""
-    course = make_course(tmp_path / "course", {"ann": {"mha.py": "x = 1\n"}, "bob": {"mha (1).ipynb": "{}"},
-                                               "cat": {}, "dan": None})
+    course = make_course(
+        tmp_path / "course", {"ann": {"mha.py": "x = 1\n"}, "bob": {"mha (1).ipynb": "{}"}, "cat": {}, "dan": None}
+    )
     shutil.copy(ROOT / "assignments" / "nbgrader_config.py", course)
-    fill_record(course, {"ann": synthetic_run("mha.py", scores.get("ann")),
-                         "bob": synthetic_run("mha (1).ipynb", scores.get("bob"))})
+    fill_record(
+        course,
+        {"ann": synthetic_run("mha.py", scores.get("ann")), "bob": synthetic_run("mha (1).ipynb", scores.get("bob"))},
+    )
     return course
 
 
@@ -41,8 +45,12 @@ def test_nbgrader_lists_every_student_and_exports_our_totals(tmp_path):
     exported = nbgrader("export", cwd=course)
     assert exported.returncode == 0, exported.stderr
     rubric = load_rubric()
-    expected = {"ann": 100.0, "bob": 100 - rubric.part_points("mha") + 5 - rubric.part_points("quiz"), "cat": 0.0,
-                "dan": 0.0}
+    expected = {
+        "ann": 100.0,
+        "bob": 100 - rubric.part_points("mha") + 5 - rubric.part_points("quiz"),
+        "cat": 0.0,
+        "dan": 0.0,
+    }
     assert export_totals(course / "nbgrader-grades.csv") == expected == our_totals(course)
     assert our_totals(course)["bob"] == expected["bob"]  # grades.csv is ours still, not nbgrader's
 

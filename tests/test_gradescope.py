@@ -1,4 +1,5 @@
 """Gradescope's autograder zip, run as Gradescope runs it, against a fake /autograder tree."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,13 @@ from helpers import REFERENCE
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run([sys.executable, "-m", "autograder", "gradescope", "--out", str(out)], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "autograder", "gradescope", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     return out / "mha-gradescope.zip"
 
@@ -48,8 +54,14 @@ def test_the_zip_has_gradescopes_two_scripts_and_the_grader(archive):
         names = set(bundle.namelist())
         modes = {i.filename: i.external_attr >> 16 for i in bundle.infolist()}
         setup = bundle.read("setup.sh").decode()
-    assert {"setup.sh", "run_autograder", "source/autograder/grading/grade.py", "source/autograder/rubric.toml",
-            "source/reference/mha.py", "source/pyproject.toml"} <= names
+    assert {
+        "setup.sh",
+        "run_autograder",
+        "source/autograder/grading/grade.py",
+        "source/autograder/rubric.toml",
+        "source/reference/mha.py",
+        "source/pyproject.toml",
+    } <= names
     assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
     assert not [n for n in names if "__pycache__" in n or n.startswith("source/tests/")]
     assert "bubblewrap" in setup and "chmod -R go-rwx" in setup  # the worker's uid cannot read the grader
@@ -70,8 +82,10 @@ def test_a_submission_is_graded_into_results_json_with_the_students_code_as_anot
     unprivileged uid, so it cannot."""
     as_root = os.geteuid() == 0
     root = tmp_path / "autograder"
-    probe = (f"import os as _os\n_grader = {str(root / 'source' / 'reference' / 'mha.py')!r}\n"
-             "try:\n    open(_grader).read()\n    _READ = True\nexcept OSError:\n    _READ = False\n\n")
+    probe = (
+        f"import os as _os\n_grader = {str(root / 'source' / 'reference' / 'mha.py')!r}\n"
+        "try:\n    open(_grader).read()\n    _READ = True\nexcept OSError:\n    _READ = False\n\n"
+    )
     source = REFERENCE.read_text().replace('HEADS_RUN = "B"', 'HEADS_RUN = "A" if _READ else "B"')
     root = fake_autograder(tmp_path, archive, {"mha (2).py": probe + source})
     os.chmod(root / "source", 0o700)  # as setup.sh leaves it

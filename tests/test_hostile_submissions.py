@@ -19,6 +19,7 @@ deadlines of 10 s, since a target that timed out once is not tried again); in th
 gradings at a time, 45 s. The product requirement tested here: a submission hanging in every forward is
 graded in at most 60 s in all. The whole file took 3.6 min with the machine's load average at 3-4.
 """
+
 from __future__ import annotations
 
 import ast
@@ -278,14 +279,14 @@ def _forward(self, x):
 MultiHeadAttention.forward = _forward
 """
 
-CONFTEST_THAT_PASSES_EVERYTHING = '''
+CONFTEST_THAT_PASSES_EVERYTHING = """
 import pytest
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     outcome.get_result().outcome = "passed"
-'''
+"""
 
 
 # The worker's own request loop, patched from the submission: replies that break the protocol in every
@@ -419,7 +420,7 @@ def _cheap(self, x):  # the matmuls of one pass, and a wrong answer
 def _forward(self, x):
     if torch._C._len_torch_dispatch_stack() > 0:  # being traced
         return {traced}(self, x)
-    return _{'sdpa' if traced == '_honest' else 'loop_over_heads'}(self, x)
+    return _{"sdpa" if traced == "_honest" else "loop_over_heads"}(self, x)
 
 MultiHeadAttention.forward = _forward
 """
@@ -441,7 +442,8 @@ MultiHeadAttention.forward = _forward
 """
 
 # The worker's own request loop patched to report the input as it was sent, while the forward doubles it.
-HIDES_ITS_MUTATION = """
+HIDES_ITS_MUTATION = (
+    """
 import sys
 _server = sys.modules["sandbox.server"]
 _op_forward = _server.Session.op_forward
@@ -453,7 +455,9 @@ def _op_forward_lying(self, handle, x, **kwargs):
     return answer
 
 _server.Session.op_forward = _op_forward_lying
-""" + MUTATES_INPUT
+"""
+    + MUTATES_INPUT
+)
 
 
 def sandbox_probe(targets: dict[str, str], marker: str) -> str:
@@ -604,6 +608,7 @@ def notebook_with_magics() -> str:
 
 # -- the cases -----------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Context:
     """Where one submission lives and is graded, and what its attack may mention."""
@@ -638,54 +643,120 @@ EVERY_PART = {part: "all" for part in ("quiz", "combine", "wrapper", "two_dim", 
 
 CASES = [
     # slowest first (they wait out request deadlines), the CPU burner last
-    Case("loop_in_every_forward", lambda c: with_cells(last=LOOP_IN_EVERY_FORWARD),
-         {"wrapper": "all", "mha": "all", "speed": "all"},
-         ("MultiHeadAttentionWrapper.forward did not finish within",
-          "MultiHeadAttention.forward did not finish within")),
-    Case("loop_in_mha_forward", lambda c: with_cells(last=LOOP_IN_FORWARD), MHA_FORWARD_BROKEN,
-         (f"MultiHeadAttention.forward did not finish within {REQUEST_SECONDS:g} s", "not tried again")),
-    Case("exit_in_mha_forward", lambda c: with_cells(last=EXIT_IN_FORWARD), MHA_FORWARD_BROKEN,
-         ("ended while MultiHeadAttention.forward: it exited with status 3", "not tried again")),
-    Case("segfault_in_mha_forward", lambda c: with_cells(last=SEGFAULT_IN_FORWARD), MHA_FORWARD_BROKEN,
-         ("ended by SIGSEGV (a segmentation fault)",)),
-    Case("non_tensors", lambda c: with_cells(last=NON_TENSORS.replace("{marker}", str(c.out_dir / c.marker))),
-         {"wrapper": "all", "two_dim": "all", "mha": "all", "fuse": "all", "speed": "all"},
-         ("expected a tensor, got tuple", "expected a tensor, got Foreign <_Hostile (unprintable)>",
-          # the tensor subclass whose pickle would run a command crosses as plain bytes: nothing to unpickle
-          "fuse_heads returned tensor([0., 0.]); it must return a MultiHeadAttention")),
-    Case("print_flood_at_import", lambda c: with_cells(first=PRINT_FLOOD), {},
-         ("flood flood", "more bytes of output not kept")),
-    Case("exit_at_import", lambda c: with_cells(last=EXIT_AT_IMPORT), EVERY_PART,
-         ("Your file could not be loaded", "exited with status 3")),
-    Case("sys_exit_at_import", lambda c: with_cells(first=SYS_EXIT_AT_IMPORT), {},
-         ("cell 1 raised SystemExit: no grading today",)),
-    Case("memory_hog_in_mha_forward", lambda c: with_cells(last=MEMORY_HOG), MHA_FORWARD_BROKEN,
-         ("RuntimeError", "can't allocate memory")),
+    Case(
+        "loop_in_every_forward",
+        lambda c: with_cells(last=LOOP_IN_EVERY_FORWARD),
+        {"wrapper": "all", "mha": "all", "speed": "all"},
+        ("MultiHeadAttentionWrapper.forward did not finish within", "MultiHeadAttention.forward did not finish within"),
+    ),
+    Case(
+        "loop_in_mha_forward",
+        lambda c: with_cells(last=LOOP_IN_FORWARD),
+        MHA_FORWARD_BROKEN,
+        (f"MultiHeadAttention.forward did not finish within {REQUEST_SECONDS:g} s", "not tried again"),
+    ),
+    Case(
+        "exit_in_mha_forward",
+        lambda c: with_cells(last=EXIT_IN_FORWARD),
+        MHA_FORWARD_BROKEN,
+        ("ended while MultiHeadAttention.forward: it exited with status 3", "not tried again"),
+    ),
+    Case(
+        "segfault_in_mha_forward",
+        lambda c: with_cells(last=SEGFAULT_IN_FORWARD),
+        MHA_FORWARD_BROKEN,
+        ("ended by SIGSEGV (a segmentation fault)",),
+    ),
+    Case(
+        "non_tensors",
+        lambda c: with_cells(last=NON_TENSORS.replace("{marker}", str(c.out_dir / c.marker))),
+        {"wrapper": "all", "two_dim": "all", "mha": "all", "fuse": "all", "speed": "all"},
+        (
+            "expected a tensor, got tuple",
+            "expected a tensor, got Foreign <_Hostile (unprintable)>",
+            # the tensor subclass whose pickle would run a command crosses as plain bytes: nothing to unpickle
+            "fuse_heads returned tensor([0., 0.]); it must return a MultiHeadAttention",
+        ),
+    ),
+    Case(
+        "print_flood_at_import",
+        lambda c: with_cells(first=PRINT_FLOOD),
+        {},
+        ("flood flood", "more bytes of output not kept"),
+    ),
+    Case(
+        "exit_at_import",
+        lambda c: with_cells(last=EXIT_AT_IMPORT),
+        EVERY_PART,
+        ("Your file could not be loaded", "exited with status 3"),
+    ),
+    Case(
+        "sys_exit_at_import",
+        lambda c: with_cells(first=SYS_EXIT_AT_IMPORT),
+        {},
+        ("cell 1 raised SystemExit: no grading today",),
+    ),
+    Case(
+        "memory_hog_in_mha_forward",
+        lambda c: with_cells(last=MEMORY_HOG),
+        MHA_FORWARD_BROKEN,
+        ("RuntimeError", "can't allocate memory"),
+    ),
     # wrong values: and so no points for the properties of a right answer either
-    Case("patched_comparisons", lambda c: with_cells(last=FAKE_EQUALITY), {"mha": "all", "speed": "all"},
-         ("values differ from the reference",)),
-    Case("cached_by_shape", lambda c: with_cells(last=CACHED_BY_SHAPE), {"mha": "some", "speed": "all"},
-         ("output for new input number 2 of the same shape", "answers cached or replayed"),
-         {"mha": ("mha::test_new_inputs_new_answers",)}),
-    Case("mutates_input", lambda c: with_cells(last=MUTATES_INPUT), {"mha": "some"},
-         ("the forward modified its input x in place",), {"mha": ("mha::test_input_not_modified",)}),
-    Case("fake_results_and_conftest", lambda c: with_cells(
-        first=escape_attempts([c.out_file], [c.submission_dir, c.out_dir], parents=c.sandboxed),
-        last=BROKEN_MHA_FORWARD), MHA_FORWARD_BROKEN,
-         ("ESCAPE", "MultiHeadAttention.forward is not written yet")),
-    Case("reference_theft", lambda c: with_cells(last=reference_theft(ROOT)), MHA_FORWARD_BROKEN,
-         ("THEFT BLOCKED import", "MultiHeadAttention.forward is not written yet")),
+    Case(
+        "patched_comparisons",
+        lambda c: with_cells(last=FAKE_EQUALITY),
+        {"mha": "all", "speed": "all"},
+        ("values differ from the reference",),
+    ),
+    Case(
+        "cached_by_shape",
+        lambda c: with_cells(last=CACHED_BY_SHAPE),
+        {"mha": "some", "speed": "all"},
+        ("output for new input number 2 of the same shape", "answers cached or replayed"),
+        {"mha": ("mha::test_new_inputs_new_answers",)},
+    ),
+    Case(
+        "mutates_input",
+        lambda c: with_cells(last=MUTATES_INPUT),
+        {"mha": "some"},
+        ("the forward modified its input x in place",),
+        {"mha": ("mha::test_input_not_modified",)},
+    ),
+    Case(
+        "fake_results_and_conftest",
+        lambda c: with_cells(
+            first=escape_attempts([c.out_file], [c.submission_dir, c.out_dir], parents=c.sandboxed),
+            last=BROKEN_MHA_FORWARD,
+        ),
+        MHA_FORWARD_BROKEN,
+        ("ESCAPE", "MultiHeadAttention.forward is not written yet"),
+    ),
+    Case(
+        "reference_theft",
+        lambda c: with_cells(last=reference_theft(ROOT)),
+        MHA_FORWARD_BROKEN,
+        ("THEFT BLOCKED import", "MultiHeadAttention.forward is not written yet"),
+    ),
     Case("notebook_with_magics", lambda c: notebook_with_magics(), {}, (), suffix=".ipynb"),
     # its burners are stopped while the reference is timed, and slow down (and are charged to) its own timing
-    Case("background_burner", lambda c: with_cells(last=BACKGROUND_BURNER.replace("{marker}", c.marker)),
-         {"speed": "all"}, ("BURNING in a process and a thread", "the reference's", "in the same run")),
+    Case(
+        "background_burner",
+        lambda c: with_cells(last=BACKGROUND_BURNER.replace("{marker}", c.marker)),
+        {"speed": "all"},
+        ("BURNING in a process and a thread", "the reference's", "in the same run"),
+    ),
 ]
 
 
 def sandbox_targets(c: Context) -> dict:
     shared = c.submission_dir.parent
-    return {"root_secret": str(shared / "root-only" / "secret"), "classmate": str(shared / "classmate" / "mha.py"),
-            "socket": str(shared / "host.sock"), "shm_key": shm_key(c.marker)}
+    return {
+        "root_secret": str(shared / "root-only" / "secret"),
+        "classmate": str(shared / "classmate" / "mha.py"),
+        "socket": str(shared / "host.sock"),
+        "shm_key": shm_key(c.marker),
+    }
 
 
 def shm_key(marker: str) -> int:
@@ -702,34 +773,73 @@ MAY = "may"  # a part whose points depend on more than the attack (speed, for a 
 
 CASES += [
     # replies that break the protocol: refused before anything is materialised, the worker replaced
-    Case("tampered_load_reply", lambda c: with_cells(last=hostile_server(load="tampered")), EVERY_PART,
-         ("could not be read safely", "field 'type'")),
-    Case("hostile_replies", lambda c: with_cells(last=hostile_server(forward="huge_blob", call="message",
-                                                                     get="node_bomb", build_mha="deep")),
-         {part: ANY for part in EVERY_PART}, ("could not be read safely",)),
-    Case("expanded_output", lambda c: with_cells(last=EXPANDED_OUTPUT), MHA_FORWARD_BROKEN,
-         ("bytes of tensors (the limit is",)),
+    Case(
+        "tampered_load_reply",
+        lambda c: with_cells(last=hostile_server(load="tampered")),
+        EVERY_PART,
+        ("could not be read safely", "field 'type'"),
+    ),
+    Case(
+        "hostile_replies",
+        lambda c: with_cells(
+            last=hostile_server(forward="huge_blob", call="message", get="node_bomb", build_mha="deep")
+        ),
+        {part: ANY for part in EVERY_PART},
+        ("could not be read safely",),
+    ),
+    Case(
+        "expanded_output",
+        lambda c: with_cells(last=EXPANDED_OUTPUT),
+        MHA_FORWARD_BROKEN,
+        ("bytes of tensors (the limit is",),
+    ),
     # the sandbox: every way out tried at import; the definitions that follow earn full marks
-    Case("sandbox_probe", lambda c: with_cells(first=sandbox_probe(sandbox_targets(c), c.marker)), {},
-         ("PROBE forks",), limits=(("processes", 128), ("cell_seconds", 30))),
-    Case("memory_in_children", lambda c: with_cells(first=MEMORY_IN_CHILDREN.format(mib=700)), {},
-         ("MEMORY CHILDREN still running:",), limits=(("memory_gib", 2), ("cell_seconds", 60))),
-    Case("slow_every_forward", lambda c: with_cells(last=SLOW_EVERY_FORWARD.format(seconds=REQUEST_SECONDS - 1,
-                                                                                  marker=c.marker)),
-         # alphabetically, columns and combine are checked before the budget runs out, the rest after
-         {part: ANY for part in ("fuse", "mha", "quiz", "speed", "two_dim", "wrapper")},
-         ("time budget for the whole submission",),
-         limits=(("submission_seconds", 40),), wall_seconds=150),
+    Case(
+        "sandbox_probe",
+        lambda c: with_cells(first=sandbox_probe(sandbox_targets(c), c.marker)),
+        {},
+        ("PROBE forks",),
+        limits=(("processes", 128), ("cell_seconds", 30)),
+    ),
+    Case(
+        "memory_in_children",
+        lambda c: with_cells(first=MEMORY_IN_CHILDREN.format(mib=700)),
+        {},
+        ("MEMORY CHILDREN still running:",),
+        limits=(("memory_gib", 2), ("cell_seconds", 60)),
+    ),
+    Case(
+        "slow_every_forward",
+        lambda c: with_cells(last=SLOW_EVERY_FORWARD.format(seconds=REQUEST_SECONDS - 1, marker=c.marker)),
+        # alphabetically, columns and combine are checked before the budget runs out, the rest after
+        {part: ANY for part in ("fuse", "mha", "quiz", "speed", "two_dim", "wrapper")},
+        ("time budget for the whole submission",),
+        limits=(("submission_seconds", 40),),
+        wall_seconds=150,
+    ),
     # lies about its own behaviour: the structure checks rest on the worker's word (tagged so), but what a
     # traced forward computes must be right, and the same untraced
-    Case("cheap_answer_when_traced", lambda c: with_cells(last=_when_traced("_cheap")), {"mha": "some", "speed": "all"},
-         ("output of the traced forward",),
-         {"mha": ("mha::test_one_pass_for_all_heads", "mha::test_no_ready_made_attention", "mha::test_dropout")}),
-    Case("sdpa_when_not_traced", lambda c: with_cells(last=_when_traced("_honest")), {"mha": "some"},
-         ("different outputs for the same input when its operations were traced",),
-         {"mha": ("mha::test_one_pass_for_all_heads", "mha::test_no_ready_made_attention", "mha::test_dropout")}),
-    Case("calls_fused_multi_head_attention", lambda c: with_cells(last=CALLS_FUSED_MHA), {"mha": "some", "speed": MAY},
-         ("nn_multihead_attention",), {"mha": ("mha::test_no_ready_made_attention",)}),
+    Case(
+        "cheap_answer_when_traced",
+        lambda c: with_cells(last=_when_traced("_cheap")),
+        {"mha": "some", "speed": "all"},
+        ("output of the traced forward",),
+        {"mha": ("mha::test_one_pass_for_all_heads", "mha::test_no_ready_made_attention", "mha::test_dropout")},
+    ),
+    Case(
+        "sdpa_when_not_traced",
+        lambda c: with_cells(last=_when_traced("_honest")),
+        {"mha": "some"},
+        ("different outputs for the same input when its operations were traced",),
+        {"mha": ("mha::test_one_pass_for_all_heads", "mha::test_no_ready_made_attention", "mha::test_dropout")},
+    ),
+    Case(
+        "calls_fused_multi_head_attention",
+        lambda c: with_cells(last=CALLS_FUSED_MHA),
+        {"mha": "some", "speed": MAY},
+        ("nn_multihead_attention",),
+        {"mha": ("mha::test_no_ready_made_attention",)},
+    ),
     Case("hides_its_input_mutation", lambda c: with_cells(last=HIDES_ITS_MUTATION), {}, ()),
     # files that once took the grader's memory or crashed it while reading them
     Case("py_of_40000_cells", lambda c: "# %%\n1\n" * 40_000, EVERY_PART, ()),
@@ -737,8 +847,14 @@ CASES += [
     Case("notebook_int_source", lambda c: notebook_with_source(12), EVERY_PART, (), suffix=".ipynb"),
 ]
 if RELEASE.exists():  # generated by `make release`; graded here as it is, stubs and all
-    CASES.append(Case("untouched_release", lambda c: RELEASE.read_text(), EVERY_PART,
-                      ("not done yet: this still raises NotImplementedError",)))
+    CASES.append(
+        Case(
+            "untouched_release",
+            lambda c: RELEASE.read_text(),
+            EVERY_PART,
+            ("not done yet: this still raises NotImplementedError",),
+        )
+    )
 CASES_BY_ID = {case.id: case for case in CASES}
 
 
@@ -787,8 +903,11 @@ def graded(tmp_path_factory) -> dict[str, Graded]:
         context.out_dir.mkdir()
         path = context.submission_dir / f"mha{case.suffix}"
         path.write_text(case.build(context))
-        watched = [p / name for p in (Path(tempfile.gettempdir()), Path("/"), Path.home(), *root.parents)
-                   for name in ("results.json", "conftest.py")]
+        watched = [
+            p / name
+            for p in (Path(tempfile.gettempdir()), Path("/"), Path.home(), *root.parents)
+            for name in ("results.json", "conftest.py")
+        ]
         before = {str(p): p.exists() for p in watched}
         extra = ["--rubric", str(rubric_with(root / f"{case.id}-rubric.toml", case.limits))] if case.limits else []
         started = time.monotonic()
@@ -813,6 +932,7 @@ def lost_part_messages(results: dict, parts) -> str:
 
 # -- what every case must satisfy ----------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_contained_and_scored_for_what_it_deserves(graded, reference_results, case):
@@ -834,8 +954,9 @@ def test_contained_and_scored_for_what_it_deserves(graded, reference_results, ca
     for part, (score, max_score) in scores.items():
         assert full[part] == (max_score, max_score), f"the reference must get full marks in {part}"
         if part not in case.lost:
-            assert score == max_score, (f"{part} must keep full marks, got {score}/{max_score}:\n"
-                                        + lost_part_messages(results, [part]))
+            assert score == max_score, f"{part} must keep full marks, got {score}/{max_score}:\n" + lost_part_messages(
+                results, [part]
+            )
         elif case.lost[part] == "all":
             assert score == 0, f"{part} must lose every point, got {score}/{max_score}"
         elif case.lost[part] == ANY:
@@ -855,13 +976,15 @@ def test_contained_and_scored_for_what_it_deserves(graded, reference_results, ca
 
 # -- what particular cases must also satisfy -----------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_a_submission_hanging_in_every_forward_is_graded_within_a_minute(graded):
     got = graded["loop_in_every_forward"]
     assert got.results["extra_data"]["worker_starts"] >= 3  # killed at each of two hung targets, restarted
     assert got.wall_seconds < HANG_LIMIT_SECONDS, (
         f"grading took {got.wall_seconds:.1f} s (execution_time {got.results['execution_time']} s) for a "
-        f"submission that hangs in every forward; the limit is {HANG_LIMIT_SECONDS} s")
+        f"submission that hangs in every forward; the limit is {HANG_LIMIT_SECONDS} s"
+    )
 
 
 @pytest.mark.slow
@@ -924,8 +1047,10 @@ def test_fake_results_and_conftest_files_change_nothing(graded, reference_result
     blocked = [line for line in results["output"].splitlines() if line.startswith("ESCAPE BLOCKED ")]
     assert blocked or wrote, "the escape attempts were not reported: the worker's output was lost"
     if not context.sandboxed:
-        pytest.skip("process isolation: the worker can write where the grader's user can; only the final "
-                    "results.json is checked")
+        pytest.skip(
+            "process isolation: the worker can write where the grader's user can; only the final "
+            "results.json is checked"
+        )
     assert str(context.out_file) not in wrote and not any(w.startswith(str(context.submission_dir)) for w in wrote)
     assert sorted(p.name for p in context.out_dir.iterdir()) == [context.out_file.name]
     assert sorted(p.name for p in context.submission_dir.iterdir()) == ["mha.py"]
@@ -956,6 +1081,7 @@ def test_a_notebook_with_magics_is_graded_like_its_py_twin(graded, reference_res
 
 
 # -- the untouched release and the reference -----------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_the_untouched_release_gets_zero_and_the_reference_full_marks(graded, reference_results):
@@ -1010,8 +1136,11 @@ def test_the_sandbox_probe_finds_every_way_out_closed(graded):
         probes.pop("forks")
     if not got.context.sandboxed:
         pytest.skip("process isolation: the worker reaches what its user may (results.json says so)")
-    opened = {name: result for name, result in probes.items()
-              if not (result.startswith("blocked") or name in ("sysv_shm", "posix_mq"))}
+    opened = {
+        name: result
+        for name, result in probes.items()
+        if not (result.startswith("blocked") or name in ("sysv_shm", "posix_mq"))
+    }
     assert not opened, opened
     # made inside its own IPC namespace, gone with it: the host never saw them
     host_keys = [line.split()[0] for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]]
@@ -1062,7 +1191,8 @@ def process_isolated(tmp_path_factory) -> dict[str, Graded]:
     sources = {
         "kill_the_grader": lambda c: with_cells(first=KILL_THE_GRADER),
         "rewrite_results_later": lambda c: with_cells(
-            first=REWRITE_RESULTS_LATER.format(marker=marker, out=str(c.out_file)), last=BROKEN_MHA_FORWARD),
+            first=REWRITE_RESULTS_LATER.format(marker=marker, out=str(c.out_file)), last=BROKEN_MHA_FORWARD
+        ),
     }
 
     def run(name: str) -> Graded:
@@ -1072,9 +1202,24 @@ def process_isolated(tmp_path_factory) -> dict[str, Graded]:
         path = context.submission_dir / "mha.py"
         path.write_text(sources[name](context))
         started = time.monotonic()
-        run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(path), "--out", str(context.out_file),
-                              "--quiet", "--isolation", "process"], capture_output=True, text=True, timeout=600,
-                             cwd=context.out_dir)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "autograder",
+                "grade",
+                str(path),
+                "--out",
+                str(context.out_file),
+                "--quiet",
+                "--isolation",
+                "process",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=context.out_dir,
+        )
         wall = time.monotonic() - started
         time.sleep(2)  # time for anything left behind to act
         results = json.loads(context.out_file.read_text())
@@ -1149,15 +1294,32 @@ def test_classmates_graded_alongside_a_cpu_hog_keep_full_marks(tmp_path):
         (folder / "mha.py").write_text(source)
     rubric = rubric_with(tmp_path / "rubric.toml", (("submission_seconds", 90),))
     started = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "autograder", "grade-class", str(course), "--jobs", "3",
-                          "--device", "cpu", "--rubric", str(rubric)], capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autograder",
+            "grade-class",
+            str(course),
+            "--jobs",
+            "3",
+            "--device",
+            "cpu",
+            "--rubric",
+            str(rubric),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     wall = time.monotonic() - started
     assert run.returncode == 0, run.stderr[-3000:]
     assert not processes_with(marker), "the hog's processes outlived grade-class"
     results = {s: json.loads((course / "autograded" / s / "mha" / "results.json").read_text()) for s in sources}
     for student in ("alice", "bob"):
         assert results[student]["score"] == results[student]["max_score"] == 100, [
-            (t["name"], t["output"][:200]) for t in failures(results[student])]
+            (t["name"], t["output"][:200]) for t in failures(results[student])
+        ]
     assert results["hog"]["extra_data"]["status"] == "graded"
     assert wall < 600, f"the class took {wall:.0f} s"
 
@@ -1168,7 +1330,11 @@ def test_checks_resting_on_the_workers_word_are_tagged_so(graded):
     results.json says so. Values are never the worker's word."""
     results = graded["hides_its_input_mutation"].results
     tags = {t["tags"][1]: t["tags"] for t in results["tests"]}
-    for key in ("mha::test_input_not_modified", "mha::test_one_pass_for_all_heads",
-                "mha::test_no_ready_made_attention", "wrapper::test_heads_run_once_in_order_on_same_input"):
+    for key in (
+        "mha::test_input_not_modified",
+        "mha::test_one_pass_for_all_heads",
+        "mha::test_no_ready_made_attention",
+        "wrapper::test_heads_run_once_in_order_on_same_input",
+    ):
         assert "worker-reported" in tags[key], key
     assert "worker-reported" not in tags["mha::test_matches_reference"]

@@ -1,4 +1,5 @@
 """The student kit: everything students receive, no line of the solution; its self-check is theirs."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,13 @@ def reference_solution_lines() -> set[str]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run([sys.executable, "-m", "autograder", "student-kit", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "autograder", "student-kit", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     return out
 
@@ -40,7 +46,9 @@ def built(tmp_path_factory):
 def test_the_kit_holds_the_release_a_self_check_and_a_readme(built):
     with zipfile.ZipFile(built / "mha-student-kit.zip") as bundle:
         names = sorted(bundle.namelist())
-        assert names == [f"mha-student-kit/{n}" for n in ("Makefile", "README.md", "mha.ipynb", "mha.py", "selfcheck.py")]
+        assert names == [
+            f"mha-student-kit/{n}" for n in ("Makefile", "README.md", "mha.ipynb", "mha.py", "selfcheck.py")
+        ]
         for name in ("mha.ipynb", "mha.py"):
             release = (ROOT / "assignments" / "release" / "mha" / name).read_bytes()
             assert bundle.read(f"mha-student-kit/{name}") == release
@@ -78,8 +86,9 @@ def test_a_kit_that_would_hold_a_solution_line_is_refused(tmp_path, monkeypatch)
 
 
 def selfcheck(path, cwd):
-    return subprocess.run([sys.executable, "selfcheck.py", str(path)], capture_output=True, text=True, timeout=600,
-                          cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "selfcheck.py", str(path)], capture_output=True, text=True, timeout=600, cwd=cwd
+    )
 
 
 @pytest.mark.slow
@@ -98,6 +107,10 @@ def test_the_kits_self_check_reports_each_part_without_the_answer_key(built, tmp
     assert "combine  failed: combine returned shape (2, 12, 2)" in failed.stdout
     assert "the heads were joined along the token dimension" in failed.stdout
     # `make check` in this repository runs the same self-check: no reference/ needed
-    done = subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "check", f"SUBMISSION={wrong}",
-                           f"VENV={sys.prefix}"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-C", str(ROOT), "check", f"SUBMISSION={wrong}", f"VENV={sys.prefix}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode != 0 and "combine  failed" in done.stdout

@@ -1,5 +1,6 @@
 """deploy/kubernetes/: the manifests are valid Kubernetes objects (checked offline against the
 schemas kubernetes-validate ships), and the grading Job shards the class the way the grader expects."""
+
 import re
 from pathlib import Path
 
@@ -29,11 +30,14 @@ def test_each_manifest_is_valid_against_the_kubernetes_schema(path):
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)  # raises on any error
 
 
-@pytest.mark.parametrize("change, complaint", [
-    (lambda job: job["spec"].update(completionMod="Indexed"), "completionMod"),  # a misspelt field
-    (lambda job: job["spec"].update(completions="four"), "four"),
-    (lambda job: job["spec"]["template"]["spec"]["containers"][0].pop("name"), "name"),
-])
+@pytest.mark.parametrize(
+    "change, complaint",
+    [
+        (lambda job: job["spec"].update(completionMod="Indexed"), "completionMod"),  # a misspelt field
+        (lambda job: job["spec"].update(completions="four"), "four"),
+        (lambda job: job["spec"]["template"]["spec"]["containers"][0].pop("name"), "name"),
+    ],
+)
 def test_the_schema_check_catches_a_broken_job(change, complaint):
     job = documents(ROOT / "deploy" / "kubernetes" / "grade-class-job.yaml")[0]
     change(job)

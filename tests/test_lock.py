@@ -26,7 +26,11 @@ def test_every_pin_in_pyproject_is_in_the_lock_at_the_same_version():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = project["dependencies"] + [r for extra in lock.EXTRAS for r in project["optional-dependencies"][extra]]
     pins = locked()
-    stale = [r for r in wanted if pins.get(canonical(Requirement(r).name)) != str(Requirement(r).specifier).removeprefix("==")]
+    stale = [
+        r
+        for r in wanted
+        if pins.get(canonical(Requirement(r).name)) != str(Requirement(r).specifier).removeprefix("==")
+    ]
     assert not stale, f"requirements.lock is out of date for {stale}: run `make lock`"
 
 
@@ -42,13 +46,16 @@ def test_the_lock_names_no_index_and_no_local_path():
 
 
 def test_build_specific_pins_are_dropped_with_their_annotations():
-    compiled = ("filelock==3.0\n    # via torch\ntorch==2.13.0\n    # via -r -\nnvidia-cublas-cu12==12.8.4.1\n"
-                "    # via\n    #   nvidia-cudnn-cu12\n    #   torch\ntriton==3.5.0\n    # via torch\n"
-                "typing-extensions==4.0\n    # via torch\n\n# The following packages are considered unsafe:\n"
-                "setuptools==80.0\n    # via torch\n")
+    compiled = (
+        "filelock==3.0\n    # via torch\ntorch==2.13.0\n    # via -r -\nnvidia-cublas-cu12==12.8.4.1\n"
+        "    # via\n    #   nvidia-cudnn-cu12\n    #   torch\ntriton==3.5.0\n    # via torch\n"
+        "typing-extensions==4.0\n    # via torch\n\n# The following packages are considered unsafe:\n"
+        "setuptools==80.0\n    # via torch\n"
+    )
     assert lock.drop_build_specific(compiled) == (
         "filelock==3.0\n    # via torch\ntyping-extensions==4.0\n    # via torch\n\n"
-        "# The following packages are considered unsafe:\nsetuptools==80.0\n    # via torch\n")
+        "# The following packages are considered unsafe:\nsetuptools==80.0\n    # via torch\n"
+    )
 
 
 def test_torch_spec_gives_the_version_to_lock_against():

@@ -1,4 +1,5 @@
 """The release notebook runs: completely with the reference solutions, and up to the stubs without them."""
+
 import ast
 import os
 from pathlib import Path
@@ -12,9 +13,16 @@ SOURCE = ROOT / "assignments/source/mha/mha.ipynb"
 RELEASE = ROOT / "assignments/release/mha/mha.ipynb"
 # Every name a student writes or completes: a cell that uses one may stop at a stub.
 STUB_NAMES = {
-    "combine", "make_2d_wrapper", "head_column_ranges", "split_columns", "fuse_heads",
-    "MultiHeadAttentionWrapper", "MultiHeadAttention",
-    "HEADS_RUN", "EIGHT_COLUMNS_FOUR_HEADS", "OUTPUT_SHAPE_STEP",
+    "combine",
+    "make_2d_wrapper",
+    "head_column_ranges",
+    "split_columns",
+    "fuse_heads",
+    "MultiHeadAttentionWrapper",
+    "MultiHeadAttention",
+    "HEADS_RUN",
+    "EIGHT_COLUMNS_FOUR_HEADS",
+    "OUTPUT_SHAPE_STEP",
 }
 
 pytestmark = pytest.mark.slow
@@ -74,7 +82,8 @@ def test_untouched_release_stops_only_at_the_stubs(tmp_path):
     first_error = next(i for i, cell in enumerate(code) if errors(cell))
     first_solution = next(i for i, cell in enumerate(code) if is_solution(cell))
     assert first_error >= first_solution, (
-        f"cell {code[first_error].id} fails before any stub: {describe(code[first_error])}")
+        f"cell {code[first_error].id} fails before any stub: {describe(code[first_error])}"
+    )
     for cell in code:
         for error in errors(cell):
             assert error.ename == "NotImplementedError", (
@@ -95,4 +104,5 @@ def test_release_with_the_reference_solutions_gets_full_marks(tmp_path):
     results, run = grade(path, tmp_path)
     assert run.returncode == 0, run.stderr
     assert results["score"] == results["max_score"] == 100, [
-        t["name"] for t in results["tests"] if t["status"] != "passed"]
+        t["name"] for t in results["tests"] if t["status"] != "passed"
+    ]

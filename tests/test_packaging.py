@@ -34,8 +34,19 @@ from helpers import REFERENCE, ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1200)]
 
 # Whatever the build copy must leave out: what setup, tests and grading write into a checkout.
-NOT_SOURCE = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
-                                    ".hypothesis", "autograded", "feedback", "*.db")
+NOT_SOURCE = shutil.ignore_patterns(
+    ".git",
+    ".venv*",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".pytest_cache",
+    ".hypothesis",
+    "autograded",
+    "feedback",
+    "*.db",
+)
 
 
 def run(*command, **kwargs) -> subprocess.CompletedProcess:
@@ -78,14 +89,29 @@ def installed(tmp_path_factory):
 def install_wheel(tmp_path: Path, env_dir: Path) -> dict:
     source = tmp_path / "source"
     shutil.copytree(ROOT, source, ignore=NOT_SOURCE, symlinks=True)
-    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-        "--wheel-dir", tmp_path / "dist", source, cwd=tmp_path)
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "--wheel-dir",
+        tmp_path / "dist",
+        source,
+        cwd=tmp_path,
+    )
     wheel = next((tmp_path / "dist").glob("*.whl"))
     with zipfile.ZipFile(wheel) as archive:
         packaged = set(archive.namelist())
     top_level = {name.split("/")[0] for name in packaged if "/" in name and ".dist-info/" not in name}
-    in_source = {path.relative_to(source).as_posix() for package in top_level
-                 for path in (source / package).rglob("*") if path.is_file() and "__pycache__" not in path.parts}
+    in_source = {
+        path.relative_to(source).as_posix()
+        for package in top_level
+        for path in (source / package).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
     shutil.rmtree(source)  # from here on, the only copy of the grader is the installed one
 
     venv.EnvBuilder(with_pip=True).create(env_dir)
@@ -94,11 +120,30 @@ def install_wheel(tmp_path: Path, env_dir: Path) -> dict:
     link_torch_into(site_packages)
     # Byte-compiled at install, as pip does by default: the worker's read-only sandbox could not write
     # the bytecode, and would compile the packages it imports (sympy) again at every start.
-    run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-        "--constraint", ROOT / "requirements.lock", wheel, f"torch=={distribution('torch').version}", cwd=tmp_path)
+    run(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--constraint",
+        ROOT / "requirements.lock",
+        wheel,
+        f"torch=={distribution('torch').version}",
+        cwd=tmp_path,
+    )
     run(python, "-m", "pip", "check", cwd=tmp_path)
-    return {"tmp": tmp_path, "env": env_dir, "python": python, "bin": env_dir / "bin", "site_packages": site_packages,
-            "packaged": packaged, "top_level": top_level, "in_source": in_source}
+    return {
+        "tmp": tmp_path,
+        "env": env_dir,
+        "python": python,
+        "bin": env_dir / "bin",
+        "site_packages": site_packages,
+        "packaged": packaged,
+        "top_level": top_level,
+        "in_source": in_source,
+    }
 
 
 def grade_installed(installed, source: str, student: str) -> dict:
@@ -126,8 +171,12 @@ def test_the_installed_grader_is_the_one_that_runs(installed):
     paths = json.loads(run(python, "-c", "import json, sys; print(json.dumps(sys.path))", cwd=installed["tmp"]).stdout)
     allowed = [installed["env"].resolve(), Path(sys.base_prefix).resolve()]
     assert [p for p in paths if p and not any(Path(p).resolve().is_relative_to(root) for root in allowed)] == []
-    located = run(python, "-c", "from importlib.metadata import distribution as d; "
-                  "print(d('mha-exercise').locate_file(''))", cwd=installed["tmp"]).stdout.strip()
+    located = run(
+        python,
+        "-c",
+        "from importlib.metadata import distribution as d; print(d('mha-exercise').locate_file(''))",
+        cwd=installed["tmp"],
+    ).stdout.strip()
     assert Path(located).resolve() == installed["site_packages"].resolve()
 
 

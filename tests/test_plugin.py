@@ -1,4 +1,5 @@
 """The results plugin, run by pytest's own pytester on small check modules written here."""
+
 import pytest
 
 from autograder.grading.plugin import ResultsPlugin
@@ -30,8 +31,11 @@ def test_structure():
 
 @pytest.fixture
 def rubric(tmp_path):
-    return rubric_file(tmp_path, '[parts.quiz]\npoints = 10\n[parts.mha]\npoints = 5\n'
-                                 '[tests."quiz::test_passes"]\nvisibility = "after_due_date"\n')
+    return rubric_file(
+        tmp_path,
+        "[parts.quiz]\npoints = 10\n[parts.mha]\npoints = 5\n"
+        '[tests."quiz::test_passes"]\nvisibility = "after_due_date"\n',
+    )
 
 
 @pytest.fixture
@@ -53,7 +57,9 @@ def test_outcomes_names_parts_and_evidence(pytester, rubric):
     assert outcomes["a check that passes"].status == PASSED
     assert outcomes["a check the student fails [1]"].status == PASSED
     failed = outcomes["a check the student fails [2]"]
-    assert failed.status == FAILED and failed.message == "wrong answer" and failed.key == "quiz::test_fails_through_fail"
+    assert (
+        failed.status == FAILED and failed.message == "wrong answer" and failed.key == "quiz::test_fails_through_fail"
+    )
     assert outcomes["a check on what the worker reports"].evidence == WORKER
     assert outcomes["a check on what the worker reports"].part == "mha"
 
@@ -64,11 +70,14 @@ def test_visible_only_runs_only_visible_checks(pytester, rubric):
     assert len(plugin.outcomes) == 3
 
 
-@pytest.mark.parametrize("body,says", [
-    ("{}['float32']", "KeyError"),
-    ("assert 1 == 2", "AssertionError"),
-    ("raise RuntimeError('a bug in the grader')", "a bug in the grader"),
-])
+@pytest.mark.parametrize(
+    "body,says",
+    [
+        ("{}['float32']", "KeyError"),
+        ("assert 1 == 2", "AssertionError"),
+        ("raise RuntimeError('a bug in the grader')", "a bug in the grader"),
+    ],
+)
 def test_any_exception_but_a_failure_is_the_graders(pytester, plain_rubric, body, says):
     source = f'''
 import pytest
@@ -104,7 +113,7 @@ def test_a_check_without_a_part_or_a_misspelt_key_stops_the_run(pytester, tmp_pa
     plugin = run(pytester, rubric, CHECKS)
     assert any('did you mean "quiz::test_passes"' in e for e in plugin.grader_errors)
     assert plugin.outcomes == {} or all(o.status is None for o in plugin.outcomes.values())
-    rubric = rubric_file(tmp_path, '[parts.quiz]\npoints = 10\n')
+    rubric = rubric_file(tmp_path, "[parts.quiz]\npoints = 10\n")
     plugin = run(pytester, rubric, CHECKS)  # test_structure's part "mha" is not in this rubric
     assert any("no @pytest.mark.part" in e for e in plugin.grader_errors)
 

@@ -1,5 +1,6 @@
 """The wire protocol, alone: frames and values round-trip; every bound holds before anything is read;
 whatever the worker sends is decoded into typed values or refused with a ProtocolError, never more."""
+
 import io
 import json
 import struct
@@ -46,8 +47,9 @@ def roundtrip(value, limits=DEFAULT_LIMITS):
     return parse_reply("call", header, Decoder(blobs, limits, CODEC.from_wire)).value
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int64,
-                                   torch.bool, torch.uint8])
+@pytest.mark.parametrize(
+    "dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.uint8]
+)
 def test_tensors_of_every_allowed_dtype_round_trip(dtype):
     tensor = (torch.randn(2, 3, 4) * 10).to(dtype)
     back = roundtrip([tensor, tensor[:, 1:].transpose(0, 1), torch.empty(0, 3, dtype=dtype)])
@@ -101,18 +103,21 @@ def tensor_node(shape, dtype="float32", blob=0):
     return {"$": "tensor", "blob": blob, "dtype": dtype, "shape": shape}
 
 
-@pytest.mark.parametrize("node,blobs,message", [
-    (tensor_node([2, 2]), [b"\0" * 15], "sent with 15 bytes, not 16"),
-    (tensor_node([2**28]), [b"\0" * 4], "not 1,073,741,824"),  # a stride-0 expand cannot be sent as one
-    (tensor_node([2, 2], dtype="complex64"), [b"\0" * 32], "dtype that is not allowed"),
-    (tensor_node([2, -1]), [b""], "malformed shape"),
-    (tensor_node([1], blob=3), [b"\0" * 4], "missing or already used blob"),
-    ({"$": "list", "items": [tensor_node([1]), tensor_node([1])]}, [b"\0" * 4], "already used blob"),
-    ({"$": "pickle", "data": "..."}, [], "unknown kind"),
-    ({"$": "float", "repr": "__import__('os')"}, [], "nan or inf"),
-    ({"$": "dict", "items": [[1, 2]]}, [], "not a [key, value] pair"),
-    ([1, 2, 3], [], "bare list"),
-])
+@pytest.mark.parametrize(
+    "node,blobs,message",
+    [
+        (tensor_node([2, 2]), [b"\0" * 15], "sent with 15 bytes, not 16"),
+        (tensor_node([2**28]), [b"\0" * 4], "not 1,073,741,824"),  # a stride-0 expand cannot be sent as one
+        (tensor_node([2, 2], dtype="complex64"), [b"\0" * 32], "dtype that is not allowed"),
+        (tensor_node([2, -1]), [b""], "malformed shape"),
+        (tensor_node([1], blob=3), [b"\0" * 4], "missing or already used blob"),
+        ({"$": "list", "items": [tensor_node([1]), tensor_node([1])]}, [b"\0" * 4], "already used blob"),
+        ({"$": "pickle", "data": "..."}, [], "unknown kind"),
+        ({"$": "float", "repr": "__import__('os')"}, [], "nan or inf"),
+        ({"$": "dict", "items": [[1, 2]]}, [], "not a [key, value] pair"),
+        ([1, 2, 3], [], "bare list"),
+    ],
+)
 def test_malformed_values_are_refused(node, blobs, message):
     with pytest.raises(ProtocolError, match=message.replace("[", r"\[").replace("]", r"\]")):
         decode(node, blobs)
@@ -147,23 +152,29 @@ def reply(op, value):
     return parse_reply(op, {"ok": True, "value": value}, Decoder([], Limits(), CODEC.from_wire))
 
 
-@pytest.mark.parametrize("op,value,message", [
-    ("load", {"errors": [{"cell": 1}], "defined": {"$": "dict", "items": []}}, "field 'type'"),
-    ("load", {"errors": [{"cell": "1", "type": "X", "message": "", "traceback": ""}]}, "field 'cell'"),
-    ("load", {"errors": "none", "defined": {}}, "field 'errors'"),
-    ("forward", {"y": 1, "head_calls": []}, "field 'x_after'"),
-    ("forward", {"y": 1, "x_after": tensor_node([1]), "head_calls": [{"index": True}]}, "field 'index'"),
-    ("ready", {"pid": "1", "cuda": False}, "field 'pid'"),
-    ("forward_many", {"$": "dict", "items": []}, "not a list of outputs"),
-])
+@pytest.mark.parametrize(
+    "op,value,message",
+    [
+        ("load", {"errors": [{"cell": 1}], "defined": {"$": "dict", "items": []}}, "field 'type'"),
+        ("load", {"errors": [{"cell": "1", "type": "X", "message": "", "traceback": ""}]}, "field 'cell'"),
+        ("load", {"errors": "none", "defined": {}}, "field 'errors'"),
+        ("forward", {"y": 1, "head_calls": []}, "field 'x_after'"),
+        ("forward", {"y": 1, "x_after": tensor_node([1]), "head_calls": [{"index": True}]}, "field 'index'"),
+        ("ready", {"pid": "1", "cuda": False}, "field 'pid'"),
+        ("forward_many", {"$": "dict", "items": []}, "not a list of outputs"),
+    ],
+)
 def test_replies_are_checked_against_their_schema(op, value, message):
     with pytest.raises(ProtocolError, match=message):
         reply(op, value)
 
 
 def test_an_error_reply_is_typed_and_cleaned():
-    answer = parse_reply("call", {"ok": False, "error": {"type": "ValueError", "message": "bad\x1b[0m" * 2000}},
-                         Decoder([], Limits(), CODEC.from_wire))
+    answer = parse_reply(
+        "call",
+        {"ok": False, "error": {"type": "ValueError", "message": "bad\x1b[0m" * 2000}},
+        Decoder([], Limits(), CODEC.from_wire),
+    )
     assert not answer.ok and answer.error.type == "ValueError"
     assert "\x1b" not in answer.error.message and len(answer.error.message) < 5000
     with pytest.raises(ProtocolError):
@@ -181,6 +192,10 @@ def test_the_protocol_module_needs_only_the_standard_library():
     import sys
 
     tree = ast.parse(open(protocol.__file__).read())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    imported = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
+    imported |= {
+        node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    }
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported

@@ -1,4 +1,5 @@
 """The reference solution and its fast peers: the book's printed values, and agreement with each other."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """The student release: up to date with reference/mha.py, complete, and free of solutions."""
+
 import ast
 import difflib
 import os
@@ -72,6 +73,7 @@ def is_test_cell(cell):
 
 # -- up to date ---------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", GENERATED, ids=[p.name if p != SOURCE else "source" for p in GENERATED])
 def test_committed_release_is_what_make_release_generates(regenerated, path):
@@ -79,8 +81,12 @@ def test_committed_release_is_what_make_release_generates(regenerated, path):
     fresh, committed = (root / path).read_bytes(), (ROOT / path).read_bytes()
     if fresh != committed:
         diff = difflib.unified_diff(
-            committed.decode().splitlines(), fresh.decode().splitlines(),
-            f"committed {path}", f"generated {path}", n=1, lineterm="",
+            committed.decode().splitlines(),
+            fresh.decode().splitlines(),
+            f"committed {path}",
+            f"generated {path}",
+            n=1,
+            lineterm="",
         )
         pytest.fail(f"{path} is stale: run `make release` and commit the result.\n" + "\n".join(list(diff)[:40]))
 
@@ -98,6 +104,7 @@ def test_default_root_is_this_checkout():
 
 
 # -- the contract -------------------------------------------------------------------------------
+
 
 def raises_not_implemented(body):
     return any(
@@ -117,7 +124,8 @@ def test_release_py_holds_the_contract():
     for name in STUB_FUNCTIONS:
         assert name in defs, f"the release has no function {name}"
         assert ast.dump(defs[name].args) == ast.dump(ref_defs[name].args), (
-            f"{name}'s signature differs from the reference")
+            f"{name}'s signature differs from the reference"
+        )
         assert raises_not_implemented(defs[name].body), f"{name} is not a stub raising NotImplementedError"
 
     for cls in GIVEN_METHODS:
@@ -126,7 +134,8 @@ def test_release_py_holds_the_contract():
         ref_methods = {n.name: n for n in ref_defs[cls].body if isinstance(n, ast.FunctionDef)}
         for method in GIVEN_METHODS[cls]:
             assert ast.dump(methods[method]) == ast.dump(ref_methods[method]), (
-                f"{cls}.{method} must be given as in the reference")
+                f"{cls}.{method} must be given as in the reference"
+            )
         if cls in STUB_METHODS:
             stub = methods[STUB_METHODS[cls]]
             assert ast.dump(stub.args) == ast.dump(ref_methods[stub.name].args)
@@ -139,7 +148,8 @@ def test_release_py_holds_the_contract():
     for name in CONSTANTS:
         assert name in assigned, f"the release does not define {name}"
         assert all(isinstance(v, ast.Constant) and v.value is None for v in assigned[name]), (
-            f"{name} must be None in the release")
+            f"{name} must be None in the release"
+        )
 
 
 def test_release_code_imports_only_torch_and_the_standard_library():
@@ -165,13 +175,15 @@ def test_release_py_has_the_notebooks_cells():
     titles = [h for h in headers if "Self-check" in h]
     expected = [
         f"# %% Self-check: part {nbgrader(c)['grade_id']}, {nbgrader(c)['points']:g} points, do not edit"
-        for c in code_cells(nb) if is_test_cell(c)
+        for c in code_cells(nb)
+        if is_test_cell(c)
     ]
     assert titles == expected
     assert "nbgrader" not in "\n".join(headers)
 
 
 # -- nbgrader metadata ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", (SOURCE, RELEASE_NB), ids=["source", "release"])
 def test_every_cell_has_nbgrader_metadata(path):
@@ -182,7 +194,15 @@ def test_every_cell_has_nbgrader_metadata(path):
     assert [cell.id for cell in nb.cells] == grade_ids, "cell ids are derived from grade_ids, so they are stable"
     tests = [cell for cell in nb.cells if is_test_cell(cell)]
     assert [nbgrader(c)["grade_id"] for c in tests] == [
-        "combine", "wrapper", "two_dim", "quiz", "columns", "mha", "speed", "fuse"]
+        "combine",
+        "wrapper",
+        "two_dim",
+        "quiz",
+        "columns",
+        "mha",
+        "speed",
+        "fuse",
+    ]
     for cell in tests:
         meta = nbgrader(cell)
         assert meta["grade_id"] in PART_IDS
@@ -237,6 +257,7 @@ def test_bad_test_cells_are_refused(tmp_path, header, message):
 
 
 # -- no solutions in the release ----------------------------------------------------------------------
+
 
 def solution_lines():
     """Lines of the reference that occur only inside solution regions."""

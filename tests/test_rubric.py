@@ -1,4 +1,5 @@
 """The rubric is validated in full when loaded: a broken rubric stops grading, it never scores a student."""
+
 import json
 import subprocess
 import sys
@@ -19,31 +20,37 @@ def edited(tmp_path, old: str, new: str):
     return path
 
 
-@pytest.mark.parametrize("text,message", [
-    ("[parts.nonsense]\npoints = 3\n", "unknown part"),
-    ("[parts.quiz]\npoints = -1\n", "points must be at least 0"),
-    ("[parts.quiz]\npoints = \"ten\"\n", "points must be a number"),
-    ("[parts.quiz]\npoints = true\n", "points must be a number"),
-    ("[parts.quiz]\n", "needs points"),
-    ("[parts.quiz]\npoints = 1\ncolour = \"red\"\n", "unknown key in [parts.quiz]: 'colour'"),
-    ("[parts.quiz]\npoints = 1\n[tests.\"quiz::a\"]\nvisibility = \"secret\"\n", "visibility"),
-    ("[parts.quiz]\npoints = 1\n[tests.\"quiz::a\"]\nweight = \"two\"\n", "weight must be a number"),
-    ("[parts.quiz]\npoints = 1\n[tests.\"quiz::a\"]\nwieght = 2\n", "unknown key"),
-    ("[parts.quiz\n", "cannot read rubric"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("[parts.nonsense]\npoints = 3\n", "unknown part"),
+        ("[parts.quiz]\npoints = -1\n", "points must be at least 0"),
+        ('[parts.quiz]\npoints = "ten"\n', "points must be a number"),
+        ("[parts.quiz]\npoints = true\n", "points must be a number"),
+        ("[parts.quiz]\n", "needs points"),
+        ('[parts.quiz]\npoints = 1\ncolour = "red"\n', "unknown key in [parts.quiz]: 'colour'"),
+        ('[parts.quiz]\npoints = 1\n[tests."quiz::a"]\nvisibility = "secret"\n', "visibility"),
+        ('[parts.quiz]\npoints = 1\n[tests."quiz::a"]\nweight = "two"\n', "weight must be a number"),
+        ('[parts.quiz]\npoints = 1\n[tests."quiz::a"]\nwieght = 2\n', "unknown key"),
+        ("[parts.quiz\n", "cannot read rubric"),
+    ],
+)
 def test_malformed_rubrics_name_the_key_to_fix(tmp_path, text, message):
     with pytest.raises(RubricError, match=message.replace("[", r"\[").replace("]", r"\]")) as info:
         rubric_file(tmp_path, text)
     assert str(tmp_path / "rubric.toml") in str(info.value)  # and the file
 
 
-@pytest.mark.parametrize("old,new,message", [
-    ("float32 = [1.3e-6, 1e-5]\n", "", "[tolerances] float32 must be [rtol, atol] (missing)"),
-    ("[limits]", "[limitz]", "unknown key 'limitz'"),
-    ("request_seconds = 10 ", "# request_seconds = 10 ", "[limits] request_seconds is missing"),
-    ("crashes_before_giving_up = 2 ", "crashes_before_giving_up = 1.5 ", "must be an integer"),
-    ("scaled_dot_product_attention = false", "scaled_dot_product_attention = \"no\"", "true or false"),
-])
+@pytest.mark.parametrize(
+    "old,new,message",
+    [
+        ("float32 = [1.3e-6, 1e-5]\n", "", "[tolerances] float32 must be [rtol, atol] (missing)"),
+        ("[limits]", "[limitz]", "unknown key 'limitz'"),
+        ("request_seconds = 10 ", "# request_seconds = 10 ", "[limits] request_seconds is missing"),
+        ("crashes_before_giving_up = 2 ", "crashes_before_giving_up = 1.5 ", "must be an integer"),
+        ("scaled_dot_product_attention = false", 'scaled_dot_product_attention = "no"', "true or false"),
+    ],
+)
 def test_every_required_value_is_checked(tmp_path, old, new, message):
     with pytest.raises(RubricError) as info:
         load_rubric(edited(tmp_path, old, new))
@@ -51,24 +58,44 @@ def test_every_required_value_is_checked(tmp_path, old, new, message):
 
 
 def test_a_misspelt_check_key_is_an_error_with_a_suggestion(tmp_path):
-    rubric = load_rubric(edited(tmp_path, '[tests."mha::test_matches_reference"]',
-                                '[tests."mha::test_matches_referense"]'))
+    rubric = load_rubric(
+        edited(tmp_path, '[tests."mha::test_matches_reference"]', '[tests."mha::test_matches_referense"]')
+    )
     with pytest.raises(RubricError, match='did you mean "mha::test_matches_reference"'):
         rubric.check_test_keys({"mha::test_matches_reference", "mha::test_gradients"})
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("old,new,says", [
-    ("float32 = [1.3e-6, 1e-5]\n", "", "float32"),  # once scored the reference 77.56 with exit 0
-    ("[limits]", "[limitz]", "limitz"),  # once a traceback, exit 1, no results.json
-    ("weight = 4\n", "weight = \"two\"\n", "weight"),
-    ('[tests."mha::test_matches_reference"]', '[tests."mha::test_matches_referense"]', "referense"),
-])
+@pytest.mark.parametrize(
+    "old,new,says",
+    [
+        ("float32 = [1.3e-6, 1e-5]\n", "", "float32"),  # once scored the reference 77.56 with exit 0
+        ("[limits]", "[limitz]", "limitz"),  # once a traceback, exit 1, no results.json
+        ("weight = 4\n", 'weight = "two"\n', "weight"),
+        ('[tests."mha::test_matches_reference"]', '[tests."mha::test_matches_referense"]', "referense"),
+    ],
+)
 def test_a_broken_rubric_cannot_grade_and_says_why(tmp_path, old, new, says):
     rubric = edited(tmp_path, old, new)
     out = tmp_path / "results.json"
-    run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(REFERENCE), "--rubric", str(rubric),
-                          "--out", str(out), "--quiet"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autograder",
+            "grade",
+            str(REFERENCE),
+            "--rubric",
+            str(rubric),
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert run.returncode == 2, run.stderr
     results = json.loads(out.read_text())
     assert results["score"] == 0 and results["max_score"] == 0 and results["tests"] == []

@@ -3,6 +3,7 @@ all its processes together, and that none of them outlives the grader's hold on 
 
 Tests that need bubblewrap or control groups are skipped where the machine has neither; results.json
 says which of these held in a grading run (`extra_data.sandbox`)."""
+
 from __future__ import annotations
 
 import json
@@ -95,7 +96,9 @@ def test_the_worker_sees_only_an_allow_list(make_worker, tmp_path):
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(tmp_path / "host.sock"))
     server.listen(1)
-    probe = ATTEMPT + f"""
+    probe = (
+        ATTEMPT
+        + f"""
 results = {{
     "shadow": attempt(lambda: read("/etc/shadow")),
     "secret": attempt(lambda: read({str(secret)!r})),
@@ -117,20 +120,48 @@ dev = sorted(os.listdir("/dev"))
 ids = [os.getresuid(), os.getresgid(), os.getgroups()]
 caps = [line.split()[1] for line in open("/proc/self/status") if line.startswith(("CapEff", "CapPrm"))]
 """
+    )
     w = make_worker(probe, isolation="namespace")
     results = w.request("get", name="results")
     try:
         blocked = {key: value for key, value in results.items() if key != "scratch"}
-        assert all(value in ("FileNotFoundError", "PermissionError", "OSError", "ConnectionRefusedError",
-                             "ModuleNotFoundError")
-                   for value in blocked.values()), blocked
+        assert all(
+            value
+            in ("FileNotFoundError", "PermissionError", "OSError", "ConnectionRefusedError", "ModuleNotFoundError")
+            for value in blocked.values()
+        ), blocked
         assert results["scratch"] == "allowed"
-        shown = {Path(p).parts[1] for p in allow_list().binds} | {"bin", "dev", "etc", "lib", "lib32", "lib64",
-                                                                     "libx32", "proc", "sbin", "tmp", "usr"}
+        shown = {Path(p).parts[1] for p in allow_list().binds} | {
+            "bin",
+            "dev",
+            "etc",
+            "lib",
+            "lib32",
+            "lib64",
+            "libx32",
+            "proc",
+            "sbin",
+            "tmp",
+            "usr",
+        }
         assert set(w.request("get", name="top")) <= shown
         assert set(w.request("get", name="etc")) <= {"ld.so.cache"}
-        assert set(w.request("get", name="dev")) <= {"null", "zero", "full", "random", "urandom", "tty", "ptmx",
-                                                      "pts", "shm", "fd", "stdin", "stdout", "stderr", "core"}
+        assert set(w.request("get", name="dev")) <= {
+            "null",
+            "zero",
+            "full",
+            "random",
+            "urandom",
+            "tty",
+            "ptmx",
+            "pts",
+            "shm",
+            "fd",
+            "stdin",
+            "stdout",
+            "stderr",
+            "core",
+        }
         (uids, gids, groups) = w.request("get", name="ids")
         assert 0 not in uids and 0 not in gids and groups == []
         if is_root():
@@ -214,8 +245,12 @@ def children_using(count, mib):
     time.sleep(0.5)
     return sum(os.waitpid(pid, os.WNOHANG) == (0, 0) for pid, _ in children)
 """
-    w = make_worker(source, memory_bytes=2 << 30, request_seconds=120,
-                    isolation="namespace" if namespace_sandbox_available() else "process")
+    w = make_worker(
+        source,
+        memory_bytes=2 << 30,
+        request_seconds=120,
+        isolation="namespace" if namespace_sandbox_available() else "process",
+    )
     try:
         still_running = w.request("call", fn="children_using", args=[3, 768], kwargs={})
         assert still_running < 3
@@ -287,8 +322,9 @@ def test_the_worker_dies_with_its_grader(tmp_path, isolation):
     next grader removes what is left of a dead grader's control group."""
     if isolation == "namespace" and not namespace_sandbox_available():
         pytest.skip("bubblewrap cannot run here")
-    grader = subprocess.Popen([sys.executable, "-c", GRADER_SCRIPT, isolation], stdout=subprocess.PIPE, text=True,
-                              cwd=tmp_path)
+    grader = subprocess.Popen(
+        [sys.executable, "-c", GRADER_SCRIPT, isolation], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
     try:
         started = json.loads(grader.stdout.readline())
     finally:
@@ -347,4 +383,4 @@ def test_the_scratch_folder_is_mounted_before_the_binds(monkeypatch):
     command = launcher._bwrap_command("cpu", 1 << 20)
     scratch = command.index(launcher.WORKDIR, command.index("--tmpfs"))
     assert command[scratch - 1] == "--tmpfs" and scratch < command.index("--ro-bind")
-    assert ["--ro-bind", allowed.binds[0], allowed.binds[0]] == command[command.index(allowed.binds[0]) - 1:][:3]
+    assert ["--ro-bind", allowed.binds[0], allowed.binds[0]] == command[command.index(allowed.binds[0]) - 1 :][:3]

@@ -1,4 +1,5 @@
 """Points from the rubric: shares within a part, parametrised cases, visibility, a round total; the model's edge."""
+
 import pytest
 import torch
 
@@ -16,14 +17,20 @@ def test_default_rubric_totals_a_round_number_and_uses_known_parts():
 
 
 def test_points_shared_by_weight_then_by_case(tmp_path):
-    rubric = rubric_file(tmp_path, """
+    rubric = rubric_file(
+        tmp_path,
+        """
 [parts.mha]
 points = 30
 [tests."mha::test_a"]
 weight = 2
-""")
-    outcomes = [Outcome("mha::test_a", "mha", "a", "passed"), Outcome("mha::test_a", "mha", "a", "failed"),
-                Outcome("mha::test_b", "mha", "b", "passed")]
+""",
+    )
+    outcomes = [
+        Outcome("mha::test_a", "mha", "a", "passed"),
+        Outcome("mha::test_a", "mha", "a", "failed"),
+        Outcome("mha::test_b", "mha", "b", "passed"),
+    ]
     assert allocate_points(outcomes, rubric) == pytest.approx([10, 10, 10])
     results = GradingRun(GRADED, "mha.py", checks=score(outcomes, rubric)).to_gradescope()
     assert results["score"] == 20 and results["max_score"] == 30
@@ -33,16 +40,20 @@ weight = 2
 
 def test_a_check_that_never_ran_counts_as_failed(tmp_path):
     rubric = rubric_file(tmp_path, "[parts.quiz]\npoints = 10\n")
-    results = GradingRun(GRADED, "mha.py", checks=score([Outcome("quiz::test_x", "quiz", "x", None)], rubric)
-                         ).to_gradescope()
+    results = GradingRun(
+        GRADED, "mha.py", checks=score([Outcome("quiz::test_x", "quiz", "x", None)], rubric)
+    ).to_gradescope()
     assert results["tests"][0]["status"] == "failed" and results["score"] == 0
     assert "not run" in results["tests"][0]["output"]
 
 
 def test_summary_names_the_first_failure(tmp_path):
     rubric = rubric_file(tmp_path, "[parts.quiz]\npoints = 10\n")
-    outcomes = [Outcome("quiz::a", "quiz", "a", "passed"), Outcome("quiz::b", "quiz", "b", "failed", "wrong: B"),
-                Outcome("quiz::c", "quiz", "c", "failed", "wrong: C")]
+    outcomes = [
+        Outcome("quiz::a", "quiz", "a", "passed"),
+        Outcome("quiz::b", "quiz", "b", "failed", "wrong: B"),
+        Outcome("quiz::c", "quiz", "c", "failed", "wrong: C"),
+    ]
     (entry,) = GradingRun(GRADED, "mha.py", checks=score(outcomes, rubric)).parts()
     assert entry.passed == 1 and entry.total == 3
     assert entry.first_failure.message == "wrong: B"
@@ -50,10 +61,23 @@ def test_summary_names_the_first_failure(tmp_path):
 
 def test_results_json_reads_back_into_the_same_model(tmp_path):
     rubric = rubric_file(tmp_path, "[parts.quiz]\npoints = 10\n[parts.mha]\npoints = 20\n")
-    outcomes = [Outcome("mha::a", "mha", "a", "passed", evidence="worker"), Outcome("quiz::b", "quiz", "b", "failed", "B")]
-    run = GradingRun(GRADED, "mha.py", device="cpu", isolation="namespace", seed=7, checks=score(outcomes, rubric),
-                     events=["a hang"], student_output="hello", titles={"quiz": "Questions"},
-                     speed={"speedup": 2.5}, flags=["implausible"])
+    outcomes = [
+        Outcome("mha::a", "mha", "a", "passed", evidence="worker"),
+        Outcome("quiz::b", "quiz", "b", "failed", "B"),
+    ]
+    run = GradingRun(
+        GRADED,
+        "mha.py",
+        device="cpu",
+        isolation="namespace",
+        seed=7,
+        checks=score(outcomes, rubric),
+        events=["a hang"],
+        student_output="hello",
+        titles={"quiz": "Questions"},
+        speed={"speedup": 2.5},
+        flags=["implausible"],
+    )
     data = run.to_gradescope()
     again = GradingRun.from_gradescope(data)
     assert again == run

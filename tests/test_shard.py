@@ -1,5 +1,6 @@
 """Shards of a class: which students each grades, how the index is read from Slurm and Kubernetes,
 and the merge that writes the class's outputs from every shard's results without grading."""
+
 import csv
 import os
 
@@ -21,14 +22,17 @@ def test_k_of_n_counts_from_zero():
     assert str(parse_shard("2/5")) == "2/5"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("4/4", "numbered from 0 to 3"),
-    ("-1/4", "numbered from 0 to 3"),
-    ("1/0", "at least 1"),
-    ("2", "write K/N"),
-    ("a/4", "K in --shard 'a/4' must be a whole number"),
-    ("1/four", "N in --shard '1/four' must be a whole number"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("4/4", "numbered from 0 to 3"),
+        ("-1/4", "numbered from 0 to 3"),
+        ("1/0", "at least 1"),
+        ("2", "write K/N"),
+        ("a/4", "K in --shard 'a/4' must be a whole number"),
+        ("1/four", "N in --shard '1/four' must be a whole number"),
+    ],
+)
 def test_a_shard_that_does_not_exist_is_refused_with_the_reason(text, message):
     with pytest.raises(ShardError, match=message):
         parse_shard(text, environ={})
@@ -50,15 +54,22 @@ def test_the_split_depends_only_on_the_names():
     assert Shard(1, 3).select(CLASS + ["bob"]) == ["bob", "eve"]  # a name listed twice is one student
 
 
-@pytest.mark.parametrize("array, tasks", [
-    ({"SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_COUNT": "4"}, {0: 0, 1: 1, 3: 3}),
-    ({"SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_COUNT": "4"}, {1: 0, 2: 1, 4: 3}),      # --array=1-4
-    ({"SLURM_ARRAY_TASK_MIN": "10", "SLURM_ARRAY_TASK_STEP": "5",
-      "SLURM_ARRAY_TASK_COUNT": "3"}, {10: 0, 15: 1, 20: 2}),                              # --array=10-20:5
-])
+@pytest.mark.parametrize(
+    "array, tasks",
+    [
+        ({"SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_COUNT": "4"}, {0: 0, 1: 1, 3: 3}),
+        ({"SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_COUNT": "4"}, {1: 0, 2: 1, 4: 3}),  # --array=1-4
+        (
+            {"SLURM_ARRAY_TASK_MIN": "10", "SLURM_ARRAY_TASK_STEP": "5", "SLURM_ARRAY_TASK_COUNT": "3"},
+            {10: 0, 15: 1, 20: 2},
+        ),  # --array=10-20:5
+    ],
+)
 def test_auto_reads_a_slurm_array_task(array, tasks):
     for task, index in tasks.items():
-        assert parse_shard("auto", environ={**array, "SLURM_ARRAY_TASK_ID": str(task)}) == Shard(index, int(array["SLURM_ARRAY_TASK_COUNT"]))
+        assert parse_shard("auto", environ={**array, "SLURM_ARRAY_TASK_ID": str(task)}) == Shard(
+            index, int(array["SLURM_ARRAY_TASK_COUNT"])
+        )
 
 
 def test_auto_refuses_what_it_cannot_trust():
@@ -89,15 +100,22 @@ def test_engine_index_in():
 
 # --- the commands, on results written here (nothing is graded) -----------------------------------
 
+
 def autograder(*args, env=None):
     return classkit.autograder(*args, cwd=ROOT, timeout=300, env=env)
 
 
 def quiz_run(score: float) -> GradingRun:
     """A made-up graded run: one check, `score` of 100 points."""
-    return GradingRun(status="graded", submission="mha.py", checks=[
-        CheckResult(key="quiz::test_answer", part="quiz", name="the answers", status="passed", score=score,
-                    max_score=100)])
+    return GradingRun(
+        status="graded",
+        submission="mha.py",
+        checks=[
+            CheckResult(
+                key="quiz::test_answer", part="quiz", name="the answers", status="passed", score=score, max_score=100
+            )
+        ],
+    )
 
 
 def make_course(tmp_path, students=CLASS, graded=CLASS):
@@ -141,7 +159,9 @@ def test_a_merge_counts_a_run_of_an_older_submission_as_missing(tmp_path):
 
 def test_a_merge_keeps_a_run_that_could_not_grade_and_refuses_a_foreign_results_file(tmp_path):
     course = make_course(tmp_path)
-    fill_record(course, {"bob": GradingRun(status="cannot_grade", submission="mha.py", reason="the checks could not run")})
+    fill_record(
+        course, {"bob": GradingRun(status="cannot_grade", submission="mha.py", reason="the checks could not run")}
+    )
     run = autograder("grade-class", course, "--merge")
     assert run.returncode == 0, run.stdout + run.stderr  # as after a whole-class run: a row that says so
     bob = next(row for row in grades(course) if row[0] == "bob")
@@ -172,15 +192,20 @@ def test_slurm_s_variables_choose_the_shard(tmp_path):
     assert "shard 2/3: 2 of the class's 7 students" in " ".join(run.stdout.split())
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--shard", "3/3"], "shard 3/3 does not exist"),
-    (["--shard", "auto"], "--shard auto needs SLURM_ARRAY_TASK_ID"),
-    (["--merge", "--shard", "0/2"], "--merge grades nothing"),
-    (["--jobs", "0"], "--jobs must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--shard", "3/3"], "shard 3/3 does not exist"),
+        (["--shard", "auto"], "--shard auto needs SLURM_ARRAY_TASK_ID"),
+        (["--merge", "--shard", "0/2"], "--merge grades nothing"),
+        (["--jobs", "0"], "--jobs must be at least 1"),
+    ],
+)
 def test_bad_shard_arguments_are_refused_before_anything_runs(tmp_path, args, message):
     course = make_course(tmp_path)
-    env = {name: value for name, value in os.environ.items() if name not in ("SLURM_ARRAY_TASK_ID", "JOB_COMPLETION_INDEX")}
+    env = {
+        name: value for name, value in os.environ.items() if name not in ("SLURM_ARRAY_TASK_ID", "JOB_COMPLETION_INDEX")
+    }
     run = autograder("grade-class", course, *args, env=env)
     assert run.returncode == 2
     assert message in run.stderr

@@ -1,6 +1,7 @@
 """deploy/slurm/ on a real Slurm: a one-node cluster (slurmctld and slurmd from Debian's slurm-wlm,
 installed by the test where missing) started here, the class graded as a job array plus a merge
 job, compared with grading it locally."""
+
 from __future__ import annotations
 
 import csv
@@ -31,12 +32,16 @@ def ensure_slurm_installed():
     if not shutil.which("apt-get"):
         pytest.skip("Slurm is not installed, and this machine has no apt-get to install Debian's slurm-wlm packages")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update"],
-                    ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=300", *DEBIAN_PACKAGES]):
+    for command in (
+        ["apt-get", "update"],
+        ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=300", *DEBIAN_PACKAGES],
+    ):
         run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
         if run.returncode != 0:
-            pytest.skip(f"Slurm is not installed and `{' '.join(command)}` failed: "
-                        f"{(run.stderr or run.stdout).strip().splitlines()[-1:]}")
+            pytest.skip(
+                f"Slurm is not installed and `{' '.join(command)}` failed: "
+                f"{(run.stderr or run.stdout).strip().splitlines()[-1:]}"
+            )
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +61,14 @@ def read_grades(course: Path) -> dict[str, dict]:
 
 
 def submit(env: dict, course: Path, logs: Path, **settings) -> subprocess.CompletedProcess:
-    env = {**env, "COURSE": str(course), "LOGS": str(logs), "VENV": sys.prefix, "WAIT": "1",
-           **{name: str(value) for name, value in settings.items()}}
+    env = {
+        **env,
+        "COURSE": str(course),
+        "LOGS": str(logs),
+        "VENV": sys.prefix,
+        "WAIT": "1",
+        **{name: str(value) for name, value in settings.items()},
+    }
     return subprocess.run(["bash", str(SUBMIT)], capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
 
 
@@ -68,8 +79,12 @@ CLASS = {"ann": "ada", "ben": "brook", "cai": "casey", "dee": "devon"}
 @pytest.mark.long
 def test_a_job_array_and_its_merge_grade_the_class_as_a_local_run_does(slurm, tmp_path):
     local = course_of_samples(tmp_path / "local", CLASS)
-    run = subprocess.run([sys.executable, "-m", "autograder", "grade-class", local, "--device", "cpu"],
-                         capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, "-m", "autograder", "grade-class", local, "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
 
     cluster = course_of_samples(tmp_path / "cluster", CLASS)
@@ -77,14 +92,18 @@ def test_a_job_array_and_its_merge_grade_the_class_as_a_local_run_does(slurm, tm
     # 3 shards over 4 students: one shard grades two. Each task gets 1 CPU, so two run at once.
     submitted = submit(slurm, cluster, logs, SHARDS=3, CPUS=1)
     merge_logs = sorted(logs.glob("merge-*.out"))
-    assert submitted.returncode == 0, (submitted.stdout + submitted.stderr
-                                       + "".join(p.read_text() for p in sorted(logs.glob("*.out"))))
+    assert submitted.returncode == 0, (
+        submitted.stdout + submitted.stderr + "".join(p.read_text() for p in sorted(logs.glob("*.out")))
+    )
     assert "device cpu" in submitted.stdout  # the partition has no GPU, so none was asked for
 
     task_logs = sorted(logs.glob("grade-*_*.out"))
     assert len(task_logs) == 3
-    shares = sorted(int(share) for log in task_logs
-                    for share in re.findall(r"^shard \d+/3: (\d+) of the class's 4 students", log.read_text(), re.M))
+    shares = sorted(
+        int(share)
+        for log in task_logs
+        for share in re.findall(r"^shard \d+/3: (\d+) of the class's 4 students", log.read_text(), re.M)
+    )
     assert shares == [1, 1, 2], [log.read_text() for log in task_logs]
     assert len(merge_logs) == 1 and "merged the results of 4 students" in merge_logs[0].read_text()
 
@@ -120,20 +139,29 @@ esac
 """
 
 
-@pytest.mark.parametrize("settings, expected, unexpected", [
-    ({}, ["--partition=cpu", "device cpu"], ["--gres"]),
-    ({"PARTITION": "gpu"}, ["--partition=gpu", "--gres=gpu:1", "device cuda"], []),
-    ({"PARTITION": "gpu", "GPUS": "0"}, ["device cpu"], ["--gres"]),
-    ({"GPUS": "2"}, ["--gres=gpu:2", "device cuda"], []),
-    ({"PARTITION": "gpu", "GRES": "gpu:h100:1", "DEVICE": "auto"}, ["--gres=gpu:h100:1", "device auto"], []),
-])
+@pytest.mark.parametrize(
+    "settings, expected, unexpected",
+    [
+        ({}, ["--partition=cpu", "device cpu"], ["--gres"]),
+        ({"PARTITION": "gpu"}, ["--partition=gpu", "--gres=gpu:1", "device cuda"], []),
+        ({"PARTITION": "gpu", "GPUS": "0"}, ["device cpu"], ["--gres"]),
+        ({"GPUS": "2"}, ["--gres=gpu:2", "device cuda"], []),
+        ({"PARTITION": "gpu", "GRES": "gpu:h100:1", "DEVICE": "auto"}, ["--gres=gpu:h100:1", "device auto"], []),
+    ],
+)
 def test_submit_asks_for_a_gpu_only_where_the_partition_has_one(tmp_path, settings, expected, unexpected):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "sinfo").write_text(FAKE_SINFO)
     (bin_dir / "sinfo").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DRY_RUN": "1", "VENV": sys.prefix,
-           "LOGS": str(tmp_path / "logs"), **settings}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "DRY_RUN": "1",
+        "VENV": sys.prefix,
+        "LOGS": str(tmp_path / "logs"),
+        **settings,
+    }
     run = subprocess.run(["bash", str(SUBMIT)], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     printed = run.stdout + run.stderr
@@ -144,12 +172,15 @@ def test_submit_asks_for_a_gpu_only_where_the_partition_has_one(tmp_path, settin
         assert text not in printed
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"SHARDS": "0"}, "SHARDS must be a whole number of at least 1"),
-    ({"GPUS": "many", "PARTITION": "x"}, "GPUS must be auto or a whole number"),
-    ({"VENV": "/nonexistent"}, "run 'make setup' first"),
-    ({"COURSE": "/nonexistent"}, "has no submitted/ folder"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"SHARDS": "0"}, "SHARDS must be a whole number of at least 1"),
+        ({"GPUS": "many", "PARTITION": "x"}, "GPUS must be auto or a whole number"),
+        ({"VENV": "/nonexistent"}, "run 'make setup' first"),
+        ({"COURSE": "/nonexistent"}, "has no submitted/ folder"),
+    ],
+)
 def test_submit_refuses_bad_settings_before_submitting_anything(settings, message):
     env = {**os.environ, "DRY_RUN": "1", "VENV": sys.prefix, **settings}
     run = subprocess.run(["bash", str(SUBMIT)], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)

@@ -1,4 +1,5 @@
 """The speed part on a CUDA device: skipped without one, run by the GPU workflow and tools/gpu_check.sh."""
+
 import pytest
 import torch
 
@@ -7,8 +8,11 @@ from autograder.rubric import load_rubric
 from helpers import REFERENCE, grade
 from speed_variants import VARIANTS
 
-pytestmark = [pytest.mark.cuda, pytest.mark.slow,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 SPEED = load_rubric().speed
 
 
@@ -47,15 +51,23 @@ def test_forward_many_on_cuda_is_seeded_flushed_and_checked(tmp_path):
 
     torch.manual_seed(0)
     module = ref.MultiHeadAttention(64, 64, 32, 0.0, 16).to("cuda").eval()
-    started = timing.BackgroundWorker(timing.reference_cells(), "reference.py",
-                                      WorkerConfig(device="cuda", threads=1, request_seconds=60))
+    started = timing.BackgroundWorker(
+        timing.reference_cells(), "reference.py", WorkerConfig(device="cuda", threads=1, request_seconds=60)
+    )
     try:
         worker = started.get()
-        info = worker.request("build", cls="MultiHeadAttention", args=[64, 64, 32, 0.0, 16], kwargs={},
-                              state_dict={k: v.cpu() for k, v in module.state_dict().items()}, dtype="float32",
-                              device="cuda")
-        args = dict(handle=info.handle, shape=[2, 32, 64], dtype="float32", out_features=64, threads=1,
-                    flush_bytes=64 << 20)
+        info = worker.request(
+            "build",
+            cls="MultiHeadAttention",
+            args=[64, 64, 32, 0.0, 16],
+            kwargs={},
+            state_dict={k: v.cpu() for k, v in module.state_dict().items()},
+            dtype="float32",
+            device="cuda",
+        )
+        args = dict(
+            handle=info.handle, shape=[2, 32, 64], dtype="float32", out_features=64, threads=1, flush_bytes=64 << 20
+        )
         first, again = (worker.request("forward_many", seeds=[5, 6], **args) for _ in range(2))
     finally:
         started.close()

@@ -11,6 +11,7 @@ Long (about half a minute per grading on a loaded 2-core machine): skipped unles
 fraction of the reference's (`relative`), its median over the gradings, the middle half of the per-round
 ratios, and the worst case (the lowest for the reference, the highest for the others).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,13 @@ GRADINGS = int(os.environ.get("SPEED_VERDICT_GRADINGS", "10"))
 EARNS_ALL = {"reference"}
 EARNS_NOTHING = set(VARIANTS) - EARNS_ALL
 
-pytestmark = [pytest.mark.slow, pytest.mark.long,
-              pytest.mark.skipif(os.environ.get("SPEED_VERDICTS") != "1",
-                                 reason="long: run by `make test-speed` (SPEED_VERDICTS=1)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.long,
+    pytest.mark.skipif(
+        os.environ.get("SPEED_VERDICTS") != "1", reason="long: run by `make test-speed` (SPEED_VERDICTS=1)"
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +69,19 @@ def test_verdict_holds_in_every_grading(tmp_path, neighbour, variant):
         assert neighbour.poll() is None, "the neighbour stopped burning"
         (check,) = results["tests"]
         figures = speed_figures(results)
-        rows.append({"score": check["score"], "max_score": check["max_score"], "status": check["status"],
-                     "relative": figures.get("relative"), "spread": figures.get("relative_spread"),
-                     "speedup": figures.get("speedup"), "reference_speedup": figures.get("reference_speedup"),
-                     "failed": figures.get("failed"), "output": check["output"]})
+        rows.append(
+            {
+                "score": check["score"],
+                "max_score": check["max_score"],
+                "status": check["status"],
+                "relative": figures.get("relative"),
+                "spread": figures.get("relative_spread"),
+                "speedup": figures.get("speedup"),
+                "reference_speedup": figures.get("reference_speedup"),
+                "failed": figures.get("failed"),
+                "output": check["output"],
+            }
+        )
     report(variant, rows, tmp_path)
     if variant in EARNS_ALL:
         assert all(r["status"] == "passed" and r["score"] == r["max_score"] > 0 for r in rows), rows
@@ -82,9 +96,11 @@ def report(variant: str, rows: list[dict], tmp_path):
         worst = min(measured) if variant in EARNS_ALL else max(measured)
         q1 = min(r["spread"]["q1"] for r in rows if r["spread"])
         q3 = max(r["spread"]["q3"] for r in rows if r["spread"])
-        line += (f"; relative per grading {[round(v, 3) for v in measured]}, median {statistics.median(measured):.3f}, "
-                 f"worst {worst:.3f}; per-round middle half within {q1:.2f}-{q3:.2f}; reference speedup "
-                 f"{statistics.median(r['reference_speedup'] for r in rows if r['reference_speedup']):.2f}x")
+        line += (
+            f"; relative per grading {[round(v, 3) for v in measured]}, median {statistics.median(measured):.3f}, "
+            f"worst {worst:.3f}; per-round middle half within {q1:.2f}-{q3:.2f}; reference speedup "
+            f"{statistics.median(r['reference_speedup'] for r in rows if r['reference_speedup']):.2f}x"
+        )
     unmeasured = [r["failed"] or r["output"] for r in rows if r["relative"] is None]
     if unmeasured:
         line += f"; not measured in {len(unmeasured)} (first: {unmeasured[0][:160]!r})"

@@ -36,8 +36,14 @@ def notebook_json(cells, **top) -> str:
 
 
 def code_cell(source, cell_id="c") -> dict:
-    return {"cell_type": "code", "id": cell_id, "metadata": {}, "execution_count": None, "outputs": [],
-            "source": source}
+    return {
+        "cell_type": "code",
+        "id": cell_id,
+        "metadata": {},
+        "execution_count": None,
+        "outputs": [],
+        "source": source,
+    }
 
 
 def file_lines(data: bytes) -> list[str]:
@@ -58,6 +64,7 @@ def assert_well_formed(cells):
 
 
 # -- .py files --------------------------------------------------------------------------------------
+
 
 def test_python_file_without_markers_is_one_cell():
     assert python_cells("x = 1\ny = 2\n") == [Cell(1, 1, "x = 1\ny = 2\n")]
@@ -98,10 +105,13 @@ def test_form_feed_and_unicode_separators_do_not_shift_lines(tmp_path):
     """str.splitlines() splits on \\x0c, \\x1c, \\x85 and \\u2028, Python's tokenizer does not."""
     text = "x = 1\x0c\ny = '\x1c\x85\u2028'\n# %%\nz = 3\n"
     assert read_cells(write(tmp_path, "mha.py", text)) == [
-        Cell(1, 1, "x = 1\x0c\ny = '\x1c\x85\u2028'\n"), Cell(2, 4, "z = 3\n")]
+        Cell(1, 1, "x = 1\x0c\ny = '\x1c\x85\u2028'\n"),
+        Cell(2, 4, "z = 3\n"),
+    ]
 
 
 # -- magics -----------------------------------------------------------------------------------------
+
 
 def test_magics_and_shell_escapes_become_pass():
     source = "%matplotlib inline\n!pip install x\nfiles = !ls\nif True:\n    %time y = 1\nz = 2"
@@ -135,20 +145,34 @@ def test_cell_magic_cells_are_dropped(tmp_path):
 
 # -- notebooks --------------------------------------------------------------------------------------
 
+
 def test_notebook_cells_are_numbered_among_all_cells(tmp_path):
-    cells = [{"cell_type": "markdown", "id": "m", "metadata": {}, "source": "# Title"},
-             code_cell(["import torch\r\n", "x = 1"], "a"),
-             {"cell_type": "raw", "id": "r", "metadata": {}, "source": "raw"},
-             code_cell("", "empty"),
-             code_cell("!nvidia-smi\ny = 2", "b")]
+    cells = [
+        {"cell_type": "markdown", "id": "m", "metadata": {}, "source": "# Title"},
+        code_cell(["import torch\r\n", "x = 1"], "a"),
+        {"cell_type": "raw", "id": "r", "metadata": {}, "source": "raw"},
+        code_cell("", "empty"),
+        code_cell("!nvidia-smi\ny = 2", "b"),
+    ]
     got = read_cells(write(tmp_path, "mha.ipynb", notebook_json(cells)))
-    assert got == [Cell(2, 1, "import torch\nx = 1\n"),
-                   Cell(5, 1, "pass  # IPython syntax, not run by the grader\ny = 2\n")]
+    assert got == [
+        Cell(2, 1, "import torch\nx = 1\n"),
+        Cell(5, 1, "pass  # IPython syntax, not run by the grader\ny = 2\n"),
+    ]
 
 
 def test_old_notebook_format_3_is_converted(tmp_path):
-    v3 = {"nbformat": 3, "nbformat_minor": 0, "metadata": {}, "worksheets": [{"metadata": {}, "cells": [
-        {"cell_type": "code", "input": "x = 1", "language": "python", "outputs": [], "metadata": {}}]}]}
+    v3 = {
+        "nbformat": 3,
+        "nbformat_minor": 0,
+        "metadata": {},
+        "worksheets": [
+            {
+                "metadata": {},
+                "cells": [{"cell_type": "code", "input": "x = 1", "language": "python", "outputs": [], "metadata": {}}],
+            }
+        ],
+    }
     assert read_cells(write(tmp_path, "mha.ipynb", json.dumps(v3))) == [Cell(1, 1, "x = 1\n")]
 
 
@@ -158,42 +182,66 @@ def test_notebook_without_cell_ids_is_accepted(tmp_path):
     assert read_cells(write(tmp_path, "mha.ipynb", notebook_json([cell]))) == [Cell(1, 1, "x = 1\n")]
 
 
-@pytest.mark.parametrize("source", [{"code": "x = 1"}, 42, None, ["x = 1\n", 2], ["x = 1\n", None], [["x"]]],
-                         ids=["dict", "int", "null", "list with an int", "list with null", "nested list"])
+@pytest.mark.parametrize(
+    "source",
+    [{"code": "x = 1"}, 42, None, ["x = 1\n", 2], ["x = 1\n", None], [["x"]]],
+    ids=["dict", "int", "null", "list with an int", "list with null", "nested list"],
+)
 def test_notebook_cell_source_that_is_not_text(tmp_path, source):
     path = write(tmp_path, "mha.ipynb", notebook_json([code_cell("y = 0", "a"), code_cell(source, "b")]))
     with pytest.raises(SubmissionFormatError, match=r"not a valid Jupyter notebook: cell 2, source"):
         read_cells(path)
 
 
-@pytest.mark.parametrize("content,message", [
-    ("{not json", "not a readable Jupyter notebook \\(invalid JSON"),
-    ("[1, 2, 3]", "JSON but not a Jupyter notebook"),
-    ('"a string"', "JSON but not a Jupyter notebook"),
-    ('{"cells": []}', "JSON but not a Jupyter notebook"),
-    ('{"nbformat": "4", "cells": []}', "JSON but not a Jupyter notebook"),
-    ('{"nbformat": 99, "cells": []}', "notebook format version 99"),
-    ('{"nbformat": 4, "cells": []}', "not a valid Jupyter notebook: the notebook: 'metadata' is a required"),
-    ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "code"}]}',
-     "not a valid Jupyter notebook: cell 1"),
-    ("[" * 100_000, "nested too deeply"),
-], ids=["invalid JSON", "a list", "a string", "no version", "version as text", "unknown version", "no metadata",
-        "a cell without fields", "deep nesting"])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("{not json", "not a readable Jupyter notebook \\(invalid JSON"),
+        ("[1, 2, 3]", "JSON but not a Jupyter notebook"),
+        ('"a string"', "JSON but not a Jupyter notebook"),
+        ('{"cells": []}', "JSON but not a Jupyter notebook"),
+        ('{"nbformat": "4", "cells": []}', "JSON but not a Jupyter notebook"),
+        ('{"nbformat": 99, "cells": []}', "notebook format version 99"),
+        ('{"nbformat": 4, "cells": []}', "not a valid Jupyter notebook: the notebook: 'metadata' is a required"),
+        (
+            '{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{"cell_type": "code"}]}',
+            "not a valid Jupyter notebook: cell 1",
+        ),
+        ("[" * 100_000, "nested too deeply"),
+    ],
+    ids=[
+        "invalid JSON",
+        "a list",
+        "a string",
+        "no version",
+        "version as text",
+        "unknown version",
+        "no metadata",
+        "a cell without fields",
+        "deep nesting",
+    ],
+)
 def test_json_that_is_not_a_notebook(tmp_path, content, message):
     with pytest.raises(SubmissionFormatError, match=message):
         read_cells(write(tmp_path, "mha.ipynb", content))
 
 
 def test_notebook_with_no_code_cells(tmp_path):
-    notebook = notebook_json([{"cell_type": "markdown", "id": "m", "metadata": {}, "source": "x = 1"},
-                              code_cell("# only a comment\n\n", "c")])
+    notebook = notebook_json(
+        [
+            {"cell_type": "markdown", "id": "m", "metadata": {}, "source": "x = 1"},
+            code_cell("# only a comment\n\n", "c"),
+        ]
+    )
     with pytest.raises(SubmissionFormatError, match="has no code .* nothing to grade"):
         read_cells(write(tmp_path, "mha.ipynb", notebook))
 
 
-@pytest.mark.parametrize("source,message", [("x = '\0'", "cell 1 contains a NUL"),
-                                            ("x = '\ud800'", "cell 1 contains an invalid character")],
-                         ids=["NUL", "lone surrogate"])
+@pytest.mark.parametrize(
+    "source,message",
+    [("x = '\0'", "cell 1 contains a NUL"), ("x = '\ud800'", "cell 1 contains an invalid character")],
+    ids=["NUL", "lone surrogate"],
+)
 def test_notebook_characters_that_cannot_be_code(tmp_path, source, message):
     with pytest.raises(SubmissionFormatError, match=message):
         read_cells(write(tmp_path, "mha.ipynb", notebook_json([code_cell(source)])))
@@ -201,19 +249,34 @@ def test_notebook_characters_that_cannot_be_code(tmp_path, source, message):
 
 # -- the student's file is bad: graded, 0 points, a message -----------------------------------------
 
-@pytest.mark.parametrize("name,content,message", [
-    ("mha.txt", "x = 1", "a .py or .ipynb file"),
-    ("mha", "x = 1", "a .py or .ipynb file"),
-    ("mha.py", b"", "mha.py is empty$"),
-    ("mha.ipynb", b"", "mha.ipynb is empty$"),
-    ("mha.py", " \n\t\r\n  ", r"is empty \(only whitespace\)"),
-    ("mha.py", "# just a comment\n\n# %%\n    # another\n# %% [markdown]\n# prose\n", "has no code"),
-    ("mha.py", b"x = 1\n# caf\xe9\n", "not UTF-8 text: byte 0xe9 on line 2 .* Save the file as UTF-8"),
-    ("mha.py", b"x = 1\r\ny = 2\r\xff", "byte 0xff on line 3"),
-    ("mha.ipynb", b'{"nbformat": 4, "x": "\xa0"}', "not UTF-8 text"),
-    ("mha.py", "x = 1\ny = '\0'\n", "NUL byte on line 2"),
-], ids=["wrong suffix", "no suffix", "0 bytes", "0 bytes notebook", "whitespace", "only comments", "latin-1",
-        "bad byte after CR", "latin-1 notebook", "NUL"])
+
+@pytest.mark.parametrize(
+    "name,content,message",
+    [
+        ("mha.txt", "x = 1", "a .py or .ipynb file"),
+        ("mha", "x = 1", "a .py or .ipynb file"),
+        ("mha.py", b"", "mha.py is empty$"),
+        ("mha.ipynb", b"", "mha.ipynb is empty$"),
+        ("mha.py", " \n\t\r\n  ", r"is empty \(only whitespace\)"),
+        ("mha.py", "# just a comment\n\n# %%\n    # another\n# %% [markdown]\n# prose\n", "has no code"),
+        ("mha.py", b"x = 1\n# caf\xe9\n", "not UTF-8 text: byte 0xe9 on line 2 .* Save the file as UTF-8"),
+        ("mha.py", b"x = 1\r\ny = 2\r\xff", "byte 0xff on line 3"),
+        ("mha.ipynb", b'{"nbformat": 4, "x": "\xa0"}', "not UTF-8 text"),
+        ("mha.py", "x = 1\ny = '\0'\n", "NUL byte on line 2"),
+    ],
+    ids=[
+        "wrong suffix",
+        "no suffix",
+        "0 bytes",
+        "0 bytes notebook",
+        "whitespace",
+        "only comments",
+        "latin-1",
+        "bad byte after CR",
+        "latin-1 notebook",
+        "NUL",
+    ],
+)
 def test_unreadable_submissions_say_why(tmp_path, name, content, message):
     path = write(tmp_path, name, content)
     with pytest.raises(SubmissionFormatError, match=message):
@@ -237,8 +300,12 @@ def test_a_symlink_out_of_the_submission_folder_is_refused(tmp_path):
     answer_key = write(tmp_path, "answer.py", "x = 1\n")
     folder = tmp_path / "student"
     folder.mkdir()
-    for name, target in [("mha.py", answer_key), ("relative.py", "../answer.py"), ("etc.py", "/etc/hostname"),
-                         ("nowhere.py", "/no/such/file.py")]:
+    for name, target in [
+        ("mha.py", answer_key),
+        ("relative.py", "../answer.py"),
+        ("etc.py", "/etc/hostname"),
+        ("nowhere.py", "/no/such/file.py"),
+    ]:
         os.symlink(target, folder / name)
         with pytest.raises(SubmissionFormatError, match="symbolic link to a file outside its folder"):
             read_cells(folder / name)
@@ -256,6 +323,7 @@ def test_a_symlink_within_the_submission_folder_is_followed(tmp_path):
 
 
 # -- not a submission at all: the run could not grade ----------------------------------------------
+
 
 def test_a_missing_path_is_not_a_submission(tmp_path):
     with pytest.raises(NotASubmission, match="no such submission file"):
@@ -294,6 +362,7 @@ def test_the_two_kinds_of_problem_are_distinct():
 
 # -- linear time and memory -------------------------------------------------------------------------
 
+
 def peak_memory(path) -> int:
     tracemalloc.start()
     try:
@@ -324,6 +393,7 @@ def test_the_many_cells_attack_reads_quickly(tmp_path):
 
 # -- property-based: any input is read or refused with a documented exception -----------------------
 
+
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
     return tmp_path_factory.mktemp("generated")
@@ -352,8 +422,26 @@ def test_any_bytes_are_read_or_refused(scratch, data, suffix):
 LINE_TEXT = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\r\n"), max_size=40)
 PY_LINE = st.one_of(
     LINE_TEXT,
-    st.sampled_from(["# %%", "# %% [markdown]", "# %% [raw]", "#%%", "%time x = 1", "  !ls", "x = !ls", "%%bash",
-                     "%% not at the start", "def f():", "    return 1", "", "   ", "# comment", "x = (1,", "\x0c"]),
+    st.sampled_from(
+        [
+            "# %%",
+            "# %% [markdown]",
+            "# %% [raw]",
+            "#%%",
+            "%time x = 1",
+            "  !ls",
+            "x = !ls",
+            "%%bash",
+            "%% not at the start",
+            "def f():",
+            "    return 1",
+            "",
+            "   ",
+            "# comment",
+            "x = (1,",
+            "\x0c",
+        ]
+    ),
 )
 
 
@@ -363,7 +451,7 @@ def assert_lines_match_the_file(cells, data: bytes):
     for cell in cells:
         for k, line in enumerate(cell.source.split("\n")[:-1]):
             original = lines[cell.line - 1 + k]
-            indent = line[:len(line) - len(line.lstrip())]
+            indent = line[: len(line) - len(line.lstrip())]
             assert line == original or (line.lstrip().startswith("pass  # IPython") and original.startswith(indent))
         assert cell.line == 1 or lines[cell.line - 2].startswith("# %%")
 
@@ -378,14 +466,18 @@ def test_any_text_is_read_or_refused_and_lines_point_into_the_file(scratch, line
 
 
 CODE_LINE = st.text(st.sampled_from("abxyz_019 ()[]:=+-*/.,'\"\t\x0c\x1c\x85\u2028éλ中#"), max_size=20).filter(
-    lambda line: not line.startswith("# %%"))
+    lambda line: not line.startswith("# %%")
+)
 
 
 @PROPERTY
-@given(preamble=st.lists(CODE_LINE, max_size=3),
-       cells=st.lists(st.tuples(st.sampled_from(["", " [markdown]", " title"]), st.lists(CODE_LINE, max_size=5)),
-                      max_size=8),
-       newline=st.sampled_from(["\n", "\r\n", "\r"]))
+@given(
+    preamble=st.lists(CODE_LINE, max_size=3),
+    cells=st.lists(
+        st.tuples(st.sampled_from(["", " [markdown]", " title"]), st.lists(CODE_LINE, max_size=5)), max_size=8
+    ),
+    newline=st.sampled_from(["\n", "\r\n", "\r"]),
+)
 def test_well_formed_percent_files_round_trip(scratch, preamble, cells, newline):
     def has_code(lines):
         return any(line.strip() and not line.lstrip().startswith("#") for line in lines)
@@ -408,25 +500,44 @@ def test_well_formed_percent_files_round_trip(scratch, preamble, cells, newline)
         assert read_cells(write(scratch, "mha.py", data)) == expected
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | LINE_TEXT,
-                    lambda children: st.lists(children, max_size=3) | st.dictionaries(LINE_TEXT, children, max_size=3),
-                    max_leaves=12)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | LINE_TEXT,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(LINE_TEXT, children, max_size=3),
+    max_leaves=12,
+)
 SOURCE = st.one_of(LINE_TEXT, st.lists(LINE_TEXT.map(lambda s: s + "\n"), max_size=4), JSON)
 CELL = st.fixed_dictionaries(
     {"cell_type": st.sampled_from(["code", "code", "markdown", "raw", "other"]), "source": SOURCE},
-    optional={"id": st.sampled_from(["a", "b", ""]), "metadata": st.sampled_from([{}, {"tags": []}, None]),
-              "outputs": st.sampled_from([[], None]), "execution_count": st.sampled_from([None, 1, "x"])})
+    optional={
+        "id": st.sampled_from(["a", "b", ""]),
+        "metadata": st.sampled_from([{}, {"tags": []}, None]),
+        "outputs": st.sampled_from([[], None]),
+        "execution_count": st.sampled_from([None, 1, "x"]),
+    },
+)
 VALID_CELL = st.one_of(
-    st.builds(lambda source: {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
-                              "source": source}, st.one_of(LINE_TEXT, st.lists(LINE_TEXT, max_size=4))),
-    st.builds(lambda source: {"cell_type": "markdown", "metadata": {}, "source": source}, LINE_TEXT))
+    st.builds(
+        lambda source: {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": source},
+        st.one_of(LINE_TEXT, st.lists(LINE_TEXT, max_size=4)),
+    ),
+    st.builds(lambda source: {"cell_type": "markdown", "metadata": {}, "source": source}, LINE_TEXT),
+)
 NOTEBOOK = st.fixed_dictionaries(
-    {"nbformat": st.sampled_from([4, 3, 5, "4"]), "nbformat_minor": st.sampled_from([4, 5, 0, -1]),
-     "metadata": st.sampled_from([{}, {"kernelspec": {}}, []]),
-     "cells": st.lists(st.one_of(CELL, VALID_CELL, JSON), max_size=5)})
+    {
+        "nbformat": st.sampled_from([4, 3, 5, "4"]),
+        "nbformat_minor": st.sampled_from([4, 5, 0, -1]),
+        "metadata": st.sampled_from([{}, {"kernelspec": {}}, []]),
+        "cells": st.lists(st.one_of(CELL, VALID_CELL, JSON), max_size=5),
+    }
+)
 VALID_NOTEBOOK = st.fixed_dictionaries(  # so that many examples get as far as their cells
-    {"nbformat": st.just(4), "nbformat_minor": st.just(4), "metadata": st.just({}),
-     "cells": st.lists(VALID_CELL, min_size=1, max_size=5)})
+    {
+        "nbformat": st.just(4),
+        "nbformat_minor": st.just(4),
+        "metadata": st.just({}),
+        "cells": st.lists(VALID_CELL, min_size=1, max_size=5),
+    }
+)
 
 
 @PROPERTY

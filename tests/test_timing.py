@@ -1,6 +1,7 @@
 """The speed part's logic, without timing anything real: statistics, bands, the CPU charge, the round protocol
 (with fake workers and a fake clock), the probes, the device lock, the rubric's [speed], partial credit and
 the gate on the mha part's values; and the worker's seeded `forward_many`, which is deterministic."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +24,7 @@ pytest_plugins = ["pytester"]
 
 
 # -- bands, statistics, the CPU charge -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("relative,expected", [(0.3, 0.0), (0.55, 0.0), (0.65, 0.5), (0.75, 1.0), (3.0, 1.0)])
 def test_credit_is_linear_between_the_bands(relative, expected):
@@ -73,6 +75,7 @@ def test_the_reference_and_the_submission_take_turns_after_the_wrapper():
 
 # -- the protocol, with fake workers and a fake clock --------------------------------------------------------
 
+
 class Clock:
     def __init__(self):
         self.now = 0.0
@@ -104,6 +107,7 @@ def fake_targets(clock, seconds_per_call, cpu_per_second=None, seen=None):
     workers = {name: FakeWorker(name, clock, (cpu_per_second or {}).get(name, 1.0)) for name in seconds_per_call}
     targets = []
     for name, per_call in seconds_per_call.items():
+
         def run(seeds, timeout, name=name, per_call=per_call):
             worker = workers[name]
             running = sorted(w.name for w in workers.values() if w.running)
@@ -113,6 +117,7 @@ def fake_targets(clock, seconds_per_call, cpu_per_second=None, seen=None):
             clock.now += spent
             worker.cpu += spent * worker.cpu_per_second
             return [torch.zeros(1) for _ in seeds]
+
         calls = 1 if name == timing.WRAPPER else 4
         targets.append(timing.Target(name, workers[name], run, calls))
     return targets, workers
@@ -120,8 +125,9 @@ def fake_targets(clock, seconds_per_call, cpu_per_second=None, seen=None):
 
 def test_only_the_timed_worker_runs_and_every_worker_is_resumed_after():
     clock, seen = Clock(), []
-    targets, workers = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.01},
-                                    seen=seen)
+    targets, workers = fake_targets(
+        clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.01}, seen=seen
+    )
     result = timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
     assert all(running == [name] for name, running, _, _ in seen)
     assert all(w.running for w in workers.values())
@@ -132,10 +138,9 @@ def test_only_the_timed_worker_runs_and_every_worker_is_resumed_after():
 
 def test_every_round_has_new_seeds_shared_by_the_three():
     clock, seen = Clock(), []
-    targets, _ = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.01},
-                              seen=seen)
+    targets, _ = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.01}, seen=seen)
     timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
-    by_round = [seen[i:i + 3] for i in range(0, len(seen), 3)]
+    by_round = [seen[i : i + 3] for i in range(0, len(seen), 3)]
     used = set()
     for round_ in by_round:
         seeds = {name: s for name, _, s, _ in round_}
@@ -147,8 +152,11 @@ def test_every_round_has_new_seeds_shared_by_the_three():
 
 def test_a_submission_using_two_cores_is_charged_for_them():
     clock = Clock()
-    targets, _ = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.006},
-                              cpu_per_second={timing.SUBMISSION: 2.0})
+    targets, _ = fake_targets(
+        clock,
+        {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.006},
+        cpu_per_second={timing.SUBMISSION: 2.0},
+    )
     result = timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
     assert result.cpus[timing.SUBMISSION][0] == pytest.approx(0.012)
     assert result.rounds[timing.SUBMISSION][0] == pytest.approx(0.012)  # charged its CPU time, not its wall time
@@ -157,8 +165,9 @@ def test_a_submission_using_two_cores_is_charged_for_them():
 
 def test_far_too_slow_gives_up_after_warm_up_and_waits_little():
     clock, seen = Clock(), []
-    targets, workers = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.001, timing.SUBMISSION: 0.05},
-                                    seen=seen)
+    targets, workers = fake_targets(
+        clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.001, timing.SUBMISSION: 0.05}, seen=seen
+    )
     with pytest.raises(timing.TooSlow, match="times slower"):
         timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
     assert len(seen) == 3 * SPEED.warmup_rounds  # no measured round
@@ -181,6 +190,7 @@ def test_a_wrong_answer_stops_the_measurement():
 
 
 # -- probes ----------------------------------------------------------------------------------------------
+
 
 def probes(y, seed=0):
     generator = torch.Generator().manual_seed(seed)
@@ -209,17 +219,20 @@ def test_probes_accept_an_output_within_tolerance_and_refuse_a_wrong_one():
 PACKAGED = DEFAULT_RUBRIC.read_text()
 
 
-@pytest.mark.parametrize("old,new,message", [
-    ("rounds = 21 ", "# rounds = 21 ", "[speed] rounds is missing"),
-    ("rounds = 21 ", "rounds = 2 ", "[speed] rounds must be at least 3"),
-    ("no_credit_at = 0.55 ", "no_credit_at = 0.9 ", "no_credit_at = 0.9 is not below full_credit_at"),
-    ("threads = 1 ", "threads = 1.5 ", "[speed] threads must be an integer"),
-    ("requires = [", "requires = 3 #", "requires must be a list of check keys"),
-    ("[[speed.workloads]]\ndevice = \"cuda\"", "[[speed.workloads]]\ndevice = \"tpu\"", "device must be one of"),
-    ("heads = 64\ncalls = 32", "heads = 60\ncalls = 32", "does not split into 60 heads"),
-    ("calls = 32 ", "calls = 32\ncolour = 1 ", "unknown key in [[speed.workloads]] number 1: 'colour'"),
-    ("lock_seconds = 120 ", "lock_seconds = 120\nspeed = 1 ", "unknown key in [speed]: 'speed'"),
-])
+@pytest.mark.parametrize(
+    "old,new,message",
+    [
+        ("rounds = 21 ", "# rounds = 21 ", "[speed] rounds is missing"),
+        ("rounds = 21 ", "rounds = 2 ", "[speed] rounds must be at least 3"),
+        ("no_credit_at = 0.55 ", "no_credit_at = 0.9 ", "no_credit_at = 0.9 is not below full_credit_at"),
+        ("threads = 1 ", "threads = 1.5 ", "[speed] threads must be an integer"),
+        ("requires = [", "requires = 3 #", "requires must be a list of check keys"),
+        ('[[speed.workloads]]\ndevice = "cuda"', '[[speed.workloads]]\ndevice = "tpu"', "device must be one of"),
+        ("heads = 64\ncalls = 32", "heads = 60\ncalls = 32", "does not split into 60 heads"),
+        ("calls = 32 ", "calls = 32\ncolour = 1 ", "unknown key in [[speed.workloads]] number 1: 'colour'"),
+        ("lock_seconds = 120 ", "lock_seconds = 120\nspeed = 1 ", "unknown key in [speed]: 'speed'"),
+    ],
+)
 def test_speed_settings_are_validated_in_full(tmp_path, old, new, message):
     assert old in PACKAGED, old
     path = tmp_path / "rubric.toml"
@@ -239,7 +252,9 @@ def test_every_device_needs_a_workload(tmp_path):
 
 def test_a_misspelt_required_check_is_an_error():
     rubric = load_rubric()
-    rubric = dataclasses.replace(rubric, speed=dataclasses.replace(rubric.speed, requires=("mha::test_matches_referense",)))
+    rubric = dataclasses.replace(
+        rubric, speed=dataclasses.replace(rubric.speed, requires=("mha::test_matches_referense",))
+    )
     with pytest.raises(RubricError, match='\\[speed\\] requires "mha::test_matches_referense" \\(did you mean'):
         rubric.check_test_keys({"mha::test_matches_reference", "speed::test_faster_than_the_wrapper"})
 
@@ -253,16 +268,18 @@ def test_the_packaged_workloads_are_where_the_weight_split_matters():
 
 # -- scoring: partial credit and the gate ----------------------------------------------------------------
 
+
 def speed_rubric(tmp_path):
-    speed = PACKAGED[PACKAGED.index("[speed]"):]
+    speed = PACKAGED[PACKAGED.index("[speed]") :]
     return rubric_file(tmp_path, "[parts.mha]\npoints = 20\n[parts.speed]\npoints = 10\n" + speed)
 
 
 def test_partial_credit_and_the_gate_on_the_values(tmp_path):
     rubric = speed_rubric(tmp_path)
     values = Outcome("mha::test_matches_reference", "mha", "values [12 heads]", "passed")
-    partial = Outcome("speed::test_faster_than_the_wrapper", "speed", "fast", "failed", "0.6 of the reference's",
-                      credit=0.25)
+    partial = Outcome(
+        "speed::test_faster_than_the_wrapper", "speed", "fast", "failed", "0.6 of the reference's", credit=0.25
+    )
     checks = score([values, partial], rubric)
     assert [c.score for c in checks] == [20, 2.5]
     assert checks[1].status == "failed" and checks[1].message == "0.6 of the reference's"
@@ -279,7 +296,8 @@ def test_partial_credit_and_the_gate_on_the_values(tmp_path):
 def test_a_check_reports_its_credit_to_the_plugin(pytester, tmp_path):
     from autograder.grading.plugin import ResultsPlugin
 
-    pytester.makepyfile(test_speed='''
+    pytester.makepyfile(
+        test_speed='''
 import pytest
 
 @pytest.mark.part("speed")
@@ -288,13 +306,15 @@ def test_partly(request):
     request.node.user_properties.append(("credit", 0.25))
     pytest.fail("0.6 of the reference's", pytrace=False)
 
-''', test_mha='''
+''',
+        test_mha='''
 import pytest
 
 @pytest.mark.part("mha")
 def test_matches_reference():
     """another part"""
-''')
+''',
+    )
     plugin = ResultsPlugin(speed_rubric(tmp_path), visible_only=False)
     pytester.inline_run("-p", "no:cacheprovider", plugins=[plugin])
     (outcome, other) = sorted(plugin.outcomes.values(), key=lambda o: o.part != "speed")
@@ -308,6 +328,7 @@ def test_matches_reference():
 
 # -- the reference's worker and the seeded forward_many ----------------------------------------------------
 
+
 def test_the_reference_worker_loads_only_definitions():
     sources = "\n".join(source for _, _, source in timing.reference_cells())
     assert "class MultiHeadAttention(" in sources and "class MultiHeadAttentionWrapper(" in sources
@@ -318,8 +339,9 @@ def test_the_reference_worker_loads_only_definitions():
 def reference_worker():
     from autograder.sandbox.client import WorkerConfig
 
-    started = timing.BackgroundWorker(timing.reference_cells(), "reference.py",
-                                      WorkerConfig(threads=1, request_seconds=30))
+    started = timing.BackgroundWorker(
+        timing.reference_cells(), "reference.py", WorkerConfig(threads=1, request_seconds=30)
+    )
     yield started.get()
     started.close()
 
@@ -329,8 +351,15 @@ def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
 
     torch.manual_seed(0)
     module = ref.MultiHeadAttention(16, 8, 6, 0.0, 4).eval()
-    info = reference_worker.request("build", cls="MultiHeadAttention", args=[16, 8, 6, 0.0, 4], kwargs={},
-                                    state_dict=module.state_dict(), dtype="float32", device="cpu")
+    info = reference_worker.request(
+        "build",
+        cls="MultiHeadAttention",
+        args=[16, 8, 6, 0.0, 4],
+        kwargs={},
+        state_dict=module.state_dict(),
+        dtype="float32",
+        device="cpu",
+    )
     args = dict(handle=info.handle, shape=[2, 6, 16], dtype="float32", out_features=8, threads=1)
     first = reference_worker.request("forward_many", seeds=[11, 12], **args)
     again = reference_worker.request("forward_many", seeds=[12], **args)
@@ -346,6 +375,7 @@ def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
     assert torch.allclose(again[0], torch.stack([(y * probe).sum(-1), y.abs().sum(-1), (y * y).sum(-1)], -1))
 
     from autograder.sandbox.client import SubmissionError
+
     with pytest.raises(SubmissionError, match="expected a tensor of shape"):
         reference_worker.request("forward_many", seeds=[1], **{**args, "out_features": 9})
 
@@ -357,8 +387,12 @@ def test_the_notebook_times_the_graders_cpu_workload():
     from helpers import REFERENCE
 
     tree = ast.parse(REFERENCE.read_text())
-    (call,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
-               and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["_SPEED_WORKLOAD"]]
+    (call,) = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["_SPEED_WORKLOAD"]
+    ]
     stated = {keyword.arg: ast.literal_eval(keyword.value) for keyword in call.keywords}  # dict(batch=2, ...)
     (cpu,) = SPEED.workloads_for("cpu")
     assert cpu.d_in == cpu.d_out
@@ -366,6 +400,7 @@ def test_the_notebook_times_the_graders_cpu_workload():
 
 
 # -- end to end: the flag and the guard --------------------------------------------------------------------
+
 
 def speed_rubric_with(tmp_path, **settings):
     text = PACKAGED
@@ -384,9 +419,25 @@ def test_a_speedup_far_above_the_references_is_flagged_for_the_instructor(tmp_pa
     # bands moved so that the reference itself counts as implausibly fast (it runs at about 1.0)
     rubric = speed_rubric_with(tmp_path, give_up_below=0.1, no_credit_at=0.4, full_credit_at=0.5, flag_above=0.6)
     out = tmp_path / "r.json"
-    run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(REFERENCE), "--part", "speed",
-                          "--rubric", str(rubric), "--out", str(out)], capture_output=True, text=True, timeout=600,
-                         cwd=tmp_path)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autograder",
+            "grade",
+            str(REFERENCE),
+            "--part",
+            "speed",
+            "--rubric",
+            str(rubric),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr
     results = json.loads(out.read_text())
     (flag,) = results["extra_data"]["flags"]
@@ -401,9 +452,26 @@ def test_a_run_where_the_reference_is_not_ahead_cannot_grade(tmp_path):
 
     rubric = speed_rubric_with(tmp_path, min_reference_speedup=1000)
     out = tmp_path / "r.json"
-    run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(REFERENCE), "--part", "speed",
-                          "--rubric", str(rubric), "--out", str(out), "--quiet"], capture_output=True, text=True,
-                         timeout=600, cwd=tmp_path)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autograder",
+            "grade",
+            str(REFERENCE),
+            "--part",
+            "speed",
+            "--rubric",
+            str(rubric),
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert run.returncode == 2
     results = json.loads(out.read_text())
     assert results["extra_data"]["status"] == "cannot_grade" and results["tests"] == []
@@ -411,6 +479,7 @@ def test_a_run_where_the_reference_is_not_ahead_cannot_grade(tmp_path):
 
 
 # -- what a long-lived grading process keeps ----------------------------------------------------------------
+
 
 def test_a_grading_process_keeps_the_reference_workers_and_replaces_any_that_fail():
     from autograder.sandbox.client import WorkerConfig
@@ -448,8 +517,9 @@ def test_kept_reference_workers_serve_the_next_grading_and_forget_what_each_buil
     from autograder.sandbox.client import SubmissionError
     from helpers import REFERENCE
 
-    options = Options(device="cpu", out=tmp_path / "results.json", quiet=True, parts=("mha", "speed"),
-                      keep_timing_workers=True)
+    options = Options(
+        device="cpu", out=tmp_path / "results.json", quiet=True, parts=("mha", "speed"), keep_timing_workers=True
+    )
     try:
         runs, pids = [], []
         for _ in range(2):

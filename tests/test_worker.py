@@ -1,4 +1,5 @@
 """The untrusted worker, from the grader's side: deadlines, crashes, restarts, limits, the sandbox."""
+
 import time
 
 import pytest
@@ -55,9 +56,11 @@ def test_student_exceptions_come_back_with_their_traceback(make_worker):
     assert 'File "<mha.py, cell 1>", line 2, in f' in info.value.traceback
 
 
-SPIN_AND_SPIN_AGAIN = ("def spin():\n    while True:\n        pass\n"
-                       "def spin_again():\n    while True:\n        pass\n"
-                       "def ok():\n    return 1\n")
+SPIN_AND_SPIN_AGAIN = (
+    "def spin():\n    while True:\n        pass\n"
+    "def spin_again():\n    while True:\n        pass\n"
+    "def ok():\n    return 1\n"
+)
 
 
 @pytest.mark.slow  # waits out deadlines
@@ -133,8 +136,11 @@ def test_a_load_that_hangs_fails_once_and_is_remembered(make_worker):
 
 
 def test_cells_that_raise_do_not_stop_the_load(make_worker):
-    w = Worker([(1, 1, "a = 1"), (2, 1, "raise NotImplementedError()"), (3, 1, "b = a + 1")], "mha.ipynb",
-               WorkerConfig(request_seconds=3))
+    w = Worker(
+        [(1, 1, "a = 1"), (2, 1, "raise NotImplementedError()"), (3, 1, "b = a + 1")],
+        "mha.ipynb",
+        WorkerConfig(request_seconds=3),
+    )
     try:
         report = w.start()
         assert [e.cell for e in report.errors] == [2]
@@ -145,8 +151,9 @@ def test_cells_that_raise_do_not_stop_the_load(make_worker):
 
 @pytest.mark.slow  # restarts the worker or waits out a deadline
 def test_memory_cap_turns_a_huge_allocation_into_an_error(make_worker):
-    w = make_worker("import torch\ndef hog():\n    return torch.empty(16 * 2**30, dtype=torch.uint8).sum()\n",
-                    memory_bytes=4 << 30)
+    w = make_worker(
+        "import torch\ndef hog():\n    return torch.empty(16 * 2**30, dtype=torch.uint8).sum()\n", memory_bytes=4 << 30
+    )
     with pytest.raises((SubmissionError, WorkerCrashed)) as info:
         w.request("call", fn="hog", args=[], kwargs={})
     assert "memory" in str(info.value).lower() or "allocate" in str(info.value).lower()
@@ -219,9 +226,11 @@ def test_suspend_stops_every_process_the_submission_started(make_worker, use_cgr
     """setsid children leave the worker's session but not its control group (or, without one, its process
     tree): all are stopped (frozen, else SIGSTOP) and resumed, their CPU time is counted, and kill ends
     them all."""
-    source = ("import subprocess, sys\n"
-              "child = subprocess.Popen([sys.executable, '-c', 'while True: pass'], start_new_session=True)\n"
-              "def pid():\n    return child.pid\n")
+    source = (
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'while True: pass'], start_new_session=True)\n"
+        "def pid():\n    return child.pid\n"
+    )
     w = make_worker(source, isolation="process", use_cgroups=use_cgroups)
     w.start()
     pids = w.process.pids()
@@ -239,8 +248,11 @@ def test_suspend_stops_every_process_the_submission_started(make_worker, use_cgr
     import os
 
     def alive():
-        return [pid for pid in pids if os.path.exists(f"/proc/{pid}") and
-                open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+        return [
+            pid
+            for pid in pids
+            if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+        ]
 
     # SIGKILL is certain but not instant: on a loaded machine a killed process can take a while to be
     # scheduled and end, so wait for it (a process still alive after this long was never killed)

@@ -1,5 +1,6 @@
 """The GitHub workflows: actionlint finds nothing wrong in them, and the sharded grading workflow's
 own commands, read from its YAML, grade a class here shard by shard and merge the artifacts."""
+
 from __future__ import annotations
 
 import csv
@@ -25,8 +26,13 @@ ACTIONLINT = Path(sys.executable).with_name("actionlint")
 def actionlint(*paths) -> subprocess.CompletedProcess:
     if not ACTIONLINT.exists():
         pytest.skip("actionlint is not installed (`make setup` installs it on Linux, where its wheels exist)")
-    return subprocess.run([str(ACTIONLINT), "-no-color", "-config-file", str(ROOT / ".github" / "actionlint.yaml"),
-                           *map(str, paths)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [str(ACTIONLINT), "-no-color", "-config-file", str(ROOT / ".github" / "actionlint.yaml"), *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
 
 
 def test_actionlint_finds_nothing_wrong_in_any_workflow():
@@ -36,12 +42,19 @@ def test_actionlint_finds_nothing_wrong_in_any_workflow():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-@pytest.mark.parametrize("old, new, complaint", [
-    ("${{ matrix.shard }}/${{ inputs.shards }}", "${{ matrix.shards }}/${{ inputs.shards }}", 'property "shards" is not defined'),
-    ("needs: shard\n", "needs: shards\n", 'job "merge" needs job "shards" which does not exist'),
-    ("merge-multiple: true", "merge-multipel: true", 'input "merge-multipel" is not defined'),
-    ("runs-on: [self-hosted, gpu]", "runs-on: [self-hosted, gpus]", 'label "gpus" is unknown'),
-])
+@pytest.mark.parametrize(
+    "old, new, complaint",
+    [
+        (
+            "${{ matrix.shard }}/${{ inputs.shards }}",
+            "${{ matrix.shards }}/${{ inputs.shards }}",
+            'property "shards" is not defined',
+        ),
+        ("needs: shard\n", "needs: shards\n", 'job "merge" needs job "shards" which does not exist'),
+        ("merge-multiple: true", "merge-multipel: true", 'input "merge-multipel" is not defined'),
+        ("runs-on: [self-hosted, gpu]", "runs-on: [self-hosted, gpus]", 'label "gpus" is unknown'),
+    ],
+)
 def test_actionlint_would_catch_a_broken_grading_workflow(tmp_path, old, new, complaint):
     text = GRADE_CLASS.read_text()
     assert text.count(old) >= 1
@@ -53,6 +66,7 @@ def test_actionlint_would_catch_a_broken_grading_workflow(tmp_path, old, new, co
 
 # --- the workflow's own commands, run here -------------------------------------------------------
 
+
 def load_workflow() -> dict:
     workflow = yaml.safe_load(GRADE_CLASS.read_text())
     workflow["on"] = workflow.pop(True, workflow.get("on"))  # YAML 1.1 reads the key `on` as true
@@ -61,23 +75,35 @@ def load_workflow() -> dict:
 
 def expand(text: str, values: dict[str, object]) -> str:
     """The workflow's ${{ ... }} expressions replaced by `values`; any other expression is a test error."""
+
     def one(match):
         expression = match.group(1).strip()
         assert expression in values, f"the test does not know the value of ${{{{ {expression} }}}}"
         return str(values[expression])
+
     return re.sub(r"\$\{\{(.*?)\}\}", one, text)
 
 
 def step(job: dict, name_or_action: str) -> dict:
-    return next(s for s in job["steps"] if name_or_action in (s.get("name", ""), s.get("uses", "").split("@")[0])
-                or s.get("name", "").startswith(name_or_action))
+    return next(
+        s
+        for s in job["steps"]
+        if name_or_action in (s.get("name", ""), s.get("uses", "").split("@")[0])
+        or s.get("name", "").startswith(name_or_action)
+    )
 
 
 def run_step(found: dict, values: dict, extra_env: dict) -> subprocess.CompletedProcess:
     """A `run:` step as a runner runs it (bash -e -o pipefail), from the project root, with its own env."""
     env = {**os.environ, **{k: expand(str(v), values) for k, v in found.get("env", {}).items()}, **extra_env}
-    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", expand(found["run"], values)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    return subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", expand(found["run"], values)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=900,
+    )
 
 
 CLASS = {"ann": "ada", "cai": "casey", "dee": "devon"}
@@ -87,8 +113,9 @@ CLASS = {"ann": "ada", "cai": "casey", "dee": "devon"}
 @pytest.mark.long
 def test_the_workflow_grades_a_class_shard_by_shard_and_merges_the_artifacts(tmp_path):
     if not (Path(sys.prefix) / ".inputs").exists():
-        pytest.skip("runs `make`, which needs the project's virtualenv made by `make setup`; "
-                    "these tests are not running in it")
+        pytest.skip(
+            "runs `make`, which needs the project's virtualenv made by `make setup`; these tests are not running in it"
+        )
     workflow = load_workflow()
     inputs = {name: spec.get("default") for name, spec in workflow["on"]["workflow_dispatch"]["inputs"].items()}
     assert {"shards", "device"} <= set(inputs)

@@ -16,6 +16,7 @@ Two rules tie the grader to the notebook's self-checks, for every submission in 
 
 All submissions are graded once per session, two at a time.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,16 +72,38 @@ WRAPPER_RETURN = "return combine(outputs)  # (b, T, num_heads * d_out)"
 MAKE_2D = "    return MultiHeadAttentionWrapper(d_in, 1, context_length, dropout, num_heads=2, qkv_bias=qkv_bias)\n"
 FUSE_DTYPE = "    ).to(first.W_query.weight)\n"
 FUSE_COPY = "                getattr(fused, name).weight[start:stop] = getattr(head, name).weight\n"
-MHA_ALL_BUT_BOOK = ("test_shorter_sequences", "test_matches_reference", "test_keeps_dtype", "test_input_not_modified",
-                    "test_new_inputs_new_answers", "test_gradients", "test_one_pass_for_all_heads",
-                    "test_no_ready_made_attention", "test_dropout")
+MHA_ALL_BUT_BOOK = (
+    "test_shorter_sequences",
+    "test_matches_reference",
+    "test_keeps_dtype",
+    "test_input_not_modified",
+    "test_new_inputs_new_answers",
+    "test_gradients",
+    "test_one_pass_for_all_heads",
+    "test_no_ready_made_attention",
+    "test_dropout",
+)
 MHA_ALL = ("test_book_example", *MHA_ALL_BUT_BOOK)
-WRAPPER_ALL = ("test_book_example", "test_heads_run_once_in_order_on_same_input", "test_matches_reference",
-               "test_input_not_modified", "test_gradients", "test_dropout")
-FUSE_ALL = ("test_weights_placed_per_head", "test_keeps_dtype_and_device", "test_fused_output_equals_wrapper",
-            "test_wrapper_left_unchanged")
-TWO_DIM_ALL = ("test_two_heads_of_width_one", "test_book_example", "test_passes_dropout_and_bias_on",
-               "test_output_is_the_heads_side_by_side")
+WRAPPER_ALL = (
+    "test_book_example",
+    "test_heads_run_once_in_order_on_same_input",
+    "test_matches_reference",
+    "test_input_not_modified",
+    "test_gradients",
+    "test_dropout",
+)
+FUSE_ALL = (
+    "test_weights_placed_per_head",
+    "test_keeps_dtype_and_device",
+    "test_fused_output_equals_wrapper",
+    "test_wrapper_left_unchanged",
+)
+TWO_DIM_ALL = (
+    "test_two_heads_of_width_one",
+    "test_book_example",
+    "test_passes_dropout_and_bias_on",
+    "test_output_is_the_heads_side_by_side",
+)
 PROPERTY_OF_WRONG_ANSWER = "counts only once the output on this check's input is right"
 ANSWER_KEY = {"quiz::test_answer"}  # the quiz's answers: right or wrong only after the due date, by design
 
@@ -101,159 +124,330 @@ SPEED = ("test_faster_than_the_wrapper",)
 
 MISTAKES = [
     # --- quiz
-    Mistake("quiz_both_wrong", 'HEADS_RUN = "B"\n', 'HEADS_RUN = "A"\n', {"quiz": ("test_answer",)},
-            {"quiz": ("HEADS_RUN = 'A' is not right", "OUTPUT_SHAPE_STEP = 'A' is not right",
-                      "d_out=1 sizes each head's result")},
-            more=(('OUTPUT_SHAPE_STEP = "C"\n', 'OUTPUT_SHAPE_STEP = "A"\n'),)),
-    Mistake("quiz_lowercase", 'HEADS_RUN = "B"\n', 'HEADS_RUN = "b"\n', {}, {},
-            more=(('OUTPUT_SHAPE_STEP = "C"\n', 'OUTPUT_SHAPE_STEP = " c"\n'),)),
+    Mistake(
+        "quiz_both_wrong",
+        'HEADS_RUN = "B"\n',
+        'HEADS_RUN = "A"\n',
+        {"quiz": ("test_answer",)},
+        {
+            "quiz": (
+                "HEADS_RUN = 'A' is not right",
+                "OUTPUT_SHAPE_STEP = 'A' is not right",
+                "d_out=1 sizes each head's result",
+            )
+        },
+        more=(('OUTPUT_SHAPE_STEP = "C"\n', 'OUTPUT_SHAPE_STEP = "A"\n'),),
+    ),
+    Mistake(
+        "quiz_lowercase",
+        'HEADS_RUN = "B"\n',
+        'HEADS_RUN = "b"\n',
+        {},
+        {},
+        more=(('OUTPUT_SHAPE_STEP = "C"\n', 'OUTPUT_SHAPE_STEP = " c"\n'),),
+    ),
     # --- combine: charged in combine alone, although the wrapper and the 2-D wrapper call it
-    Mistake("combine_batch_dim", COMBINE, "return torch.cat(outputs, dim=0)",
-            {"combine": ("test_book_example", "test_concatenates_heads~", "test_keeps_dtype")},
-            {"combine": ("Likely mistake: concatenated along the batch dimension", common.SHAPE_DRIFT)}),
-    Mistake("combine_token_dim", COMBINE, "return torch.cat(outputs, dim=1)",
-            {"combine": ("test_book_example", "test_concatenates_heads~", "test_keeps_dtype")},
-            {"combine": ("Likely mistake: concatenated along the token dimension",
-                         "combine joins the heads along dimension 1", common.SHAPE_DRIFT)}),
-    Mistake("combine_reversed", COMBINE, "return torch.cat(outputs[::-1], dim=-1)",
-            {"combine": ("test_book_example", "test_concatenates_heads~", "test_keeps_dtype")},
-            {"combine": ("Likely mistake: heads in the wrong order (reversed)", common.INCONSISTENT_ORDER)}),
-    Mistake("combine_summed", COMBINE, "return sum(outputs)",
-            {"combine": ("test_book_example", "test_concatenates_heads~", "test_keeps_dtype")},
-            {"combine": "Likely mistake: heads summed instead of concatenated"}),
-    Mistake("combine_stacked", COMBINE, "return torch.stack(outputs, dim=-1)",
-            {"combine": ("test_book_example", "test_concatenates_heads", "test_keeps_dtype")},
-            {"combine": ("Likely mistake: stacked into a new dimension", common.SHAPE_DRIFT)}),
-    Mistake("zeros_everywhere", COMBINE,
-            "return torch.zeros(*outputs[0].shape[:-1], sum(o.shape[-1] for o in outputs), dtype=outputs[0].dtype)",
-            {"combine": ("test_book_example", "test_concatenates_heads", "test_keeps_dtype"),
-             "wrapper": WRAPPER_ALL, "mha": MHA_ALL},
-            {"wrapper": ("values differ from the reference", PROPERTY_OF_WRONG_ANSWER),
-             "mha": ("values differ from the reference", PROPERTY_OF_WRONG_ANSWER)},
-            more=((WRAPPER_RETURN, "return torch.zeros(*x.shape[:-1], len(outputs) * outputs[0].shape[-1], "
-                                   "dtype=x.dtype)"),
-                  (MHA_RETURN, "return torch.zeros_like(self.out_proj(context_vec))"))),
+    Mistake(
+        "combine_batch_dim",
+        COMBINE,
+        "return torch.cat(outputs, dim=0)",
+        {"combine": ("test_book_example", "test_concatenates_heads~", "test_keeps_dtype")},
+        {"combine": ("Likely mistake: concatenated along the batch dimension", common.SHAPE_DRIFT)},
+    ),
+    Mistake(
+        "combine_token_dim",
+        COMBINE,
+        "return torch.cat(outputs, dim=1)",
+        {"combine": ("test_book_example", "test_concatenates_heads~", "test_keeps_dtype")},
+        {
+            "combine": (
+                "Likely mistake: concatenated along the token dimension",
+                "combine joins the heads along dimension 1",
+                common.SHAPE_DRIFT,
+            )
+        },
+    ),
+    Mistake(
+        "combine_reversed",
+        COMBINE,
+        "return torch.cat(outputs[::-1], dim=-1)",
+        {"combine": ("test_book_example", "test_concatenates_heads~", "test_keeps_dtype")},
+        {"combine": ("Likely mistake: heads in the wrong order (reversed)", common.INCONSISTENT_ORDER)},
+    ),
+    Mistake(
+        "combine_summed",
+        COMBINE,
+        "return sum(outputs)",
+        {"combine": ("test_book_example", "test_concatenates_heads~", "test_keeps_dtype")},
+        {"combine": "Likely mistake: heads summed instead of concatenated"},
+    ),
+    Mistake(
+        "combine_stacked",
+        COMBINE,
+        "return torch.stack(outputs, dim=-1)",
+        {"combine": ("test_book_example", "test_concatenates_heads", "test_keeps_dtype")},
+        {"combine": ("Likely mistake: stacked into a new dimension", common.SHAPE_DRIFT)},
+    ),
+    Mistake(
+        "zeros_everywhere",
+        COMBINE,
+        "return torch.zeros(*outputs[0].shape[:-1], sum(o.shape[-1] for o in outputs), dtype=outputs[0].dtype)",
+        {
+            "combine": ("test_book_example", "test_concatenates_heads", "test_keeps_dtype"),
+            "wrapper": WRAPPER_ALL,
+            "mha": MHA_ALL,
+        },
+        {
+            "wrapper": ("values differ from the reference", PROPERTY_OF_WRONG_ANSWER),
+            "mha": ("values differ from the reference", PROPERTY_OF_WRONG_ANSWER),
+        },
+        more=(
+            (WRAPPER_RETURN, "return torch.zeros(*x.shape[:-1], len(outputs) * outputs[0].shape[-1], dtype=x.dtype)"),
+            (MHA_RETURN, "return torch.zeros_like(self.out_proj(context_vec))"),
+        ),
+    ),
     # --- wrapper: the 2-D wrapper is built right, so two_dim keeps its points
-    Mistake("wrapper_heads_reversed", "outputs = [head(x) for head in self.heads]",
-            "outputs = [head(x) for head in reversed(self.heads)]",
-            {"wrapper": ("test_book_example", "test_heads_run_once_in_order_on_same_input", "test_matches_reference~",
-                         "test_input_not_modified", "test_gradients", "test_dropout")},
-            {"wrapper": ("Likely mistake: the heads' outputs are combined in the wrong order",
-                         "the heads ran in the order [3, 2, 1, 0]", common.INCONSISTENT_ORDER)}),
+    Mistake(
+        "wrapper_heads_reversed",
+        "outputs = [head(x) for head in self.heads]",
+        "outputs = [head(x) for head in reversed(self.heads)]",
+        {
+            "wrapper": (
+                "test_book_example",
+                "test_heads_run_once_in_order_on_same_input",
+                "test_matches_reference~",
+                "test_input_not_modified",
+                "test_gradients",
+                "test_dropout",
+            )
+        },
+        {
+            "wrapper": (
+                "Likely mistake: the heads' outputs are combined in the wrong order",
+                "the heads ran in the order [3, 2, 1, 0]",
+                common.INCONSISTENT_ORDER,
+            )
+        },
+    ),
     # --- two_dim
-    Mistake("two_dim_one_head_of_width_two", MAKE_2D,
-            "    return MultiHeadAttentionWrapper(d_in, 2, context_length, dropout, num_heads=1, qkv_bias=qkv_bias)\n",
-            {"two_dim": TWO_DIM_ALL}, {"two_dim": "the exercise keeps num_heads=2"}),
-    Mistake("two_dim_head_changed", MAKE_2D,
-            "    wrapper = MultiHeadAttentionWrapper(d_in, 2, context_length, dropout, num_heads=2, "
-            "qkv_bias=qkv_bias)\n"
-            "    for head in wrapper.heads:  # narrow each head's values to one column\n"
-            "        head.W_value = nn.Linear(d_in, 1, bias=qkv_bias)\n"
-            "    return wrapper\n",
-            {"two_dim": TWO_DIM_ALL}, {"two_dim": ("head internals changed", common.HEAD_CHANGED)}),
-    Mistake("two_dim_bias_not_passed_on", MAKE_2D,
-            "    return MultiHeadAttentionWrapper(d_in, 1, context_length, dropout, num_heads=2)\n",
-            {"two_dim": ("test_passes_dropout_and_bias_on",)},
-            {"two_dim": "built heads without biases: pass qkv_bias on"}),
-    Mistake("two_dim_dropout_not_passed_on", MAKE_2D,
-            "    return MultiHeadAttentionWrapper(d_in, 1, context_length, 0.0, num_heads=2, qkv_bias=qkv_bias)\n",
-            {"two_dim": ("test_passes_dropout_and_bias_on",)},
-            {"two_dim": "does not drop anything in training mode: pass dropout on"}),
+    Mistake(
+        "two_dim_one_head_of_width_two",
+        MAKE_2D,
+        "    return MultiHeadAttentionWrapper(d_in, 2, context_length, dropout, num_heads=1, qkv_bias=qkv_bias)\n",
+        {"two_dim": TWO_DIM_ALL},
+        {"two_dim": "the exercise keeps num_heads=2"},
+    ),
+    Mistake(
+        "two_dim_head_changed",
+        MAKE_2D,
+        "    wrapper = MultiHeadAttentionWrapper(d_in, 2, context_length, dropout, num_heads=2, "
+        "qkv_bias=qkv_bias)\n"
+        "    for head in wrapper.heads:  # narrow each head's values to one column\n"
+        "        head.W_value = nn.Linear(d_in, 1, bias=qkv_bias)\n"
+        "    return wrapper\n",
+        {"two_dim": TWO_DIM_ALL},
+        {"two_dim": ("head internals changed", common.HEAD_CHANGED)},
+    ),
+    Mistake(
+        "two_dim_bias_not_passed_on",
+        MAKE_2D,
+        "    return MultiHeadAttentionWrapper(d_in, 1, context_length, dropout, num_heads=2)\n",
+        {"two_dim": ("test_passes_dropout_and_bias_on",)},
+        {"two_dim": "built heads without biases: pass qkv_bias on"},
+    ),
+    Mistake(
+        "two_dim_dropout_not_passed_on",
+        MAKE_2D,
+        "    return MultiHeadAttentionWrapper(d_in, 1, context_length, 0.0, num_heads=2, qkv_bias=qkv_bias)\n",
+        {"two_dim": ("test_passes_dropout_and_bias_on",)},
+        {"two_dim": "does not drop anything in training mode: pass dropout on"},
+    ),
     # --- columns (fuse_heads places weights with head_column_ranges: a fuse_heads that raises cannot be graded)
-    Mistake("columns_literal_inclusive", "EIGHT_COLUMNS_FOUR_HEADS = [(0, 2), (2, 4), (4, 6), (6, 8)]",
-            "EIGHT_COLUMNS_FOUR_HEADS = [(0, 1), (2, 3), (4, 5), (6, 7)]",
-            {"columns": ("test_eight_columns_four_heads",)}, {"columns": "Likely mistake: inclusive ranges"}),
-    Mistake("columns_function_inclusive", "return [(h * width, (h + 1) * width) for h in range(num_heads)]",
-            "return [(h * width, (h + 1) * width - 1) for h in range(num_heads)]",
-            {"columns": ("test_head_column_ranges",), "fuse": FUSE_ALL},
-            {"columns": "Likely mistake: inclusive ranges",
-             "fuse": ("Likely cause: your head_column_ranges", "which are inclusive ranges",
-                      "fix that first (see the columns checks)")}),
-    Mistake("split_rows", "return [W[:, start:stop] for start, stop in head_column_ranges(W.shape[1], num_heads)]",
-            "return [W[start:stop] for start, stop in head_column_ranges(W.shape[0], num_heads)]",
-            {"columns": ("test_split_columns~",)}, {"columns": "Likely mistake: rows instead of columns"}),
+    Mistake(
+        "columns_literal_inclusive",
+        "EIGHT_COLUMNS_FOUR_HEADS = [(0, 2), (2, 4), (4, 6), (6, 8)]",
+        "EIGHT_COLUMNS_FOUR_HEADS = [(0, 1), (2, 3), (4, 5), (6, 7)]",
+        {"columns": ("test_eight_columns_four_heads",)},
+        {"columns": "Likely mistake: inclusive ranges"},
+    ),
+    Mistake(
+        "columns_function_inclusive",
+        "return [(h * width, (h + 1) * width) for h in range(num_heads)]",
+        "return [(h * width, (h + 1) * width - 1) for h in range(num_heads)]",
+        {"columns": ("test_head_column_ranges",), "fuse": FUSE_ALL},
+        {
+            "columns": "Likely mistake: inclusive ranges",
+            "fuse": (
+                "Likely cause: your head_column_ranges",
+                "which are inclusive ranges",
+                "fix that first (see the columns checks)",
+            ),
+        },
+    ),
+    Mistake(
+        "split_rows",
+        "return [W[:, start:stop] for start, stop in head_column_ranges(W.shape[1], num_heads)]",
+        "return [W[start:stop] for start, stop in head_column_ranges(W.shape[0], num_heads)]",
+        {"columns": ("test_split_columns~",)},
+        {"columns": "Likely mistake: rows instead of columns"},
+    ),
     # --- mha: MultiHeadAttention.forward is charged in mha alone, although fuse_heads builds one
-    Mistake("mha_scale_d_out", MHA_SCALE,
-            "        attn_weights = torch.softmax(attn_scores / self.d_out ** 0.5, dim=-1)\n",
-            {"mha": ("test_book_example", *MHA_ALL_BUT_BOOK[:1], "test_matches_reference~", *MHA_ALL_BUT_BOOK[2:])},
-            {"mha": "Likely mistake: scores scaled by sqrt(d_out)"}),
-    Mistake("mha_no_mask", MHA_MASK, "        # Scale by sqrt(head_dim)", {"mha": MHA_ALL},
-            {"mha": "Likely mistake: no causal mask"}),
-    Mistake("mha_mask_not_cut_to_tokens", MHA_MASK, MHA_MASK.replace("[:num_tokens, :num_tokens]", ""),
-            {"mha": ("test_shorter_sequences", "test_matches_reference~")},
-            {"mha": ("fails for 3 tokens when context_length is 9", "cut it to T x T")}),
-    Mistake("mha_missing_transpose", "context_vec = (attn_weights @ values).transpose(1, 2)  # (b, T, H, hd)",
-            "context_vec = attn_weights @ values  # (b, H, T, hd)",
-            {"mha": ("test_book_example", "test_shorter_sequences", "test_matches_reference~", *MHA_ALL_BUT_BOOK[2:])},
-            {"mha": ("Likely mistake: missing transpose", common.HALF_SPLIT)}),
-    Mistake("mha_split_without_transpose", MHA_SPLIT,
-            "        keys = keys.view(b, self.num_heads, num_tokens, self.head_dim)  # (b, H, T, hd)\n"
-            "        queries = queries.view(b, self.num_heads, num_tokens, self.head_dim)\n"
-            "        values = values.view(b, self.num_heads, num_tokens, self.head_dim)\n",
-            {"mha": ("test_book_example", "test_shorter_sequences", "test_matches_reference~", *MHA_ALL_BUT_BOOK[2:])},
-            {"mha": ("Likely mistake: heads split by reshaping straight to", common.HALF_SPLIT)}),
-    Mistake("mha_heads_not_merged", MHA_RETURN, "return attn_weights @ values  # (b, H, T, hd)",
-            {"mha": MHA_ALL}, {"mha": ("Likely mistake: the heads are never merged", common.SHAPE_DRIFT)}),
-    Mistake("mha_no_out_proj", MHA_RETURN, "return context_vec", {"mha": MHA_ALL},
-            {"mha": "Likely mistake: missing output projection"}),
-    Mistake("mha_loop_over_heads", MHA_ATTENTION,
-            "        attn_scores = torch.stack(  # one head at a time\n"
-            "            [queries[:, h] @ keys[:, h].transpose(1, 2) for h in range(self.num_heads)], dim=1\n"
-            "        )  # (b, H, T, T)\n"
-            "        attn_scores = attn_scores.masked_fill(\n"
-            "            self.mask.bool()[:num_tokens, :num_tokens], -torch.inf\n"
-            "        )\n"
-            "        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)\n"
-            "        attn_weights = self.dropout(attn_weights)\n"
-            "        context_vec = torch.stack(\n"
-            "            [attn_weights[:, h] @ values[:, h] for h in range(self.num_heads)], dim=2\n"
-            "        )  # (b, T, H, hd)\n",
-            {"mha": ("test_one_pass_for_all_heads",), "speed": SPEED},
-            {"mha": "a loop over heads", "speed": "a Python loop over the heads"}),
-    Mistake("mha_loop_with_dropout_per_head", MHA_ATTENTION,
-            "        contexts = []\n"
-            "        for h in range(self.num_heads):  # one head at a time\n"
-            "            scores = queries[:, h] @ keys[:, h].transpose(1, 2)  # (b, T, T)\n"
-            "            scores = scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)\n"
-            "            weights = self.dropout(torch.softmax(scores / self.head_dim ** 0.5, dim=-1))\n"
-            "            contexts.append(weights @ values[:, h])  # (b, T, hd)\n"
-            "        context_vec = torch.stack(contexts, dim=2)  # (b, T, H, hd)\n",
-            {"mha": ("test_one_pass_for_all_heads",), "speed": SPEED},
-            {"mha": "a loop over heads", "speed": "a Python loop over the heads"}),
-    Mistake("mha_sdpa", MHA_ATTENTION,
-            "        context_vec = torch.nn.functional.scaled_dot_product_attention(\n"
-            "            queries, keys, values, dropout_p=self.dropout.p if self.training else 0.0, is_causal=True\n"
-            "        ).transpose(1, 2)  # (b, T, H, hd)\n",
-            {"mha": ("test_no_ready_made_attention",)}, {"mha": "the forward calls scaled_dot_product_attention"}),
-    Mistake("mha_dropout_on_context",
-            "        attn_weights = self.dropout(attn_weights)\n\n"
-            "        # Back to (b, T, H, hd) before merging, so each token's heads sit side by side.\n"
-            "        context_vec = (attn_weights @ values).transpose(1, 2)  # (b, T, H, hd)\n",
-            "        context_vec = self.dropout(attn_weights @ values).transpose(1, 2)  # (b, T, H, hd)\n",
-            {"mha": ("test_dropout",)}, {"mha": "Likely mistake: dropout applied to the context vectors"}),
-    Mistake("mha_modifies_input", MHA_RETURN, "x.zero_()  # the input is not needed any more\n        " + MHA_RETURN,
-            {"mha": ("test_input_not_modified", "test_gradients")},
-            {"mha": ("the forward modified its input x in place", "changes a tensor in place that gradients need")}),
-    Mistake("mha_forces_float32", MHA_RETURN, "return self.out_proj(context_vec).to(torch.float32)",
-            {"mha": MHA_ALL_BUT_BOOK[:1] + ("test_matches_reference~",) + MHA_ALL_BUT_BOOK[2:]},
-            {"mha": "keep the input's dtype"}),
+    Mistake(
+        "mha_scale_d_out",
+        MHA_SCALE,
+        "        attn_weights = torch.softmax(attn_scores / self.d_out ** 0.5, dim=-1)\n",
+        {"mha": ("test_book_example", *MHA_ALL_BUT_BOOK[:1], "test_matches_reference~", *MHA_ALL_BUT_BOOK[2:])},
+        {"mha": "Likely mistake: scores scaled by sqrt(d_out)"},
+    ),
+    Mistake(
+        "mha_no_mask",
+        MHA_MASK,
+        "        # Scale by sqrt(head_dim)",
+        {"mha": MHA_ALL},
+        {"mha": "Likely mistake: no causal mask"},
+    ),
+    Mistake(
+        "mha_mask_not_cut_to_tokens",
+        MHA_MASK,
+        MHA_MASK.replace("[:num_tokens, :num_tokens]", ""),
+        {"mha": ("test_shorter_sequences", "test_matches_reference~")},
+        {"mha": ("fails for 3 tokens when context_length is 9", "cut it to T x T")},
+    ),
+    Mistake(
+        "mha_missing_transpose",
+        "context_vec = (attn_weights @ values).transpose(1, 2)  # (b, T, H, hd)",
+        "context_vec = attn_weights @ values  # (b, H, T, hd)",
+        {"mha": ("test_book_example", "test_shorter_sequences", "test_matches_reference~", *MHA_ALL_BUT_BOOK[2:])},
+        {"mha": ("Likely mistake: missing transpose", common.HALF_SPLIT)},
+    ),
+    Mistake(
+        "mha_split_without_transpose",
+        MHA_SPLIT,
+        "        keys = keys.view(b, self.num_heads, num_tokens, self.head_dim)  # (b, H, T, hd)\n"
+        "        queries = queries.view(b, self.num_heads, num_tokens, self.head_dim)\n"
+        "        values = values.view(b, self.num_heads, num_tokens, self.head_dim)\n",
+        {"mha": ("test_book_example", "test_shorter_sequences", "test_matches_reference~", *MHA_ALL_BUT_BOOK[2:])},
+        {"mha": ("Likely mistake: heads split by reshaping straight to", common.HALF_SPLIT)},
+    ),
+    Mistake(
+        "mha_heads_not_merged",
+        MHA_RETURN,
+        "return attn_weights @ values  # (b, H, T, hd)",
+        {"mha": MHA_ALL},
+        {"mha": ("Likely mistake: the heads are never merged", common.SHAPE_DRIFT)},
+    ),
+    Mistake(
+        "mha_no_out_proj",
+        MHA_RETURN,
+        "return context_vec",
+        {"mha": MHA_ALL},
+        {"mha": "Likely mistake: missing output projection"},
+    ),
+    Mistake(
+        "mha_loop_over_heads",
+        MHA_ATTENTION,
+        "        attn_scores = torch.stack(  # one head at a time\n"
+        "            [queries[:, h] @ keys[:, h].transpose(1, 2) for h in range(self.num_heads)], dim=1\n"
+        "        )  # (b, H, T, T)\n"
+        "        attn_scores = attn_scores.masked_fill(\n"
+        "            self.mask.bool()[:num_tokens, :num_tokens], -torch.inf\n"
+        "        )\n"
+        "        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)\n"
+        "        attn_weights = self.dropout(attn_weights)\n"
+        "        context_vec = torch.stack(\n"
+        "            [attn_weights[:, h] @ values[:, h] for h in range(self.num_heads)], dim=2\n"
+        "        )  # (b, T, H, hd)\n",
+        {"mha": ("test_one_pass_for_all_heads",), "speed": SPEED},
+        {"mha": "a loop over heads", "speed": "a Python loop over the heads"},
+    ),
+    Mistake(
+        "mha_loop_with_dropout_per_head",
+        MHA_ATTENTION,
+        "        contexts = []\n"
+        "        for h in range(self.num_heads):  # one head at a time\n"
+        "            scores = queries[:, h] @ keys[:, h].transpose(1, 2)  # (b, T, T)\n"
+        "            scores = scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)\n"
+        "            weights = self.dropout(torch.softmax(scores / self.head_dim ** 0.5, dim=-1))\n"
+        "            contexts.append(weights @ values[:, h])  # (b, T, hd)\n"
+        "        context_vec = torch.stack(contexts, dim=2)  # (b, T, H, hd)\n",
+        {"mha": ("test_one_pass_for_all_heads",), "speed": SPEED},
+        {"mha": "a loop over heads", "speed": "a Python loop over the heads"},
+    ),
+    Mistake(
+        "mha_sdpa",
+        MHA_ATTENTION,
+        "        context_vec = torch.nn.functional.scaled_dot_product_attention(\n"
+        "            queries, keys, values, dropout_p=self.dropout.p if self.training else 0.0, is_causal=True\n"
+        "        ).transpose(1, 2)  # (b, T, H, hd)\n",
+        {"mha": ("test_no_ready_made_attention",)},
+        {"mha": "the forward calls scaled_dot_product_attention"},
+    ),
+    Mistake(
+        "mha_dropout_on_context",
+        "        attn_weights = self.dropout(attn_weights)\n\n"
+        "        # Back to (b, T, H, hd) before merging, so each token's heads sit side by side.\n"
+        "        context_vec = (attn_weights @ values).transpose(1, 2)  # (b, T, H, hd)\n",
+        "        context_vec = self.dropout(attn_weights @ values).transpose(1, 2)  # (b, T, H, hd)\n",
+        {"mha": ("test_dropout",)},
+        {"mha": "Likely mistake: dropout applied to the context vectors"},
+    ),
+    Mistake(
+        "mha_modifies_input",
+        MHA_RETURN,
+        "x.zero_()  # the input is not needed any more\n        " + MHA_RETURN,
+        {"mha": ("test_input_not_modified", "test_gradients")},
+        {"mha": ("the forward modified its input x in place", "changes a tensor in place that gradients need")},
+    ),
+    Mistake(
+        "mha_forces_float32",
+        MHA_RETURN,
+        "return self.out_proj(context_vec).to(torch.float32)",
+        {"mha": MHA_ALL_BUT_BOOK[:1] + ("test_matches_reference~",) + MHA_ALL_BUT_BOOK[2:]},
+        {"mha": "keep the input's dtype"},
+    ),
     # --- fuse
-    Mistake("fuse_out_proj_left_random",
-            "        fused.out_proj.weight.copy_(torch.eye(fused.d_out))\n        fused.out_proj.bias.zero_()\n", "",
-            {"fuse": FUSE_ALL}, {"fuse": ("Likely mistake: out_proj is not the identity", common.OTHER_QUANTITY)}),
-    Mistake("fuse_fresh_weights", FUSE_COPY, "                pass  # a MultiHeadAttention of the right size\n",
-            {"fuse": FUSE_ALL}, {"fuse": ("holds none of the wrapper's W_query weights", common.OTHER_QUANTITY)}),
-    Mistake("fuse_heads_reversed", "zip(head_column_ranges(fused.d_out, num_heads), heads)",
-            "zip(head_column_ranges(fused.d_out, num_heads), heads[::-1])",
-            {"fuse": ("test_weights_placed_per_head~", "test_keeps_dtype_and_device",
-                      "test_fused_output_equals_wrapper~", "test_wrapper_left_unchanged")},
-            {"fuse": ("Likely mistake: heads placed in reverse order", common.INCONSISTENT_ORDER)}),
-    Mistake("fuse_default_dtype", FUSE_DTYPE, "    )\n", {"fuse": ("test_keeps_dtype_and_device",)},
-            {"fuse": "does not have the wrapper's dtype"}),
-    Mistake("fuse_one_head", "        num_heads,\n        qkv_bias=first.W_query.bias is not None,",
-            "        1,  # one wide head\n        qkv_bias=first.W_query.bias is not None,",
-            {"fuse": ("test_fused_output_equals_wrapper~",)},
-            {"fuse": "check the arguments fuse_heads passes to MultiHeadAttention (num_heads"}),
+    Mistake(
+        "fuse_out_proj_left_random",
+        "        fused.out_proj.weight.copy_(torch.eye(fused.d_out))\n        fused.out_proj.bias.zero_()\n",
+        "",
+        {"fuse": FUSE_ALL},
+        {"fuse": ("Likely mistake: out_proj is not the identity", common.OTHER_QUANTITY)},
+    ),
+    Mistake(
+        "fuse_fresh_weights",
+        FUSE_COPY,
+        "                pass  # a MultiHeadAttention of the right size\n",
+        {"fuse": FUSE_ALL},
+        {"fuse": ("holds none of the wrapper's W_query weights", common.OTHER_QUANTITY)},
+    ),
+    Mistake(
+        "fuse_heads_reversed",
+        "zip(head_column_ranges(fused.d_out, num_heads), heads)",
+        "zip(head_column_ranges(fused.d_out, num_heads), heads[::-1])",
+        {
+            "fuse": (
+                "test_weights_placed_per_head~",
+                "test_keeps_dtype_and_device",
+                "test_fused_output_equals_wrapper~",
+                "test_wrapper_left_unchanged",
+            )
+        },
+        {"fuse": ("Likely mistake: heads placed in reverse order", common.INCONSISTENT_ORDER)},
+    ),
+    Mistake(
+        "fuse_default_dtype",
+        FUSE_DTYPE,
+        "    )\n",
+        {"fuse": ("test_keeps_dtype_and_device",)},
+        {"fuse": "does not have the wrapper's dtype"},
+    ),
+    Mistake(
+        "fuse_one_head",
+        "        num_heads,\n        qkv_bias=first.W_query.bias is not None,",
+        "        1,  # one wide head\n        qkv_bias=first.W_query.bias is not None,",
+        {"fuse": ("test_fused_output_equals_wrapper~",)},
+        {"fuse": "check the arguments fuse_heads passes to MultiHeadAttention (num_heads"},
+    ),
 ]
 
 
@@ -268,8 +462,13 @@ def speed_lost_with_wrong_values(mistake: Mistake) -> Mistake:
 
 
 MISTAKES = [speed_lost_with_wrong_values(m) for m in MISTAKES]
-COMMON_MISTAKES = (common.HEAD_CHANGED, common.OTHER_QUANTITY, common.HALF_SPLIT, common.INCONSISTENT_ORDER,
-                   common.SHAPE_DRIFT)
+COMMON_MISTAKES = (
+    common.HEAD_CHANGED,
+    common.OTHER_QUANTITY,
+    common.HALF_SPLIT,
+    common.INCONSISTENT_ORDER,
+    common.SHAPE_DRIFT,
+)
 
 
 def build(root, mistake: Mistake):
@@ -289,8 +488,11 @@ def graded(request, tmp_path_factory) -> dict[str, tuple[dict, object, object]]:
     thread: two gradings share two cores, and torch's spinning OpenMP threads would otherwise compete for
     them (the scores do not depend on it)."""
     root = tmp_path_factory.mktemp("wrong")
-    selected = {item.callspec.params["mistake"].id for item in request.session.items
-                if "mistake" in getattr(getattr(item, "callspec", None), "params", {})}
+    selected = {
+        item.callspec.params["mistake"].id
+        for item in request.session.items
+        if "mistake" in getattr(getattr(item, "callspec", None), "params", {})
+    }
 
     paths = {m.id: build(root, m) for m in MISTAKES if m.id in selected}  # a stale snippet fails before grading
 
@@ -328,8 +530,11 @@ def test_the_table():
 
 def test_every_common_mistake_is_named():
     """Each of the five mistakes the notebook warns about is named in the feedback of a submission making it."""
-    said = " ".join(" ".join((words,) if isinstance(words, str) else words)
-                    for mistake in MISTAKES for words in mistake.says.values())
+    said = " ".join(
+        " ".join((words,) if isinstance(words, str) else words)
+        for mistake in MISTAKES
+        for words in mistake.says.values()
+    )
     assert [name for name in COMMON_MISTAKES if name not in said] == []
     notebook = REFERENCE.read_text().lower()
     for name in COMMON_MISTAKES:  # the notebook's "Common mistakes" uses the same names as its headings
@@ -352,7 +557,8 @@ def test_wrong_submission_loses_exactly_its_points(mistake, graded, reference_re
         failed = {function_of(t) for t in tests if t["status"] == "failed"}
         expected = {name.rstrip("~") for name in mistake.fails.get(part, ())}
         detail = f"{mistake.id}: part {part} scored {score}/{maximum}; failed: " + "; ".join(
-            f"{t['name']}: {t['output'][:300]}" for t in tests if t["status"] == "failed")
+            f"{t['name']}: {t['output'][:300]}" for t in tests if t["status"] == "failed"
+        )
         assert maximum == full[part][1], detail
         assert failed == expected, detail
         # the points lost are the rubric's shares of the failed checks: all of a share when every case fails
@@ -372,10 +578,12 @@ def test_wrong_submission_loses_exactly_its_points(mistake, graded, reference_re
         outputs = "\n---\n".join(t["output"] for t in failures(results, part))
         for words in says:
             assert words.lower() in outputs.lower(), (
-                f"{mistake.id}: no failure of part {part} says {words!r}:\n{outputs[:3000]}")
+                f"{mistake.id}: no failure of part {part} says {words!r}:\n{outputs[:3000]}"
+            )
         first = failures(results, part)[0]["output"]
         assert says[0].lower() in first.lower(), (
-            f"{mistake.id}: the first failure of {part}, the one the summary shows, does not say {says[0]!r}:\n{first}")
+            f"{mistake.id}: the first failure of {part}, the one the summary shows, does not say {says[0]!r}:\n{first}"
+        )
 
     # The notebook's self-checks and the grader agree: a part loses points only for a requirement that a
     # visible check or the self-check also enforces, and a self-check fails only where points are lost.
@@ -386,6 +594,8 @@ def test_wrong_submission_loses_exactly_its_points(mistake, graded, reference_re
         hidden_only = [t for t in failures(results, part) if t["tags"][1] not in ANSWER_KEY]
         assert visible or part in self_checks or not hidden_only, (
             f"{mistake.id}: part {part} loses points in hidden checks only, and its self-check passes: "
-            + "; ".join(t["name"] for t in hidden_only))
+            + "; ".join(t["name"] for t in hidden_only)
+        )
     assert self_checks <= losing, (
-        f"{mistake.id}: the self-checks of {sorted(self_checks - losing)} fail, and the grader takes nothing there")
+        f"{mistake.id}: the self-checks of {sorted(self_checks - losing)} fail, and the grader takes nothing there"
+    )

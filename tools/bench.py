@@ -16,6 +16,7 @@ matrix product, the masked half of the attention included; forward+backward coun
 
     python tools/bench.py [--device auto|cpu|cuda] [--out bench] [--rounds 7] [--threads N] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,13 @@ from reference import mha as ref
 from reference.peers import PEERS
 
 MODULES = ("wrapper", "reference", "combined_qkv", "sdpa", "nn_multihead")
-LABELS = {"wrapper": "wrapper (heads in turn)", "reference": "weight split (reference)",
-          "combined_qkv": "combined QKV", "sdpa": "scaled_dot_product_attention", "nn_multihead": "nn.MultiheadAttention"}
+LABELS = {
+    "wrapper": "wrapper (heads in turn)",
+    "reference": "weight split (reference)",
+    "combined_qkv": "combined QKV",
+    "sdpa": "scaled_dot_product_attention",
+    "nn_multihead": "nn.MultiheadAttention",
+}
 MODES = ("forward", "forward+backward")
 
 
@@ -57,14 +63,27 @@ class Shape:
 
 def shapes_for(device: str, quick: bool) -> list[Shape]:
     speed = load_rubric().speed
-    grading = [Shape(f"grading: {w.name}", w.batch, w.tokens, w.d_in, w.heads, w.dtype)
-               for w in speed.workloads_for(device) if w.d_in == w.d_out]
+    grading = [
+        Shape(f"grading: {w.name}", w.batch, w.tokens, w.d_in, w.heads, w.dtype)
+        for w in speed.workloads_for(device)
+        if w.d_in == w.d_out
+    ]
     if device == "cpu":
-        gpt2 = [Shape(f"GPT-2 small: 12 heads of width 64, {512 if quick else 1024} tokens", 1, 512 if quick else 1024,
-                      768, 12, "float32")]
+        gpt2 = [
+            Shape(
+                f"GPT-2 small: 12 heads of width 64, {512 if quick else 1024} tokens",
+                1,
+                512 if quick else 1024,
+                768,
+                12,
+                "float32",
+            )
+        ]
     else:
-        gpt2 = [Shape(f"GPT-2 small ({dtype}): 12 heads of width 64, 1024 tokens", 8, 1024, 768, 12, dtype)
-                for dtype in ("float32", "bfloat16")]
+        gpt2 = [
+            Shape(f"GPT-2 small ({dtype}): 12 heads of width 64, 1024 tokens", 8, 1024, 768, 12, dtype)
+            for dtype in ("float32", "bfloat16")
+        ]
     return grading + gpt2
 
 
@@ -78,7 +97,7 @@ def build(shape: Shape, device: str) -> dict[str, torch.nn.Module]:
     with torch.no_grad():
         for h, head in enumerate(wrapper.heads):
             for name in ("W_query", "W_key", "W_value"):
-                getattr(head, name).weight.copy_(getattr(mha, name).weight[h * width:(h + 1) * width])
+                getattr(head, name).weight.copy_(getattr(mha, name).weight[h * width : (h + 1) * width])
         # the identity output projection makes every module's output the wrapper's (its cost stays)
         mha.out_proj.weight.copy_(torch.eye(shape.d_model))
         mha.out_proj.bias.zero_()
@@ -121,13 +140,16 @@ def matmul_peak(device: str, dtype: torch.dtype, timer: Timer, rounds: int) -> f
 
 def call(module: torch.nn.Module, x: torch.Tensor, mode: str):
     if mode == "forward":
+
         def run():
             with torch.no_grad():
                 module(x)
     else:
+
         def run():
             module.zero_grad(set_to_none=True)
             module(x).sum().backward()
+
     return run
 
 
@@ -159,9 +181,18 @@ def time_shape(shape: Shape, device: str, rounds: int, timer: Timer) -> list[dic
             q1, median, q3 = _quartiles(samples)
             ratios = [w / s for w, s in zip(times["wrapper"], samples)]
             flops = shape.flops(name == "wrapper") * flops_factor
-            rows.append({"shape": shape.name, "mode": mode, "module": name, "median_ms": median * 1e3,
-                         "q1_ms": q1 * 1e3, "q3_ms": q3 * 1e3, "speedup_over_wrapper": statistics.median(ratios),
-                         "gflops": flops / median / 1e9})
+            rows.append(
+                {
+                    "shape": shape.name,
+                    "mode": mode,
+                    "module": name,
+                    "median_ms": median * 1e3,
+                    "q1_ms": q1 * 1e3,
+                    "q3_ms": q3 * 1e3,
+                    "speedup_over_wrapper": statistics.median(ratios),
+                    "gflops": flops / median / 1e9,
+                }
+            )
     return rows
 
 
@@ -177,9 +208,11 @@ def print_table(rows: list[dict], peaks: dict[str, float], meta: dict):
     from rich.table import Table
 
     console = Console(highlight=False, width=max(Console().width, 110))
-    console.print(f"device {meta['device']} ({meta['device_name']}), torch {meta['torch']}, {meta['threads']} "
-                  f"thread(s), {meta['rounds']} rounds; matrix-multiply peak "
-                  + ", ".join(f"{dtype} {gflops:,.0f} GFLOP/s" for dtype, gflops in peaks.items()))
+    console.print(
+        f"device {meta['device']} ({meta['device_name']}), torch {meta['torch']}, {meta['threads']} "
+        f"thread(s), {meta['rounds']} rounds; matrix-multiply peak "
+        + ", ".join(f"{dtype} {gflops:,.0f} GFLOP/s" for dtype, gflops in peaks.items())
+    )
     for shape in dict.fromkeys(r["shape"] for r in rows):
         for mode in MODES:
             table = Table(title=f"{shape}: {mode}")
@@ -188,9 +221,14 @@ def print_table(rows: list[dict], peaks: dict[str, float], meta: dict):
             for row in rows:
                 if row["shape"] == shape and row["mode"] == mode:
                     peak = peaks[row["dtype"]]
-                    table.add_row(LABELS[row["module"]], f"{row['median_ms']:.3g}", f"{row['q1_ms']:.3g}-{row['q3_ms']:.3g}",
-                                  f"{row['speedup_over_wrapper']:.2f}", f"{row['gflops']:,.1f}",
-                                  f"{100 * row['gflops'] / peak:.1f}")
+                    table.add_row(
+                        LABELS[row["module"]],
+                        f"{row['median_ms']:.3g}",
+                        f"{row['q1_ms']:.3g}-{row['q3_ms']:.3g}",
+                        f"{row['speedup_over_wrapper']:.2f}",
+                        f"{row['gflops']:,.1f}",
+                        f"{100 * row['gflops'] / peak:.1f}",
+                    )
             console.print(table)
 
 
@@ -209,8 +247,13 @@ def plot(rows: list[dict], path: Path, meta: dict):
         errors = [[r["median_ms"] - r["q1_ms"] for r in selected], [r["q3_ms"] - r["median_ms"] for r in selected]]
         bars = axis.barh(names, medians, xerr=errors, color=["#999999"] + ["#3b75af"] * (len(selected) - 1))
         for bar, row in zip(bars, selected):
-            axis.text(max(bar.get_width(), row["q3_ms"]), bar.get_y() + bar.get_height() / 2,
-                      f"  {row['speedup_over_wrapper']:.2f}x, {row['gflops']:,.0f} GFLOP/s", va="center", fontsize=8)
+            axis.text(
+                max(bar.get_width(), row["q3_ms"]),
+                bar.get_y() + bar.get_height() / 2,
+                f"  {row['speedup_over_wrapper']:.2f}x, {row['gflops']:,.0f} GFLOP/s",
+                va="center",
+                fontsize=8,
+            )
         axis.invert_yaxis()
         axis.set_xlabel("median ms per call (bars: middle half of the rounds)")
         axis.set_title(f"{shape}: {mode}", fontsize=9)
@@ -226,8 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--out", type=Path, default=Path("bench"), help="folder for bench.json and bench.png")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads on the CPU (default: the rubric's [speed] threads, as the grader times)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads on the CPU (default: the rubric's [speed] threads, as the grader times)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer rounds and a smaller GPT-2 batch")
     args = parser.parse_args(argv)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -242,21 +289,33 @@ def main(argv: list[str] | None = None) -> int:
     rounds = 3 if args.quick else args.rounds
     timer = Timer(device)
     shapes = shapes_for(device, args.quick)
-    peaks = {dtype: matmul_peak(device, getattr(torch, dtype), timer, rounds) / 1e9
-             for dtype in dict.fromkeys(s.dtype for s in shapes)}
+    peaks = {
+        dtype: matmul_peak(device, getattr(torch, dtype), timer, rounds) / 1e9
+        for dtype in dict.fromkeys(s.dtype for s in shapes)
+    }
     rows = []
     for shape in shapes:
         for row in time_shape(shape, device, rounds, timer):
             row["dtype"] = shape.dtype
             row["fraction_of_peak"] = row["gflops"] / peaks[shape.dtype]
             rows.append(row)
-    meta = {"device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" else "CPU",
-            "torch": torch.__version__, "threads": threads if device == "cpu" else None, "rounds": rounds,
-            "tf32": False if device == "cuda" else None, "flops": "nominal: 2 per multiply-add, forward+backward = 3 x forward"}
+    meta = {
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else "CPU",
+        "torch": torch.__version__,
+        "threads": threads if device == "cpu" else None,
+        "rounds": rounds,
+        "tf32": False if device == "cuda" else None,
+        "flops": "nominal: 2 per multiply-add, forward+backward = 3 x forward",
+    }
     print_table(rows, peaks, meta)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench.json").write_text(json.dumps({"meta": meta, "matmul_peak_gflops": peaks,
-                                                     "shapes": [asdict(s) for s in shapes], "rows": rows}, indent=1) + "\n")
+    (args.out / "bench.json").write_text(
+        json.dumps(
+            {"meta": meta, "matmul_peak_gflops": peaks, "shapes": [asdict(s) for s in shapes], "rows": rows}, indent=1
+        )
+        + "\n"
+    )
     plot(rows, args.out / "bench.png", meta)
     print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
     return 0

@@ -8,6 +8,7 @@ the sample class's mix. It prints the load average before and after (the figures
 busy machine), the wall time of the first `grade-class` run and of a second one with nothing
 changed, the per-student statuses found, and the scores each sample's copies got.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,22 @@ def make_class(course: Path, size: int) -> None:
 
 def grade(course: Path, jobs: int, extra: list[str]) -> float:
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "autograder", "grade-class", str(course), "--device", "cpu",
-                           "--jobs", str(jobs), *extra], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autograder",
+            "grade-class",
+            str(course),
+            "--device",
+            "cpu",
+            "--jobs",
+            str(jobs),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+    )
     took = time.monotonic() - started
     if done.returncode != 0:
         print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
@@ -55,8 +70,11 @@ def main() -> int:
     if (course / "submitted").exists():
         raise SystemExit(f"{course} already has a submitted/ folder; choose another --course")
     make_class(course, args.size)
-    print(f"{args.size} submissions in {course}; {os.cpu_count()} CPUs; load average before: "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    print(
+        f"{args.size} submissions in {course}; {os.cpu_count()} CPUs; load average before: "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        flush=True,
+    )
     first = grade(course, args.jobs, [])
     load_after = os.getloadavg()
     second = grade(course, args.jobs, [])
@@ -65,8 +83,10 @@ def main() -> int:
     scores: dict[str, Counter] = {}  # by sample: the scores its copies got (the same, unless timing differs)
     for row in rows:
         scores.setdefault(row["student"].split("-", 1)[-1], Counter())[row["score"]] += 1
-    print(f"first run (--jobs {args.jobs}): {first:.1f} s ({first / args.size:.2f} s per submission); "
-          f"load average after it: {' '.join(f'{x:.2f}' for x in load_after)}")
+    print(
+        f"first run (--jobs {args.jobs}): {first:.1f} s ({first / args.size:.2f} s per submission); "
+        f"load average after it: {' '.join(f'{x:.2f}' for x in load_after)}"
+    )
     print(f"re-run with nothing changed: {second:.2f} s")
     print("statuses: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))
     for sample, counts in sorted(scores.items()):

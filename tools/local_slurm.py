@@ -8,6 +8,7 @@ happens. It needs root (slurmd starts jobs as their user). The cluster uses auth
 daemon) and no cgroups (proctrack/linuxproc, task/none), so it also runs inside a container. The
 project's Slurm test uses the same `LocalSlurm`. Standard library only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,35 +37,37 @@ def free_port() -> int:
 
 def slurm_conf(folder: Path, cpus: int) -> str:
     host = socket.gethostname().split(".")[0]  # slurmctld only runs where SlurmctldHost names it
-    return "\n".join([
-        "ClusterName=mhalocal",
-        f"SlurmctldHost={host}(127.0.0.1)",
-        f"SlurmctldPort={free_port()}",
-        f"SlurmdPort={free_port()}",
-        "AuthType=auth/none",
-        "CredType=cred/none",
-        "SlurmUser=root",
-        "SlurmdUser=root",
-        f"StateSaveLocation={folder / 'state'}",
-        f"SlurmdSpoolDir={folder / 'spool'}",
-        f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
-        f"SlurmdPidFile={folder / 'slurmd.pid'}",
-        f"SlurmctldLogFile={folder / 'slurmctld.log'}",
-        f"SlurmdLogFile={folder / 'slurmd.log'}",
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
-        "MpiDefault=none",
-        "SchedulerType=sched/builtin",
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core",
-        "ReturnToService=2",
-        "MinJobAge=600",  # finished jobs stay visible to scontrol for 10 minutes
-        f"NodeName={NODE} NodeHostname={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
-        f"PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
-        "",
-    ])
+    return "\n".join(
+        [
+            "ClusterName=mhalocal",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
+            "AuthType=auth/none",
+            "CredType=cred/none",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"StateSaveLocation={folder / 'state'}",
+            f"SlurmdSpoolDir={folder / 'spool'}",
+            f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
+            f"SlurmdPidFile={folder / 'slurmd.pid'}",
+            f"SlurmctldLogFile={folder / 'slurmctld.log'}",
+            f"SlurmdLogFile={folder / 'slurmd.log'}",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "MpiDefault=none",
+            "SchedulerType=sched/builtin",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "ReturnToService=2",
+            "MinJobAge=600",  # finished jobs stay visible to scontrol for 10 minutes
+            f"NodeName={NODE} NodeHostname={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
+            f"PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
+            "",
+        ]
+    )
 
 
 class LocalSlurm:
@@ -97,17 +100,26 @@ class LocalSlurm:
         conf.write_text(slurm_conf(self.folder, self.cpus))
         for daemon, extra in zip(DAEMONS, ([], ["-N", NODE])):
             with open(self.folder / f"{daemon}.out", "w") as log:
-                self.daemons.append(subprocess.Popen([daemon, "-D", "-f", str(conf), *extra], stdout=log,
-                                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                     env=self.env, start_new_session=True))
+                self.daemons.append(
+                    subprocess.Popen(
+                        [daemon, "-D", "-f", str(conf), *extra],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        env=self.env,
+                        start_new_session=True,
+                    )
+                )
         deadline, state = time.monotonic() + self.start_seconds, ""
         while time.monotonic() < deadline:
             for daemon in self.daemons:
                 if daemon.poll() is not None:
-                    raise SlurmError(f"{daemon.args[0]} exited with status {daemon.returncode}:\n"
-                                     + self.log(daemon.args[0]))
-            state = subprocess.run(["sinfo", "--noheader", "--format=%t"], capture_output=True, text=True,
-                                   env=self.env, timeout=30).stdout.strip()
+                    raise SlurmError(
+                        f"{daemon.args[0]} exited with status {daemon.returncode}:\n" + self.log(daemon.args[0])
+                    )
+            state = subprocess.run(
+                ["sinfo", "--noheader", "--format=%t"], capture_output=True, text=True, env=self.env, timeout=30
+            ).stdout.strip()
             if state == "idle":
                 return
             time.sleep(1)
@@ -116,8 +128,9 @@ class LocalSlurm:
     def stop(self):
         """Cancel what is left of the jobs, then stop the daemons (SIGTERM, then SIGKILL after 30 s)."""
         if any(daemon.poll() is None for daemon in self.daemons):
-            subprocess.run(["scancel", "--full", f"--partition={PARTITION}"], env=self.env, capture_output=True,
-                           timeout=30)
+            subprocess.run(
+                ["scancel", "--full", f"--partition={PARTITION}"], env=self.env, capture_output=True, timeout=30
+            )
         for daemon in reversed(self.daemons):
             if daemon.poll() is None:
                 daemon.send_signal(signal.SIGTERM)

@@ -30,9 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = "requirements.lock"
 EXTRAS = ("test", "lock")
-HEADER = ("# Every package `make setup` installs, pinned, used as pip constraints. torch is not here:\n"
-          "# TORCH_SPEC chooses its build, and its own dependencies are pinned below. Regenerate with\n"
-          "# `make lock` (tools/lock.py) after changing pyproject.toml or the torch version.\n")
+HEADER = (
+    "# Every package `make setup` installs, pinned, used as pip constraints. torch is not here:\n"
+    "# TORCH_SPEC chooses its build, and its own dependencies are pinned below. Regenerate with\n"
+    "# `make lock` (tools/lock.py) after changing pyproject.toml or the torch version.\n"
+)
 BUILD_SPECIFIC = re.compile(r"^(torch|triton|nvidia-[\w.-]+|cuda-[\w.-]+)==", re.IGNORECASE)
 
 
@@ -69,15 +71,33 @@ def main() -> int:
         print(f"lock: creating {args.venv}", flush=True)
         venv.EnvBuilder(with_pip=True).create(python.parent.parent)
     pip_tools = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["lock"]
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *pip_tools],
-                   check=True, env=dict(os.environ, PIP_CONSTRAINT=""))
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *pip_tools],
+        check=True,
+        env=dict(os.environ, PIP_CONSTRAINT=""),
+    )
 
     env = dict(os.environ, PIP_CONSTRAINT="", CUSTOM_COMPILE_COMMAND="make lock")
     # Written to the lock itself: pip-compile keeps its current pins unless --upgrade is given.
-    command = [str(python), "-m", "piptools", "compile", "--quiet", "--allow-unsafe", "--strip-extras",
-               "--no-emit-index-url", "--no-emit-find-links", "--no-emit-trusted-host", "--no-emit-options",
-               *[f"--extra={extra}" for extra in EXTRAS], *(["--upgrade"] if args.upgrade else []),
-               "--output-file", LOCK, "pyproject.toml", "-"]
+    command = [
+        str(python),
+        "-m",
+        "piptools",
+        "compile",
+        "--quiet",
+        "--allow-unsafe",
+        "--strip-extras",
+        "--no-emit-index-url",
+        "--no-emit-find-links",
+        "--no-emit-trusted-host",
+        "--no-emit-options",
+        *[f"--extra={extra}" for extra in EXTRAS],
+        *(["--upgrade"] if args.upgrade else []),
+        "--output-file",
+        LOCK,
+        "pyproject.toml",
+        "-",
+    ]
     run = subprocess.run(command, input=torch_requirement(args.torch) + "\n", text=True, cwd=ROOT, env=env)
     if run.returncode:
         return run.returncode

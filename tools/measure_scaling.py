@@ -8,6 +8,7 @@ wall time of each way, whether every student's grades (score and part by part) a
 local run's, and the time per submission; writes the same as JSON with --out. The Slurm way needs
 root and Debian's slurm-wlm packages (see tools/local_slurm.py); --ways local,shards skips it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,7 +47,9 @@ def make_class(course: Path, students: int) -> dict[str, str]:
 def run(command: list, **kwargs) -> subprocess.CompletedProcess:
     done = subprocess.run([str(part) for part in command], capture_output=True, text=True, **kwargs)
     if done.returncode != 0:
-        raise SystemExit(f"{' '.join(map(str, command))} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        raise SystemExit(
+            f"{' '.join(map(str, command))} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        )
     return done
 
 
@@ -55,9 +58,15 @@ def grade_locally(course: Path, jobs: int):
 
 
 def grade_in_local_shards(course: Path, shards: int, jobs: int):
-    processes = [subprocess.Popen([*AUTOGRADER, str(course), "--device", "cpu", "--jobs", str(jobs),
-                                   "--shard", f"{index}/{shards}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True) for index in range(shards)]
+    processes = [
+        subprocess.Popen(
+            [*AUTOGRADER, str(course), "--device", "cpu", "--jobs", str(jobs), "--shard", f"{index}/{shards}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(shards)
+    ]
     for process in processes:
         _, errors = process.communicate()
         if process.returncode != 0:
@@ -67,21 +76,39 @@ def grade_in_local_shards(course: Path, shards: int, jobs: int):
 
 def grade_on_slurm(course: Path, shards: int, jobs: int, env: dict, logs: Path) -> dict:
     """Runs submit.sh (waiting for the merge); returns Slurm's own times, in seconds from the array's submission."""
-    done = run(["bash", ROOT / "deploy" / "slurm" / "submit.sh"], cwd=ROOT, env={
-        **env, "COURSE": str(course), "SHARDS": str(shards), "CPUS": str(jobs), "JOBS": str(jobs),
-        "VENV": sys.prefix, "LOGS": str(logs), "WAIT": "1"})
+    done = run(
+        ["bash", ROOT / "deploy" / "slurm" / "submit.sh"],
+        cwd=ROOT,
+        env={
+            **env,
+            "COURSE": str(course),
+            "SHARDS": str(shards),
+            "CPUS": str(jobs),
+            "JOBS": str(jobs),
+            "VENV": sys.prefix,
+            "LOGS": str(logs),
+            "WAIT": "1",
+        },
+    )
     array_id = re.search(r"array job (\d+)", done.stdout).group(1)
     merge_id = re.search(r"merge job (\d+)", done.stdout).group(1)
+
     def times(job_id):
         lines = run(["scontrol", "--oneliner", "show", "job", job_id], env=env).stdout.splitlines()
         fields = [dict(item.split("=", 1) for item in line.split() if "=" in item) for line in lines]
-        return [{k: datetime.fromisoformat(f[k]).timestamp() for k in ("SubmitTime", "StartTime", "EndTime")}
-                for f in fields]
+        return [
+            {k: datetime.fromisoformat(f[k]).timestamp() for k in ("SubmitTime", "StartTime", "EndTime")}
+            for f in fields
+        ]
+
     tasks, (merge,) = times(array_id), times(merge_id)
     zero = min(t["SubmitTime"] for t in tasks)
-    return {"first_task_started": min(t["StartTime"] for t in tasks) - zero,
-            "last_task_ended": max(t["EndTime"] for t in tasks) - zero,
-            "merge_started": merge["StartTime"] - zero, "merge_ended": merge["EndTime"] - zero}
+    return {
+        "first_task_started": min(t["StartTime"] for t in tasks) - zero,
+        "last_task_ended": max(t["EndTime"] for t in tasks) - zero,
+        "merge_started": merge["StartTime"] - zero,
+        "merge_ended": merge["EndTime"] - zero,
+    }
 
 
 def time_big_merge(graded: Path, course: Path, students: int) -> dict:
@@ -117,8 +144,13 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=2, help="grading processes at once in the local run (default 2)")
     parser.add_argument("--ways", default="local,shards,slurm")
-    parser.add_argument("--merge-class", type=int, default=0, metavar="M",
-                        help="also time a merge of M students, made of copies of the first way's results")
+    parser.add_argument(
+        "--merge-class",
+        type=int,
+        default=0,
+        metavar="M",
+        help="also time a merge of M students, made of copies of the first way's results",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     ways = args.ways.split(",")
@@ -143,16 +175,21 @@ def main() -> int:
                 with LocalSlurm(scratch / "slurm-state", cores) as env:
                     started = time.monotonic()
                     slurm_times = grade_on_slurm(course, args.shards, 1, env, scratch / "slurm-logs")
-                how = (f"submit.sh: a {args.shards}-task array, 1 CPU and --jobs 1 per task ({cores} tasks at once "
-                       f"on a {cores}-CPU node), then the merge job")
+                how = (
+                    f"submit.sh: a {args.shards}-task array, 1 CPU and --jobs 1 per task ({cores} tasks at once "
+                    f"on a {cores}-CPU node), then the merge job"
+                )
             else:
                 parser.error(f"unknown way {way!r}: local, shards or slurm")
             wall = time.monotonic() - started
             times = execution_times(course)
             report["ways"][way] = {
-                "how": how, "wall_s": round(wall, 1), "wall_per_submission_s": round(wall / args.students, 2),
+                "how": how,
+                "wall_s": round(wall, 1),
+                "wall_per_submission_s": round(wall / args.students, 2),
                 "grader_s_per_submission": {"mean": round(sum(times) / len(times), 2), "max": max(times)},
-                "load_average_before": round(load_before, 2), "load_average_after": round(os.getloadavg()[0], 2),
+                "load_average_before": round(load_before, 2),
+                "load_average_after": round(os.getloadavg()[0], 2),
                 "grades": grades(course),
             }
             if way == "slurm":

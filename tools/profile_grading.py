@@ -8,6 +8,7 @@ imports); then it grades each FILE (default: the sample class) `rounds` times in
 ready (its interpreter and torch import), loading the submission, and the checks; with the CPU time
 of the grader and of the worker. `--profile` writes a cProfile of the grading runs (snakeviz, pstats).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,25 +88,42 @@ def main() -> int:
             started = time.monotonic()
             if profiler:
                 profiler.enable()
-            run = grade_submission(file, Options(device="cpu", out=Path("/nonexistent/results.json"), quiet=True,
-                                                 keep_timing_workers=True))
+            run = grade_submission(
+                file, Options(device="cpu", out=Path("/nonexistent/results.json"), quiet=True, keep_timing_workers=True)
+            )
             if profiler:
                 profiler.disable()
             total = time.monotonic() - started
             ready = phases.get("worker start (python + torch, to ready)", 0.0)
             load = phases.get("worker start + load", 0.0) - ready
-            rows.append((round_number, file.parent.parent.name, total, ready, load, total - ready - load,
-                         cpu(resource.getrusage(resource.RUSAGE_SELF)) - grader_before,
-                         worker_cpu[0], run.score))
-    print(f"{'round':>5} {'student':<8} {'total':>6} {'worker':>7} {'load':>6} {'checks':>7} {'grader':>7} "
-          f"{'worker':>7} {'score':>6}")
+            rows.append(
+                (
+                    round_number,
+                    file.parent.parent.name,
+                    total,
+                    ready,
+                    load,
+                    total - ready - load,
+                    cpu(resource.getrusage(resource.RUSAGE_SELF)) - grader_before,
+                    worker_cpu[0],
+                    run.score,
+                )
+            )
+    print(
+        f"{'round':>5} {'student':<8} {'total':>6} {'worker':>7} {'load':>6} {'checks':>7} {'grader':>7} "
+        f"{'worker':>7} {'score':>6}"
+    )
     print(f"{'':>5} {'':<8} {'wall s':>6} {'start s':>7} {'s':>6} {'s':>7} {'CPU s':>7} {'CPU s':>7}")
     for row in rows:
-        print(f"{row[0]:>5} {row[1]:<8} {row[2]:6.2f} {row[3]:7.2f} {row[4]:6.2f} {row[5]:7.2f} {row[6]:7.2f} "
-              f"{row[7]:7.2f} {row[8]:6g}")
+        print(
+            f"{row[0]:>5} {row[1]:<8} {row[2]:6.2f} {row[3]:7.2f} {row[4]:6.2f} {row[5]:7.2f} {row[6]:7.2f} "
+            f"{row[7]:7.2f} {row[8]:6g}"
+        )
     later = [r for r in rows if r[0] > 0] or rows
-    print(f"mean over rounds after the first: {sum(r[2] for r in later) / len(later):.2f} s wall, "
-          f"{sum(r[6] + r[7] for r in later) / len(later):.2f} s CPU (grader + worker) per submission")
+    print(
+        f"mean over rounds after the first: {sum(r[2] for r in later) / len(later):.2f} s wall, "
+        f"{sum(r[6] + r[7] for r in later) / len(later):.2f} s CPU (grader + worker) per submission"
+    )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if profiler:
         profiler.dump_stats(args.profile)

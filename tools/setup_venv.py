@@ -24,8 +24,11 @@ LOCK = ROOT / "requirements.lock"
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--venv", default=".venv")
-    parser.add_argument("--torch", default="torch==2.13.0",
-                        help="pip arguments for torch, e.g. 'torch==2.13.0 --index-url URL' on a GPU runner")
+    parser.add_argument(
+        "--torch",
+        default="torch==2.13.0",
+        help="pip arguments for torch, e.g. 'torch==2.13.0 --index-url URL' on a GPU runner",
+    )
     args = parser.parse_args()
 
     ensure_bubblewrap()
@@ -57,12 +60,17 @@ def ensure_bubblewrap():
     if os.geteuid() == 0 and shutil.which("apt-get"):
         print("setup: installing bubblewrap (the grader's sandbox)", flush=True)
         quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
-        if (subprocess.run(["apt-get", "update", "-qq"], **quiet).returncode == 0
-                and subprocess.run(["apt-get", "install", "-y", "-qq", "bubblewrap"], **quiet).returncode == 0):
+        if (
+            subprocess.run(["apt-get", "update", "-qq"], **quiet).returncode == 0
+            and subprocess.run(["apt-get", "install", "-y", "-qq", "bubblewrap"], **quiet).returncode == 0
+        ):
             return
-    print("setup: bubblewrap (bwrap) is not installed, so grading has no sandbox here: as root, the student's "
-          "code runs as a fresh unprivileged uid; otherwise `grade` needs --isolation process to run it as "
-          "your own user. Install the `bubblewrap` package to sandbox it.", flush=True)
+    print(
+        "setup: bubblewrap (bwrap) is not installed, so grading has no sandbox here: as root, the student's "
+        "code runs as a fresh unprivileged uid; otherwise `grade` needs --isolation process to run it as "
+        "your own user. Install the `bubblewrap` package to sandbox it.",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ Before anything is written, every file is searched for every line of a solution 
 reference/mha.py (lines that also occur outside a solution region are not secret); a kit that would
 hold one is refused. The zip is deterministic (sorted names, fixed timestamps).
 """
+
 from __future__ import annotations
 
 import json
@@ -117,9 +118,13 @@ def kit_files(root: Path) -> dict[str, bytes]:
         files[name] = (release / name).read_bytes()
     files["selfcheck.py"] = (Path(__file__).with_name("selfcheck.py")).read_bytes()
     limits = load_rubric().limit
-    files["README.md"] = README.format(assignment=ASSIGNMENT, cell=limits("cell_seconds"), later=LATER_CELL_SECONDS,
-                                       request=limits("request_seconds"),
-                                       hung=limits("hung_request_seconds")).encode()
+    files["README.md"] = README.format(
+        assignment=ASSIGNMENT,
+        cell=limits("cell_seconds"),
+        later=LATER_CELL_SECONDS,
+        request=limits("request_seconds"),
+        hung=limits("hung_request_seconds"),
+    ).encode()
     files["Makefile"] = MAKEFILE.format(assignment=ASSIGNMENT).encode()
     return files
 
@@ -138,8 +143,9 @@ def build_kit(out: Path, root: Path | None = None) -> Path:
     files = kit_files(root)
     found = leaks(files, solution_lines(root / "reference" / f"{ASSIGNMENT}.py"))
     if found:
-        raise KitError("the kit would hold solution code; run `make release` and check the release:\n  "
-                       + "\n  ".join(found[:10]))
+        raise KitError(
+            "the kit would hold solution code; run `make release` and check the release:\n  " + "\n  ".join(found[:10])
+        )
     out = Path(out)
     folder = out / KIT_NAME
     if folder.exists():

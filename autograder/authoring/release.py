@@ -14,6 +14,7 @@ The steps, each a small function:
 Everything written is deterministic (cell ids derived from the cells, sorted JSON keys, no
 timestamps), so running it twice gives byte-identical files and a stale release is easy to spot.
 """
+
 from __future__ import annotations
 
 import ast
@@ -47,6 +48,7 @@ def default_root() -> Path:
 
 
 # -- 1 and 2: the source notebook ------------------------------------------------------------
+
 
 def is_solution_cell(cell) -> bool:
     return cell.cell_type == "code" and SOLUTION_BEGIN in cell.source
@@ -100,7 +102,9 @@ def build_source_notebook(reference: Path, rubric) -> nbformat.NotebookNode:
             if part not in PART_IDS or part not in rubric.parts:
                 raise ReleaseError(f"{where}: part {part!r} is not a part of the rubric ({', '.join(rubric.parts)})")
             if part in seen_parts:
-                raise ReleaseError(f"{where}: part {part!r} already has a test cell (cell {seen_parts[part]}); one per part")
+                raise ReleaseError(
+                    f"{where}: part {part!r} already has a test cell (cell {seen_parts[part]}); one per part"
+                )
             if SOLUTION_BEGIN in cell.source:
                 raise ReleaseError(f"{where}: a test cell cannot hold a solution region")
             seen_parts[part] = index
@@ -138,6 +142,7 @@ def write_notebook(nb, path: Path) -> None:
 
 # -- 4: nbgrader --------------------------------------------------------------------------------
 
+
 def run_generate_assignment(course_dir: Path) -> None:
     """`nbgrader generate_assignment` with a throwaway gradebook and no user or system config."""
     bin_dir = str(Path(sys.executable).parent)  # nbgrader runs `alembic` from the same environment
@@ -147,7 +152,11 @@ def run_generate_assignment(course_dir: Path) -> None:
         env["JUPYTER_CONFIG_DIR"] = str(Path(scratch) / "jupyter")  # ignore ~/.jupyter
         env.pop("JUPYTER_CONFIG_PATH", None)
         command = [
-            sys.executable, "-m", "nbgrader", "generate_assignment", ASSIGNMENT,
+            sys.executable,
+            "-m",
+            "nbgrader",
+            "generate_assignment",
+            ASSIGNMENT,
             "--force",
             f"--CourseDirectory.root={course_dir}",
             f"--db=sqlite:///{Path(scratch) / 'gradebook.db'}",
@@ -155,12 +164,11 @@ def run_generate_assignment(course_dir: Path) -> None:
         ]
         done = subprocess.run(command, cwd=course_dir, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise ReleaseError(
-            f"nbgrader generate_assignment failed (exit {done.returncode}):\n{done.stdout}{done.stderr}"
-        )
+        raise ReleaseError(f"nbgrader generate_assignment failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
 
 
 # -- 5: the .py copy ------------------------------------------------------------------------------
+
 
 def py_notebook(release_nb) -> nbformat.NotebookNode:
     """The release cells without nbgrader metadata; self-check cells keep a short title."""
@@ -185,6 +193,7 @@ def write_release_py(release_nb, path: Path) -> None:
 
 
 # -- the whole release --------------------------------------------------------------------------
+
 
 def check_release(nb, where: Path) -> None:
     for index, cell in enumerate(nb.cells, start=1):

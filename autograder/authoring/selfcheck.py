@@ -16,6 +16,7 @@ grader runs more checks, on hidden inputs, and never in the process that decides
 
 Standard library only (and torch, which the notebook imports).
 """
+
 from __future__ import annotations
 
 import json

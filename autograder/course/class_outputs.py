@@ -11,6 +11,7 @@ has a row per student:
 - `grades-canvas.csv`: the totals in Canvas's gradebook import format;
 - the class at a glance on the terminal: per part, mean, median and the distribution of scores.
 """
+
 from __future__ import annotations
 
 import csv
@@ -31,9 +32,19 @@ from autograder.model import GradingRun
 from autograder.rubric import Rubric
 
 GRADED, AMBIGUOUS_STATUS, COULD_NOT_GRADE, NO_SUBMISSION, NOT_GRADED = (
-    "graded", "ambiguous", "could_not_grade", "no_submission", "not_graded")
-STATUS_WORDS = {GRADED: "graded", AMBIGUOUS_STATUS: "graded (ambiguous)", COULD_NOT_GRADE: "could not grade",
-                NO_SUBMISSION: "no submission", NOT_GRADED: "not graded yet"}
+    "graded",
+    "ambiguous",
+    "could_not_grade",
+    "no_submission",
+    "not_graded",
+)
+STATUS_WORDS = {
+    GRADED: "graded",
+    AMBIGUOUS_STATUS: "graded (ambiguous)",
+    COULD_NOT_GRADE: "could not grade",
+    NO_SUBMISSION: "no submission",
+    NOT_GRADED: "not graded yet",
+}
 BARS = " ▁▂▃▄▅▆▇█"
 
 
@@ -83,6 +94,7 @@ def graded_parts(rubric: Rubric) -> list[str]:
 
 # -- grades.csv and the LMS export -----------------------------------------------------------------
 
+
 def grades_csv(rows: list[Row], rubric: Rubric) -> str:
     """Per student: total, per-part scores, status, the file graded, a note. A student without a score
     has empty score cells (could not grade) or zeros (no submission), never a made-up number."""
@@ -98,8 +110,17 @@ def grades_csv(rows: list[Row], rubric: Rubric) -> str:
             cells = ["0", *("0" for _ in parts)]
         else:
             cells = ["", *("" for _ in parts)]
-        writer.writerow([row.student, cells[0], _number(rubric.max_score), *cells[1:], row.status,
-                         row.entry.file.name if row.entry.file else "", row.note()])
+        writer.writerow(
+            [
+                row.student,
+                cells[0],
+                _number(rubric.max_score),
+                *cells[1:],
+                row.status,
+                row.entry.file.name if row.entry.file else "",
+                row.note(),
+            ]
+        )
     return handle.getvalue()
 
 
@@ -124,6 +145,7 @@ def _number(value: float) -> str:
 
 # -- the class at a glance -------------------------------------------------------------------------
 
+
 def distribution(scores: list[float], maximum: float, bins: int = 10) -> str:
     """A one-line histogram of `scores` over [0, maximum]: one bar per bin, height by count."""
     if not scores:
@@ -139,16 +161,29 @@ def distribution(scores: list[float], maximum: float, bins: int = 10) -> str:
 def class_table(rows: list[Row], rubric: Rubric) -> Table:
     scored = [r for r in rows if r.scored]
     table = Table(title=f"The class at a glance: {len(scored)} of {len(rows)} students scored")
-    for column, justify in (("part", "left"), ("points", "right"), ("mean", "right"), ("median", "right"),
-                            ("full marks", "right"), ("distribution (0 to max)", "left")):
+    for column, justify in (
+        ("part", "left"),
+        ("points", "right"),
+        ("mean", "right"),
+        ("median", "right"),
+        ("full marks", "right"),
+        ("distribution (0 to max)", "left"),
+    ):
         table.add_column(column, justify=justify)
     series = [(p, rubric.part_points(p), [r.part_scores().get(p, 0.0) for r in scored]) for p in graded_parts(rubric)]
     series.append(("total", rubric.max_score, [r.run.score for r in scored]))
     for name, points, scores in series:
         if scores:
             full = sum(s >= points - 1e-9 for s in scores)
-            table.add_row(name, f"{points:g}", f"{statistics.fmean(scores):.1f}", f"{statistics.median(scores):g}",
-                          f"{full}/{len(scores)}", distribution(scores, points), end_section=name == series[-2][0])
+            table.add_row(
+                name,
+                f"{points:g}",
+                f"{statistics.fmean(scores):.1f}",
+                f"{statistics.median(scores):g}",
+                f"{full}/{len(scores)}",
+                distribution(scores, points),
+                end_section=name == series[-2][0],
+            )
         else:
             table.add_row(name, f"{points:g}", "-", "-", "-", "")
     return table
@@ -163,12 +198,14 @@ def students_table(rows: list[Row]) -> Table:
     for row in rows:
         score = f"{row.run.score:g} / {row.run.max_score:g}" if row.scored else "-"
         style = {COULD_NOT_GRADE: "red", NO_SUBMISSION: "yellow", NOT_GRADED: "yellow", AMBIGUOUS_STATUS: "yellow"}
-        table.add_row(escape(row.student), score, STATUS_WORDS[row.status], escape(row.note()[:200]),
-                      style=style.get(row.status))
+        table.add_row(
+            escape(row.student), score, STATUS_WORDS[row.status], escape(row.note()[:200]), style=style.get(row.status)
+        )
     return table
 
 
 # -- the one step that writes them ----------------------------------------------------------------
+
 
 @dataclass
 class OutputOptions:
@@ -197,8 +234,9 @@ def mirror_results(course: Path, record: Record, rows: list[Row]) -> int:
     return copied
 
 
-def write_class_outputs(course: Path, rows: list[Row], rubric: Rubric, options: OutputOptions | None = None,
-                        console: Console | None = None) -> dict[str, str]:
+def write_class_outputs(
+    course: Path, rows: list[Row], rubric: Rubric, options: OutputOptions | None = None, console: Console | None = None
+) -> dict[str, str]:
     """Write every class output from `rows`; print the tables and where each output is."""
     options = options or OutputOptions()
     console = console or Console(highlight=False)

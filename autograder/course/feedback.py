@@ -20,6 +20,7 @@ A page is rewritten only when what it is made from changed (a fingerprint of the
 roster entry, `released` and this module's code and template, kept in the page's own `<meta>`), so a
 class re-run with nothing changed writes nothing.
 """
+
 from __future__ import annotations
 
 import base64
@@ -44,8 +45,12 @@ _FINGERPRINT = re.compile(rb'<meta name="mha-feedback-fingerprint" content="([0-
 
 
 def _environment() -> Environment:
-    return Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(["html", "j2"]),
-                       trim_blocks=True, lstrip_blocks=True)
+    return Environment(
+        loader=FileSystemLoader(str(TEMPLATES)),
+        autoescape=select_autoescape(["html", "j2"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
 
 
 def shown(check: CheckResult, released: bool) -> bool:
@@ -55,14 +60,17 @@ def shown(check: CheckResult, released: bool) -> bool:
 def withheld_text(count: int, never: int, released: bool) -> str:
     texts = []
     if count:
-        texts.append(f"{count} more check{'s' if count > 1 else ''} ran on hidden inputs; "
-                     "their details are shown after the due date.")
+        texts.append(
+            f"{count} more check{'s' if count > 1 else ''} ran on hidden inputs; "
+            "their details are shown after the due date."
+        )
     if never:
         texts.append(f"{never} check{'s' if never > 1 else ''} whose details are not shown.")
     return " ".join(texts)
 
 
 # -- speed ----------------------------------------------------------------------------------------
+
 
 def speed_figures(speed: dict) -> list[tuple[str, str]]:
     """The speed part's scalar measurements, as (name, value) rows; nested dicts one level deep."""
@@ -118,40 +126,69 @@ def speed_plot(series: dict[str, list[float]]) -> str:
 
 # -- the page --------------------------------------------------------------------------------------
 
+
 def page_context(row: Row, released: bool) -> dict:
     run: GradingRun | None = row.run
     entry = row.entry
     context = {
-        "assignment": ASSIGNMENT, "student": entry.student, "submitted": entry.has_file,
-        "file": entry.file.name if entry.file else "", "file_note": entry.note if entry.has_file else "",
-        "file_note_missing": entry.note, "graded": bool(run and run.graded), "reason": run.reason if run else
-        "it has not been graded yet", "visibility_note": (
+        "assignment": ASSIGNMENT,
+        "student": entry.student,
+        "submitted": entry.has_file,
+        "file": entry.file.name if entry.file else "",
+        "file_note": entry.note if entry.has_file else "",
+        "file_note_missing": entry.note,
+        "graded": bool(run and run.graded),
+        "reason": run.reason if run else "it has not been graded yet",
+        "visibility_note": (
             "Every check counts in the score. Checks on hidden inputs are described after the due date."
-            if not released else "Every check counts in the score. Some checks' details are never shown."),
+            if not released
+            else "Every check counts in the score. Some checks' details are never shown."
+        ),
         "parts": [],
     }
     if not (run and run.graded):
         return context
-    context.update(score=f"{run.score:g}", max_score=f"{run.max_score:g}", load_problems=run.load.lines(),
-                   events=list(dict.fromkeys(run.events)))
+    context.update(
+        score=f"{run.score:g}",
+        max_score=f"{run.max_score:g}",
+        load_problems=run.load.lines(),
+        events=list(dict.fromkeys(run.events)),
+    )
     for part in run.parts():
         checks = [c for c in run.checks if c.part == part.part]
         visible = [c for c in checks if shown(c, released)]
         later = sum(not shown(c, released) and c.visibility != "hidden" for c in checks)
         never = sum(c.visibility == "hidden" for c in checks)
-        context["parts"].append({
-            "id": part.part, "title": part.title, "score": f"{part.score:.4g}", "max_score": f"{part.max_score:.4g}",
-            "checks": [{"name": c.name, "status": c.status, "message": c.message} for c in visible],
-            "withheld": withheld_text(later, never, released), "speed": None})
+        context["parts"].append(
+            {
+                "id": part.part,
+                "title": part.title,
+                "score": f"{part.score:.4g}",
+                "max_score": f"{part.max_score:.4g}",
+                "checks": [{"name": c.name, "status": c.status, "message": c.message} for c in visible],
+                "withheld": withheld_text(later, never, released),
+                "speed": None,
+            }
+        )
     if run.speed:
         speed_part = next((p for p in context["parts"] if p["id"] == "speed"), None)
         if speed_part is None:
-            speed_part = {"id": "speed", "title": run.titles.get("speed", "Speed"), "score": "-", "max_score": "-",
-                          "checks": [], "withheld": "", "speed": None}
+            speed_part = {
+                "id": "speed",
+                "title": run.titles.get("speed", "Speed"),
+                "score": "-",
+                "max_score": "-",
+                "checks": [],
+                "withheld": "",
+                "speed": None,
+            }
             context["parts"].append(speed_part)
         series = speed_series(run.speed)
-        speed_part["speed"] = {"figures": speed_figures(run.speed), "plot": speed_plot(series) if series else "",
-                               "plot_alt": "per-round measurements: " + ", ".join(series)}
+        speed_part["speed"] = {
+            "figures": speed_figures(run.speed),
+            "plot": speed_plot(series) if series else "",
+            "plot_alt": "per-round measurements: " + ", ".join(series),
+        }
     return context
 
 
@@ -162,16 +199,21 @@ def renderer_fingerprint() -> str:
 
 
 def fingerprint(row: Row, released: bool, renderer: str) -> str:
-    data = {"run": row.run.to_gradescope() if row.run else None, "entry": [row.entry.student, row.entry.status,
-            row.entry.file.name if row.entry.file else None, row.entry.note], "released": released,
-            "renderer": renderer}
+    data = {
+        "run": row.run.to_gradescope() if row.run else None,
+        "entry": [row.entry.student, row.entry.status, row.entry.file.name if row.entry.file else None, row.entry.note],
+        "released": released,
+        "renderer": renderer,
+    }
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def render(row: Row, released: bool = False, fingerprint_value: str = "") -> str:
     template = _environment().get_template(TEMPLATE)
-    return template.render(fingerprint=fingerprint_value or fingerprint(row, released, renderer_fingerprint()),
-                           **page_context(row, released))
+    return template.render(
+        fingerprint=fingerprint_value or fingerprint(row, released, renderer_fingerprint()),
+        **page_context(row, released),
+    )
 
 
 def feedback_path(course: Path, student: str) -> Path:

@@ -20,6 +20,7 @@ the least busy one (`autograder.course.placement`).
 Each run's results.json is stored (atomically) as soon as it is graded, and its inputs right after,
 so a class run killed at any moment loses nothing already graded: the next run grades the rest.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,8 +59,9 @@ class Job:
         return self.entry.student
 
 
-def plan(roster: list[Entry], record: Record, class_inputs: ClassInputs, force: bool,
-         students: list[str] | None) -> list[Job]:
+def plan(
+    roster: list[Entry], record: Record, class_inputs: ClassInputs, force: bool, students: list[str] | None
+) -> list[Job]:
     """The students to grade now, each with the reason."""
     jobs = []
     for entry in roster:
@@ -98,17 +100,27 @@ class Slots:
             self.held.close()
 
 
-def grade_job(slots: Slots, record: Record, job: Job, device: str, rubric: Path, timeout: float,
-              isolation: str) -> GradingRun:
+def grade_job(
+    slots: Slots, record: Record, job: Job, device: str, rubric: Path, timeout: float, isolation: str
+) -> GradingRun:
     out = record.results_path(job.student)
     out.parent.mkdir(parents=True, exist_ok=True)
-    request = {"id": job.student, "submission": str(job.entry.file), "out": str(out), "device": device,
-               "rubric": str(rubric), "isolation": isolation}
+    request = {
+        "id": job.student,
+        "submission": str(job.entry.file),
+        "out": str(out),
+        "device": device,
+        "rubric": str(rubric),
+        "isolation": isolation,
+    }
     outcome = slots.grader().grade(request, timeout)
     run = record.run(job.student) if outcome.ok else None
     if run is None:
-        run = GradingRun(status=CANNOT_GRADE, submission=job.entry.file.name,
-                         reason=outcome.problem or "no readable results.json was written")
+        run = GradingRun(
+            status=CANNOT_GRADE,
+            submission=job.entry.file.name,
+            reason=outcome.problem or "no readable results.json was written",
+        )
         record.save_run(job.student, run)
     record.save_inputs(job.student, job.inputs)  # after results.json: a kill in between only regrades
     return run
@@ -140,9 +152,18 @@ def default_jobs() -> int:
     return min(max(2, 2 * (os.cpu_count() or 1)), 8)
 
 
-def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, jobs: int | None = None,
-                force: bool = False, students: list[str] | None = None, released: bool = False,
-                db_url: str | None = None, isolation: str | None = None, shard: Shard | None = None) -> int:
+def grade_class(
+    course: Path,
+    device: str = "auto",
+    rubric: Path | None = None,
+    jobs: int | None = None,
+    force: bool = False,
+    students: list[str] | None = None,
+    released: bool = False,
+    db_url: str | None = None,
+    isolation: str | None = None,
+    shard: Shard | None = None,
+) -> int:
     console = Console(highlight=False)
     course = Path(course)
     rubric_path = Path(rubric or DEFAULT_RUBRIC)
@@ -164,12 +185,19 @@ def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, 
         console.print(f"shard {shard}: {len(mine)} of the class's {len(roster)} students", markup=False)
         students = [s for s in mine if students is None or s in students]
     elif engine_variable := engine_index_in():
-        console.print(f"{engine_variable} is set, but without --shard this grades the whole class; "
-                      "--shard auto grades this task's share", style="yellow", markup=False)
+        console.print(
+            f"{engine_variable} is set, but without --shard this grades the whole class; "
+            "--shard auto grades this task's share",
+            style="yellow",
+            markup=False,
+        )
     jobs = jobs or max(default_jobs(), len(placement.devices))
     if placement.devices:
-        console.print(f"{jobs} at a time on {len(placement.devices)} CUDA device(s): "
-                      f"{', '.join(placement.devices)}, each grading process on one", markup=False)
+        console.print(
+            f"{jobs} at a time on {len(placement.devices)} CUDA device(s): "
+            f"{', '.join(placement.devices)}, each grading process on one",
+            markup=False,
+        )
     lock = hold_course(course, console, shard)
     try:
         record = Record(course)
@@ -182,10 +210,13 @@ def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, 
         for job in todo:
             reasons[job.reason] = reasons.get(job.reason, 0) + 1
         why = f" ({', '.join(f'{n} {r}' for r, n in reasons.items())})" if reasons else ""
-        console.print(f"{len(submitted)} submissions: {len(todo)} to grade, {len(submitted) - len(todo)} "
-                      f"already graded{why}", markup=False)
-        interrupted = not grade_all(todo, record, placement, rubric_path, loaded.limit("class_seconds"),
-                                    jobs, isolation, console)
+        console.print(
+            f"{len(submitted)} submissions: {len(todo)} to grade, {len(submitted) - len(todo)} already graded{why}",
+            markup=False,
+        )
+        interrupted = not grade_all(
+            todo, record, placement, rubric_path, loaded.limit("class_seconds"), jobs, isolation, console
+        )
         if shard is None:
             rows = class_rows(roster, record)
             write_class_outputs(course, rows, loaded, OutputOptions(released=released, db_url=db_url), console)
@@ -195,8 +226,10 @@ def grade_class(course: Path, device: str = "auto", rubric: Path | None = None, 
         console.print("interrupted: what was graded is kept; run again to grade the rest")
         return EXIT_INTERRUPTED
     if shard is not None:
-        console.print(f"shard {shard} done; once every shard is, `grade-class {course} --merge` writes the "
-                      "class's outputs", markup=False)
+        console.print(
+            f"shard {shard} done; once every shard is, `grade-class {course} --merge` writes the class's outputs",
+            markup=False,
+        )
     return EXIT_DONE
 
 
@@ -227,37 +260,64 @@ def merge_class(course: Path, rubric: Path | None = None, released: bool = False
             missing[entry.student] = why
     submitted = sum(entry.has_file for entry in roster)
     if missing:
-        console.print(f"cannot merge: {len(missing)} of {submitted} students have no up-to-date results; "
-                      "nothing was written", style="red", markup=False)
+        console.print(
+            f"cannot merge: {len(missing)} of {submitted} students have no up-to-date results; nothing was written",
+            style="red",
+            markup=False,
+        )
         for student, why in sorted(missing.items()):
             console.print(f"  {student}: {why}", markup=False)
-        console.print(f"grade them (their shard again, or `grade-class {course}`, which grades only what is "
-                      "missing) and merge again", markup=False)
+        console.print(
+            f"grade them (their shard again, or `grade-class {course}`, which grades only what is "
+            "missing) and merge again",
+            markup=False,
+        )
         return EXIT_MERGE_INCOMPLETE
     console.print(f"merged the results of {submitted} students", markup=False)
-    write_class_outputs(course, class_rows(roster, record), loaded, OutputOptions(released=released, db_url=db_url),
-                        console)
+    write_class_outputs(
+        course, class_rows(roster, record), loaded, OutputOptions(released=released, db_url=db_url), console
+    )
     return EXIT_DONE
 
 
-def grade_all(todo: list[Job], record: Record, placement: Placement, rubric: Path, timeout: float, jobs: int,
-              isolation: str, console: Console) -> bool:
+def grade_all(
+    todo: list[Job],
+    record: Record,
+    placement: Placement,
+    rubric: Path,
+    timeout: float,
+    jobs: int,
+    isolation: str,
+    console: Console,
+) -> bool:
     """Grade every job; False when interrupted (Ctrl-C)."""
     if not todo:
         return True
     device = placement.device
     slots = Slots(placement)
-    columns = (TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"))
+    columns = (
+        TextColumn("grading"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+    )
     pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo))))
     futures = {}
     try:
         with Progress(*columns, console=console) as progress:
             task = progress.add_task("", total=len(todo))
-            futures = {pool.submit(grade_job, slots, record, job, device, rubric, timeout, isolation): job for job in todo}
+            futures = {
+                pool.submit(grade_job, slots, record, job, device, rubric, timeout, isolation): job for job in todo
+            }
             for future in as_completed(futures):
                 run = future.result()
-                progress.update(task, advance=1, description=f"{futures[future].student}: "
-                                + (f"{run.score:g}/{run.max_score:g}" if run.graded else "could not grade"))
+                progress.update(
+                    task,
+                    advance=1,
+                    description=f"{futures[future].student}: "
+                    + (f"{run.score:g}/{run.max_score:g}" if run.graded else "could not grade"),
+                )
         return True
     except KeyboardInterrupt:
         for future in futures:
@@ -266,4 +326,3 @@ def grade_all(todo: list[Job], record: Record, placement: Placement, rubric: Pat
     finally:
         slots.close()
         pool.shutdown(wait=True, cancel_futures=True)
-

@@ -16,6 +16,7 @@ there, or `--db URL`). What is recorded, so that `nbgrader export` gives the tot
 Every `grade-class` run writes every student's scores again, so a gradebook that another command
 changed (`nbgrader autograde` records its own scores) agrees with the record again afterwards.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -74,15 +75,20 @@ def sqlite_path(db_url: str) -> Path | None:
 def state(db_url: str, rows: list[Row], rubric: Rubric) -> dict:
     """What the gradebook was last written from, and the SQLite file's hash after writing it."""
     scores = [[r.student, r.status, r.entry.file.name if r.entry.file else None, r.part_scores()] for r in rows]
-    digest = hashlib.sha256(json.dumps([db_url, scores, {p: rubric.part_points(p) for p in rubric.parts}],
-                                       sort_keys=True).encode()).hexdigest()
+    digest = hashlib.sha256(
+        json.dumps([db_url, scores, {p: rubric.part_points(p) for p in rubric.parts}], sort_keys=True).encode()
+    ).hexdigest()
     path = sqlite_path(db_url)
-    return {"db_url": db_url, "scores": digest,
-            "database": sha256_file(path) if path is not None and path.is_file() else None}
+    return {
+        "db_url": db_url,
+        "scores": digest,
+        "database": sha256_file(path) if path is not None and path.is_file() else None,
+    }
 
 
-def record_grades(course: Path, rows: list[Row], rubric: Rubric, db_url: str | None = None,
-                  assignment: str = ASSIGNMENT) -> str:
+def record_grades(
+    course: Path, rows: list[Row], rubric: Rubric, db_url: str | None = None, assignment: str = ASSIGNMENT
+) -> str:
     """Write the roster's students and scores into the gradebook; return its URL. Skipped when the
     scores are those last written and the SQLite file is as we left it (byte for byte); any other
     database is written every time."""
@@ -115,9 +121,12 @@ def write_grades(db_url: str, course_id: str, rows: list[Row], rubric: Rubric, a
         with contextlib.redirect_stderr(io.StringIO()), Gradebook(db_url, course_id) as gradebook:
             gradebook.update_or_create_assignment(assignment)
             gradebook.update_or_create_notebook(assignment, assignment)
-            cells = {part: gradebook.update_or_create_grade_cell(part, assignment, assignment, cell_type="code",
-                                                                 max_score=rubric.part_points(part))
-                     for part in parts}
+            cells = {
+                part: gradebook.update_or_create_grade_cell(
+                    part, assignment, assignment, cell_type="code", max_score=rubric.part_points(part)
+                )
+                for part in parts
+            }
             for row in rows:
                 try:
                     gradebook.find_student(row.student)
@@ -127,7 +136,8 @@ def write_grades(db_url: str, course_id: str, rows: list[Row], rubric: Rubric, a
                     continue
                 stamp = submission_time(row.entry.file.parent)
                 submission = gradebook.update_or_create_submission(
-                    assignment, row.student, **({"timestamp": stamp} if stamp else {}))
+                    assignment, row.student, **({"timestamp": stamp} if stamp else {})
+                )
                 notebook = next(n for n in submission.notebooks if n.name == assignment)
                 grades = {g.name: g for g in notebook.grades}
                 scores = row.part_scores()

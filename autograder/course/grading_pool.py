@@ -18,6 +18,7 @@ The process dies with the class run: it asks the kernel for SIGTERM when its par
 (PR_SET_PDEATHSIG), and on SIGTERM kills its worker and exits, so `kill -9` of the class run leaves
 no grader behind.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -38,6 +39,7 @@ PARENT_VARIABLE = "AUTOGRADER_POOL_PARENT"
 
 # -- both sides ----------------------------------------------------------------------------------
 
+
 def descendants(pid: int) -> list[int]:
     """Every live descendant of `pid` (through /proc's parent links), deepest last."""
     children: dict[int, list[int]] = {}
@@ -48,7 +50,7 @@ def descendants(pid: int) -> list[int]:
                     text = handle.read()
             except OSError:
                 continue
-            ppid = int(text[text.rfind(")") + 2:].split()[1])
+            ppid = int(text[text.rfind(")") + 2 :].split()[1])
             children.setdefault(ppid, []).append(int(entry.name))
     found, todo = [], list(children.get(pid, []))
     while todo:
@@ -84,6 +86,7 @@ def die_with_parent(signum: int = signal.SIGTERM):
 
 # -- the grading process --------------------------------------------------------------------------
 
+
 def serve(stdin=None, replies=None) -> int:
     """Grade the jobs read from stdin, one JSON object a line; answer each with one line."""
     replies = replies or os.fdopen(os.dup(1), "w", buffering=1)
@@ -105,16 +108,24 @@ def serve(stdin=None, replies=None) -> int:
     for line in stdin or sys.stdin:
         job = json.loads(line)
         started = time.monotonic()
-        options = Options(device=job["device"], out=Path(job["out"]), rubric_path=Path(job["rubric"]),
-                          quiet=True, isolation=job.get("isolation", "auto"), keep_timing_workers=True)
+        options = Options(
+            device=job["device"],
+            out=Path(job["out"]),
+            rubric_path=Path(job["rubric"]),
+            quiet=True,
+            isolation=job.get("isolation", "auto"),
+            keep_timing_workers=True,
+        )
         run = grade_submission(Path(job["submission"]), options)
         write_results(options.out, run)
-        replies.write(json.dumps({"id": job["id"], "status": run.status,
-                                  "seconds": round(time.monotonic() - started, 3)}) + "\n")
+        replies.write(
+            json.dumps({"id": job["id"], "status": run.status, "seconds": round(time.monotonic() - started, 3)}) + "\n"
+        )
     return 0
 
 
 # -- the class side ---------------------------------------------------------------------------------
+
 
 @dataclass
 class Outcome:
@@ -143,8 +154,14 @@ class Grader:
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         self.log.seek(0)
         self.log.truncate()
-        self.process = subprocess.Popen([sys.executable, "-m", "autograder.course.grading_pool"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=self.log, env=env, preexec_fn=die_with_parent)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "autograder.course.grading_pool"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=env,
+            preexec_fn=die_with_parent,
+        )
         self.buffer, self.done = b"", 0
         self.starts += 1
 

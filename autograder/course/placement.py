@@ -8,6 +8,7 @@ timing lock sees to (`autograder.grading.devices`).
 
 Everything here except `cuda_device_count` is plain logic, tested without a GPU.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -67,8 +68,7 @@ class NoDevice(RuntimeError):
     """--device cuda was asked for and no CUDA device is visible."""
 
 
-def placement_for(device: str, environ: Mapping[str, str] | None = None,
-                  device_count: int | None = None) -> Placement:
+def placement_for(device: str, environ: Mapping[str, str] | None = None, device_count: int | None = None) -> Placement:
     """The placement for `--device auto|cpu|cuda` (`device_count`: torch's count, looked up if None)."""
     environ = dict(os.environ if environ is None else environ)
     if device == "cpu":
@@ -76,9 +76,14 @@ def placement_for(device: str, environ: Mapping[str, str] | None = None,
     devices = visible_devices(environ, cuda_device_count() if device_count is None else device_count)
     if not devices:
         if device == "cuda":
-            raise NoDevice("--device cuda was asked for, but torch sees no CUDA device"
-                           + (f" (CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r})"
-                              if "CUDA_VISIBLE_DEVICES" in environ else ""))
+            raise NoDevice(
+                "--device cuda was asked for, but torch sees no CUDA device"
+                + (
+                    f" (CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r})"
+                    if "CUDA_VISIBLE_DEVICES" in environ
+                    else ""
+                )
+            )
         return Placement("cpu", None, environ)
     return Placement("cuda", DevicePool(devices), environ)
 

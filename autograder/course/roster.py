@@ -10,6 +10,7 @@ it holds, so no student can silently drop out of the outputs:
   the others and the reason.
 - `no_submission`: no assignment folder, or no candidate in it; the note says which.
 """
+
 from __future__ import annotations
 
 import re
@@ -41,8 +42,9 @@ def candidates_in(folder: Path) -> list[Path]:
     """The files in `folder` that could be the submission: `.py` or `.ipynb`, not hidden."""
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir()
-                  if p.is_file() and p.suffix.lower() in SUFFIXES and not p.name.startswith("."))
+    return sorted(
+        p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SUFFIXES and not p.name.startswith(".")
+    )
 
 
 def copy_number(path: Path) -> tuple[str, int]:
@@ -57,6 +59,7 @@ def choose(files: list[Path], assignment: str = ASSIGNMENT) -> tuple[Path, str]:
     """The file to grade among several, and why: the assignment's own name first (the notebook before
     the .py), then the highest copy number of the assignment's name (the latest upload), then a
     notebook, then the first name in alphabetical order."""
+
     def rank(path: Path):
         stem, number = copy_number(path)
         exact = path.stem == assignment
@@ -84,18 +87,33 @@ def entry_for(student_folder: Path, assignment: str = ASSIGNMENT) -> Entry:
     files = candidates_in(folder)
     if not files:
         others = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
-        seen = f" (it holds: {', '.join(others[:5])}{', ...' if len(others) > 5 else ''})" if others else " (it is empty)"
-        return Entry(student, NO_SUBMISSION, note=f"no {assignment}.ipynb or {assignment}.py, nor any other .ipynb "
-                                                  f"or .py file, in submitted/{student}/{assignment}/{seen}")
+        seen = (
+            f" (it holds: {', '.join(others[:5])}{', ...' if len(others) > 5 else ''})" if others else " (it is empty)"
+        )
+        return Entry(
+            student,
+            NO_SUBMISSION,
+            note=f"no {assignment}.ipynb or {assignment}.py, nor any other .ipynb "
+            f"or .py file, in submitted/{student}/{assignment}/{seen}",
+        )
     names = tuple(p.name for p in files)
     if len(files) == 1:
         file = files[0]
-        note = "" if file.stem == assignment else f"graded {file.name}, the only submission file (not named {assignment}.ipynb or {assignment}.py)"
+        note = (
+            ""
+            if file.stem == assignment
+            else f"graded {file.name}, the only submission file (not named {assignment}.ipynb or {assignment}.py)"
+        )
         return Entry(student, SUBMITTED, file, names, note)
     file, why = choose(files, assignment)
     others = ", ".join(n for n in names if n != file.name)
-    return Entry(student, AMBIGUOUS, file, names,
-                 f"{len(files)} candidate files: graded {file.name} because {why}; not graded: {others}")
+    return Entry(
+        student,
+        AMBIGUOUS,
+        file,
+        names,
+        f"{len(files)} candidate files: graded {file.name} because {why}; not graded: {others}",
+    )
 
 
 def read_roster(course: Path, assignment: str = ASSIGNMENT) -> list[Entry]:

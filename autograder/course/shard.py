@@ -13,6 +13,7 @@ same `submitted/` folder, so nothing has to be handed out in advance.
   completions there are, so write `auto/N` (or `$(JOB_COMPLETION_INDEX)/N` in the manifest).
 `auto/N` takes the index from the environment and checks it against N.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,15 +34,17 @@ class Shard:
         if self.count < 1:
             raise ShardError(f"a class cannot be split into {self.count} shards: the count must be at least 1")
         if not 0 <= self.index < self.count:
-            raise ShardError(f"shard {self.index}/{self.count} does not exist: shards are numbered from 0 "
-                             f"to {self.count - 1} (write K/N with 0 <= K < N)")
+            raise ShardError(
+                f"shard {self.index}/{self.count} does not exist: shards are numbered from 0 "
+                f"to {self.count - 1} (write K/N with 0 <= K < N)"
+            )
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
 
     def select(self, students: Sequence[str]) -> list[str]:
         """This shard's students: every N-th name of the sorted class, starting at the K-th."""
-        return sorted(set(students))[self.index::self.count]
+        return sorted(set(students))[self.index :: self.count]
 
 
 ENGINE_VARIABLES = ("SLURM_ARRAY_TASK_ID", "JOB_COMPLETION_INDEX")
@@ -79,11 +82,15 @@ def shard_from_environment(environ: Mapping[str, str], count: int | None = None)
         return Shard(index, count)
     if "JOB_COMPLETION_INDEX" in environ:
         if count is None:
-            raise ShardError("a Kubernetes indexed job does not say how many completions it has: "
-                             "write --shard auto/N, N being the Job's `completions`")
+            raise ShardError(
+                "a Kubernetes indexed job does not say how many completions it has: "
+                "write --shard auto/N, N being the Job's `completions`"
+            )
         return Shard(_number(environ["JOB_COMPLETION_INDEX"], "JOB_COMPLETION_INDEX"), count)
-    raise ShardError("--shard auto needs SLURM_ARRAY_TASK_ID (a Slurm array task) or JOB_COMPLETION_INDEX "
-                     "(a Kubernetes indexed job); neither is set, so write the shard as K/N")
+    raise ShardError(
+        "--shard auto needs SLURM_ARRAY_TASK_ID (a Slurm array task) or JOB_COMPLETION_INDEX "
+        "(a Kubernetes indexed job); neither is set, so write the shard as K/N"
+    )
 
 
 def engine_index_in(environ: Mapping[str, str] | None = None) -> str | None:

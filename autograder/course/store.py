@@ -12,6 +12,7 @@ modules and the folders `grading/` and `sandbox/`; never the class workflow, the
 the authoring tools), the reference, the torch version or the device asked for; or when the last run
 could not grade.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,10 +33,15 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # only schedule, present or hand out results, so editing them never regrades a class.
 SCORE_DECIDING_FOLDERS = ("grading", "sandbox")
 # What each input is called when it is the reason for a regrade.
-INPUT_NAMES = {"submission": "the submission changed", "file": "another file is graded now",
-               "rubric": "the rubric changed", "grader": "the checks or the grader changed",
-               "reference": "the reference changed", "torch": "the torch version changed",
-               "device": "another device was asked for"}
+INPUT_NAMES = {
+    "submission": "the submission changed",
+    "file": "another file is graded now",
+    "rubric": "the rubric changed",
+    "grader": "the checks or the grader changed",
+    "reference": "the reference changed",
+    "torch": "the torch version changed",
+    "device": "another device was asked for",
+}
 
 
 def sha256_file(path: Path) -> str:
@@ -57,8 +63,12 @@ def sha256_tree(files: list[Path], root: Path) -> str:
 def grader_files(package: Path = PACKAGE_DIR) -> list[Path]:
     """The grader's files that decide a score (the rubric in use is hashed on its own)."""
     top = list(package.glob("*.py"))
-    folders = [p for folder in SCORE_DECIDING_FOLDERS for p in (package / folder).rglob("*")
-               if p.is_file() and p.suffix in (".py", ".ini", ".toml") and "__pycache__" not in p.parts]
+    folders = [
+        p
+        for folder in SCORE_DECIDING_FOLDERS
+        for p in (package / folder).rglob("*")
+        if p.is_file() and p.suffix in (".py", ".ini", ".toml") and "__pycache__" not in p.parts
+    ]
     return sorted(top + folders)
 
 
@@ -90,13 +100,24 @@ class ClassInputs:
     @classmethod
     def compute(cls, rubric: Path, device: str) -> ClassInputs:
         reference = reference_files()
-        return cls(rubric=sha256_file(rubric), grader=sha256_tree(grader_files(), PACKAGE_DIR),
-                   reference=sha256_tree(reference, reference[0].parent) if reference else "none",
-                   torch=torch_version(), device=device)
+        return cls(
+            rubric=sha256_file(rubric),
+            grader=sha256_tree(grader_files(), PACKAGE_DIR),
+            reference=sha256_tree(reference, reference[0].parent) if reference else "none",
+            torch=torch_version(),
+            device=device,
+        )
 
     def for_file(self, file: Path) -> dict[str, str]:
-        return {"submission": sha256_file(file), "file": file.name, "rubric": self.rubric, "grader": self.grader,
-                "reference": self.reference, "torch": self.torch, "device": self.device}
+        return {
+            "submission": sha256_file(file),
+            "file": file.name,
+            "rubric": self.rubric,
+            "grader": self.grader,
+            "reference": self.reference,
+            "torch": self.torch,
+            "device": self.device,
+        }
 
 
 class Record:
@@ -154,8 +175,9 @@ class Record:
         write_text_atomically(self.inputs_path(student), json.dumps(inputs, indent=2, sort_keys=True) + "\n")
 
     def save_run(self, student: str, run: GradingRun):
-        write_text_atomically(self.results_path(student),
-                              json.dumps(run.to_gradescope(), indent=2, ensure_ascii=False) + "\n")
+        write_text_atomically(
+            self.results_path(student), json.dumps(run.to_gradescope(), indent=2, ensure_ascii=False) + "\n"
+        )
 
 
 def read_run(path: Path) -> GradingRun | None:

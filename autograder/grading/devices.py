@@ -4,6 +4,7 @@ Correctness checks of several submissions may share a device; timing must not: `
 lock per physical device, held across processes, that the code timing a submission takes around
 its timed section, so two timings never overlap on one device (nor on the CPU).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,8 +61,9 @@ class TimingLockBusy(TimeoutError):
 
 
 @contextlib.contextmanager
-def timing_lock(key: str, seconds: float | None = None, environ: Mapping[str, str] | None = None,
-                poll: float = 0.05) -> Iterator[Path]:
+def timing_lock(
+    key: str, seconds: float | None = None, environ: Mapping[str, str] | None = None, poll: float = 0.05
+) -> Iterator[Path]:
     """Hold the device's timing lock while timing: an flock on a file in the grader's temporary folder
     (which sandboxed workers cannot see), released by the kernel however its holder ends, so it is never
     stale. Waits at most `seconds` (None: as long as it takes), then raises TimingLockBusy."""
@@ -77,7 +79,9 @@ def timing_lock(key: str, seconds: float | None = None, environ: Mapping[str, st
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise TimingLockBusy(f"the timing lock {path} was held by another grading for {seconds:g} s") from None
+                    raise TimingLockBusy(
+                        f"the timing lock {path} was held by another grading for {seconds:g} s"
+                    ) from None
                 time.sleep(poll)
         yield path
     finally:

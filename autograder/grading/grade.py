@@ -7,6 +7,7 @@ Each step is a function of plain data; the model (`model.GradingRun`) is built o
 everything written or printed is made from it. A run that cannot grade (a broken rubric, a file that
 is not a submission, a fault of the grader's own in a check) says so in results.json and exits 2.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,6 +61,7 @@ class Options:
 
 # -- the steps ----------------------------------------------------------------------------------
 
+
 def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -105,16 +107,35 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
     )
 
 
-def run_checks(context: GradingContext, rubric: Rubric, visible_only: bool, verbose: bool = False,
-               parts: tuple[str, ...] | None = None) -> ResultsPlugin:
+def run_checks(
+    context: GradingContext,
+    rubric: Rubric,
+    visible_only: bool,
+    verbose: bool = False,
+    parts: tuple[str, ...] | None = None,
+) -> ResultsPlugin:
     """Run the pytest checks in this (trusted) process, with the grader's own configuration only."""
     timeout = rubric.limit("check_seconds") + rubric.limit("request_seconds") + 30
     plugin = ResultsPlugin(rubric, visible_only, parts)
-    args = [str(CHECKS_DIR), "-c", str(CHECKS_DIR / "pytest.ini"), "--rootdir", str(CHECKS_DIR),
-            "--noconftest", "-p", "no:cacheprovider", "-p", "pytest_timeout", f"--timeout={timeout:g}",
-            # its gc.collect() at the end of every session costs about a second in a grader holding torch
-            "-p", "no:unraisableexception",
-            "-q", "--no-header", "-rN"]
+    args = [
+        str(CHECKS_DIR),
+        "-c",
+        str(CHECKS_DIR / "pytest.ini"),
+        "--rootdir",
+        str(CHECKS_DIR),
+        "--noconftest",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "pytest_timeout",
+        f"--timeout={timeout:g}",
+        # its gc.collect() at the end of every session costs about a second in a grader holding torch
+        "-p",
+        "no:unraisableexception",
+        "-q",
+        "--no-header",
+        "-rN",
+    ]
     stream = io.StringIO()
     previous = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
@@ -154,8 +175,10 @@ def start_worker(cells, filename: str, config: WorkerConfig, options: Options) -
 def resources(worker: Worker) -> dict[str, float]:
     """What the grading used: the grader's own peak memory, the worker's (all its processes together,
     where a control group measured it) and the worker's CPU time."""
-    used = {"grader_peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "worker_cpu_seconds": round(worker.cpu_spent, 2)}
+    used = {
+        "grader_peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "worker_cpu_seconds": round(worker.cpu_spent, 2),
+    }
     if worker.memory_peak is not None:
         used["worker_peak_mib"] = round(worker.memory_peak / (1 << 20), 1)
     return used
@@ -164,7 +187,9 @@ def resources(worker: Worker) -> dict[str, float]:
 def load_report(worker: Worker, problem: str | None) -> LoadReport:
     report = worker.load_report
     cells = [CellProblem(e.cell, e.type, e.message, e.timed_out) for e in report.errors] if report else []
-    return LoadReport(problem=problem or worker.load_failure, cells=cells, defined=dict(report.defined) if report else {})
+    return LoadReport(
+        problem=problem or worker.load_failure, cells=cells, defined=dict(report.defined) if report else {}
+    )
 
 
 def write_results(out: Path, run: GradingRun):
@@ -186,13 +211,19 @@ def write_results(out: Path, run: GradingRun):
 
 # -- the pipeline ------------------------------------------------------------------------------
 
+
 def grade_submission(path: Path, options: Options) -> GradingRun:
     """Grade one file into a `GradingRun` (status graded or cannot_grade). Never raises for the
     submission's sake; only a broken installation escapes as an exception."""
     started = time.monotonic()
     path = Path(path)
-    run = GradingRun(status=CANNOT_GRADE, submission=path.name, torch=torch.__version__,
-                     visible_only=options.visible_only, seed=options.seed)
+    run = GradingRun(
+        status=CANNOT_GRADE,
+        submission=path.name,
+        torch=torch.__version__,
+        visible_only=options.visible_only,
+        seed=options.seed,
+    )
     try:
         rubric = load_rubric(options.rubric_path)
         unknown = sorted(set(options.parts or ()) - set(rubric.parts))
@@ -209,8 +240,9 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     if problem:
         worker.load_failure = problem
     run.seed = new_run_seed() if options.seed is None else options.seed
-    context = GradingContext(Submission(worker, run.device, rubric.limit("check_seconds")), rubric, run.device,
-                             run.seed)
+    context = GradingContext(
+        Submission(worker, run.device, rubric.limit("check_seconds")), rubric, run.device, run.seed
+    )
     if rubric.speed is not None and (options.parts is None or "speed" in options.parts):
         # the reference's timing workers start now, in the background, while the submission loads
         start = timing.kept_trusted_workers if options.keep_timing_workers else timing.start_trusted_workers
@@ -239,8 +271,10 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     run.execution_time = time.monotonic() - started
     if plugin.grader_errors:
         run.grader_errors = plugin.grader_errors
-        run.reason = ("the grader itself failed (not your submission's fault); it will be graded again: "
-                      + plugin.grader_errors[0].splitlines()[0])
+        run.reason = (
+            "the grader itself failed (not your submission's fault); it will be graded again: "
+            + plugin.grader_errors[0].splitlines()[0]
+        )
         return run
     run.status = GRADED
     run.titles = {part: rubric.part_title(part) for part in rubric.parts}
@@ -267,9 +301,15 @@ def grade_command(path: Path, options: Options) -> int:
     Before anything runs, results.json already says that grading did not finish: a grader that is
     killed leaves that behind, never an old score. SIGTERM stops the run cleanly, with the same result."""
     if options.out is not None:
-        write_results(options.out, GradingRun(status=CANNOT_GRADE, submission=Path(path).name, torch=torch.__version__,
-                                              reason="grading did not finish: the grader was stopped before it "
-                                                     "wrote its results"))
+        write_results(
+            options.out,
+            GradingRun(
+                status=CANNOT_GRADE,
+                submission=Path(path).name,
+                torch=torch.__version__,
+                reason="grading did not finish: the grader was stopped before it wrote its results",
+            ),
+        )
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         run = grade_submission(path, options)
@@ -287,4 +327,3 @@ def grade_command(path: Path, options: Options) -> int:
     if options.visible_only and any(c.status != "passed" for c in run.checks):
         return EXIT_CHECKS_FAILED
     return EXIT_GRADED
-

@@ -10,6 +10,7 @@ Only a check's own failure (`harness.fail`, i.e. `pytest.fail`) counts against t
 other exception in a check, in its setup or teardown, or pytest-timeout stopping a check, is the
 grader's fault: it is recorded in `grader_errors`, and the run cannot grade.
 """
+
 from __future__ import annotations
 
 import re
@@ -54,8 +55,9 @@ class ResultsPlugin:
 
     def pytest_collectreport(self, report):
         if report.failed:
-            self.grader_errors.append(f"the check module {report.nodeid} could not be collected:\n"
-                                      f"{report.longreprtext[-2000:]}")
+            self.grader_errors.append(
+                f"the check module {report.nodeid} could not be collected:\n{report.longreprtext[-2000:]}"
+            )
 
     def pytest_collection_modifyitems(self, config, items):
         if not self.grader_errors:
@@ -63,8 +65,12 @@ class ResultsPlugin:
                 self.rubric.check_test_keys({check_key(i) for i in items})
             except RubricError as exc:
                 self.grader_errors.append(str(exc))
-        keep = [i for i in items if (not self.visible_only or self.rubric.visibility(check_key(i)) == "visible")
-                and (self.parts is None or part_of(i) in self.parts)]
+        keep = [
+            i
+            for i in items
+            if (not self.visible_only or self.rubric.visibility(check_key(i)) == "visible")
+            and (self.parts is None or part_of(i) in self.parts)
+        ]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
         for item in items:
@@ -76,8 +82,11 @@ class ResultsPlugin:
             doc = (item.function.__doc__ or item.originalname).strip().splitlines()[0]
             param = getattr(item, "callspec", None)
             self.outcomes[item.nodeid] = Outcome(
-                key=check_key(item), part=part, name=f"{doc} [{param.id}]" if param else doc,
-                evidence=WORKER if evidence and evidence.args[0] == WORKER else GRADER)
+                key=check_key(item),
+                part=part,
+                name=f"{doc} [{param.id}]" if param else doc,
+                evidence=WORKER if evidence and evidence.args[0] == WORKER else GRADER,
+            )
         if self.grader_errors:
             items[:] = []
 

@@ -1,4 +1,5 @@
 """The terminal summary of one grading run: per part, points and the first problem's diagnosis."""
+
 from __future__ import annotations
 
 from rich.console import Console
@@ -26,8 +27,10 @@ def print_summary(run: GradingRun, visible_only: bool = False, console: Console 
         table.add_row(*row, style="green" if failure is None else None)
     console.print(table)
     if not visible_only:
-        console.print(f"Total: {run.score:g} / {run.max_score:g}   ({run.execution_time:.1f} s, device {run.device}, "
-                      f"isolation {run.isolation})")
+        console.print(
+            f"Total: {run.score:g} / {run.max_score:g}   ({run.execution_time:.1f} s, device {run.device}, "
+            f"isolation {run.isolation})"
+        )
     for line in run.load.lines()[:5]:
         console.print(escape(line), style="yellow")
     for flag in run.flags:

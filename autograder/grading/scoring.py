@@ -3,6 +3,7 @@
 A check earns all of its points when it passed and none when it failed, unless it says what fraction it
 earned (`credit`, the speed part's partial credit). The speed part earns nothing while a check it
 requires (`[speed] requires`, e.g. the mha part's values) failed."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -54,10 +55,19 @@ def score(outcomes: list[Outcome], rubric: Rubric) -> list[CheckResult]:
         if outcome.status is None and not message:
             message = "not run (the grading run ended before this check)"
         earned = outcome.credit if outcome.credit is not None and outcome.status else float(status == PASSED)
-        results.append(CheckResult(key=outcome.key, part=outcome.part, name=outcome.name, status=status,
-                                   score=max_score * earned, max_score=max_score,
-                                   message=message, visibility=rubric.visibility(outcome.key),
-                                   evidence=outcome.evidence))
+        results.append(
+            CheckResult(
+                key=outcome.key,
+                part=outcome.part,
+                name=outcome.name,
+                status=status,
+                score=max_score * earned,
+                max_score=max_score,
+                message=message,
+                visibility=rubric.visibility(outcome.key),
+                evidence=outcome.evidence,
+            )
+        )
     return results
 
 
@@ -68,7 +78,13 @@ def gate_speed(outcomes: list[Outcome], rubric: Rubric) -> list[Outcome]:
     failed = [o for o in outcomes if o.key in required and o.status != PASSED]
     if not failed:
         return outcomes
-    reason = (f"no speed points: they count only when the values are right, and the check "
-              f"\"{failed[0].part}: {failed[0].name}\" failed")
-    return [replace(o, status=FAILED, credit=0.0, message=reason + (f"\n(measured: {o.message})" if o.message else ""))
-            if o.part == "speed" else o for o in outcomes]
+    reason = (
+        f"no speed points: they count only when the values are right, and the check "
+        f'"{failed[0].part}: {failed[0].name}" failed'
+    )
+    return [
+        replace(o, status=FAILED, credit=0.0, message=reason + (f"\n(measured: {o.message})" if o.message else ""))
+        if o.part == "speed"
+        else o
+        for o in outcomes
+    ]

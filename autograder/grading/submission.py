@@ -30,6 +30,7 @@ Encoding: a submission must be UTF-8 (a leading byte-order mark is allowed and d
 another encoding is refused with the line of its first undecodable byte rather than guessed at,
 so a student's code never silently changes.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,12 +74,14 @@ def read_cells(path: Path) -> list[Cell]:
     text = _decode(data, path.name)
     cells = notebook_cells(text, path.name) if path.suffix == ".ipynb" else python_cells(text)
     if not any(_has_code(cell.source) for cell in cells):
-        raise SubmissionFormatError(f"{path.name} has no code (only blank lines, comments or markdown): "
-                                    "there is nothing to grade")
+        raise SubmissionFormatError(
+            f"{path.name} has no code (only blank lines, comments or markdown): there is nothing to grade"
+        )
     return cells
 
 
 # -- the file ---------------------------------------------------------------------------------------
+
 
 def _read_bytes(path: Path) -> bytes:
     """The file's bytes, at most MAX_BYTES, read without blocking and without following a link out
@@ -95,7 +98,8 @@ def _read_bytes(path: Path) -> bytes:
         if os.path.commonpath([folder, target]) != folder:
             raise SubmissionFormatError(
                 f"{path.name} is a symbolic link to a file outside its folder; the grader does not follow "
-                "it. Submit the file itself.")
+                "it. Submit the file itself."
+            )
         if not os.path.exists(target):
             raise SubmissionFormatError(f"{path.name} is a symbolic link to a file that does not exist")
     try:
@@ -131,12 +135,13 @@ def _decode(data: bytes, name: str) -> str:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        line = _normalise_newlines(data[:exc.start].decode("utf-8", "replace")).count("\n") + 1
+        line = _normalise_newlines(data[: exc.start].decode("utf-8", "replace")).count("\n") + 1
         raise SubmissionFormatError(
             f"{name} is not UTF-8 text: byte 0x{data[exc.start]:02x} on line {line} cannot be decoded. "
-            "Save the file as UTF-8 and submit it again.") from None
+            "Save the file as UTF-8 and submit it again."
+        ) from None
     if "\0" in text:
-        line = _normalise_newlines(text[:text.index("\0")]).count("\n") + 1
+        line = _normalise_newlines(text[: text.index("\0")]).count("\n") + 1
         raise SubmissionFormatError(f"{name} contains a NUL byte on line {line}; is it a text file?")
     return text
 
@@ -157,6 +162,7 @@ def _quote(value) -> str:
 
 # -- notebooks --------------------------------------------------------------------------------------
 
+
 def notebook_cells(text: str, name: str = "notebook") -> list[Cell]:
     """The code cells of a notebook's JSON text, after nbformat's schema has accepted it."""
     import nbformat  # only for notebooks: it is slow to import
@@ -171,11 +177,13 @@ def notebook_cells(text: str, name: str = "notebook") -> list[Cell]:
     if type(version) is not int or not ("cells" in data or "worksheets" in data):
         raise SubmissionFormatError(
             f"{name} is JSON but not a Jupyter notebook (no 'nbformat' version and 'cells'); "
-            "save it from Jupyter or submit the .py file")
+            "save it from Jupyter or submit the .py file"
+        )
     if version not in (3, 4):
         raise SubmissionFormatError(
             f"{name} is in notebook format version {version}; the grader reads version 4 (and 3). "
-            "Save it from a current Jupyter")
+            "Save it from a current Jupyter"
+        )
     try:
         with warnings.catch_warnings():  # a missing cell id is only a warning, and Jupyter accepts it
             warnings.simplefilter("ignore")
@@ -186,7 +194,8 @@ def notebook_cells(text: str, name: str = "notebook") -> list[Cell]:
     except Exception as exc:  # nbformat raises several kinds for a version it does not know
         raise SubmissionFormatError(
             f"{name} is not a readable Jupyter notebook: nbformat cannot read format {version}."
-            f"{_quote(data.get('nbformat_minor'))} ({type(exc).__name__})") from None
+            f"{_quote(data.get('nbformat_minor'))} ({type(exc).__name__})"
+        ) from None
     cells = []
     for number, cell in enumerate(notebook["cells"], start=1):
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
@@ -210,7 +219,8 @@ def _cell_text(source, number: int, name: str) -> str:
         source.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise SubmissionFormatError(
-            f"{name}: cell {number} contains an invalid character ({_quote(exc.object[exc.start:exc.end])})") from None
+            f"{name}: cell {number} contains an invalid character ({_quote(exc.object[exc.start : exc.end])})"
+        ) from None
     return source
 
 
@@ -229,6 +239,7 @@ def _where(error) -> str:
 
 
 # -- .py files --------------------------------------------------------------------------------------
+
 
 def python_cells(text: str) -> list[Cell]:
     """Split a percent-format file on its `# %%` markers; markdown and raw cells are skipped."""

@@ -35,6 +35,7 @@ On CUDA the whole measurement holds a lock file per device, so gradings running 
 time at the same moment (`devices.timing_lock`); the worker overwrites a buffer larger than the L2 cache before each
 forward and synchronises the device after each, as GPU kernel leaderboards do.
 """
+
 from __future__ import annotations
 
 import ast
@@ -72,6 +73,7 @@ class CannotTime(RuntimeError):
 
 
 # -- the reference's own worker ------------------------------------------------------------------------------
+
 
 class BackgroundWorker:
     """A trusted timing worker (running only the reference's code), started in a thread as soon as it is
@@ -140,8 +142,10 @@ def start_trusted_workers(config: WorkerConfig) -> dict[str, BackgroundWorker]:
     the speed check is the first to use (so all three timed modules live in processes that have run nothing
     but the timed forwards: a worker that has run every other check runs the same forward about 10 % slower)."""
     cells, trusted = reference_cells(), trusted_config(config)
-    return {WRAPPER: BackgroundWorker(cells, "reference.py", trusted),
-            REFERENCE: BackgroundWorker(cells, "reference.py", trusted)}
+    return {
+        WRAPPER: BackgroundWorker(cells, "reference.py", trusted),
+        REFERENCE: BackgroundWorker(cells, "reference.py", trusted),
+    }
 
 
 _kept: dict = {"config": None, "workers": {}}  # this process's kept trusted workers, and their settings
@@ -184,15 +188,17 @@ def reference_cells(path: Path = REFERENCE_SOURCE) -> list[tuple[int, int, str]]
     cells = []
     for number, line, source in reader.read_cells(path):
         body = ast.parse(source).body
-        if body and all(isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef))
-                        or (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper()
-                                                                 for t in node.targets))
-                        for node in body):
+        if body and all(
+            isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef))
+            or (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets))
+            for node in body
+        ):
             cells.append((number, line, source))
     return cells
 
 
 # -- what is timed -------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Target:
@@ -255,8 +261,11 @@ def task_waits(worker) -> dict[int, int]:
     """Nanoseconds each live thread of the worker has spent ready to run but waiting for a CPU (the second
     field of /proc/PID/task/TID/schedstat), by thread id."""
     process = getattr(worker, "process", None)
-    return {tid: waited for pid in (process.pids() if process is not None else ())
-            for tid, (_ran, waited) in thread_schedstats(pid).items()}
+    return {
+        tid: waited
+        for pid in (process.pids() if process is not None else ())
+        for tid, (_ran, waited) in thread_schedstats(pid).items()
+    }
 
 
 def waited(before: dict[int, int], after: dict[int, int]) -> float:
@@ -265,9 +274,14 @@ def waited(before: dict[int, int], after: dict[int, int]) -> float:
     return sum(after[tid] - before[tid] for tid in after.keys() & before.keys()) / 1e9
 
 
-def measure(targets: list[Target], settings: SpeedSettings, seeds: Iterator[int],
-            verify: Callable[[dict[str, list]], None], request_seconds: float,
-            clock: Callable[[], float] = time.perf_counter) -> Measurement:
+def measure(
+    targets: list[Target],
+    settings: SpeedSettings,
+    seeds: Iterator[int],
+    verify: Callable[[dict[str, list]], None],
+    request_seconds: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Measurement:
     """Warm-up rounds, then `settings.rounds` measured rounds of each target's forwards (see the module's
     docstring); in a round every target's inputs come from the same new seeds. `verify(answers by target)`
     checks a round's answers (it raises TimingFailed). Raises TimingFailed when the submission's forwards
@@ -291,13 +305,17 @@ def measure(targets: list[Target], settings: SpeedSettings, seeds: Iterator[int]
                 timeout = min(request_seconds, 1.0 + 2 * slowest / settings.give_up_below)
             cpu_before, waits_before = target.worker.cpu_seconds(), task_waits(target.worker)
             start = clock()
-            answers[name] = target.run(round_seeds[:target.calls], timeout)
+            answers[name] = target.run(round_seeds[: target.calls], timeout)
             wall = clock() - start
             cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, task_waits(target.worker))
             charged = charge(wall, cpu, wait, settings.threads) / target.calls
             if counted:
-                for into, value in ((result.rounds, charged), (result.walls, wall), (result.cpus, cpu),
-                                    (result.waits, wait)):
+                for into, value in (
+                    (result.rounds, charged),
+                    (result.walls, wall),
+                    (result.cpus, cpu),
+                    (result.waits, wait),
+                ):
                     into[name].append(value if into is result.rounds else value / target.calls)
             else:
                 warm[name].append(charged)
@@ -312,7 +330,8 @@ def measure(targets: list[Target], settings: SpeedSettings, seeds: Iterator[int]
                 raise TooSlow(
                     f"your forward took {min(warm[SUBMISSION]) * 1e3:.3g} ms per call at best, the reference's "
                     f"{max(warm[REFERENCE]) * 1e3:.3g} ms at worst in the same run: more than {1 / settings.give_up_below:.3g} times "
-                    "slower, so the measured rounds were not run")
+                    "slower, so the measured rounds were not run"
+                )
         for index in range(settings.rounds):
             one_round(round_order(names, index), counted=True)
     return result
@@ -331,8 +350,12 @@ def check_probes(mine, expected, rtol: float, atol: float, sigmas: float, featur
     differs by sum e*R, normal with standard deviation sqrt(sum e^2); an output within the dtype's tolerance
     has |e| <= atol + rtol |y|, which bounds that deviation from the reference's own sums. Raises
     TimingFailed when a token's probe is off by more than `sigmas` such deviations."""
-    if not (isinstance(mine, torch.Tensor) and mine.shape == expected.shape and mine.dtype == expected.dtype
-            and bool(torch.isfinite(mine).all())):
+    if not (
+        isinstance(mine, torch.Tensor)
+        and mine.shape == expected.shape
+        and mine.dtype == expected.dtype
+        and bool(torch.isfinite(mine).all())
+    ):
         raise TimingFailed("a timed forward's answer was malformed or not finite")
     abs_sum, square_sum = expected[..., 1], expected[..., 2]
     deviation = torch.sqrt(features * atol**2 + 2 * atol * rtol * abs_sum + rtol**2 * square_sum)
@@ -342,10 +365,12 @@ def check_probes(mine, expected, rtol: float, atol: float, sigmas: float, featur
             "the output of a timed forward differs from the reference's for the same input (a random probe of "
             f"it is off by {worst:.3g} standard deviations of an output within tolerance, {sigmas:g} allowed). "
             "Each timed call must compute the answer for its own new input: answers cached or replayed from "
-            "earlier calls earn nothing.")
+            "earlier calls earn nothing."
+        )
 
 
 # -- statistics ----------------------------------------------------------------------------------------------
+
 
 def credit(relative: float, no_credit_at: float, full_credit_at: float) -> float:
     """The fraction of the speed part's points for a speedup that is `relative` of the reference's: none
@@ -380,9 +405,15 @@ def summarize(measurement: Measurement) -> dict:
         "relative": median,
         "relative_spread": {"q1": q1, "q3": q3, "min": min(relatives), "max": max(relatives)},
         "ms_per_call": {name: statistics.median(times) * 1e3 for name, times in charged.items()},
-        "per_round_ms": {kind: {name: [round(t * 1e3, 4) for t in times] for name, times in values.items()}
-                         for kind, values in (("charged", charged), ("wall", measurement.walls),
-                                              ("cpu", measurement.cpus), ("waiting", measurement.waits))},
+        "per_round_ms": {
+            kind: {name: [round(t * 1e3, 4) for t in times] for name, times in values.items()}
+            for kind, values in (
+                ("charged", charged),
+                ("wall", measurement.walls),
+                ("cpu", measurement.cpus),
+                ("waiting", measurement.waits),
+            )
+        },
         "rounds": len(relatives),
     }
 

@@ -13,6 +13,7 @@ The workflow that runs it is `deploy/github-classroom/.github/workflows/classroo
 docs/github-classroom.md): it checks the grader out of the instructor's private repository with a
 secret, so the student's repository never holds the reference.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,22 +31,47 @@ from autograder.model import GradingRun
 def runner_result(run: GradingRun) -> dict:
     """The grading reporter's runner result: status, max_score, and one test per part with its score."""
     if not run.graded:
-        return {"version": 1, "status": "error", "max_score": 0,
-                "tests": [{"name": "grading", "status": "error", "score": 0, "message": run.reason,
-                           "line_no": 0, "execution_time": f"{run.execution_time:.1f}s"}]}
+        return {
+            "version": 1,
+            "status": "error",
+            "max_score": 0,
+            "tests": [
+                {
+                    "name": "grading",
+                    "status": "error",
+                    "score": 0,
+                    "message": run.reason,
+                    "line_no": 0,
+                    "execution_time": f"{run.execution_time:.1f}s",
+                }
+            ],
+        }
     tests = []
     for part in run.parts():
         failure = part.first_failure
-        message = "" if failure is None else (failure.message if failure.visibility == "visible"
-                                              else "details are shown after the due date")
-        tests.append({"name": part.title, "status": "pass" if failure is None else "fail",
-                      "score": part.score, "message": message, "line_no": 0, "execution_time": ""})
+        message = (
+            ""
+            if failure is None
+            else (failure.message if failure.visibility == "visible" else "details are shown after the due date")
+        )
+        tests.append(
+            {
+                "name": part.title,
+                "status": "pass" if failure is None else "fail",
+                "score": part.score,
+                "message": message,
+                "line_no": 0,
+                "execution_time": "",
+            }
+        )
     status = "pass" if all(t["status"] == "pass" for t in tests) else "fail"
     return {"version": 1, "status": status, "max_score": run.max_score, "tests": tests}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autograder.platforms.classroom", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m autograder.platforms.classroom", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("submission", type=Path, help="the student's checkout")
     parser.add_argument("--out", type=Path, default=Path("results.json"))
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -62,15 +88,21 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="mha-classroom-") as work:  # the worker never sees the checkout
             copy = Path(work) / f"mha{file.suffix}"
             shutil.copyfile(file, copy)
-            run = grade_submission(copy, Options(device=args.device, out=args.out, quiet=True,
-                                                           isolation=os.environ.get("AUTOGRADER_ISOLATION", "auto")))
+            run = grade_submission(
+                copy,
+                Options(
+                    device=args.device,
+                    out=args.out,
+                    quiet=True,
+                    isolation=os.environ.get("AUTOGRADER_ISOLATION", "auto"),
+                ),
+            )
         if note:
             run.events.insert(0, note)
     write_results(args.out, run)
     encoded = base64.b64encode(json.dumps(runner_result(run)).encode()).decode()
     print(f"result={encoded}")
-    print(f"{run.score:g} / {run.max_score:g}" if run.graded else f"could not grade: {run.reason}",
-          file=sys.stderr)
+    print(f"{run.score:g} / {run.max_score:g}" if run.graded else f"could not grade: {run.reason}", file=sys.stderr)
     return 0
 
 

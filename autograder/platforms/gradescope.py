@@ -18,6 +18,7 @@ to other users. For each submission it runs `run_autograder`, which runs
 Every path comes from `--root` (default `$AUTOGRADER_ROOT`, else `/autograder`), so the same script
 runs against a fake tree in a test.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,9 +75,11 @@ def source_files(root: Path) -> list[Path]:
 def build_zip(out: Path, root: Path | None = None) -> Path:
     root = Path(root) if root else default_root()
     archive = Path(out) / ZIP_NAME
-    write_zip_atomically(archive, [("setup.sh", SETUP, 0o755), ("run_autograder", RUN, 0o755)]
-                         + [(f"source/{path.relative_to(root).as_posix()}", path.read_bytes(), 0o644)
-                            for path in source_files(root)])
+    write_zip_atomically(
+        archive,
+        [("setup.sh", SETUP, 0o755), ("run_autograder", RUN, 0o755)]
+        + [(f"source/{path.relative_to(root).as_posix()}", path.read_bytes(), 0o644) for path in source_files(root)],
+    )
     print(f"Gradescope autograder: {archive} (setup.sh, run_autograder, source/)")
     return archive
 
@@ -85,8 +88,13 @@ def find_submission(folder: Path) -> tuple[Path | None, str]:
     """The file to grade in Gradescope's submission folder, and a note when its name is not the usual."""
     files = candidates_in(folder)
     if not files:  # uploaded as a folder (or a GitHub repository): look one level deeper, then anywhere
-        files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".py", ".ipynb")
-                       and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+        files = sorted(
+            p
+            for p in folder.rglob("*")
+            if p.is_file()
+            and p.suffix in (".py", ".ipynb")
+            and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+        )
     if not files:
         return None, f"no {ASSIGNMENT}.ipynb or {ASSIGNMENT}.py was submitted"
     if len(files) == 1:
@@ -112,8 +120,15 @@ def run(root: Path) -> int:
     work.mkdir(parents=True)
     copy = work / (f"{ASSIGNMENT}{file.suffix}" if file.suffix in (".py", ".ipynb") else file.name)
     shutil.copyfile(file, copy)
-    run = grade_submission(copy, Options(device=os.environ.get("AUTOGRADER_DEVICE", "auto"), out=out, quiet=True,
-                                                isolation=os.environ.get("AUTOGRADER_ISOLATION", "auto")))
+    run = grade_submission(
+        copy,
+        Options(
+            device=os.environ.get("AUTOGRADER_DEVICE", "auto"),
+            out=out,
+            quiet=True,
+            isolation=os.environ.get("AUTOGRADER_ISOLATION", "auto"),
+        ),
+    )
     if note:
         run.events.insert(0, note)
     write_results(out, run)
@@ -121,7 +136,9 @@ def run(root: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autograder.platforms.gradescope", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m autograder.platforms.gradescope", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     runner = sub.add_parser("run", help="grade ROOT/submission/ into ROOT/results/results.json")
     runner.add_argument("--root", type=Path, default=Path(os.environ.get("AUTOGRADER_ROOT", "/autograder")))

@@ -17,6 +17,7 @@ can be made (not root, a read-only /sys/fs/cgroup, controllers not delegated), `
 it could, and `in_force()` says what that is; the launcher falls back on per-process limits.
 Standard library only.
 """
+
 from __future__ import annotations
 
 import os
@@ -98,7 +99,10 @@ class WorkerGroup:
                 group.dirs["v2"] = folder
                 available = set((_read(parent / "cgroup.subtree_control") or "").split())
                 for controller in ("memory", "pids", "cpu"):
-                    if controller not in available and controller in (_read(parent / "cgroup.controllers") or "").split():
+                    if (
+                        controller not in available
+                        and controller in (_read(parent / "cgroup.controllers") or "").split()
+                    ):
                         # fails (EBUSY) when the parent holds processes and is not the root: then v1 or nothing
                         if _write(parent / "cgroup.subtree_control", f"+{controller}"):
                             available.add(controller)
@@ -131,7 +135,9 @@ class WorkerGroup:
             if "memory" in self.v2_controllers and _write(v2 / "memory.max", str(limits.memory_bytes)):
                 _write(v2 / "memory.swap.max", "0")
                 self.limits_set["memory"] = f"{limits.memory_bytes / (1 << 30):g} GiB for all processes (cgroup v2)"
-            elif "memory" in self.dirs and _write(self.dirs["memory"] / "memory.limit_in_bytes", str(limits.memory_bytes)):
+            elif "memory" in self.dirs and _write(
+                self.dirs["memory"] / "memory.limit_in_bytes", str(limits.memory_bytes)
+            ):
                 _write(self.dirs["memory"] / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
                 self.limits_set["memory"] = f"{limits.memory_bytes / (1 << 30):g} GiB for all processes (cgroup v1)"
         if limits.processes:
@@ -144,8 +150,11 @@ class WorkerGroup:
             quota = max(1000, int(limits.cpus * period))
             if "cpu" in self.v2_controllers and _write(v2 / "cpu.max", f"{quota} {period}"):
                 self.limits_set["cpu"] = f"{limits.cpus:g} cores, weighted like every other worker (cgroup v2)"
-            elif "cpu" in self.dirs and _write(self.dirs["cpu"] / "cpu.cfs_period_us", str(period)) \
-                    and _write(self.dirs["cpu"] / "cpu.cfs_quota_us", str(quota)):
+            elif (
+                "cpu" in self.dirs
+                and _write(self.dirs["cpu"] / "cpu.cfs_period_us", str(period))
+                and _write(self.dirs["cpu"] / "cpu.cfs_quota_us", str(quota))
+            ):
                 self.limits_set["cpu"] = f"{limits.cpus:g} cores, weighted like every other worker (cgroup v1)"
 
     def in_force(self) -> dict[str, str]:
@@ -310,6 +319,12 @@ def _sweep():
             match = GROUP_NAME.fullmatch(folder.name)
             if not match or not folder.is_dir() or os.path.exists(f"/proc/{match.group(1)}"):
                 continue
-            key = "v2" if (folder / "cgroup.events").exists() else "freezer" if (folder / "freezer.state").exists() else "other"
+            key = (
+                "v2"
+                if (folder / "cgroup.events").exists()
+                else "freezer"
+                if (folder / "freezer.state").exists()
+                else "other"
+            )
             orphan = WorkerGroup(folder.name, {key: folder})
             orphan.remove()

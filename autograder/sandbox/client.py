@@ -11,6 +11,7 @@ budget of wall time (`submission_seconds`) and one of CPU time (`submission_cpu_
 the worker started, across restarts) across every request, restart and check; once either is spent,
 the request running is stopped and every later one fails at once, saying so.
 """
+
 from __future__ import annotations
 
 import os
@@ -131,11 +132,20 @@ class Worker:
     # -- lifecycle
     def _spawn(self):
         self.starts += 1
-        self.process = launcher.launch(launcher.LaunchSettings(
-            isolation=self.isolation, device=self.config.device, threads=self.config.threads,
-            memory_bytes=self.config.memory_bytes, processes=self.config.processes, cpus=self.config.cpus,
-            hide=self.config.hide, filename=self.filename, contract=self.config.contract,
-            use_cgroups=self.config.use_cgroups))
+        self.process = launcher.launch(
+            launcher.LaunchSettings(
+                isolation=self.isolation,
+                device=self.config.device,
+                threads=self.config.threads,
+                memory_bytes=self.config.memory_bytes,
+                processes=self.config.processes,
+                cpus=self.config.cpus,
+                hide=self.config.hide,
+                filename=self.filename,
+                contract=self.config.contract,
+                use_cgroups=self.config.use_cgroups,
+            )
+        )
         self.in_force = dict(self.process.in_force)
         self.capture = OutputCapture(self.process.process.stdout, self.config.output_bytes)
         self.capture.start()
@@ -157,12 +167,22 @@ class Worker:
                 self.isolation = "process"
                 self.events.append("CUDA was not visible inside the namespace sandbox: fell back to process isolation")
                 return self.start()
-            reply = self._exchange("load", {"cells": self.cells, "filename": self.filename,
-                                            "cell_seconds": self.config.cell_seconds, "skip": self.skipped_cells},
-                                   self._deadline(self.config.load_seconds), "loading your file")
+            reply = self._exchange(
+                "load",
+                {
+                    "cells": self.cells,
+                    "filename": self.filename,
+                    "cell_seconds": self.config.cell_seconds,
+                    "skip": self.skipped_cells,
+                },
+                self._deadline(self.config.load_seconds),
+                "loading your file",
+            )
         except WorkerTimeout as exc:
-            self.load_failure = (f"loading your file did not finish within {self.config.load_seconds:g} s "
-                                 "(an infinite loop or a very slow cell at the top level?)")
+            self.load_failure = (
+                f"loading your file did not finish within {self.config.load_seconds:g} s "
+                "(an infinite loop or a very slow cell at the top level?)"
+            )
             if isinstance(exc, BudgetSpent):
                 self.load_failure = str(exc)
             self.kill()
@@ -171,7 +191,8 @@ class Worker:
             self.kill()
             last = self.output().strip().splitlines()[-3:]
             self.load_failure = f"loading your file ended the worker: {exc}" + (
-                "\nIts last output:\n" + "\n".join(last) if last else "")
+                "\nIts last output:\n" + "\n".join(last) if last else ""
+            )
             raise LoadFailed(self.load_failure) from None
         if not reply.ok or not isinstance(reply.value, Loaded):
             self.load_failure = f"loading your file failed in the worker: {reply.error}"
@@ -239,25 +260,37 @@ class Worker:
             return min(shorter, self.config.request_seconds)
         return self.config.request_seconds
 
-    def request(self, op: str, timeout: float | None = None, target: str | None = None,
-                overrun_hint: str = "an infinite loop?", timed: bool = False, **args):
+    def request(
+        self,
+        op: str,
+        timeout: float | None = None,
+        target: str | None = None,
+        overrun_hint: str = "an infinite loop?",
+        timed: bool = False,
+        **args,
+    ):
         """Send one request and return its decoded value. Raises SubmissionError when the student's code
         raised, WorkerTimeout / WorkerCrashed when the worker had to be killed (it is restarted next
         time), LoadFailed when the file cannot be loaded at all. A `timed` request (the speed part's) has
         its own deadline, and running past it does not make the submission known to hang."""
         if time.monotonic() >= self.budget_end:
-            raise BudgetSpent(f"{target or op} was not run: the time budget for the whole submission "
-                              f"({self.config.submission_seconds:g} s) is used up")
+            raise BudgetSpent(
+                f"{target or op} was not run: the time budget for the whole submission "
+                f"({self.config.submission_seconds:g} s) is used up"
+            )
         if not self._cpu_budget_left():
-            raise BudgetSpent(f"{target or op} was not run: the CPU time budget for the whole submission "
-                              f"({self.config.submission_cpu_seconds:g} CPU seconds, all its processes together) "
-                              "is used up")
+            raise BudgetSpent(
+                f"{target or op} was not run: the CPU time budget for the whole submission "
+                f"({self.config.submission_cpu_seconds:g} CPU seconds, all its processes together) "
+                "is used up"
+            )
         if target and target in self.hung:
             raise WorkerTimeout(self.hung[target])
         limit = self.config.crashes_before_giving_up
         if target and len(self.crashes.get(target, ())) >= limit:
-            raise WorkerCrashed(f"{self.crashes[target][-1]} (this happened {limit} times; "
-                                "not tried again in later checks)")
+            raise WorkerCrashed(
+                f"{self.crashes[target][-1]} (this happened {limit} times; not tried again in later checks)"
+            )
         if not self.alive():
             self.start()
         if timed:
@@ -266,8 +299,9 @@ class Worker:
             limit = self.request_limit(op)
             timeout = min(timeout, limit) if timeout else limit
             if limit < self.config.request_seconds:
-                overrun_hint += (f"; your file hung before, so a request now gets {limit:g} s, "
-                                 f"not {self.config.request_seconds:g}")
+                overrun_hint += (
+                    f"; your file hung before, so a request now gets {limit:g} s, not {self.config.request_seconds:g}"
+                )
         try:
             reply = self._exchange(op, args, self._deadline(timeout, overrun_hint), target or op)
         except WorkerTimeout as exc:
@@ -330,9 +364,13 @@ class Worker:
         while n:
             _check_deadline(deadline, what)
             if not self._cpu_budget_left():
-                raise BudgetSpent(f"{what} was stopped: the CPU time budget for the whole submission "
-                                  f"({self.config.submission_cpu_seconds:g} CPU seconds) is used up")
-            ready, _, _ = select.select([self.process.from_worker], [], [], max(0.0, min(deadline[0] - time.monotonic(), 0.5)))
+                raise BudgetSpent(
+                    f"{what} was stopped: the CPU time budget for the whole submission "
+                    f"({self.config.submission_cpu_seconds:g} CPU seconds) is used up"
+                )
+            ready, _, _ = select.select(
+                [self.process.from_worker], [], [], max(0.0, min(deadline[0] - time.monotonic(), 0.5))
+            )
             if not ready:
                 continue
             chunk = os.read(self.process.from_worker, min(n, 1 << 20))
@@ -351,8 +389,10 @@ class Worker:
                 code = None
             if detail is None and self.process.went_over_memory():
                 limit = self.config.memory_bytes or 0
-                detail = (f"it was killed for using more than the submission's {limit / (1 << 30):g} GiB of memory "
-                          "(all its processes together)")
+                detail = (
+                    f"it was killed for using more than the submission's {limit / (1 << 30):g} GiB of memory "
+                    "(all its processes together)"
+                )
         return WorkerCrashed(f"the process running your code ended while {what}: {detail or describe_exit(code)}")
 
 
@@ -373,8 +413,11 @@ def describe_exit(code: int | None) -> str:
             name = signal.Signals(number).name
         except ValueError:
             name = f"signal {number}"
-        hint = {"SIGSEGV": " (a segmentation fault)", "SIGKILL": " (killed, often for using too much memory)",
-                "SIGABRT": " (aborted)"}.get(name, "")
+        hint = {
+            "SIGSEGV": " (a segmentation fault)",
+            "SIGKILL": " (killed, often for using too much memory)",
+            "SIGABRT": " (aborted)",
+        }.get(name, "")
         return f"it was ended by {name}{hint}"
     return f"it exited with status {code} (does your code call exit() or os._exit()?)"
 
@@ -389,7 +432,6 @@ def _write_all(process: launcher.WorkerProcess, data: bytes, deadline, what: str
             raise WorkerTimeout(f"{what} did not finish within {seconds:g} s (the worker stopped reading)")
         _, ready, _ = select.select([], [process.to_worker], [], 0.5)
         if ready:
-            view = view[os.write(process.to_worker, view[: 1 << 16]):]
+            view = view[os.write(process.to_worker, view[: 1 << 16]) :]
         elif not process.alive():
             raise BrokenPipeError
-

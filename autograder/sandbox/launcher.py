@@ -24,6 +24,7 @@ and CPU limits for all of them together, and the kernel's own list of them, whic
 (RLIMIT_AS, RLIMIT_NPROC for a fresh uid) and a walk of /proc stand in, and `WorkerProcess.in_force`
 says so. The grader is made a child subreaper, so a worker's orphans stay its descendants.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -78,6 +79,7 @@ CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWUTS = 0x08000000, 0x40000000, 0x04000000
 
 # -- what the machine offers ---------------------------------------------------------------------
 
+
 def is_root() -> bool:
     return os.geteuid() == 0
 
@@ -99,9 +101,13 @@ def namespace_sandbox_problem() -> str | None:
     if not bwrap_path():
         return "bubblewrap (`bwrap`) is not installed"
     try:
-        probe = subprocess.run(_bwrap_command("cpu", scratch_bytes=1 << 20)
-                               + [sys.executable, "-I", "-S", "-c", "pass"],
-                               env=_worker_env(), capture_output=True, timeout=30, cwd="/")
+        probe = subprocess.run(
+            _bwrap_command("cpu", scratch_bytes=1 << 20) + [sys.executable, "-I", "-S", "-c", "pass"],
+            env=_worker_env(),
+            capture_output=True,
+            timeout=30,
+            cwd="/",
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bubblewrap could not be run: {exc}"
     if probe.returncode != 0:
@@ -121,10 +127,20 @@ def separate_uid_available() -> bool:
     paths = [sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], os.path.dirname(torch.__file__)]
     uid = fresh_uid()
     try:
-        probe = subprocess.run([sys.executable, "-I", "-S", "-c",
-                                "import os, sys; sys.exit(0 if all(os.access(p, os.R_OK | os.X_OK) "
-                                "for p in sys.argv[1:]) else 1)", *paths],
-                               preexec_fn=lambda: _become(uid), capture_output=True, timeout=30, cwd="/")
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                "import os, sys; sys.exit(0 if all(os.access(p, os.R_OK | os.X_OK) for p in sys.argv[1:]) else 1)",
+                *paths,
+            ],
+            preexec_fn=lambda: _become(uid),
+            capture_output=True,
+            timeout=30,
+            cwd="/",
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return probe.returncode == 0
@@ -142,15 +158,20 @@ def choose_isolation(wanted: str) -> str:
         if namespace_sandbox_available():
             return "namespace"
         if separate_uid_available():
-            _say_once(f"note: grading without the namespace sandbox ({namespace_sandbox_problem()}); each "
-                      "worker runs as a fresh unprivileged uid instead")
+            _say_once(
+                f"note: grading without the namespace sandbox ({namespace_sandbox_problem()}); each "
+                "worker runs as a fresh unprivileged uid instead"
+            )
             return "process"
-        instead = ("a fresh unprivileged uid cannot read the interpreter and torch" if is_root()
-                   else "the grader is not root")
-        raise OSError(f"no sandbox is available here: {namespace_sandbox_problem()}, and {instead}, so the "
-                      "student's code would run as the grader's own user. Install bubblewrap "
-                      "(Debian/Ubuntu: apt-get install bubblewrap), or pass --isolation process (or set "
-                      "AUTOGRADER_ISOLATION=process) to grade without a sandbox anyway")
+        instead = (
+            "a fresh unprivileged uid cannot read the interpreter and torch" if is_root() else "the grader is not root"
+        )
+        raise OSError(
+            f"no sandbox is available here: {namespace_sandbox_problem()}, and {instead}, so the "
+            "student's code would run as the grader's own user. Install bubblewrap "
+            "(Debian/Ubuntu: apt-get install bubblewrap), or pass --isolation process (or set "
+            "AUTOGRADER_ISOLATION=process) to grade without a sandbox anyway"
+        )
     if wanted == "namespace" and not namespace_sandbox_available():
         raise OSError(f"namespace isolation was asked for, but it cannot start here: {namespace_sandbox_problem()}")
     if wanted not in ("namespace", "process"):
@@ -164,6 +185,7 @@ def fresh_uid() -> int:
 
 
 # -- the allow list ------------------------------------------------------------------------------
+
 
 def _elf_interpreter(path: str) -> str | None:
     """The dynamic loader an ELF executable asks for (PT_INTERP), e.g. /lib64/ld-linux-x86-64.so.2."""
@@ -179,7 +201,10 @@ def _elf_interpreter(path: str) -> str | None:
                 handle.seek(phoff + index * entry_size)
                 header = handle.read(entry_size)
                 if struct.unpack_from(fmt + "I", header, 0)[0] == 3:  # PT_INTERP
-                    offset, size = struct.unpack_from(fmt + "Q", header, 8)[0], struct.unpack_from(fmt + "Q", header, 32)[0]
+                    offset, size = (
+                        struct.unpack_from(fmt + "Q", header, 8)[0],
+                        struct.unpack_from(fmt + "Q", header, 32)[0],
+                    )
                     handle.seek(offset)
                     return handle.read(size).rstrip(b"\0").decode()
     except (OSError, struct.error, UnicodeDecodeError):
@@ -223,9 +248,17 @@ def allow_list() -> AllowList:
     venv = sys.prefix != sys.base_prefix
     if venv:
         wanted.append(sys.prefix)  # pyvenv.cfg, its packages
-    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix, "installed_base": sys.base_prefix,
-            "installed_platbase": sys.base_exec_prefix}
-    keys = ("stdlib", "platstdlib") if venv and not _system_site_packages() else ("stdlib", "platstdlib", "purelib", "platlib")
+    base = {
+        "base": sys.base_prefix,
+        "platbase": sys.base_exec_prefix,
+        "installed_base": sys.base_prefix,
+        "installed_platbase": sys.base_exec_prefix,
+    }
+    keys = (
+        ("stdlib", "platstdlib")
+        if venv and not _system_site_packages()
+        else ("stdlib", "platstdlib", "purelib", "platlib")
+    )
     wanted += [sysconfig.get_paths(vars=base)[key] for key in keys]
     if venv:
         wanted += [sysconfig.get_paths()[key] for key in ("purelib", "platlib")]
@@ -289,8 +322,18 @@ def _package_folder(name: str) -> str | None:
 def _bwrap_command(device: str, scratch_bytes: int) -> list[str]:
     """bwrap and its options; the interpreter's command line follows."""
     allowed = allow_list()
-    command = [bwrap_path() or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
-               "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
+    command = [
+        bwrap_path() or "bwrap",
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "sandbox",
+    ]
     if is_root():
         # No user namespace (it would map the worker to root): real root makes the namespaces, keeps only
         # what it takes to change uid, and the worker drops to a fresh uid before student code runs.
@@ -304,8 +347,11 @@ def _bwrap_command(device: str, scratch_bytes: int) -> list[str]:
     for path in [*allowed.binds, *(link for link, _ in allowed.links)]:
         for parent in list(Path(path).parents)[::-1]:
             parent = str(parent)
-            if parent not in made and not any(_inside(parent, b) for b in allowed.binds) \
-                    and parent not in dict(allowed.links):
+            if (
+                parent not in made
+                and not any(_inside(parent, b) for b in allowed.binds)
+                and parent not in dict(allowed.links)
+            ):
                 command += ["--perms", "0755", "--dir", parent]
                 made.add(parent)
     for path in allowed.binds:
@@ -325,8 +371,16 @@ def _bwrap_command(device: str, scratch_bytes: int) -> list[str]:
 def _worker_env(workdir: str = WORKDIR) -> dict[str, str]:
     # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning between requests, which
     # otherwise burns seconds of CPU per submission that other submissions graded at once need.
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "USER": "student",
-           "LOGNAME": "student", "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": workdir, "OMP_WAIT_POLICY": "PASSIVE"}
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": workdir,
+        "LANG": "C.UTF-8",
+        "USER": "student",
+        "LOGNAME": "student",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "TMPDIR": workdir,
+        "OMP_WAIT_POLICY": "PASSIVE",
+    }
     for name in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
         if name in os.environ:
             env[name] = os.environ[name]
@@ -334,6 +388,7 @@ def _worker_env(workdir: str = WORKDIR) -> dict[str, str]:
 
 
 # -- in the child, between fork and exec ---------------------------------------------------------
+
 
 def _become(uid: int):
     """Turn the calling (forked, root) process into the unprivileged `uid`, for good."""
@@ -361,6 +416,7 @@ def make_grader_a_subreaper():
 
 # -- the worker ----------------------------------------------------------------------------------
 
+
 @dataclass
 class LaunchSettings:
     isolation: str  # "namespace" or "process", already chosen
@@ -379,8 +435,17 @@ class LaunchSettings:
 class WorkerProcess:
     """One running worker and everything it started."""
 
-    def __init__(self, process: subprocess.Popen, to_worker: int, from_worker: int, scratch: str | None,
-                 isolation: str, group: WorkerGroup | None, uid: int | None, in_force: dict[str, str]):
+    def __init__(
+        self,
+        process: subprocess.Popen,
+        to_worker: int,
+        from_worker: int,
+        scratch: str | None,
+        isolation: str,
+        group: WorkerGroup | None,
+        uid: int | None,
+        in_force: dict[str, str],
+    ):
         self.process, self.to_worker, self.from_worker = process, to_worker, from_worker
         self.scratch, self.isolation, self.group, self.uid = scratch, isolation, group, uid
         self.in_force = in_force
@@ -597,7 +662,7 @@ def _state(pid: int) -> str | None:
             text = handle.read()
     except OSError:
         return None
-    return text[text.rfind(")") + 2:].split()[0]
+    return text[text.rfind(")") + 2 :].split()[0]
 
 
 def thread_schedstats(pid: int) -> dict[int, tuple[int, int]]:
@@ -630,7 +695,7 @@ def _stat(pid: int) -> tuple[int, ...] | None:
             text = handle.read()
     except OSError:
         return None
-    fields = text[text.rfind(")") + 2:].split()
+    fields = text[text.rfind(")") + 2 :].split()
     return (pid, int(fields[1]), int(fields[2]), int(fields[11]), int(fields[12]), int(fields[13]), int(fields[14]))
 
 
@@ -658,7 +723,9 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
         "workdir": workdir,
         "contract": list(settings.contract),
     }
-    sources = [(SANDBOX_DIR / ("" if name == "protocol" else "inside") / f"{name}.py").read_text() for name in SERVER_MODULES]
+    sources = [
+        (SANDBOX_DIR / ("" if name == "protocol" else "inside") / f"{name}.py").read_text() for name in SERVER_MODULES
+    ]
     # -u: unbuffered, so what the student's code printed is captured even when the worker is killed
     command = [sys.executable, "-I", "-u", "-c", BOOT, str(req_r), str(resp_w), json.dumps(config), *sources]
     if sandbox:
@@ -689,8 +756,14 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
         _die_with(grader)
 
     process = subprocess.Popen(
-        command, cwd="/" if sandbox else scratch, env=_worker_env(workdir), stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(req_r, resp_w), start_new_session=True,
+        command,
+        cwd="/" if sandbox else scratch,
+        env=_worker_env(workdir),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        pass_fds=(req_r, resp_w),
+        start_new_session=True,
         preexec_fn=in_child,
     )
     os.close(req_r)
@@ -699,33 +772,47 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
     return WorkerProcess(process, req_w, resp_r, scratch, settings.isolation, group, uid, in_force)
 
 
-def describe_isolation(settings: LaunchSettings, sandbox: bool, uid: int | None, group: WorkerGroup | None,
-                       rlimit_memory: int | None) -> dict[str, str]:
+def describe_isolation(
+    settings: LaunchSettings, sandbox: bool, uid: int | None, group: WorkerGroup | None, rlimit_memory: int | None
+) -> dict[str, str]:
     """What holds the worker in, in words, for results.json."""
     facts: dict[str, str] = {}
     if sandbox:
-        facts["filesystem"] = ("an allow list (bubblewrap): the interpreter and its libraries read-only, a private "
-                               f"{settings.scratch_bytes >> 20} MiB /tmp, a minimal /dev, its own /proc")
+        facts["filesystem"] = (
+            "an allow list (bubblewrap): the interpreter and its libraries read-only, a private "
+            f"{settings.scratch_bytes >> 20} MiB /tmp, a minimal /dev, its own /proc"
+        )
         facts["namespaces"] = "pid, network, IPC, UTS and cgroup namespaces of its own; dies with the grader"
-        facts["user"] = ("a fresh unprivileged uid (the grader is root)" if uid is not None
-                         else "the grader's own unprivileged uid, through a user namespace")
+        facts["user"] = (
+            "a fresh unprivileged uid (the grader is root)"
+            if uid is not None
+            else "the grader's own unprivileged uid, through a user namespace"
+        )
     else:
         facts["filesystem"] = "the grader's, as the worker's user may read it; a private scratch folder"
-        facts["user"] = ("a fresh unprivileged uid (the grader is root); its own network and IPC namespaces "
-                         "where the kernel allows" if uid is not None
-                         else "the grader's own user (chosen explicitly: the worker can read what the grader can)")
+        facts["user"] = (
+            "a fresh unprivileged uid (the grader is root); its own network and IPC namespaces where the kernel allows"
+            if uid is not None
+            else "the grader's own user (chosen explicitly: the worker can read what the grader can)"
+        )
     if group is not None:
         facts.update(group.in_force())
     else:
         facts["control"] = "no control group could be made here: processes are found through /proc"
     if "memory" not in facts:
-        facts["memory"] = (f"{rlimit_memory / (1 << 30):g} GiB of address space per process (RLIMIT_AS)"
-                           if rlimit_memory else "no memory limit")
+        facts["memory"] = (
+            f"{rlimit_memory / (1 << 30):g} GiB of address space per process (RLIMIT_AS)"
+            if rlimit_memory
+            else "no memory limit"
+        )
     elif rlimit_memory:
         facts["memory"] += f"; {rlimit_memory / (1 << 30):g} GiB of address space per process"
     if "processes" not in facts:
-        facts["processes"] = (f"{settings.processes} (RLIMIT_NPROC of the fresh uid)" if uid is not None and settings.processes
-                              else "no limit on the number of processes")
+        facts["processes"] = (
+            f"{settings.processes} (RLIMIT_NPROC of the fresh uid)"
+            if uid is not None and settings.processes
+            else "no limit on the number of processes"
+        )
     if "cpu" not in facts:
         facts["cpu"] = "no CPU quota: a busy submission can slow others graded at the same time"
     return facts

@@ -20,6 +20,7 @@ worker), handle (the grader naming such a module), object (anything else: its cl
 Replies are typed per operation (`parse_reply`), and anything that does not fit its schema raises
 `ProtocolError`: the worker's fault, never the grader's.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,18 @@ _PREFIX = struct.Struct(">4sII")
 _BLOB_LENGTH = struct.Struct(">Q")
 
 # dtype name -> bytes per element; the only dtypes that cross the wire
-DTYPES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "int16": 2,
-          "int8": 1, "uint8": 1, "bool": 1}
+DTYPES = {
+    "float64": 8,
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
 
 
 class ProtocolError(Exception):
@@ -68,6 +79,7 @@ def clean_text(text: Any, limit: int) -> str:
 # ----------------------------------------------------------------------------------------------
 # Frames
 
+
 def pack_frame(header: dict, blobs: list[bytes]) -> bytes:
     body = json.dumps(header, separators=(",", ":"), allow_nan=True).encode()
     lengths = b"".join(_BLOB_LENGTH.pack(len(b)) for b in blobs)
@@ -98,6 +110,7 @@ def read_frame(read_exact: Callable[[int], bytes], limits: Limits) -> tuple[dict
 
 # ----------------------------------------------------------------------------------------------
 # Values
+
 
 @dataclass
 class ModuleInfo:
@@ -180,8 +193,14 @@ class Encoder:
 
     def tensor(self, wire: WireTensor) -> dict:
         self.blobs.append(wire.data)
-        return {"$": "tensor", "blob": len(self.blobs) - 1, "dtype": wire.dtype, "shape": list(wire.shape),
-                "device": wire.device, "requires_grad": wire.requires_grad}
+        return {
+            "$": "tensor",
+            "blob": len(self.blobs) - 1,
+            "dtype": wire.dtype,
+            "shape": list(wire.shape),
+            "device": wire.device,
+            "requires_grad": wire.requires_grad,
+        }
 
     def encode(self, value: Any, depth: int = 0) -> Any:
         if value is None or isinstance(value, (bool, int, str)):
@@ -196,11 +215,19 @@ class Encoder:
             return {"$": "handle", "handle": value.handle}
         if isinstance(value, ModuleInfo):
             state = None if value.state_dict is None else self.encode(value.state_dict, depth + 1)
-            return {"$": "module", "handle": value.handle, "class": value.cls, "instance_of": value.instance_of,
-                    "training": value.training, "state": state}
+            return {
+                "$": "module",
+                "handle": value.handle,
+                "class": value.cls,
+                "instance_of": value.instance_of,
+                "training": value.training,
+                "state": state,
+            }
         if isinstance(value, (list, tuple)):
-            return {"$": "tuple" if isinstance(value, tuple) else "list",
-                    "items": [self.encode(v, depth + 1) for v in value]}
+            return {
+                "$": "tuple" if isinstance(value, tuple) else "list",
+                "items": [self.encode(v, depth + 1) for v in value],
+            }
         if isinstance(value, dict) and all(isinstance(k, str) for k in value):
             return {"$": "dict", "items": [[k, self.encode(v, depth + 1)] for k, v in value.items()]}
         if self.on_other is not None:
@@ -257,8 +284,13 @@ class Decoder:
             instance_of = node.get("instance_of")
             if not isinstance(instance_of, list):
                 raise ProtocolError("a module without instance_of")
-            return ModuleInfo(self.text(node.get("handle")), self.text(node.get("class")),
-                              [self.text(n) for n in instance_of[:64]], bool(node.get("training")), state)
+            return ModuleInfo(
+                self.text(node.get("handle")),
+                self.text(node.get("class")),
+                [self.text(n) for n in instance_of[:64]],
+                bool(node.get("training")),
+                state,
+            )
         if kind == "handle":
             return Handle(self.text(node.get("handle")))
         if kind == "missing":
@@ -282,8 +314,11 @@ class Decoder:
         dtype, shape, index = node.get("dtype"), node.get("shape"), node.get("blob")
         if dtype not in DTYPES:
             raise ProtocolError(f"a tensor of a dtype that is not allowed: {self.text(str(dtype))[:40]}")
-        if not (isinstance(shape, list) and len(shape) <= 8
-                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)):
+        if not (
+            isinstance(shape, list)
+            and len(shape) <= 8
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
+        ):
             raise ProtocolError("a tensor with a malformed shape")
         if not (isinstance(index, int) and 0 <= index < len(self.blobs)) or index in self.used:
             raise ProtocolError("a tensor that refers to a missing or already used blob")
@@ -291,8 +326,9 @@ class Decoder:
         data = self.blobs[index]
         expected = math.prod(shape) * DTYPES[dtype]
         if len(data) != expected:
-            raise ProtocolError(f"a tensor of shape {shape} and dtype {dtype} sent with {len(data):,} bytes, "
-                                f"not {expected:,}")
+            raise ProtocolError(
+                f"a tensor of shape {shape} and dtype {dtype} sent with {len(data):,} bytes, not {expected:,}"
+            )
         device = node.get("device", "cpu")
         device = self.text(device)[:40] if isinstance(device, str) else "?"
         self.devices.append(device)
@@ -386,9 +422,14 @@ def parse_reply(op: str, header: dict, decoder: Decoder) -> Reply:
     ok = header.get("ok")
     if ok is False:
         error = _field(header, "error", dict, "an error reply")
-        return Reply(False, error=StudentError(decoder.text(_field(error, "type", str, "an error")),
-                                               decoder.text(error.get("message") if isinstance(error.get("message"), str) else ""),
-                                               decoder.text(error.get("traceback") if isinstance(error.get("traceback"), str) else "")))
+        return Reply(
+            False,
+            error=StudentError(
+                decoder.text(_field(error, "type", str, "an error")),
+                decoder.text(error.get("message") if isinstance(error.get("message"), str) else ""),
+                decoder.text(error.get("traceback") if isinstance(error.get("traceback"), str) else ""),
+            ),
+        )
     if ok is not True:
         raise ProtocolError("a reply that is neither ok nor an error")
     raw = header.get("value")
@@ -402,10 +443,15 @@ def parse_reply(op: str, header: dict, decoder: Decoder) -> Reply:
         for item in _field(raw, "errors", list, what)[: decoder.limits.list_items]:
             if not isinstance(item, dict):
                 raise ProtocolError(f"{what}: a cell error that is not an object")
-            errors.append(CellError(_field(item, "cell", int, what), decoder.text(_field(item, "type", str, what)),
-                                    decoder.text(_field(item, "message", str, what)),
-                                    decoder.text(_field(item, "traceback", str, what)),
-                                    bool(item.get("timed_out") is True)))
+            errors.append(
+                CellError(
+                    _field(item, "cell", int, what),
+                    decoder.text(_field(item, "type", str, what)),
+                    decoder.text(_field(item, "message", str, what)),
+                    decoder.text(_field(item, "traceback", str, what)),
+                    bool(item.get("timed_out") is True),
+                )
+            )
         defined = decoder.decode(raw.get("defined"))
         if not isinstance(defined, dict):
             raise ProtocolError(f"{what}: 'defined' is not a dict")
@@ -417,8 +463,13 @@ def parse_reply(op: str, header: dict, decoder: Decoder) -> Reply:
             if not isinstance(item, dict):
                 raise ProtocolError(f"{what}: a head call that is not an object")
             output = item.get("output")
-            calls.append(HeadCallReport(_field(item, "index", int, what), bool(item.get("same_values") is True),
-                                        None if output is None else decoder.decode(output)))
+            calls.append(
+                HeadCallReport(
+                    _field(item, "index", int, what),
+                    bool(item.get("same_values") is True),
+                    None if output is None else decoder.decode(output),
+                )
+            )
         ops = _strings(raw.get("ops"), decoder, what)
         python_calls = _strings(raw.get("python_calls"), decoder, what)
         grads = raw.get("grads")
@@ -429,9 +480,19 @@ def parse_reply(op: str, header: dict, decoder: Decoder) -> Reply:
         y_node = raw.get("y")
         y = decoder.decode(y_node)
         y_device = decoder.devices[-1] if isinstance(y_node, dict) and y_node.get("$") == "tensor" else None
-        return Reply(True, ForwardReply(y, decoder.decode(_field(raw, "x_after", dict, what)),
-                                        calls, ops, python_calls, grads,
-                                        None if problem is None else decoder.text(problem), y_device))
+        return Reply(
+            True,
+            ForwardReply(
+                y,
+                decoder.decode(_field(raw, "x_after", dict, what)),
+                calls,
+                ops,
+                python_calls,
+                grads,
+                None if problem is None else decoder.text(problem),
+                y_device,
+            ),
+        )
     if op == "forward_many":
         value = decoder.decode(raw)
         if not isinstance(value, list):

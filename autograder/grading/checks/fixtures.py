@@ -1,4 +1,5 @@
 """Fixtures the checks ask for, handed over by the grading run (registered as a plugin object)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

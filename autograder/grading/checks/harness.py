@@ -7,6 +7,7 @@ Everything a check compares against is computed here, in the trusted process, by
 A check fails the student only through `fail()`. Any other exception in a check is the grader's own
 fault: the run then cannot grade rather than charge the student.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,8 +22,7 @@ from autograder.rubric import Rubric
 from autograder.sandbox.client import LoadFailed, SubmissionError, Worker, WorkerCrashed, WorkerTimeout
 from autograder.sandbox.protocol import MISSING, Foreign, Handle, ModuleInfo
 
-MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "mv", "dot", "addmv", "linear",
-              "_addmm_activation"}
+MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "mv", "dot", "addmv", "linear", "_addmm_activation"}
 ModuleRef = ModuleInfo  # a module living in the worker, known by its handle
 __all__ = ["Foreign", "ModuleRef"]
 
@@ -112,8 +112,9 @@ class Submission:
     def try_call(self, fn: str, *args, target: str | None = None):
         """Like call, but when the student's code raises, return that exception as a `Raised`."""
         try:
-            return self.worker.request("call", timeout=self._timeout(), target=target or fn, fn=fn,
-                                       args=_wire(list(args)), kwargs={})
+            return self.worker.request(
+                "call", timeout=self._timeout(), target=target or fn, fn=fn, args=_wire(list(args)), kwargs={}
+            )
         except SubmissionError as exc:
             return Raised(exc.type, exc.message)
         except (LoadFailed, WorkerTimeout, WorkerCrashed) as exc:
@@ -121,8 +122,16 @@ class Submission:
 
     def build(self, cls: str, *args, state_dict=None, dtype: torch.dtype | None = None, **kwargs) -> ModuleInfo:
         dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else None
-        answer = self._ask("build", target=f"{cls}.__init__", cls=cls, args=list(args), kwargs=kwargs,
-                           state_dict=state_dict, dtype=dtype_name, device=self.device)
+        answer = self._ask(
+            "build",
+            target=f"{cls}.__init__",
+            cls=cls,
+            args=list(args),
+            kwargs=kwargs,
+            state_dict=state_dict,
+            dtype=dtype_name,
+            device=self.device,
+        )
         if not isinstance(answer, ModuleInfo):
             fail(f"building {cls} did not give a module")
         return answer
@@ -143,29 +152,57 @@ class Submission:
             fail("the worker did not describe the module")
         return answer
 
-    def forward(self, module: ModuleInfo, x: torch.Tensor, *, train=False, seed=0, grad_out=None,
-                trace=False, hooks=False) -> Forward:
-        answer = self._ask("forward", target=f"{module.cls}.forward", handle=module.handle, x=x,
-                           train=train, seed=seed, grad_out=grad_out, trace=trace, hooks=hooks)
+    def forward(
+        self, module: ModuleInfo, x: torch.Tensor, *, train=False, seed=0, grad_out=None, trace=False, hooks=False
+    ) -> Forward:
+        answer = self._ask(
+            "forward",
+            target=f"{module.cls}.forward",
+            handle=module.handle,
+            x=x,
+            train=train,
+            seed=seed,
+            grad_out=grad_out,
+            trace=trace,
+            hooks=hooks,
+        )
         if not isinstance(answer.x_after, torch.Tensor):
             fail("the worker's answer did not include the input after the forward")
         info = TensorInfo(answer.y_device or "cpu", False) if isinstance(answer.y, torch.Tensor) else None
-        calls = [HeadCall(c.index, c.same_values, c.output if isinstance(c.output, torch.Tensor) else None)
-                 for c in answer.head_calls]
-        return Forward(y=answer.y, y_info=info, x_after=answer.x_after, head_calls=calls, ops=answer.ops,
-                       python_calls=answer.python_calls, grads=answer.grads, grad_problem=answer.grad_problem)
+        calls = [
+            HeadCall(c.index, c.same_values, c.output if isinstance(c.output, torch.Tensor) else None)
+            for c in answer.head_calls
+        ]
+        return Forward(
+            y=answer.y,
+            y_info=info,
+            x_after=answer.x_after,
+            head_calls=calls,
+            ops=answer.ops,
+            python_calls=answer.python_calls,
+            grads=answer.grads,
+            grad_problem=answer.grad_problem,
+        )
 
-
-    def forward_many(self, module: ModuleInfo, seeds: list[int], *, timeout: float | None = None,
-                     **settings) -> list[torch.Tensor]:
+    def forward_many(
+        self, module: ModuleInfo, seeds: list[int], *, timeout: float | None = None, **settings
+    ) -> list[torch.Tensor]:
         """Timed forwards on inputs the worker makes from `seeds` (the worker's `forward_many`): per call, a
         (batch, tokens, 3) tensor of probes of the output. A forward that hangs here is not held against
         the untimed checks (its own target)."""
-        answer = self._ask("forward_many", target=f"{module.cls}.forward (timed)", timeout=timeout, timed=True,
-                           overrun_hint="far slower than the reference's forward, whose time sets this limit",
-                           handle=module.handle, seeds=seeds, **settings)
-        if not (isinstance(answer, list) and len(answer) == len(seeds)
-                and all(isinstance(a, torch.Tensor) for a in answer)):
+        answer = self._ask(
+            "forward_many",
+            target=f"{module.cls}.forward (timed)",
+            timeout=timeout,
+            timed=True,
+            overrun_hint="far slower than the reference's forward, whose time sets this limit",
+            handle=module.handle,
+            seeds=seeds,
+            **settings,
+        )
+        if not (
+            isinstance(answer, list) and len(answer) == len(seeds) and all(isinstance(a, torch.Tensor) for a in answer)
+        ):
             fail("the timed forwards did not answer one tensor per call")
         return answer
 
@@ -215,30 +252,37 @@ class Inputs:
         return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def assert_close(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric, what: str,
-                 diagnose=None):
+def assert_close(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric, what: str, diagnose=None):
     """Fail unless `actual` is a tensor of `expected`'s shape and dtype, close within the rubric's
     tolerance. `diagnose(actual)` may name the likely mistake."""
     if not isinstance(actual, torch.Tensor):
         fail(f"{what}: expected a tensor, got {type(actual).__name__} {actual!r:.80}")
     hint = diagnose(actual) if diagnose else None
     if tuple(actual.shape) != tuple(expected.shape):
-        fail(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}."
-             + (f"\nLikely mistake: {hint}" if hint else ""))
+        fail(
+            f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}."
+            + (f"\nLikely mistake: {hint}" if hint else "")
+        )
     if actual.dtype != expected.dtype:
         fail(f"{what}: dtype {actual.dtype}, expected {expected.dtype} (keep the input's dtype)")
     rtol, atol = rubric.tolerance(dtype_name)
     if not torch.allclose(actual.double(), expected.double(), rtol=rtol, atol=atol, equal_nan=False):
         diff = (actual.double() - expected.double()).abs()
         finite = torch.isfinite(actual).all()
-        detail = (f"largest difference {diff.max().item():.3g} (tolerance {atol:g} + {rtol:g} x |expected|)"
-                  if finite else "your output contains NaN or infinity")
+        detail = (
+            f"largest difference {diff.max().item():.3g} (tolerance {atol:g} + {rtol:g} x |expected|)"
+            if finite
+            else "your output contains NaN or infinity"
+        )
         fail(f"{what}: values differ from the reference; {detail}." + (f"\nLikely mistake: {hint}" if hint else ""))
 
 
 def matches(actual, candidate: torch.Tensor, atol=1e-6) -> bool:
-    return (isinstance(actual, torch.Tensor) and tuple(actual.shape) == tuple(candidate.shape)
-            and torch.allclose(actual.double(), candidate.double(), rtol=1e-5, atol=atol))
+    return (
+        isinstance(actual, torch.Tensor)
+        and tuple(actual.shape) == tuple(candidate.shape)
+        and torch.allclose(actual.double(), candidate.double(), rtol=1e-5, atol=atol)
+    )
 
 
 def first_match(actual, variants: dict) -> str | None:
@@ -258,8 +302,7 @@ def count_matmuls(ops: list[str]) -> int:
     return sum(op in MATMUL_OPS for op in ops)
 
 
-def build_pair(submission: Submission, inputs: Inputs, cls: str, *args, dtype=torch.float64,
-               device="cpu", **kwargs):
+def build_pair(submission: Submission, inputs: Inputs, cls: str, *args, dtype=torch.float64, device="cpu", **kwargs):
     """The reference module with hidden random weights, and the student's class built with the
     same arguments and loaded with the same weights. The reference is in eval mode."""
     from reference import mha as ref
@@ -337,8 +380,9 @@ def attempt(request, *args, **kwargs):
         return None, str(exc.msg)
 
 
-def value_problem(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric, what: str,
-                  diagnose=None) -> str | None:
+def value_problem(
+    actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric, what: str, diagnose=None
+) -> str | None:
     """The message `assert_close` would fail with, or None when `actual` is right."""
     try:
         assert_close(actual, expected, dtype_name, rubric, what, diagnose)
@@ -355,50 +399,89 @@ def values_first(problem: str | None, what: str):
 
 _SIZE_ERROR = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
 _INTERNAL_ERRORS = (
-    ("dtype", re.compile(r"same dtype|expected scalar type|dtype mismatch|Input type .* weight type|"
-                         r"expected m1 and m2|mat1 and mat2 must have the same dtype|can't be cast", re.I),
-     "{function} mixes dtypes: a tensor or a module it uses does not have the input's dtype. Keep every "
-     "parameter in the module's dtype, and create new tensors with the input's dtype (dtype=x.dtype)"),
-    ("device", re.compile(r"same device|Expected all tensors to be on", re.I),
-     "{function} mixes devices: a tensor or a module it uses is not on the input's device. Create new "
-     "tensors on x.device, and keep modules on the device they were given"),
-    ("grad", re.compile(r"does not require grad and does not have a grad_fn", re.I),
-     "{function}'s output is not connected to its input and weights, so no gradient can reach them: no "
-     ".detach(), .data or torch.no_grad(), and no new tensor built from plain numbers"),
-    ("inplace", re.compile(r"leaf Variable that requires grad is being used in an in-place operation|"
-                           r"modified by an inplace operation", re.I),
-     "{function} changes a tensor in place that gradients need (its input x?): work on new tensors instead"),
-    ("view", re.compile(r"view size is not compatible with input tensor's size and stride", re.I),
-     "{function} calls .view() on a tensor that is no longer laid out row by row (after a transpose): "
-     "use .contiguous().view(...) or .reshape(...)"),
+    (
+        "dtype",
+        re.compile(
+            r"same dtype|expected scalar type|dtype mismatch|Input type .* weight type|"
+            r"expected m1 and m2|mat1 and mat2 must have the same dtype|can't be cast",
+            re.I,
+        ),
+        "{function} mixes dtypes: a tensor or a module it uses does not have the input's dtype. Keep every "
+        "parameter in the module's dtype, and create new tensors with the input's dtype (dtype=x.dtype)",
+    ),
+    (
+        "device",
+        re.compile(r"same device|Expected all tensors to be on", re.I),
+        "{function} mixes devices: a tensor or a module it uses is not on the input's device. Create new "
+        "tensors on x.device, and keep modules on the device they were given",
+    ),
+    (
+        "grad",
+        re.compile(r"does not require grad and does not have a grad_fn", re.I),
+        "{function}'s output is not connected to its input and weights, so no gradient can reach them: no "
+        ".detach(), .data or torch.no_grad(), and no new tensor built from plain numbers",
+    ),
+    (
+        "inplace",
+        re.compile(
+            r"leaf Variable that requires grad is being used in an in-place operation|"
+            r"modified by an inplace operation",
+            re.I,
+        ),
+        "{function} changes a tensor in place that gradients need (its input x?): work on new tensors instead",
+    ),
+    (
+        "view",
+        re.compile(r"view size is not compatible with input tensor's size and stride", re.I),
+        "{function} calls .view() on a tensor that is no longer laid out row by row (after a transpose): "
+        "use .contiguous().view(...) or .reshape(...)",
+    ),
 )
 
 
-def in_student_terms(message: str, function: str, *, tokens: int | None = None,
-                     context_length: int | None = None) -> str:
+def in_student_terms(
+    message: str, function: str, *, tokens: int | None = None, context_length: int | None = None
+) -> str:
     """A failure message with PyTorch's internal errors (a mask not cut to T x T, dtypes, devices, gradients,
     in-place changes, views) explained in the student's terms, naming the function to fix. Messages that
     are no such error come back unchanged."""
     size = _SIZE_ERROR.search(message)
-    if size and tokens is not None and context_length is not None and tokens != context_length \
-            and {int(size.group(1)), int(size.group(2))} == {tokens, context_length}:
-        return (f"Likely mistake: {function} fails for {tokens} tokens when context_length is {context_length}: "
-                "the causal mask is context_length x context_length, so cut it to T x T "
-                "(self.mask.bool()[:num_tokens, :num_tokens]) and sequences shorter than context_length work."
-                f"\n{message}")
+    if (
+        size
+        and tokens is not None
+        and context_length is not None
+        and tokens != context_length
+        and {int(size.group(1)), int(size.group(2))} == {tokens, context_length}
+    ):
+        return (
+            f"Likely mistake: {function} fails for {tokens} tokens when context_length is {context_length}: "
+            "the causal mask is context_length x context_length, so cut it to T x T "
+            "(self.mask.bool()[:num_tokens, :num_tokens]) and sequences shorter than context_length work."
+            f"\n{message}"
+        )
     for _, pattern, text in _INTERNAL_ERRORS:
         if pattern.search(message):
             return f"Likely mistake: {text.format(function=function)}.\n{message}"
     return message
 
 
-def forward_checked(submission: Submission, module: ModuleInfo, x: torch.Tensor, *, function: str,
-                    context_length: int | None = None, **kwargs) -> Forward:
+def forward_checked(
+    submission: Submission,
+    module: ModuleInfo,
+    x: torch.Tensor,
+    *,
+    function: str,
+    context_length: int | None = None,
+    **kwargs,
+) -> Forward:
     """`submission.forward`, failing with internal errors put in the student's terms."""
     answer, problem = attempt(submission.forward, module, x, **kwargs)
     if problem is not None:
-        fail(in_student_terms(problem, function, tokens=x.shape[1] if x.dim() == 3 else None,
-                              context_length=context_length))
+        fail(
+            in_student_terms(
+                problem, function, tokens=x.shape[1] if x.dim() == 3 else None, context_length=context_length
+            )
+        )
     return answer
 
 
@@ -420,6 +503,12 @@ def wrong_ranges(submission: Submission, num_columns: int, num_heads: int) -> st
         ranges = [tuple(r) if isinstance(r, (list, tuple)) else r for r in given]
     if ranges == expected:
         return None
-    mistake = next((d.split(":")[0].split(";")[0] for d, v in column_range_variants(num_columns, num_heads).items()
-                    if v == ranges), None)
+    mistake = next(
+        (
+            d.split(":")[0].split(";")[0]
+            for d, v in column_range_variants(num_columns, num_heads).items()
+            if v == ranges
+        ),
+        None,
+    )
     return f"your {call} returns {ranges!r:.120}" + (f", which are {mistake}" if mistake else f", not {expected!r}")

@@ -3,6 +3,7 @@
 Each function returns {description of the mistake: what that mistake would output}. A check compares
 the student's answer with every variant; the first that matches is the diagnosis.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,26 +28,41 @@ def named(description: str, common_mistake: str) -> str:
 def combine_variants(outputs: list[torch.Tensor]) -> dict:
     """Functions, not tensors: some variants only exist for some inputs (first_match skips those)."""
     variants = {
-        named("concatenated along the batch dimension (dim=0); the heads' features belong side by side in the "
-              "last dimension: torch.cat(outputs, dim=-1)", SHAPE_DRIFT): lambda: torch.cat(outputs, dim=0),
-        named("concatenated along the token dimension (dim=1); concatenate along the last dimension, dim=-1",
-              SHAPE_DRIFT): lambda: torch.cat(outputs, dim=1),
-        named("heads in the wrong order (reversed); head 0's columns come first", INCONSISTENT_ORDER):
-            lambda: torch.cat(outputs[::-1], dim=-1),
-        named("stacked into a new dimension instead of concatenated; use torch.cat(outputs, dim=-1)", SHAPE_DRIFT):
-            lambda: torch.stack(outputs, dim=-1),
+        named(
+            "concatenated along the batch dimension (dim=0); the heads' features belong side by side in the "
+            "last dimension: torch.cat(outputs, dim=-1)",
+            SHAPE_DRIFT,
+        ): lambda: torch.cat(outputs, dim=0),
+        named(
+            "concatenated along the token dimension (dim=1); concatenate along the last dimension, dim=-1", SHAPE_DRIFT
+        ): lambda: torch.cat(outputs, dim=1),
+        named("heads in the wrong order (reversed); head 0's columns come first", INCONSISTENT_ORDER): lambda: (
+            torch.cat(outputs[::-1], dim=-1)
+        ),
+        named(
+            "stacked into a new dimension instead of concatenated; use torch.cat(outputs, dim=-1)", SHAPE_DRIFT
+        ): lambda: torch.stack(outputs, dim=-1),
         "only the first head's output is returned; every head's output must be in the result": lambda: outputs[0],
         "only the last head's output is returned; every head's output must be in the result": lambda: outputs[-1],
     }
     if len(outputs) > 1:
-        variants[named("heads summed instead of concatenated; the width must grow to the sum of the heads' widths",
-                       SHAPE_DRIFT)] = lambda: sum(outputs)
-        variants[named("heads averaged instead of concatenated; concatenate them along the last dimension",
-                       SHAPE_DRIFT)] = lambda: sum(outputs) / len(outputs)
-        variants[named("columns interleaved (stacked then flattened); each head's columns must stay together",
-                       INCONSISTENT_ORDER)] = lambda: torch.stack(outputs, dim=-1).flatten(-2)
-        variants[named("stacked along a new first dimension; concatenate along the last dimension instead",
-                       SHAPE_DRIFT)] = lambda: torch.stack(outputs, dim=0)
+        variants[
+            named(
+                "heads summed instead of concatenated; the width must grow to the sum of the heads' widths", SHAPE_DRIFT
+            )
+        ] = lambda: sum(outputs)
+        variants[
+            named("heads averaged instead of concatenated; concatenate them along the last dimension", SHAPE_DRIFT)
+        ] = lambda: sum(outputs) / len(outputs)
+        variants[
+            named(
+                "columns interleaved (stacked then flattened); each head's columns must stay together",
+                INCONSISTENT_ORDER,
+            )
+        ] = lambda: torch.stack(outputs, dim=-1).flatten(-2)
+        variants[
+            named("stacked along a new first dimension; concatenate along the last dimension instead", SHAPE_DRIFT)
+        ] = lambda: torch.stack(outputs, dim=0)
     return variants
 
 
@@ -55,9 +71,12 @@ def column_range_variants(num_columns: int, num_heads: int) -> dict[str, list[tu
     return {
         "inclusive ranges: Python ranges are half-open, so stop is one past the head's last column "
         "(head 0 of width 2 is (0, 2), not (0, 1))": [(h * width, (h + 1) * width - 1) for h in range(num_heads)],
-        "ranges counted from 1; columns are numbered from 0": [(h * width + 1, (h + 1) * width + 1) for h in range(num_heads)],
-        "ranges of width num_heads: each head's width is num_columns // num_heads":
-            [(h * num_heads, (h + 1) * num_heads) for h in range(width)],
+        "ranges counted from 1; columns are numbered from 0": [
+            (h * width + 1, (h + 1) * width + 1) for h in range(num_heads)
+        ],
+        "ranges of width num_heads: each head's width is num_columns // num_heads": [
+            (h * num_heads, (h + 1) * num_heads) for h in range(width)
+        ],
         "(start, width) pairs instead of (start, stop)": [(h * width, width) for h in range(num_heads)],
     }
 
@@ -66,28 +85,47 @@ def split_variants(W: torch.Tensor, num_heads: int) -> dict[str, list[torch.Tens
     d_in, d_out = W.shape
     width = d_out // num_heads
     variants = {
-        "blocks of the transposed matrix: return W[:, start:stop] itself, shape (d_in, head_dim)":
-            [W[:, h * width:(h + 1) * width].T for h in range(num_heads)],
+        "blocks of the transposed matrix: return W[:, start:stop] itself, shape (d_in, head_dim)": [
+            W[:, h * width : (h + 1) * width].T for h in range(num_heads)
+        ],
     }
     if d_in % num_heads == 0:
         rows = d_in // num_heads
-        variants["rows instead of columns: W is (d_in, d_out) as in x @ W, so a head owns columns "
-                 "W[:, start:stop], not rows W[start:stop]"] = [W[h * rows:(h + 1) * rows] for h in range(num_heads)]
+        variants[
+            "rows instead of columns: W is (d_in, d_out) as in x @ W, so a head owns columns "
+            "W[:, start:stop], not rows W[start:stop]"
+        ] = [W[h * rows : (h + 1) * rows] for h in range(num_heads)]
     return variants
 
 
 def wrapper_variants(head_outputs: list[torch.Tensor]) -> dict:
     return {
-        named("the heads' outputs are combined in the wrong order; run the heads in self.heads order and "
-              "keep head 0 first", INCONSISTENT_ORDER): lambda: torch.cat(head_outputs[::-1], dim=-1),
-        **{f"the wrapper returns the wrong combination: {k}": v for k, v in combine_variants(head_outputs).items()
-           if "order" not in k},
+        named(
+            "the heads' outputs are combined in the wrong order; run the heads in self.heads order and "
+            "keep head 0 first",
+            INCONSISTENT_ORDER,
+        ): lambda: torch.cat(head_outputs[::-1], dim=-1),
+        **{
+            f"the wrapper returns the wrong combination: {k}": v
+            for k, v in combine_variants(head_outputs).items()
+            if "order" not in k
+        },
     }
 
 
-def mha_forward(module: ref.MultiHeadAttention, x: torch.Tensor, *, scale="head_dim", mask=True,
-                transpose_before_merge=True, merge=True, out_proj=True, split="view_transpose", softmax_dim=-1,
-                dropout="weights"):
+def mha_forward(
+    module: ref.MultiHeadAttention,
+    x: torch.Tensor,
+    *,
+    scale="head_dim",
+    mask=True,
+    transpose_before_merge=True,
+    merge=True,
+    out_proj=True,
+    split="view_transpose",
+    softmax_dim=-1,
+    dropout="weights",
+):
     """The reference's parallel forward with one step done wrongly (or not at all). `dropout` says where
     module.dropout is applied: "weights" (right), "weights_per_head" (right, but drawn one head at a time,
     as a loop over heads draws it), "context" (b, H, T, hd), "merged" (b, T, d_out), "output" (after
@@ -128,14 +166,22 @@ def mha_variants(module: ref.MultiHeadAttention, x: torch.Tensor) -> dict[str, t
             "head_dim numbers": dict(scale="d_out"),
             "scores not scaled; divide by sqrt(head_dim) before the softmax": dict(scale="none"),
             "no causal mask; mask the scores above the diagonal with -inf before the softmax": dict(mask=False),
-            named("missing transpose before merging the heads: (b, H, T, hd) must go back to (b, T, H, hd) "
-                  "(context.transpose(1, 2)) before the view to (b, T, d_out)", HALF_SPLIT):
-                dict(transpose_before_merge=False),
-            named("the heads are never merged: the output is still (b, H, T, hd); move the heads back behind "
-                  "the tokens and merge them into (b, T, d_out), then apply out_proj", SHAPE_DRIFT): dict(merge=False),
+            named(
+                "missing transpose before merging the heads: (b, H, T, hd) must go back to (b, T, H, hd) "
+                "(context.transpose(1, 2)) before the view to (b, T, d_out)",
+                HALF_SPLIT,
+            ): dict(transpose_before_merge=False),
+            named(
+                "the heads are never merged: the output is still (b, H, T, hd); move the heads back behind "
+                "the tokens and merge them into (b, T, d_out), then apply out_proj",
+                SHAPE_DRIFT,
+            ): dict(merge=False),
             "missing output projection: return self.out_proj(context_vec)": dict(out_proj=False),
-            named("heads split by reshaping straight to (b, H, T, hd); view as (b, T, H, hd) and then "
-                  "transpose(1, 2), so each head gets its own columns", HALF_SPLIT): dict(split="view_direct"),
+            named(
+                "heads split by reshaping straight to (b, H, T, hd); view as (b, T, H, hd) and then "
+                "transpose(1, 2), so each head gets its own columns",
+                HALF_SPLIT,
+            ): dict(split="view_direct"),
             "softmax over the wrong dimension; normalise over the keys (dim=-1)": dict(softmax_dim=-2),
         }
         variants = {}
@@ -153,8 +199,7 @@ def mha_dropout_variants(module: ref.MultiHeadAttention, x: torch.Tensor, seed: 
     fix = "apply self.dropout to attn_weights right after the softmax, before multiplying by the values"
     candidates = {
         f"dropout applied to the context vectors instead of the attention weights; {fix}": "context",
-        f"dropout applied to the context vectors (after merging the heads) instead of the attention weights; {fix}":
-            "merged",
+        f"dropout applied to the context vectors (after merging the heads) instead of the attention weights; {fix}": "merged",
         f"dropout applied to the output of out_proj instead of the attention weights; {fix}": "output",
         "dropout not applied in training mode; apply self.dropout to the attention weights": "none",
         "dropout applied twice, to the attention weights and again to the context vectors; apply it once, "
@@ -178,6 +223,7 @@ def mha_train_forward(module: ref.MultiHeadAttention, x: torch.Tensor, seed: int
 
 def fuse_variants(wrapper: ref.MultiHeadAttentionWrapper, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """Outputs of fused modules built wrongly, evaluated with the reference forward."""
+
     def fused(reverse=False, biases=True):
         module = ref.fuse_heads(wrapper)
         heads = list(wrapper.heads)[::-1] if reverse else list(wrapper.heads)
@@ -186,11 +232,16 @@ def fuse_variants(wrapper: ref.MultiHeadAttentionWrapper, x: torch.Tensor) -> di
                 getattr(module, name).weight.copy_(torch.cat([getattr(h, name).weight for h in heads]))
                 if getattr(module, name).bias is not None:
                     getattr(module, name).bias.copy_(
-                        torch.cat([getattr(h, name).bias for h in heads]) if biases else 0.0)
+                        torch.cat([getattr(h, name).bias for h in heads]) if biases else 0.0
+                    )
         return module.eval()(x)
 
-    variants = {named("heads placed in reverse order: head h's weights belong in columns "
-                      "h * head_dim to (h + 1) * head_dim", INCONSISTENT_ORDER): fused(reverse=True)}
+    variants = {
+        named(
+            "heads placed in reverse order: head h's weights belong in columns h * head_dim to (h + 1) * head_dim",
+            INCONSISTENT_ORDER,
+        ): fused(reverse=True)
+    }
     if wrapper.heads[0].W_query.bias is not None:
         variants["the heads' biases were not copied into the fused projections"] = fused(biases=False)
     return variants
@@ -206,23 +257,35 @@ def describe_module_mistake(fused_state: dict[str, torch.Tensor], wrapper: ref.M
             continue
         blocks = [getattr(head, name).weight.detach().double() for head in heads]
         rows = fused.double()
-        found = any(block.shape[1] == rows.shape[1] and
-                    any(torch.allclose(rows[i:i + block.shape[0]], block, rtol=1e-5, atol=1e-6)
-                        for i in range(rows.shape[0] - block.shape[0] + 1)) for block in blocks)
+        found = any(
+            block.shape[1] == rows.shape[1]
+            and any(
+                torch.allclose(rows[i : i + block.shape[0]], block, rtol=1e-5, atol=1e-6)
+                for i in range(rows.shape[0] - block.shape[0] + 1)
+            )
+            for block in blocks
+        )
         if not found:
-            return named(f"the fused {name} holds none of the wrapper's {name} weights: fuse_heads must copy each "
-                         "head's weights into the new module, so that it computes exactly what the wrapper "
-                         "computes (a freshly initialised MultiHeadAttention is a different layer)", OTHER_QUANTITY)
+            return named(
+                f"the fused {name} holds none of the wrapper's {name} weights: fuse_heads must copy each "
+                "head's weights into the new module, so that it computes exactly what the wrapper "
+                "computes (a freshly initialised MultiHeadAttention is a different layer)",
+                OTHER_QUANTITY,
+            )
     d_out = sum(head.W_query.weight.shape[0] for head in heads)
     weight = fused_state.get("out_proj.weight")
     if isinstance(weight, torch.Tensor) and weight.shape == (d_out, d_out):
         if not torch.allclose(weight.double(), torch.eye(d_out, dtype=torch.float64)):
-            return named("out_proj is not the identity: the wrapper has no output projection, so set "
-                         "out_proj.weight to torch.eye(d_out) and out_proj.bias to zeros", OTHER_QUANTITY)
+            return named(
+                "out_proj is not the identity: the wrapper has no output projection, so set "
+                "out_proj.weight to torch.eye(d_out) and out_proj.bias to zeros",
+                OTHER_QUANTITY,
+            )
     bias = fused_state.get("out_proj.bias")
     if isinstance(bias, torch.Tensor) and bias.numel() and bias.abs().max() > 0:
-        return named("out_proj.bias is not zero: the wrapper adds nothing after concatenating the heads",
-                     OTHER_QUANTITY)
+        return named(
+            "out_proj.bias is not zero: the wrapper adds nothing after concatenating the heads", OTHER_QUANTITY
+        )
     return None
 
 
@@ -241,8 +304,10 @@ def describe_changed_heads(wrapper_state: dict[str, torch.Tensor]) -> str | None
         extra = sorted(name for name in entries if name not in known)
         if len(set(widths.values())) > 1 or extra:
             found = ", ".join(f"{p} {w} wide" for p, w in widths.items())
-            return (f"head internals changed instead of the gathering step: head {index} has {found}"
-                    + (f" and parts a CausalAttention does not have ({', '.join(extra[:4])})" if extra else "")
-                    + ". A head must stay a plain CausalAttention whose query, key and value projections are all "
-                      f"d_out wide; change the argument that sizes the heads, not what is inside them ({HEAD_CHANGED})")
+            return (
+                f"head internals changed instead of the gathering step: head {index} has {found}"
+                + (f" and parts a CausalAttention does not have ({', '.join(extra[:4])})" if extra else "")
+                + ". A head must stay a plain CausalAttention whose query, key and value projections are all "
+                f"d_out wide; change the argument that sizes the heads, not what is inside them ({HEAD_CHANGED})"
+            )
     return None

@@ -3,6 +3,7 @@
 split_columns is graded on what it adds: blocks W[:, start:stop] for the ranges of the student's own
 head_column_ranges are right, so a mistake in the ranges is charged once, in test_head_column_ranges.
 """
+
 import pytest
 import torch
 
@@ -32,8 +33,10 @@ def check_ranges(given, expected, what, variants):
         fail(f"{what}: expected a list of (start, stop) pairs of ints, got {given!r:.120}")
     if ranges != expected:
         mistake = next((d for d, v in variants.items() if v == ranges), None)
-        fail(f"{what}: got {ranges!r:.160}, expected {len(expected)} ranges starting {expected[:3]!r}."
-             + (f"\nLikely mistake: {mistake}" if mistake else ""))
+        fail(
+            f"{what}: got {ranges!r:.160}, expected {len(expected)} ranges starting {expected[:3]!r}."
+            + (f"\nLikely mistake: {mistake}" if mistake else "")
+        )
 
 
 @pytest.mark.part("columns")
@@ -41,8 +44,12 @@ def check_ranges(given, expected, what, variants):
 def test_head_column_ranges(submission, num_columns, num_heads):
     """head_column_ranges gives one half-open range per head, covering every column once"""
     given = submission.call("head_column_ranges", num_columns, num_heads)
-    check_ranges(given, ref.head_column_ranges(num_columns, num_heads),
-                 f"head_column_ranges({num_columns}, {num_heads})", column_range_variants(num_columns, num_heads))
+    check_ranges(
+        given,
+        ref.head_column_ranges(num_columns, num_heads),
+        f"head_column_ranges({num_columns}, {num_heads})",
+        column_range_variants(num_columns, num_heads),
+    )
 
 
 @pytest.mark.part("columns")
@@ -52,21 +59,31 @@ def test_rejects_bad_splits(submission, num_columns, num_heads):
     given = submission.try_call("head_column_ranges", num_columns, num_heads)
     if isinstance(given, Raised):
         if given.type != "ValueError":
-            fail(f"head_column_ranges({num_columns}, {num_heads}) raised {given.type}: {given.message}; "
-                 "raise ValueError when the columns do not split evenly or a count is not positive")
+            fail(
+                f"head_column_ranges({num_columns}, {num_heads}) raised {given.type}: {given.message}; "
+                "raise ValueError when the columns do not split evenly or a count is not positive"
+            )
         if not given.message.strip():
-            fail(f"head_column_ranges({num_columns}, {num_heads}) raised ValueError without a message; "
-                 "say why, e.g. '7 columns do not split evenly into 2 heads'")
+            fail(
+                f"head_column_ranges({num_columns}, {num_heads}) raised ValueError without a message; "
+                "say why, e.g. '7 columns do not split evenly into 2 heads'"
+            )
         return
-    fail(f"head_column_ranges({num_columns}, {num_heads}) returned {given!r:.80} "
-         "instead of raising ValueError: these columns cannot be shared equally by the heads")
+    fail(
+        f"head_column_ranges({num_columns}, {num_heads}) returned {given!r:.80} "
+        "instead of raising ValueError: these columns cannot be shared equally by the heads"
+    )
 
 
 @pytest.mark.part("columns")
 def test_eight_columns_four_heads(submission):
     """EIGHT_COLUMNS_FOUR_HEADS is the list of ranges for 8 columns and 4 heads"""
-    check_ranges(submission.value("EIGHT_COLUMNS_FOUR_HEADS"), ref.EIGHT_COLUMNS_FOUR_HEADS,
-                 "EIGHT_COLUMNS_FOUR_HEADS", column_range_variants(8, 4))
+    check_ranges(
+        submission.value("EIGHT_COLUMNS_FOUR_HEADS"),
+        ref.EIGHT_COLUMNS_FOUR_HEADS,
+        "EIGHT_COLUMNS_FOUR_HEADS",
+        column_range_variants(8, 4),
+    )
 
 
 SPLITS = [(3, 6, 3), (4, 8, 4), (8, 8, 2), (5, 12, 12), (16, 4, 1)]
@@ -80,8 +97,10 @@ def test_split_columns(submission, inputs, d_in, d_out, num_heads):
     given, problem = attempt(submission.call, "split_columns", W, num_heads)
     if problem:
         note = wrong_ranges(submission, d_out, num_heads)
-        fail(problem + (f"\nIf split_columns uses head_column_ranges: {note}; fix that first (see its checks)."
-                        if note else ""))
+        fail(
+            problem
+            + (f"\nIf split_columns uses head_column_ranges: {note}; fix that first (see its checks)." if note else "")
+        )
     expected = ref.split_columns(W, num_heads)
     what = f"split_columns(W of shape ({d_in}, {d_out}), {num_heads})"
     if not isinstance(given, (list, tuple)) or not all(isinstance(b, torch.Tensor) for b in given):
@@ -89,15 +108,20 @@ def test_split_columns(submission, inputs, d_in, d_out, num_heads):
     if same_blocks(given, expected):
         return
     own = as_ranges(submission.try_call("head_column_ranges", d_out, num_heads))
-    if own is not None and own != ref.head_column_ranges(d_out, num_heads) and same_blocks(
-            given, [W[:, start:stop] for start, stop in own]):
+    if (
+        own is not None
+        and own != ref.head_column_ranges(d_out, num_heads)
+        and same_blocks(given, [W[:, start:stop] for start, stop in own])
+    ):
         return  # the blocks of your own ranges: the ranges are charged in test_head_column_ranges
     for description, blocks in split_variants(W, num_heads).items():
         if same_blocks(given, blocks):
             fail(f"{what}: wrong blocks.\nLikely mistake: {description}")
     shapes = [tuple(b.shape) for b in given]
-    fail(f"{what}: got {len(given)} blocks of shapes {shapes[:4]}, expected {num_heads} blocks of shape "
-         f"{tuple(expected[0].shape)} equal to W[:, start:stop] for each head's range")
+    fail(
+        f"{what}: got {len(given)} blocks of shapes {shapes[:4]}, expected {num_heads} blocks of shape "
+        f"{tuple(expected[0].shape)} equal to W[:, start:stop] for each head's range"
+    )
 
 
 def same_blocks(given, blocks) -> bool:

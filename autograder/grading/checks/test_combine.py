@@ -3,6 +3,7 @@
 The checks run in this order, so the first failure shown is the most telling: the book's example
 (visible), hidden cases, then the dtype (which counts only when the values are right).
 """
+
 import re
 
 import pytest
@@ -31,12 +32,20 @@ def check_combine(submission, rubric, outputs, dtype_name, what):
     if problem:
         joined = re.search(r"Sizes of tensors must match except in dimension (\d+)", problem)
         if joined and joined.group(1) != "2":
-            fail(f"{what}: Likely mistake: combine joins the heads along dimension {joined.group(1)}, where "
-                 "heads of different widths do not line up; only the last dimension may differ between heads, "
-                 f"so concatenate along it, torch.cat(outputs, dim=-1) ({SHAPE_DRIFT}).\n{problem}")
+            fail(
+                f"{what}: Likely mistake: combine joins the heads along dimension {joined.group(1)}, where "
+                "heads of different widths do not line up; only the last dimension may differ between heads, "
+                f"so concatenate along it, torch.cat(outputs, dim=-1) ({SHAPE_DRIFT}).\n{problem}"
+            )
         fail(problem)
-    assert_close(got, ref.combine(outputs), dtype_name, rubric, what,
-                 diagnose=lambda y: first_match(y, combine_variants(outputs)))
+    assert_close(
+        got,
+        ref.combine(outputs),
+        dtype_name,
+        rubric,
+        what,
+        diagnose=lambda y: first_match(y, combine_variants(outputs)),
+    )
 
 
 @pytest.mark.part("combine")

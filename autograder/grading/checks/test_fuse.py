@@ -7,6 +7,7 @@ alone). Keeping the wrapper's dtype and device is a small check of its own. The 
 only when the weights are right on their own case. When fuse_heads fails and the student's
 head_column_ranges is wrong, the message says so: fuse_heads may use it.
 """
+
 import pytest
 import torch
 
@@ -33,22 +34,31 @@ CASES = {
     "1 head": (4, 3, 5, 1, False),
     "6 heads, bias": (6, 2, 7, 6, True),
 }
-DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16",
-               torch.float16: "float16"}
-DTYPE_HINT = ("fuse_heads' module does not have the wrapper's dtype: MultiHeadAttention(...) is created in the "
-              "default dtype (float32) on the CPU; move it to the wrapper's, e.g. .to(wrapper.heads[0].W_query.weight)")
+DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+DTYPE_HINT = (
+    "fuse_heads' module does not have the wrapper's dtype: MultiHeadAttention(...) is created in the "
+    "default dtype (float32) on the CPU; move it to the wrapper's, e.g. .to(wrapper.heads[0].W_query.weight)"
+)
 
 
 def fused_pair(submission, inputs, case):
     """The reference wrapper, the student's wrapper with the same weights, and fuse_heads of the latter."""
     d_in, width, context, heads, bias = CASES[case]
-    wrapper_ref, wrapper = build_pair(submission, inputs, "MultiHeadAttentionWrapper", d_in, width, context, 0.0,
-                                      heads, qkv_bias=bias)
+    wrapper_ref, wrapper = build_pair(
+        submission, inputs, "MultiHeadAttentionWrapper", d_in, width, context, 0.0, heads, qkv_bias=bias
+    )
     fused, problem = attempt(submission.call, "fuse_heads", wrapper)
     if problem:
         note = wrong_ranges(submission, width * heads, heads)
-        fail((f"Likely cause: {note}. If fuse_heads places each head's weights with head_column_ranges, fix "
-              "that first (see the columns checks).\n" if note else "") + problem)
+        fail(
+            (
+                f"Likely cause: {note}. If fuse_heads places each head's weights with head_column_ranges, fix "
+                "that first (see the columns checks).\n"
+                if note
+                else ""
+            )
+            + problem
+        )
     if not isinstance(fused, ModuleRef):
         fail(f"fuse_heads returned {fused!r:.80}; it must return a MultiHeadAttention")
     if "MultiHeadAttention" not in fused.instance_of:
@@ -65,27 +75,38 @@ def placement_problem(submission, inputs, rubric, case, wrapper_ref, fused) -> s
     for name, tensor in expected.items():
         if name not in state or not isinstance(state[name], torch.Tensor) or state[name].shape != tensor.shape:
             got = tuple(state[name].shape) if isinstance(state.get(name), torch.Tensor) else "nothing"
-            return (f"the fused module's {name} is {got}, expected {tuple(tensor.shape)}: fuse_heads must build "
-                    f"MultiHeadAttention(d_in={d_in}, d_out={width * heads}, context_length={context}, dropout, "
-                    f"num_heads={heads}, qkv_bias={bias}), taking every size from the wrapper")
+            return (
+                f"the fused module's {name} is {got}, expected {tuple(tensor.shape)}: fuse_heads must build "
+                f"MultiHeadAttention(d_in={d_in}, d_out={width * heads}, context_length={context}, dropout, "
+                f"num_heads={heads}, qkv_bias={bias}), taking every size from the wrapper"
+            )
     unexpected = sorted(set(state) - set(expected))
     if unexpected:
-        return (f"the fused module has weights a MultiHeadAttention(..., qkv_bias={bias}) does not have: "
-                f"{unexpected[:3]}")
+        return (
+            f"the fused module has weights a MultiHeadAttention(..., qkv_bias={bias}) does not have: {unexpected[:3]}"
+        )
     module.load_state_dict({k: v.double() if v.is_floating_point() else v for k, v in state.items()})
     module = module.double().eval()
     x = inputs.randn(2, context, d_in)
     # the weights' own precision: a float32 copy of float64 weights is a dtype mistake, charged in its own check
     dtype_name = DTYPE_NAMES.get(state["W_query.weight"].dtype, "float64")
-    problem = value_problem(reference_forward(module, x), reference_forward(wrapper_ref, x), dtype_name, rubric,
-                            f"the reference forward with your fused weights ({case})",
-                            diagnose=lambda y: describe_module_mistake(state, wrapper_ref)
-                            or first_match(y, fuse_variants(wrapper_ref, x)))
+    problem = value_problem(
+        reference_forward(module, x),
+        reference_forward(wrapper_ref, x),
+        dtype_name,
+        rubric,
+        f"the reference forward with your fused weights ({case})",
+        diagnose=lambda y: describe_module_mistake(state, wrapper_ref) or first_match(y, fuse_variants(wrapper_ref, x)),
+    )
     if problem is None:
         return None
     note = wrong_ranges(submission, width * heads, heads)
-    return problem + (f"\nLikely cause: {note}. If fuse_heads places each head's weights with "
-                      "head_column_ranges, fix that first (see the columns checks)." if note else "")
+    return problem + (
+        f"\nLikely cause: {note}. If fuse_heads places each head's weights with "
+        "head_column_ranges, fix that first (see the columns checks)."
+        if note
+        else ""
+    )
 
 
 @pytest.mark.part("fuse")
@@ -104,16 +125,23 @@ def test_keeps_dtype_and_device(submission, inputs, rubric, device):
     case = "3 heads, bias"
     wrapper_ref, _, fused = fused_pair(submission, inputs, case)
     values_first(placement_problem(submission, inputs, rubric, case, wrapper_ref, fused), "Keeping the dtype")
-    dtypes = sorted({str(t.dtype).removeprefix("torch.") for name, t in (fused.state_dict or {}).items()
-                     if name != "mask" and isinstance(t, torch.Tensor) and t.is_floating_point()})
+    dtypes = sorted(
+        {
+            str(t.dtype).removeprefix("torch.")
+            for name, t in (fused.state_dict or {}).items()
+            if name != "mask" and isinstance(t, torch.Tensor) and t.is_floating_point()
+        }
+    )
     if dtypes != ["float64"]:
         fail(f"Likely mistake: {DTYPE_HINT}. For a float64 wrapper the fused module's weights are {', '.join(dtypes)}.")
     if device != "cpu":
         d_in, _, context, _, _ = CASES[case]
         _, problem = attempt(submission.forward, fused, inputs.randn(1, context, d_in))
         if problem and "device" in problem:
-            fail("Likely mistake: fuse_heads' module is not on the wrapper's device: create it there, e.g. "
-                 f".to(wrapper.heads[0].W_query.weight).\n{problem}")
+            fail(
+                "Likely mistake: fuse_heads' module is not on the wrapper's device: create it there, e.g. "
+                f".to(wrapper.heads[0].W_query.weight).\n{problem}"
+            )
 
 
 @pytest.mark.part("fuse")
@@ -127,8 +155,9 @@ def test_fused_output_equals_wrapper(submission, inputs, rubric, device, case):
     dtype = state["W_query.weight"].dtype  # a dtype mistake is charged in test_keeps_dtype_and_device alone
     dtype_name = DTYPE_NAMES.get(dtype, "float64")
     right = {k: v.detach().cpu().to(dtype) for k, v in ref.fuse_heads(wrapper_ref).state_dict().items()}
-    own = submission.build("MultiHeadAttention", d_in, width * heads, context, 0.0, heads, qkv_bias=bias,
-                           state_dict=right, dtype=dtype)
+    own = submission.build(
+        "MultiHeadAttention", d_in, width * heads, context, 0.0, heads, qkv_bias=bias, state_dict=right, dtype=dtype
+    )
     x = inputs.randn(3, context - 1, d_in, dtype=dtype)
     mine, own_problem = attempt(submission.forward, own, x)
     if own_problem is not None:
@@ -138,9 +167,14 @@ def test_fused_output_equals_wrapper(submission, inputs, rubric, device, case):
         if device != "cpu" and "device" in problem:
             return  # charged in test_keeps_dtype_and_device
         fail(in_student_terms(problem, "the fused module's forward"))
-    assert_close(answer.y, mine.y, dtype_name, rubric,
-                 f"fused module output vs your own MultiHeadAttention with the wrapper's weights ({case}); check the "
-                 "arguments fuse_heads passes to MultiHeadAttention (num_heads, context_length, dropout)")
+    assert_close(
+        answer.y,
+        mine.y,
+        dtype_name,
+        rubric,
+        f"fused module output vs your own MultiHeadAttention with the wrapper's weights ({case}); check the "
+        "arguments fuse_heads passes to MultiHeadAttention (num_heads, context_length, dropout)",
+    )
 
 
 @pytest.mark.part("fuse")
@@ -152,5 +186,6 @@ def test_wrapper_left_unchanged(submission, inputs, rubric):
     for name, tensor in wrapper_ref.state_dict().items():
         if name not in after or not torch.equal(after[name].double(), tensor.double()):
             fail(f"fuse_heads changed the wrapper's {name}; copy the weights into the new module instead")
-    values_first(placement_problem(submission, inputs, rubric, case, wrapper_ref, fused),
-                 "Leaving the wrapper unchanged")
+    values_first(
+        placement_problem(submission, inputs, rubric, case, wrapper_ref, fused), "Leaving the wrapper unchanged"
+    )

@@ -5,6 +5,7 @@ hidden cases, then the properties (dtype and device, input unchanged, no caching
 for all heads, no ready-made attention, dropout). A property counts only when the output on the
 property's own case is right: a forward returning zeros earns nothing here.
 """
+
 import pytest
 import torch
 
@@ -40,16 +41,28 @@ MHA_OPS = ("_native_multi_head_attention", "_transformer_encoder_layer")
 MHA_CALLS = ("nn.MultiheadAttention", "F.multi_head_attention_forward")
 FORBIDDEN = {
     "scaled_dot_product_attention": lambda ops, calls: any(name in op for op in ops for name in SDPA_OPS),
-    "nn_multihead_attention": lambda ops, calls: (any(call in MHA_CALLS for call in calls)
-                                                  or any(name in op for op in ops for name in MHA_OPS)),
+    "nn_multihead_attention": lambda ops, calls: (
+        any(call in MHA_CALLS for call in calls) or any(name in op for op in ops for name in MHA_OPS)
+    ),
     "flex_attention": lambda ops, calls: any("flex_attention" in op for op in ops),
 }
 
 
 def pair(submission, inputs, case, dtype=torch.float64, device="cpu", dropout=0.0):
     batch, tokens, d_in, d_out, context, heads, bias = CASES[case]
-    reference, module = build_pair(submission, inputs, "MultiHeadAttention", d_in, d_out, context, dropout, heads,
-                                   dtype=dtype, device=device, qkv_bias=bias)
+    reference, module = build_pair(
+        submission,
+        inputs,
+        "MultiHeadAttention",
+        d_in,
+        d_out,
+        context,
+        dropout,
+        heads,
+        dtype=dtype,
+        device=device,
+        qkv_bias=bias,
+    )
     return reference, module, (batch, tokens, d_in)
 
 
@@ -61,16 +74,23 @@ def run(submission, reference, module, x, **kwargs):
 def output_problem(reference, x, y, dtype_name, rubric, what) -> str | None:
     """None when y is the reference's output on x, else the failure message with a diagnosis."""
     x = x.to(reference.mask.device)
-    return value_problem(y, reference_forward(reference, x).cpu(), dtype_name, rubric, what,
-                         diagnose=lambda y: first_match(y, {k: v.cpu() for k, v in mha_variants(reference, x).items()}))
+    return value_problem(
+        y,
+        reference_forward(reference, x).cpu(),
+        dtype_name,
+        rubric,
+        what,
+        diagnose=lambda y: first_match(y, {k: v.cpu() for k, v in mha_variants(reference, x).items()}),
+    )
 
 
 @pytest.mark.part("mha")
 def test_book_example(submission, rubric):
     """the book's example: MultiHeadAttention(3, 2, 6, 0.0, num_heads=2) gives (2, 6, 2)"""
     reference, module, x = book_pair(submission, "MultiHeadAttention", 3, 2, 6, 0.0, 2)
-    problem = output_problem(reference, x, run(submission, reference, module, x).y, "float32", rubric,
-                             "output for the book's example")
+    problem = output_problem(
+        reference, x, run(submission, reference, module, x).y, "float32", rubric, "output for the book's example"
+    )
     if problem:
         fail(problem)
 
@@ -81,8 +101,14 @@ def test_shorter_sequences(submission, inputs, rubric):
     reference, module, _ = pair(submission, inputs, "short sequence")
     for tokens in (3, 1):
         x = inputs.randn(2, tokens, reference.W_query.in_features)
-        problem = output_problem(reference, x, run(submission, reference, module, x).y, "float64", rubric,
-                                 f"output for {tokens} token(s) with context_length 9")
+        problem = output_problem(
+            reference,
+            x,
+            run(submission, reference, module, x).y,
+            "float64",
+            rubric,
+            f"output for {tokens} token(s) with context_length 9",
+        )
         if problem:
             fail(problem)
 
@@ -111,12 +137,16 @@ def test_keeps_dtype(submission, inputs, rubric, device):
         answer = run(submission, reference, module, x)
         y = answer.y
         if not isinstance(y, torch.Tensor) or y.dtype != dtype:
-            fail(f"a {dtype} input gave {getattr(y, 'dtype', type(y).__name__)}: keep the input's dtype "
-                 "(no hard-coded .float() or torch.float32 tensors)")
+            fail(
+                f"a {dtype} input gave {getattr(y, 'dtype', type(y).__name__)}: keep the input's dtype "
+                "(no hard-coded .float() or torch.float32 tensors)"
+            )
         if answer.y_info.device != str(x.to(device).device):
             fail(f"the output is on {answer.y_info.device}, the input on {device}: keep the input's device")
-        values_first(output_problem(reference, x, y, str(dtype).removeprefix("torch."), rubric, f"{dtype} output"),
-                     "Keeping the dtype")
+        values_first(
+            output_problem(reference, x, y, str(dtype).removeprefix("torch."), rubric, f"{dtype} output"),
+            "Keeping the dtype",
+        )
 
 
 @pytest.mark.part("mha")
@@ -137,8 +167,14 @@ def test_new_inputs_new_answers(submission, inputs, rubric):
     reference, module, shape = pair(submission, inputs, "d_in != d_out, bias")
     for attempt_number in range(3):
         x = inputs.randn(*shape)
-        problem = output_problem(reference, x, run(submission, reference, module, x).y, "float64", rubric,
-                                 f"output for new input number {attempt_number + 1} of the same shape")
+        problem = output_problem(
+            reference,
+            x,
+            run(submission, reference, module, x).y,
+            "float64",
+            rubric,
+            f"output for new input number {attempt_number + 1} of the same shape",
+        )
         if problem:
             fail(problem)
 
@@ -151,15 +187,18 @@ def test_gradients(submission, inputs, rubric):
     grad_out = inputs.randn(*shape[:2], reference.d_out)
     answer, problem = attempt(submission.forward, module, x, grad_out=grad_out)
     if problem:  # the values first: a forward whose backward fails may be wrong already
-        values_first(output_problem(reference, x, run(submission, reference, module, x).y, "float64", rubric,
-                                    "output"), "The gradient check")
+        values_first(
+            output_problem(reference, x, run(submission, reference, module, x).y, "float64", rubric, "output"),
+            "The gradient check",
+        )
         fail(in_student_terms(problem, FORWARD))
     values_first(output_problem(reference, x, answer.y, "float64", rubric, "output"), "The gradient check")
     x_ref = x.clone().requires_grad_(True)
     reference.zero_grad(set_to_none=True)
     reference(x_ref).backward(grad_out)
-    check_gradients(answer, {"x": x_ref.grad, **{f"param:{n}": p.grad for n, p in reference.named_parameters()}},
-                    rubric)
+    check_gradients(
+        answer, {"x": x_ref.grad, **{f"param:{n}": p.grad for n, p in reference.named_parameters()}}, rubric
+    )
 
 
 def traced(submission, inputs, rubric, heads):
@@ -169,13 +208,16 @@ def traced(submission, inputs, rubric, heads):
     reference, module = build_pair(submission, inputs, "MultiHeadAttention", 12, 24, 6, 0.0, heads)
     x = inputs.randn(2, 6, 12)
     answer = run(submission, reference, module, x, trace=True)
-    values_first(output_problem(reference, x, answer.y, "float64", rubric,
-                                f"output of the traced forward ({heads} heads)"),
-                 "This check of how the forward is organised")
+    values_first(
+        output_problem(reference, x, answer.y, "float64", rubric, f"output of the traced forward ({heads} heads)"),
+        "This check of how the forward is organised",
+    )
     untraced = run(submission, reference, module, x).y
     if not isinstance(untraced, torch.Tensor) or not torch.equal(untraced, answer.y):
-        fail("the forward gave different outputs for the same input when its operations were traced and when "
-             "they were not: it must compute the same way whether or not it is observed")
+        fail(
+            "the forward gave different outputs for the same input when its operations were traced and when "
+            "they were not: it must compute the same way whether or not it is observed"
+        )
     return answer
 
 
@@ -186,10 +228,12 @@ def test_one_pass_for_all_heads(submission, inputs, rubric):
     two = count_matmuls(traced(submission, inputs, rubric, 2).ops or [])
     twelve = count_matmuls(traced(submission, inputs, rubric, 12).ops or [])
     if twelve != two:
-        fail(f"the forward issued {two} matrix multiplies for 2 heads and {twelve} for 12: the work grows "
-             "with the number of heads, so the heads are computed one at a time (a loop over heads?). "
-             "Project once, view as (b, T, H, head_dim), transpose to (b, H, T, head_dim) and let one "
-             "batched matmul serve every head.")
+        fail(
+            f"the forward issued {two} matrix multiplies for 2 heads and {twelve} for 12: the work grows "
+            "with the number of heads, so the heads are computed one at a time (a loop over heads?). "
+            "Project once, view as (b, T, H, head_dim), transpose to (b, H, T, head_dim) and let one "
+            "batched matmul serve every head."
+        )
     if two == 0:
         fail("the forward issued no matrix multiplies at all that the grader could see")
 
@@ -199,11 +243,16 @@ def test_one_pass_for_all_heads(submission, inputs, rubric):
 def test_no_ready_made_attention(submission, inputs, rubric):
     """the forward writes the attention itself (no scaled_dot_product_attention, nn.MultiheadAttention, flex)"""
     answer = traced(submission, inputs, rubric, 4)
-    used = [name for name, found in FORBIDDEN.items()
-            if not rubric.apis.get(name, False) and found(answer.ops or [], answer.python_calls or [])]
+    used = [
+        name
+        for name, found in FORBIDDEN.items()
+        if not rubric.apis.get(name, False) and found(answer.ops or [], answer.python_calls or [])
+    ]
     if used:
-        fail(f"the forward calls {', '.join(used)}; the exercise is to write the computation yourself "
-             "(scores, mask, softmax, weighted sum), so these are not allowed here")
+        fail(
+            f"the forward calls {', '.join(used)}; the exercise is to write the computation yourself "
+            "(scores, mask, softmax, weighted sum), so these are not allowed here"
+        )
 
 
 @pytest.mark.part("mha")
@@ -212,8 +261,14 @@ def test_dropout(submission, inputs, rubric, device):
     # the reference on the grading device: CPU and CUDA draw different dropout masks from one seed
     reference, module, shape = pair(submission, inputs, "d_in != d_out, bias", device=device, dropout=0.5)
     x = inputs.randn(*shape)
-    problem = output_problem(reference, x, run(submission, reference, module, x).y, "float64", rubric,
-                             "eval-mode output with dropout=0.5 (dropout must be inert in eval mode)")
+    problem = output_problem(
+        reference,
+        x,
+        run(submission, reference, module, x).y,
+        "float64",
+        rubric,
+        "eval-mode output with dropout=0.5 (dropout must be inert in eval mode)",
+    )
     if problem:
         fail(problem)
     seed = inputs.seed_value()
@@ -221,10 +276,19 @@ def test_dropout(submission, inputs, rubric, device):
     what = "training-mode output with dropout=0.5 (apply self.dropout once, to the attention weights)"
     x = x.to(device)
     variants = lambda: {k: v.cpu() for k, v in mha_dropout_variants(reference, x, seed).items()}  # noqa: E731
-    problem = value_problem(y, reference_forward(reference, x, train=True, seed=seed).cpu(), "float64", rubric,
-                            what, diagnose=lambda y: first_match(y, variants()))
+    problem = value_problem(
+        y,
+        reference_forward(reference, x, train=True, seed=seed).cpu(),
+        "float64",
+        rubric,
+        what,
+        diagnose=lambda y: first_match(y, variants()),
+    )
     # Dropout drawn one head at a time (as a loop over heads draws it) is still dropout on the attention
     # weights; the loop itself is charged in test_one_pass_for_all_heads.
-    if problem and value_problem(y, mha_train_forward(reference, x, seed, "weights_per_head").cpu(), "float64",
-                                 rubric, what) is not None:
+    if (
+        problem
+        and value_problem(y, mha_train_forward(reference, x, seed, "weights_per_head").cpu(), "float64", rubric, what)
+        is not None
+    ):
         fail(problem)

@@ -1,4 +1,5 @@
 """The two multiple-choice questions."""
+
 import pytest
 
 from autograder.grading.checks.harness import fail
@@ -7,14 +8,14 @@ from reference import mha as ref
 CHOICES = {"HEADS_RUN": ("A", "B"), "OUTPUT_SHAPE_STEP": ("A", "B", "C", "D")}
 WHY = {
     "HEADS_RUN": "The wrapper's forward is `[head(x) for head in self.heads]`: the list comprehension calls "
-                 "one head, waits until it has returned, then calls the next (B). Nothing in it computes two "
-                 "heads in one operation; that is what the weight-split version changes.",
+    "one head, waits until it has returned, then calls the next (B). Nothing in it computes two "
+    "heads in one operation; that is what the weight-split version changes.",
     "OUTPUT_SHAPE_STEP": "The exercise's rule: when the combined output needs another shape, change only how the "
-                         "heads' results are sized and gathered (C), and keep each head's role. In part 4, "
-                         "d_out=1 sizes each head's result; every head still makes the same kind of projections "
-                         "and runs the same mask, softmax and weighted sum, so neither what a head computes (A) nor "
-                         "how it forms its attention weights (B) changes, and the input embeddings (D) are not "
-                         "touched.",
+    "heads' results are sized and gathered (C), and keep each head's role. In part 4, "
+    "d_out=1 sizes each head's result; every head still makes the same kind of projections "
+    "and runs the same mask, softmax and weighted sum, so neither what a head computes (A) nor "
+    "how it forms its attention weights (B) changes, and the input embeddings (D) are not "
+    "touched.",
 }
 
 

@@ -8,6 +8,7 @@ hidden weights, checks the submission's values on the timed workload first (a cl
 of something wrong), holds the device's timing lock while it measures, then scores the submission's speedup
 over the wrapper as a fraction of the reference's own speedup in the same run (`[speed]` in the rubric).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,9 +22,11 @@ from autograder.grading.checks.harness import assert_close, fail, reference_forw
 from autograder.grading.devices import TimingLockBusy, device_key, timing_lock
 from autograder.sandbox.client import Worker, WorkerError
 
-LOOP_HINT = ("\nCompute every head in one batched pass: project once, view the result as (b, T, H, head_dim), "
-             "move the heads in front of the tokens and let one batched matmul serve them all; a Python loop over "
-             "the heads pays the cost of every small call once per head.")
+LOOP_HINT = (
+    "\nCompute every head in one batched pass: project once, view the result as (b, T, H, head_dim), "
+    "move the heads in front of the tokens and let one batched matmul serve them all; a Python loop over "
+    "the heads pays the cost of every small call once per head."
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +61,7 @@ def same_weights(inputs, workload, dtype):
     with torch.no_grad():
         for h, head in enumerate(wrapper.heads):
             for name in ("W_query", "W_key", "W_value"):
-                getattr(head, name).weight.copy_(getattr(mha, name).weight[h * width:(h + 1) * width])
+                getattr(head, name).weight.copy_(getattr(mha, name).weight[h * width : (h + 1) * width])
     return mha.eval(), state, wrapper.state_dict()
 
 
@@ -75,15 +78,18 @@ def verifier(workload, rubric):
 
 def describe(workload) -> str:
     w = workload
-    return (f"{w.name}: batch {w.batch}, {w.tokens} tokens, {w.d_in} -> {w.d_out} features, {w.heads} heads "
-            f"of width {w.d_out // w.heads}, {w.dtype}")
+    return (
+        f"{w.name}: batch {w.batch}, {w.tokens} tokens, {w.d_in} -> {w.d_out} features, {w.heads} heads "
+        f"of width {w.d_out // w.heads}, {w.dtype}"
+    )
 
 
 def record(context, workload, figures):
     """The workload's figures into the run's measurements; the headline figures are the geometric means
     over the workloads measured (one on the CPU)."""
-    speed = context.measurements.setdefault("speed", {"device": context.device,
-                                                      "threads": context.rubric.speed.threads, "workloads": {}})
+    speed = context.measurements.setdefault(
+        "speed", {"device": context.device, "threads": context.rubric.speed.threads, "workloads": {}}
+    )
     speed["workloads"][workload.name] = figures
     measured = [f for f in speed["workloads"].values() if "relative" in f]
     for key in ("speedup", "reference_speedup", "relative"):
@@ -91,8 +97,7 @@ def record(context, workload, figures):
 
 
 @pytest.mark.part("speed")
-def test_faster_than_the_wrapper(context, submission, inputs, rubric, device, speed_workload, timing_workers,
-                                 request):
+def test_faster_than_the_wrapper(context, submission, inputs, rubric, device, speed_workload, timing_workers, request):
     """the parallel forward beats the wrapper by about as much as the reference's does"""
     settings, w = rubric.speed, speed_workload
     dtype = getattr(torch, w.dtype)
@@ -103,38 +108,70 @@ def test_faster_than_the_wrapper(context, submission, inputs, rubric, device, sp
 
     # the values first, on this very workload: a timing of something wrong would mean nothing
     x = inputs.randn(*w.shape, dtype=dtype)
-    assert_close(mine.forward(module, x).y, reference_forward(mha.to(device), x.to(device)).cpu(), w.dtype,
-                 rubric, f"output on the speed workload ({describe(w)})")
+    assert_close(
+        mine.forward(module, x).y,
+        reference_forward(mha.to(device), x.to(device)).cpu(),
+        w.dtype,
+        rubric,
+        f"output on the speed workload ({describe(w)})",
+    )
 
     # only now: a wrong forward does not wait for the reference's workers
     wrapper_worker, reference_worker = timing_workers[timing.WRAPPER].get(), timing_workers[timing.REFERENCE].get()
-    reference = trusted(reference_worker, "build", cls="MultiHeadAttention", args=args, kwargs={},
-                        state_dict=state, dtype=w.dtype, device=device)
-    wrapper = trusted(wrapper_worker, "build", cls="MultiHeadAttentionWrapper",
-                      args=[w.d_in, w.d_out // w.heads, w.tokens, 0.0, w.heads], kwargs={},
-                      state_dict=wrapper_state, dtype=w.dtype, device=device)
-    request_args = dict(shape=list(w.shape), dtype=w.dtype, out_features=w.d_out, threads=settings.threads,
-                        flush_bytes=int(w.flush_mib * (1 << 20)))
+    reference = trusted(
+        reference_worker,
+        "build",
+        cls="MultiHeadAttention",
+        args=args,
+        kwargs={},
+        state_dict=state,
+        dtype=w.dtype,
+        device=device,
+    )
+    wrapper = trusted(
+        wrapper_worker,
+        "build",
+        cls="MultiHeadAttentionWrapper",
+        args=[w.d_in, w.d_out // w.heads, w.tokens, 0.0, w.heads],
+        kwargs={},
+        state_dict=wrapper_state,
+        dtype=w.dtype,
+        device=device,
+    )
+    request_args = dict(
+        shape=list(w.shape),
+        dtype=w.dtype,
+        out_features=w.d_out,
+        threads=settings.threads,
+        flush_bytes=int(w.flush_mib * (1 << 20)),
+    )
 
     def in_reference_worker(worker, handle):
-        return lambda seeds, timeout: trusted(worker, "forward_many", timeout=timeout, handle=handle,
-                                              seeds=seeds, **request_args)
+        return lambda seeds, timeout: trusted(
+            worker, "forward_many", timeout=timeout, handle=handle, seeds=seeds, **request_args
+        )
 
     targets = [
-        timing.Target(timing.WRAPPER, wrapper_worker, in_reference_worker(wrapper_worker, wrapper.handle),
-                      w.wrapper_calls),
-        timing.Target(timing.REFERENCE, reference_worker, in_reference_worker(reference_worker, reference.handle),
-                      w.calls),
-        timing.Target(timing.SUBMISSION, mine.worker,
-                      lambda seeds, timeout: mine.forward_many(module, seeds, timeout=timeout, **request_args),
-                      w.calls),
+        timing.Target(
+            timing.WRAPPER, wrapper_worker, in_reference_worker(wrapper_worker, wrapper.handle), w.wrapper_calls
+        ),
+        timing.Target(
+            timing.REFERENCE, reference_worker, in_reference_worker(reference_worker, reference.handle), w.calls
+        ),
+        timing.Target(
+            timing.SUBMISSION,
+            mine.worker,
+            lambda seeds, timeout: mine.forward_many(module, seeds, timeout=timeout, **request_args),
+            w.calls,
+        ),
     ]
     seeds = iter(inputs.seed_value, None)
     try:
         with timing_lock(device_key(device), settings.lock_seconds):
             mine.begin_check()  # the wait for the lock is not the submission's time
-            measurement = timing.measure(targets, settings, seeds, verifier(w, rubric),
-                                         mine.worker.config.request_seconds)
+            measurement = timing.measure(
+                targets, settings, seeds, verifier(w, rubric), mine.worker.config.request_seconds
+            )
     except TimingLockBusy as exc:
         raise timing.CannotTime(str(exc)) from None
     except timing.TimingFailed as exc:
@@ -150,7 +187,8 @@ def test_faster_than_the_wrapper(context, submission, inputs, rubric, device, sp
         raise timing.CannotTime(
             f"in this run the reference was only {figures['reference_speedup']:.2f} times faster than the wrapper "
             f"on {describe(w)} (at least {settings.min_reference_speedup:g} is needed to tell a parallel forward "
-            "from a sequential one): choose a workload in [speed] where the weight split matters on this machine")
+            "from a sequential one): choose a workload in [speed] where the weight split matters on this machine"
+        )
     earned = timing.credit(figures["relative"], settings.no_credit_at, settings.full_credit_at)
     figures.update(workload=dataclasses.asdict(w), credit=earned)
     record(context, w, figures)
@@ -158,15 +196,18 @@ def test_faster_than_the_wrapper(context, submission, inputs, rubric, device, sp
         context.flags.append(
             f"speed ({w.name}): a speedup over the wrapper of {figures['speedup']:.2f}x is {figures['relative']:.2f} "
             f"times the reference's {figures['reference_speedup']:.2f}x in the same run, implausibly fast for the "
-            "same computation: look for caching, timing tricks or work done outside the timed forward")
+            "same computation: look for caching, timing tricks or work done outside the timed forward"
+        )
     request.node.user_properties.append(("credit", earned))
     if earned < 1:
         times = figures["ms_per_call"]
         spread = figures["relative_spread"]
         hint = LOOP_HINT if figures["relative"] <= settings.no_credit_at else ""
-        fail(f"{describe(w)}: your forward took {times[timing.SUBMISSION]:.3g} ms per call, the reference "
-             f"MultiHeadAttention {times[timing.REFERENCE]:.3g} ms and the wrapper {times[timing.WRAPPER]:.3g} ms. "
-             f"Your speedup over the wrapper is {figures['speedup']:.2f}x, the reference's {figures['reference_speedup']:.2f}x "
-             f"in the same run: yours is {figures['relative']:.2f} of it (median of {figures['rounds']} rounds, "
-             f"middle half {spread['q1']:.2f}-{spread['q3']:.2f}). Full points from {settings.full_credit_at:g}, none at "
-             f"{settings.no_credit_at:g} or below: {earned:.0%} of the points.{hint}")
+        fail(
+            f"{describe(w)}: your forward took {times[timing.SUBMISSION]:.3g} ms per call, the reference "
+            f"MultiHeadAttention {times[timing.REFERENCE]:.3g} ms and the wrapper {times[timing.WRAPPER]:.3g} ms. "
+            f"Your speedup over the wrapper is {figures['speedup']:.2f}x, the reference's {figures['reference_speedup']:.2f}x "
+            f"in the same run: yours is {figures['relative']:.2f} of it (median of {figures['rounds']} rounds, "
+            f"middle half {spread['q1']:.2f}-{spread['q3']:.2f}). Full points from {settings.full_credit_at:g}, none at "
+            f"{settings.no_credit_at:g} or below: {earned:.0%} of the points.{hint}"
+        )

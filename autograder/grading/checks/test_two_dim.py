@@ -5,6 +5,7 @@ when it equals the student's own MultiHeadAttentionWrapper built the right way (
 with the same weights: a mistake in the wrapper's forward or in combine is charged in those parts only.
 The checks run structure first, then the book's example, then dropout and bias, then hidden cases.
 """
+
 import pytest
 import torch
 
@@ -52,28 +53,38 @@ def layout_problem(module: ModuleRef, d_in: int, context: int, bias: bool) -> st
     state = module.state_dict or {}
     layout = head_layout(state)
     if len(layout) != 2:
-        return (f"the wrapper has {len(layout)} head(s); the exercise keeps num_heads=2 and changes only the "
-                "width of each head (d_out=1), so two heads of width 1 give 2-D context vectors")
+        return (
+            f"the wrapper has {len(layout)} head(s); the exercise keeps num_heads=2 and changes only the "
+            "width of each head (d_out=1), so two heads of width 1 give 2-D context vectors"
+        )
     changed = describe_changed_heads(state)
     if changed:
         return f"Likely mistake: {changed}. For 2-D context vectors keep num_heads=2 and pass d_out=1 to the wrapper."
     widths = [shape[0] for shape in layout]
     if widths != [1, 1]:
-        return (f"the heads have output widths {widths}; with 2 heads the combined width is 2 * d_out, "
-                "so each head needs d_out=1")
+        return (
+            f"the heads have output widths {widths}; with 2 heads the combined width is 2 * d_out, "
+            "so each head needs d_out=1"
+        )
     if any(shape[1] != d_in for shape in layout):
         return f"the heads take inputs of width {[s[1] for s in layout]}, expected d_in={d_in}: pass d_in on"
     has_bias = [f"heads.{h}.W_query.bias" in state for h in range(2)]
     if bias and not all(has_bias):
-        return (f"make_2d_wrapper({d_in}, {context}, qkv_bias=True) built heads without biases: pass qkv_bias "
-                "on, MultiHeadAttentionWrapper(..., qkv_bias=qkv_bias)")
+        return (
+            f"make_2d_wrapper({d_in}, {context}, qkv_bias=True) built heads without biases: pass qkv_bias "
+            "on, MultiHeadAttentionWrapper(..., qkv_bias=qkv_bias)"
+        )
     if not bias and any(has_bias):
-        return (f"make_2d_wrapper({d_in}, {context}) built heads with biases although qkv_bias is False: pass "
-                "qkv_bias on instead of fixing it")
+        return (
+            f"make_2d_wrapper({d_in}, {context}) built heads with biases although qkv_bias is False: pass "
+            "qkv_bias on instead of fixing it"
+        )
     mask = state.get("heads.0.mask")
     if isinstance(mask, torch.Tensor) and tuple(mask.shape) != (context, context):
-        return (f"the heads' causal masks are {tuple(mask.shape)} for context_length={context}: pass "
-                "context_length on to the wrapper")
+        return (
+            f"the heads' causal masks are {tuple(mask.shape)} for context_length={context}: pass "
+            "context_length on to the wrapper"
+        )
     expected = set(ref.make_2d_wrapper(d_in, context, qkv_bias=bias).state_dict())
     if set(state) != expected:
         odd = sorted(set(state) ^ expected)
@@ -90,8 +101,9 @@ def reference_for(module: ModuleRef, d_in, context, bias, dropout=0.0):
     return reference.to(next(iter(module.state_dict.values())).dtype).eval()
 
 
-def output_problem(submission, module, d_in, context, bias, x, rubric, what, dropout=0.0, train=False,
-                   seed=0) -> str | None:
+def output_problem(
+    submission, module, d_in, context, bias, x, rubric, what, dropout=0.0, train=False, seed=0
+) -> str | None:
     """None when the 2-D wrapper's output is right: the reference's, or that of the student's own
     MultiHeadAttentionWrapper built with d_out=1 and 2 heads (same weights, same dropout draw)."""
     reference = reference_for(module, d_in, context, bias, dropout).to(submission.device)
@@ -101,18 +113,29 @@ def output_problem(submission, module, d_in, context, bias, x, rubric, what, dro
     answer, problem = attempt(submission.forward, module, x, train=train, seed=seed, hooks=not train)
     if problem is None:
         for call in answer.head_calls:
-            if 0 <= call.index < 2 and (call.output is None or value_problem(
-                    call.output, heads[call.index], "float32", rubric, "") is not None):
-                return named(f"head {call.index} no longer computes what a CausalAttention computes on its own "
-                             "weights: change only the argument that sizes each head (d_out), never what a head "
-                             "computes", HEAD_CHANGED)
+            if 0 <= call.index < 2 and (
+                call.output is None or value_problem(call.output, heads[call.index], "float32", rubric, "") is not None
+            ):
+                return named(
+                    f"head {call.index} no longer computes what a CausalAttention computes on its own "
+                    "weights: change only the argument that sizes each head (d_out), never what a head "
+                    "computes",
+                    HEAD_CHANGED,
+                )
         expected = reference_forward(reference, on_device, train=train, seed=seed).cpu()
-        problem = value_problem(answer.y, expected, "float32", rubric,
-                                what, diagnose=None if train else lambda y: first_match(y, wrapper_variants(heads)))
+        problem = value_problem(
+            answer.y,
+            expected,
+            "float32",
+            rubric,
+            what,
+            diagnose=None if train else lambda y: first_match(y, wrapper_variants(heads)),
+        )
         if problem is None:
             return None
-    own = submission.build("MultiHeadAttentionWrapper", d_in, 1, context, dropout, 2, qkv_bias=bias,
-                           state_dict=module.state_dict)
+    own = submission.build(
+        "MultiHeadAttentionWrapper", d_in, 1, context, dropout, 2, qkv_bias=bias, state_dict=module.state_dict
+    )
     mine, own_problem = attempt(submission.forward, own, x, train=train, seed=seed)
     if answer is not None and mine is not None and value_problem(answer.y, mine.y, "float32", rubric, what) is None:
         return None  # what your own wrapper computes: its forward and combine are graded in their parts
@@ -131,8 +154,10 @@ def test_two_heads_of_width_one(submission, inputs, rubric, case):
     if problem:
         fail(problem)
     x = inputs.randn(3, tokens, d_in, dtype=torch.float32)
-    values_first(output_problem(submission, module, d_in, context, False, x, rubric, "2-D wrapper output"),
-                 "The wrapper's layout")
+    values_first(
+        output_problem(submission, module, d_in, context, False, x, rubric, "2-D wrapper output"),
+        "The wrapper's layout",
+    )
 
 
 @pytest.mark.part("two_dim")
@@ -142,8 +167,9 @@ def test_book_example(submission, rubric):
     problem = layout_problem(module, 3, 6, bias=False)
     if problem:
         fail(f"make_2d_wrapper(3, 6) must build 2 heads of width 1 for the book's 3-D embeddings: {problem}")
-    problem = output_problem(submission, module, 3, 6, False, book_batch(), rubric,
-                             "2-D wrapper output for the book's example")
+    problem = output_problem(
+        submission, module, 3, 6, False, book_batch(), rubric, "2-D wrapper output for the book's example"
+    )
     if problem:
         fail(problem)
 
@@ -159,15 +185,18 @@ def test_passes_dropout_and_bias_on(submission, inputs, rubric):
     x = inputs.randn(2, context, d_in, dtype=torch.float32)
     seed = inputs.seed_value()
     what = "training-mode output of make_2d_wrapper(5, 6, dropout=0.5, qkv_bias=True)"
-    problem = output_problem(submission, module, d_in, context, True, x, rubric, what, dropout=0.5, train=True,
-                             seed=seed)
+    problem = output_problem(
+        submission, module, d_in, context, True, x, rubric, what, dropout=0.5, train=True, seed=seed
+    )
     if problem is None:
         return
     undropped = reference_forward(reference_for(module, d_in, context, True), x)
     answer, _ = attempt(submission.forward, module, x, train=True, seed=seed)
     if answer is not None and value_problem(answer.y, undropped, "float32", rubric, "") is None:
-        fail("make_2d_wrapper(5, 6, dropout=0.5) built a wrapper that does not drop anything in training mode: "
-             "pass dropout on, MultiHeadAttentionWrapper(d_in, 1, context_length, dropout, ...)")
+        fail(
+            "make_2d_wrapper(5, 6, dropout=0.5) built a wrapper that does not drop anything in training mode: "
+            "pass dropout on, MultiHeadAttentionWrapper(d_in, 1, context_length, dropout, ...)"
+        )
     fail(problem)
 
 

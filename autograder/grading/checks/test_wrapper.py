@@ -6,6 +6,7 @@ combine of the heads' outputs (combine's mistake is charged in combine alone). T
 most telling to the most specific: the book's example, the heads' calls, hidden cases, then the
 properties (input unchanged, gradients, dropout), which count only when the output is right.
 """
+
 import pytest
 import torch
 
@@ -66,8 +67,9 @@ def own_combine(submission, inputs, heads) -> torch.Tensor | None:
 def output_problem(submission, inputs, rubric, reference, x, y, dtype_name, what, train=False, seed=0) -> str | None:
     """None when the wrapper's output y is right (see the module's docstring), else the failure message."""
     heads = reference_heads(reference, x, train, seed)
-    problem = value_problem(y, ref.combine(heads), dtype_name, rubric, what,
-                            diagnose=lambda y: first_match(y, wrapper_variants(heads)))
+    problem = value_problem(
+        y, ref.combine(heads), dtype_name, rubric, what, diagnose=lambda y: first_match(y, wrapper_variants(heads))
+    )
     if problem is None:
         return None
     own = own_combine(submission, inputs, heads)
@@ -83,10 +85,13 @@ def run_wrapper(submission, reference, module, x, **kwargs):
         return answer
     raised = submission.try_call("combine", reference_heads(reference, x))
     if isinstance(raised, Raised):
-        state = ("is not written yet" if raised.type == "NotImplementedError"
-                 else f"raises {raised.type}: {raised.message}")
-        fail(f"the wrapper's forward calls combine, and your combine {state}: fix combine first "
-             f"(see the combine checks).\n{problem}")
+        state = (
+            "is not written yet" if raised.type == "NotImplementedError" else f"raises {raised.type}: {raised.message}"
+        )
+        fail(
+            f"the wrapper's forward calls combine, and your combine {state}: fix combine first "
+            f"(see the combine checks).\n{problem}"
+        )
     fail(in_student_terms(problem, FORWARD))
 
 
@@ -95,8 +100,9 @@ def test_book_example(submission, inputs, rubric):
     """the wrapper reproduces the book's (2, 6, 4) context vectors"""
     reference, module, x = book_pair(submission, "MultiHeadAttentionWrapper", 3, 2, 6, 0.0, 2)
     y = run_wrapper(submission, reference, module, x).y
-    problem = output_problem(submission, inputs, rubric, reference, x, y, "float32",
-                             "wrapper output for the book's example")
+    problem = output_problem(
+        submission, inputs, rubric, reference, x, y, "float32", "wrapper output for the book's example"
+    )
     if problem:
         fail(problem)
 
@@ -110,13 +116,17 @@ def test_heads_run_once_in_order_on_same_input(submission, inputs, rubric):
     answer = run_wrapper(submission, reference, module, x, hooks=True)
     order = [c.index for c in answer.head_calls]
     if order != [0, 1, 2, 3]:
-        fail(f"the heads ran in the order {order}; the wrapper must call every head of self.heads once, "
-             "in order (head 0 first): [head(x) for head in self.heads]")
+        fail(
+            f"the heads ran in the order {order}; the wrapper must call every head of self.heads once, "
+            "in order (head 0 first): [head(x) for head in self.heads]"
+        )
     changed = [c.index for c in answer.head_calls if not c.same_values]
     if changed:
         fail(f"head(s) {changed} did not receive the wrapper's input x unchanged; every head must see the same x")
-    values_first(output_problem(submission, inputs, rubric, reference, x, answer.y, "float64", "wrapper output"),
-                 "Calling the heads in order")
+    values_first(
+        output_problem(submission, inputs, rubric, reference, x, answer.y, "float64", "wrapper output"),
+        "Calling the heads in order",
+    )
 
 
 @pytest.mark.part("wrapper")
@@ -125,12 +135,14 @@ def test_matches_reference(submission, inputs, rubric, device, dtype_name, case)
     """the wrapper's output equals the reference's on hidden weights and inputs"""
     dtype = getattr(torch, dtype_name)
     shape, args, kwargs = case_args(case)
-    reference, module = build_pair(submission, inputs, "MultiHeadAttentionWrapper", *args, dtype=dtype,
-                                   device=device, **kwargs)
+    reference, module = build_pair(
+        submission, inputs, "MultiHeadAttentionWrapper", *args, dtype=dtype, device=device, **kwargs
+    )
     x = inputs.randn(*shape, dtype=dtype)
     y = run_wrapper(submission, reference, module, x).y
-    problem = output_problem(submission, inputs, rubric, reference, x.to(device), y, dtype_name,
-                             f"wrapper output ({case})")
+    problem = output_problem(
+        submission, inputs, rubric, reference, x.to(device), y, dtype_name, f"wrapper output ({case})"
+    )
     if problem:
         fail(problem)
 
@@ -144,8 +156,10 @@ def test_input_not_modified(submission, inputs, rubric):
     answer = run_wrapper(submission, reference, module, x)
     if not torch.equal(answer.x_after, x):
         fail("the wrapper's forward modified its input x in place; work on new tensors instead")
-    values_first(output_problem(submission, inputs, rubric, reference, x, answer.y, "float64", "wrapper output"),
-                 "Leaving the input unchanged")
+    values_first(
+        output_problem(submission, inputs, rubric, reference, x, answer.y, "float64", "wrapper output"),
+        "Leaving the input unchanged",
+    )
 
 
 @pytest.mark.part("wrapper")
@@ -156,8 +170,10 @@ def test_gradients(submission, inputs, rubric):
     y = run_wrapper(submission, reference, module, x).y
     right = value_problem(y, ref.combine(reference_heads(reference, x)), "float64", rubric, "") is None
     if not right:
-        values_first(output_problem(submission, inputs, rubric, reference, x, y, "float64", "wrapper output"),
-                     "The gradient check")
+        values_first(
+            output_problem(submission, inputs, rubric, reference, x, y, "float64", "wrapper output"),
+            "The gradient check",
+        )
     grad_out = inputs.randn(*y.shape)
     answer = run_wrapper(submission, reference, module, x, grad_out=grad_out)
     names = ["x", *(f"param:{n}" for n, _ in reference.named_parameters())]
@@ -168,14 +184,17 @@ def test_gradients(submission, inputs, rubric):
             fail(answer.grad_problem)
         missing = [n for n in names if (answer.grads or {}).get(n) is None]
         if missing:
-            fail(f"no gradient reached {missing[0].removeprefix('param:')}: is it used in the computation, "
-                 "without .detach() or torch.no_grad()?")
+            fail(
+                f"no gradient reached {missing[0].removeprefix('param:')}: is it used in the computation, "
+                "without .detach() or torch.no_grad()?"
+            )
         return
     x_ref = x.clone().requires_grad_(True)
     reference.zero_grad(set_to_none=True)
     reference(x_ref).backward(grad_out)
-    check_gradients(answer, {"x": x_ref.grad, **{f"param:{n}": p.grad for n, p in reference.named_parameters()}},
-                    rubric)
+    check_gradients(
+        answer, {"x": x_ref.grad, **{f"param:{n}": p.grad for n, p in reference.named_parameters()}}, rubric
+    )
 
 
 @pytest.mark.part("wrapper")
@@ -185,14 +204,31 @@ def test_dropout(submission, inputs, rubric, device):
     reference, module = build_pair(submission, inputs, "MultiHeadAttentionWrapper", 4, 3, 6, 0.5, 2, device=device)
     x = inputs.randn(2, 6, 4)
     y = run_wrapper(submission, reference, module, x).y
-    problem = output_problem(submission, inputs, rubric, reference, x, y, "float64",
-                             "eval-mode output with dropout=0.5 (dropout must be inert in eval mode)")
+    problem = output_problem(
+        submission,
+        inputs,
+        rubric,
+        reference,
+        x,
+        y,
+        "float64",
+        "eval-mode output with dropout=0.5 (dropout must be inert in eval mode)",
+    )
     if problem:
         fail(problem)
     seed = inputs.seed_value()
     y = run_wrapper(submission, reference, module, x, train=True, seed=seed).y
-    problem = output_problem(submission, inputs, rubric, reference, x, y, "float64",
-                             "training-mode output with dropout=0.5 (each head drops its attention weights, "
-                             "heads in order)", train=True, seed=seed)
+    problem = output_problem(
+        submission,
+        inputs,
+        rubric,
+        reference,
+        x,
+        y,
+        "float64",
+        "training-mode output with dropout=0.5 (each head drops its attention weights, heads in order)",
+        train=True,
+        seed=seed,
+    )
     if problem:
         fail(problem)

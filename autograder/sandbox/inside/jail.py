@@ -12,6 +12,7 @@ control group) are built by the grader's launcher, with bubblewrap; what is left
 - `hide_grader_packages`: `import reference` / `import autograder` fail, also under process isolation,
   where the files may be readable.
 """
+
 import ctypes
 import os
 import sys

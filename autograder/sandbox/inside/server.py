@@ -9,6 +9,7 @@ forward (with optional backward, head hooks and a dispatch trace), run forwards 
 Nothing said here is trusted: the grader validates every reply against the protocol's schema and
 compares every value with its own reference computation.
 """
+
 import ast
 import json
 import linecache
@@ -21,8 +22,7 @@ import types
 from . import jail, protocol
 
 # The grader's frames are trusted; these bounds only stop a runaway request.
-REQUEST_LIMITS = protocol.Limits(header_bytes=256 << 20, blob_bytes=4 << 30, string_chars=1 << 24,
-                                 list_items=1 << 20)
+REQUEST_LIMITS = protocol.Limits(header_bytes=256 << 20, blob_bytes=4 << 30, string_chars=1 << 24, list_items=1 << 20)
 
 
 class CellTimeout(BaseException):
@@ -49,7 +49,7 @@ class Channel:
     def send(self, header, blobs=()):
         view = memoryview(protocol.pack_frame(header, list(blobs)))
         while view:
-            view = view[os.write(self.fd_out, view):]
+            view = view[os.write(self.fd_out, view) :]
 
 
 class Session:
@@ -102,8 +102,12 @@ class Session:
         """Encode `value` for the ok-reply; returns (header, blobs)."""
         self._current = self.encoder()
         if isinstance(value, Raw):  # a typed reply: named fields, lists of field records, values
-            tree = {key: [{k: self.encode_value(v) for k, v in item.items()} for item in field]
-                    if isinstance(field, RawList) else self.encode_value(field) for key, field in value.value.items()}
+            tree = {
+                key: [{k: self.encode_value(v) for k, v in item.items()} for item in field]
+                if isinstance(field, RawList)
+                else self.encode_value(field)
+                for key, field in value.value.items()
+            }
         elif value is MISSING:
             tree = {"$": "missing"}
         else:
@@ -133,8 +137,11 @@ class Session:
 
     def describe(self, handle, state=True):
         module = self.objects[handle]
-        instance_of = [name for name in self.contract
-                       if isinstance(self.namespace.get(name), type) and isinstance(module, self.namespace[name])]
+        instance_of = [
+            name
+            for name in self.contract
+            if isinstance(self.namespace.get(name), type) and isinstance(module, self.namespace[name])
+        ]
         state_dict = None
         if state:
             state_dict = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
@@ -160,8 +167,15 @@ class Session:
         signal.signal(signal.SIGALRM, stop)
         for number, line, source in cells:
             if number in skip:
-                errors.append({"cell": number, "type": "TimeLimit", "timed_out": True, "traceback": "",
-                               "message": "not run again: it did not finish in an earlier attempt"})
+                errors.append(
+                    {
+                        "cell": number,
+                        "type": "TimeLimit",
+                        "timed_out": True,
+                        "traceback": "",
+                        "message": "not run again: it did not finish in an earlier attempt",
+                    }
+                )
                 continue
             name = f"<{filename}, cell {number}>"
             lines = source.splitlines(True)
@@ -176,18 +190,36 @@ class Session:
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
             except CellTimeout as exc:
-                errors.append({"cell": number, "type": "TimeLimit", "timed_out": True,
-                               "message": f"stopped after {budget:g} s (an infinite loop?); the cells after it were still run",
-                               "traceback": student_traceback(exc, filename)})
+                errors.append(
+                    {
+                        "cell": number,
+                        "type": "TimeLimit",
+                        "timed_out": True,
+                        "message": f"stopped after {budget:g} s (an infinite loop?); the cells after it were still run",
+                        "traceback": student_traceback(exc, filename),
+                    }
+                )
                 budget = min(budget, protocol.LATER_CELL_SECONDS)
             except SyntaxError as exc:
                 if exc.lineno is not None:
                     exc.lineno += line - 1
-                errors.append({"cell": number, "type": "SyntaxError", "message": safe_str(exc),
-                               "traceback": "".join(traceback.format_exception_only(SyntaxError, exc))[-4000:]})
+                errors.append(
+                    {
+                        "cell": number,
+                        "type": "SyntaxError",
+                        "message": safe_str(exc),
+                        "traceback": "".join(traceback.format_exception_only(SyntaxError, exc))[-4000:],
+                    }
+                )
             except BaseException as exc:  # SystemExit too: a cell that exits does not end the load
-                errors.append({"cell": number, "type": type(exc).__name__, "message": safe_str(exc),
-                               "traceback": student_traceback(exc, filename)})
+                errors.append(
+                    {
+                        "cell": number,
+                        "type": type(exc).__name__,
+                        "message": safe_str(exc),
+                        "traceback": student_traceback(exc, filename),
+                    }
+                )
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         defined = {name: type(self.namespace[name]).__name__ for name in self.contract if name in self.namespace}
         return Raw({"errors": RawList(errors), "defined": defined})
@@ -228,14 +260,19 @@ class Session:
         removers = []
         if hooks and isinstance(getattr(module, "heads", None), torch.nn.ModuleList):
             for index, head in enumerate(module.heads):
+
                 def record(mod, args, output, index=index):
                     first = args[0] if args else None
-                    head_calls.append({
-                        "index": index,
-                        "same_values": isinstance(first, torch.Tensor) and first.shape == sent.shape
-                        and bool(torch.equal(first.detach(), sent)),
-                        "output": output.detach().cpu().clone() if isinstance(output, torch.Tensor) else None,
-                    })
+                    head_calls.append(
+                        {
+                            "index": index,
+                            "same_values": isinstance(first, torch.Tensor)
+                            and first.shape == sent.shape
+                            and bool(torch.equal(first.detach(), sent)),
+                            "output": output.detach().cpu().clone() if isinstance(output, torch.Tensor) else None,
+                        }
+                    )
+
                 removers.append(head.register_forward_hook(record))
         torch.manual_seed(seed)
         recorder = OpRecorder(torch) if trace else None
@@ -253,8 +290,10 @@ class Session:
             answer["ops"] = recorder.ops
             answer["python_calls"] = recorder.python_calls
         if grad_out is not None and isinstance(y, torch.Tensor) and tuple(y.shape) != tuple(grad_out.shape):
-            answer["grad_problem"] = (f"the output has shape {tuple(y.shape)}, not {tuple(grad_out.shape)}, "
-                                      "so its gradients could not be checked")
+            answer["grad_problem"] = (
+                f"the output has shape {tuple(y.shape)}, not {tuple(grad_out.shape)}, "
+                "so its gradients could not be checked"
+            )
         elif grad_out is not None and isinstance(y, torch.Tensor):
             module.zero_grad(set_to_none=True)
             y.backward(grad_out.to(y.device, y.dtype))
@@ -291,8 +330,10 @@ class Session:
                     flush.fill_(seed & 0xFF)
                 y = module(x)
                 if not isinstance(y, torch.Tensor) or tuple(y.shape) != out_shape:
-                    raise ValueError(f"the forward returned {getattr(y, 'shape', type(y).__name__)} for an input of "
-                                     f"shape {tuple(shape)}; expected a tensor of shape {out_shape}")
+                    raise ValueError(
+                        f"the forward returned {getattr(y, 'shape', type(y).__name__)} for an input of "
+                        f"shape {tuple(shape)}; expected a tensor of shape {out_shape}"
+                    )
                 y = y.double()
                 answers.append(torch.stack([(y * probe).sum(-1), y.abs().sum(-1), (y * y).sum(-1)], -1))
                 if cuda:
@@ -340,22 +381,28 @@ class OpRecorder:
             supports_higher_order_operators = True
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                name = getattr(getattr(func, "overloadpacket", None), "__name__", None) or getattr(func, "_name", str(func))
+                name = getattr(getattr(func, "overloadpacket", None), "__name__", None) or getattr(
+                    func, "_name", str(func)
+                )
                 recorder.ops.append(str(name))
                 return func(*args, **(kwargs or {}))
 
         self.mode = Mode()
         self.torch = torch
-        self.patched = [(torch.nn.MultiheadAttention, "forward", "nn.MultiheadAttention"),
-                        (torch.nn.functional, "multi_head_attention_forward", "F.multi_head_attention_forward")]
+        self.patched = [
+            (torch.nn.MultiheadAttention, "forward", "nn.MultiheadAttention"),
+            (torch.nn.functional, "multi_head_attention_forward", "F.multi_head_attention_forward"),
+        ]
         self.originals = [getattr(owner, name) for owner, name, _ in self.patched]
 
     def __enter__(self):
         recorder = self
         for (owner, name, label), original in zip(self.patched, self.originals):
+
             def counting(*args, _original=original, _label=label, **kwargs):
                 recorder.python_calls.append(_label)
                 return _original(*args, **kwargs)
+
             setattr(owner, name, counting)
         self.mode.__enter__()
         return self
@@ -417,11 +464,27 @@ def main(argv):
             kwargs = session.decode(header.get("args", {"$": "dict", "items": []}), blobs)
             reply, reply_blobs = session.reply(getattr(session, f"op_{op}")(**kwargs))
         except BaseException as exc:
-            reply, reply_blobs = {"ok": False, "error": {"type": type(exc).__name__, "message": safe_str(exc),
-                                                         "traceback": student_traceback(exc, config["filename"])}}, []
+            reply, reply_blobs = (
+                {
+                    "ok": False,
+                    "error": {
+                        "type": type(exc).__name__,
+                        "message": safe_str(exc),
+                        "traceback": student_traceback(exc, config["filename"]),
+                    },
+                },
+                [],
+            )
         try:
             channel.send(reply, reply_blobs)
         except Exception as exc:  # an answer that cannot be serialised is the submission's fault
-            channel.send({"ok": False, "error": {"type": type(exc).__name__,
-                                                 "message": f"the answer could not be sent: {safe_str(exc)}",
-                                                 "traceback": ""}})
+            channel.send(
+                {
+                    "ok": False,
+                    "error": {
+                        "type": type(exc).__name__,
+                        "message": f"the answer could not be sent: {safe_str(exc)}",
+                        "traceback": "",
+                    },
+                }
+            )
