@@ -14,18 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from autograder.course.class_outputs import (
-    AMBIGUOUS_STATUS,
-    COULD_NOT_GRADE,
-    GRADED,
-    NO_SUBMISSION,
-    Row,
-    canvas_csv,
-    class_table,
-    grades_csv,
-)
+from autograder.course.class_outputs import canvas_csv, class_table, grades_csv
 from autograder.course.grading_pool import descendants
 from autograder.course.roster import AMBIGUOUS, SUBMITTED, read_roster
+from autograder.course.rows import AMBIGUOUS_STATUS, COULD_NOT_GRADE, GRADED, NO_SUBMISSION, Row
 from autograder.course.store import ClassInputs, Record
 from autograder.model import CANNOT_GRADE
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
@@ -345,3 +337,33 @@ def test_a_rerun_with_nothing_changed_grades_nothing_and_writes_nothing(tmp_path
         assert path.stat().st_mtime_ns == before[path][0], f"{path} was rewritten"
     assert (course / "grades.csv").read_bytes() == before[outputs[0]][1]
     assert took < 60  # (about a second; generous for a loaded machine)
+
+
+def test_the_class_modules_import_each_other_without_a_circle_and_at_the_top():
+    """class_outputs, feedback and gradebook all read `rows.Row`: no circle among the class modules,
+    and none broken by an import inside a function."""
+    import ast
+
+    from autograder.course.store import PACKAGE_DIR
+
+    graph: dict[str, set[str]] = {}
+    for path in sorted((PACKAGE_DIR / "course").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        top = set(tree.body)
+        graph[path.stem] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autograder.course"):
+                assert node in top, f"{path.name}:{node.lineno} imports {node.module} inside a function"
+                graph[path.stem].add(node.module.split(".")[2])
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]):
+        assert module not in path, f"import circle: {' -> '.join((*path, module))}"
+        if module not in done:
+            for imported in graph.get(module, ()):
+                visit(imported, (*path, module))
+            done.add(module)
+
+    for module in graph:
+        visit(module, ())
+    assert {"rows"} <= graph["feedback"] & graph["gradebook"] & graph["class_outputs"]

@@ -1,7 +1,7 @@
 """Everything written about the whole class, from the record alone (no grading happens here).
 
 `write_class_outputs` is the one step that writes them, after a class run and after a merge of
-shards alike. Each student of the roster is one `Row`, whatever happened to them, and every output
+shards alike. Each student of the roster is one `Row` (`rows.py`), whatever happened to them, and every output
 has a row per student:
 
 - `autograded/<student>/mha/results.json`: a copy of the record, where nbgrader's layout puts it;
@@ -25,71 +25,22 @@ from rich.markup import escape
 from rich.table import Table
 
 from autograder.atomic import write_text_atomically
-from autograder.contract import PART_IDS
-from autograder.course.roster import AMBIGUOUS, ASSIGNMENT, Entry
+from autograder.course.feedback import write_feedback
+from autograder.course.gradebook import GradebookError, record_grades
+from autograder.course.roster import ASSIGNMENT
+from autograder.course.rows import (
+    AMBIGUOUS_STATUS,
+    COULD_NOT_GRADE,
+    NO_SUBMISSION,
+    NOT_GRADED,
+    STATUS_WORDS,
+    Row,
+    graded_parts,
+)
 from autograder.course.store import Record
-from autograder.model import GradingRun
 from autograder.rubric import Rubric
 
-GRADED, AMBIGUOUS_STATUS, COULD_NOT_GRADE, NO_SUBMISSION, NOT_GRADED = (
-    "graded",
-    "ambiguous",
-    "could_not_grade",
-    "no_submission",
-    "not_graded",
-)
-STATUS_WORDS = {
-    GRADED: "graded",
-    AMBIGUOUS_STATUS: "graded (ambiguous)",
-    COULD_NOT_GRADE: "could not grade",
-    NO_SUBMISSION: "no submission",
-    NOT_GRADED: "not graded yet",
-}
 BARS = " ▁▂▃▄▅▆▇█"
-
-
-@dataclass
-class Row:
-    entry: Entry
-    run: GradingRun | None  # None: no submission, or not graded (yet)
-
-    @property
-    def student(self) -> str:
-        return self.entry.student
-
-    @property
-    def status(self) -> str:
-        if not self.entry.has_file:
-            return NO_SUBMISSION
-        if self.run is None:
-            return NOT_GRADED
-        if not self.run.graded:
-            return COULD_NOT_GRADE
-        return AMBIGUOUS_STATUS if self.entry.status == AMBIGUOUS else GRADED
-
-    @property
-    def scored(self) -> bool:
-        return self.status in (GRADED, AMBIGUOUS_STATUS)
-
-    def part_scores(self) -> dict[str, float]:
-        return {p.part: p.score for p in self.run.parts()} if self.scored else {}
-
-    def note(self) -> str:
-        """For the instructor: why there is no score, or what to know about the one there is."""
-        notes = []
-        if self.status == COULD_NOT_GRADE:
-            notes.append(self.run.reason)
-        if self.entry.note:
-            notes.append(self.entry.note)
-        if self.scored:
-            notes += self.run.load.lines()[:1] + [f"Worker: {e}" for e in self.run.events[:1]]
-            notes += [f"Flagged: {flag}" for flag in self.run.flags]
-        return "; ".join(n.replace("\n", " ") for n in notes if n)
-
-
-def graded_parts(rubric: Rubric) -> list[str]:
-    """The rubric's parts, in the fixed part order."""
-    return [p for p in PART_IDS if p in rubric.parts] + [p for p in rubric.parts if p not in PART_IDS]
 
 
 # -- grades.csv and the LMS export -----------------------------------------------------------------
@@ -247,13 +198,9 @@ def write_class_outputs(
     where["results (the record)"] = f"{course / record.root.name}/<student>/{ASSIGNMENT}/results.json"
     where["results (nbgrader's layout)"] = f"{course}/autograded/<student>/{ASSIGNMENT}/results.json"
     if options.feedback:
-        from autograder.course.feedback import write_feedback
-
         written = write_feedback(course, rows, released=options.released)
         where["feedback"] = f"{course}/feedback/<student>/{ASSIGNMENT}/feedback.html ({written} written)"
     if options.gradebook:
-        from autograder.course.gradebook import GradebookError, record_grades
-
         try:
             where["gradebook"] = record_grades(course, rows, rubric, db_url=options.db_url)
         except GradebookError as exc:

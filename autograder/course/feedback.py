@@ -1,6 +1,6 @@
 """Feedback a student can read: `feedback/<student>/mha/feedback.html`, one self-contained file.
 
-Made from the grading model alone (a `class_outputs.Row`): the score, per part the checks with what
+Made from the grading model alone (a `rows.Row`): the score, per part the checks with what
 failed and the diagnosis, and the speed figures with a plot of the per-round measurements when the
 speed part ran. Everything is HTML-escaped (Jinja2's autoescape); the CSS is inline and the plot is
 an inline PNG, so the file can be mailed, uploaded to an LMS or opened offline.
@@ -33,8 +33,8 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from autograder.atomic import write_text_atomically
-from autograder.course.class_outputs import Row
 from autograder.course.roster import ASSIGNMENT
+from autograder.course.rows import Row
 from autograder.model import CheckResult, GradingRun
 
 TEMPLATES = Path(__file__).with_name("templates")

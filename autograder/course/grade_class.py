@@ -34,10 +34,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from autograder.course.class_outputs import OutputOptions, Row, write_class_outputs
+from autograder.course.class_outputs import OutputOptions, write_class_outputs
 from autograder.course.grading_pool import Grader
 from autograder.course.placement import NoDevice, Placement, placement_for
 from autograder.course.roster import Entry, read_roster
+from autograder.course.rows import Row
 from autograder.course.shard import Shard, engine_index_in
 from autograder.course.store import ClassInputs, Record
 from autograder.model import CANNOT_GRADE, GradingRun

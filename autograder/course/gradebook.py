@@ -30,8 +30,8 @@ from datetime import datetime
 from pathlib import Path
 
 from autograder.atomic import write_text_atomically
-from autograder.course.class_outputs import Row, graded_parts
 from autograder.course.roster import ASSIGNMENT
+from autograder.course.rows import Row, graded_parts
 from autograder.course.store import Record, sha256_file
 from autograder.rubric import Rubric
 

@@ -1,0 +1,74 @@
+"""One row per student of the roster, whatever happened to them: what every class output is made from.
+
+A `Row` joins a roster entry (`roster.Entry`: the file graded, or why there is none) with the
+student's stored grading run (`model.GradingRun`). `class_outputs`, `feedback` and `gradebook` all
+read rows; none of them imports another for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autograder.contract import PART_IDS
+from autograder.course.roster import AMBIGUOUS, Entry
+from autograder.model import GradingRun
+from autograder.rubric import Rubric
+
+GRADED, AMBIGUOUS_STATUS, COULD_NOT_GRADE, NO_SUBMISSION, NOT_GRADED = (
+    "graded",
+    "ambiguous",
+    "could_not_grade",
+    "no_submission",
+    "not_graded",
+)
+STATUS_WORDS = {
+    GRADED: "graded",
+    AMBIGUOUS_STATUS: "graded (ambiguous)",
+    COULD_NOT_GRADE: "could not grade",
+    NO_SUBMISSION: "no submission",
+    NOT_GRADED: "not graded yet",
+}
+
+
+@dataclass
+class Row:
+    entry: Entry
+    run: GradingRun | None  # None: no submission, or not graded (yet)
+
+    @property
+    def student(self) -> str:
+        return self.entry.student
+
+    @property
+    def status(self) -> str:
+        if not self.entry.has_file:
+            return NO_SUBMISSION
+        if self.run is None:
+            return NOT_GRADED
+        if not self.run.graded:
+            return COULD_NOT_GRADE
+        return AMBIGUOUS_STATUS if self.entry.status == AMBIGUOUS else GRADED
+
+    @property
+    def scored(self) -> bool:
+        return self.status in (GRADED, AMBIGUOUS_STATUS)
+
+    def part_scores(self) -> dict[str, float]:
+        return {p.part: p.score for p in self.run.parts()} if self.scored else {}
+
+    def note(self) -> str:
+        """For the instructor: why there is no score, or what to know about the one there is."""
+        notes = []
+        if self.status == COULD_NOT_GRADE:
+            notes.append(self.run.reason)
+        if self.entry.note:
+            notes.append(self.entry.note)
+        if self.scored:
+            notes += self.run.load.lines()[:1] + [f"Worker: {e}" for e in self.run.events[:1]]
+            notes += [f"Flagged: {flag}" for flag in self.run.flags]
+        return "; ".join(n.replace("\n", " ") for n in notes if n)
+
+
+def graded_parts(rubric: Rubric) -> list[str]:
+    """The rubric's parts, in the fixed part order."""
+    return [p for p in PART_IDS if p in rubric.parts] + [p for p in rubric.parts if p not in PART_IDS]
