@@ -17,7 +17,7 @@ import pytest
 from autograder.course.class_outputs import canvas_csv, class_table, grades_csv
 from autograder.course.grading_pool import descendants
 from autograder.course.roster import AMBIGUOUS, SUBMITTED, read_roster
-from autograder.course.rows import AMBIGUOUS_STATUS, COULD_NOT_GRADE, GRADED, NO_SUBMISSION, Row
+from autograder.course.rows import GRADED, NO_SUBMISSION, Row
 from autograder.course.store import ClassInputs, Record
 from autograder.model import CANNOT_GRADE
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
@@ -174,7 +174,7 @@ def test_grades_csv_has_a_row_per_student_with_parts_status_file_and_note(tmp_pa
     rubric = load_rubric()
     rows = {r["student"]: r for r in csv.DictReader(io.StringIO(grades_csv(class_rows(tmp_path), rubric)))}
     assert list(rows) == ["ann", "bob", "cat", "dan", "eve"]
-    assert [rows[s]["status"] for s in rows] == [GRADED, GRADED, AMBIGUOUS_STATUS, COULD_NOT_GRADE, NO_SUBMISSION]
+    assert [rows[s]["status"] for s in rows] == [GRADED, GRADED, AMBIGUOUS, CANNOT_GRADE, NO_SUBMISSION]
     assert rows["ann"]["score"] == "100" and rows["ann"]["mha"] == str(int(rubric.part_points("mha")))
     expected_bob = rubric.max_score - rubric.part_points("mha") + 5 - rubric.part_points("fuse")
     assert float(rows["bob"]["score"]) == expected_bob and rows["bob"]["mha"] == "5" and rows["bob"]["fuse"] == "0"
@@ -182,6 +182,29 @@ def test_grades_csv_has_a_row_per_student_with_parts_status_file_and_note(tmp_pa
     assert "graded mha.ipynb" in rows["cat"]["note"] and "not graded: mha.py" in rows["cat"]["note"]
     assert rows["dan"]["score"] == "" and "900 s" in rows["dan"]["note"]  # no made-up zero
     assert rows["eve"]["score"] == "0" and rows["eve"]["file"] == ""
+
+
+def test_one_status_vocabulary_in_results_json_grades_csv_and_the_tables(tmp_path):
+    """A run that could not grade is `cannot_grade` in results.json, grades.csv and (with a space) on the
+    terminal; a results.json that says it another way still reads back as that status."""
+    from rich.console import Console
+
+    from autograder.course.class_outputs import students_table
+    from autograder.course.rows import STATUSES, status_words
+    from autograder.model import GradingRun
+
+    rows = class_rows(tmp_path)
+    written = {r["student"]: r["status"] for r in csv.DictReader(io.StringIO(grades_csv(rows, load_rubric())))}
+    assert set(written.values()) <= set(STATUSES) and written["dan"] == CANNOT_GRADE
+    dan = next(r for r in rows if r.student == "dan")
+    assert dan.run.to_gradescope()["extra_data"]["status"] == written["dan"]
+    console = Console(record=True, width=200)
+    console.print(students_table(rows))
+    shown = console.export_text()
+    assert status_words(CANNOT_GRADE) in shown and "could not" not in shown
+    old = dan.run.to_gradescope()
+    old["extra_data"]["status"] = "could_not_grade"
+    assert GradingRun.from_gradescope(old).status == CANNOT_GRADE
 
 
 def test_the_canvas_export_has_canvas_columns_points_possible_and_totals(tmp_path):

@@ -29,13 +29,14 @@ from autograder.course.feedback import write_feedback
 from autograder.course.gradebook import GradebookError, record_grades
 from autograder.course.roster import ASSIGNMENT
 from autograder.course.rows import (
-    AMBIGUOUS_STATUS,
-    COULD_NOT_GRADE,
+    AMBIGUOUS,
+    CANNOT_GRADE,
     NO_SUBMISSION,
     NOT_GRADED,
-    STATUS_WORDS,
+    STATUSES,
     Row,
     graded_parts,
+    status_words,
 )
 from autograder.course.store import Record
 from autograder.rubric import Rubric
@@ -48,7 +49,7 @@ BARS = " ▁▂▃▄▅▆▇█"
 
 def grades_csv(rows: list[Row], rubric: Rubric) -> str:
     """Per student: total, per-part scores, status, the file graded, a note. A student without a score
-    has empty score cells (could not grade) or zeros (no submission), never a made-up number."""
+    has empty score cells (cannot_grade) or zeros (no submission), never a made-up number."""
     parts = graded_parts(rubric)
     handle = io.StringIO()
     writer = csv.writer(handle, lineterminator="\n")
@@ -148,9 +149,9 @@ def students_table(rows: list[Row]) -> Table:
     table.add_column("note", overflow="fold")
     for row in rows:
         score = f"{row.run.score:g} / {row.run.max_score:g}" if row.scored else "-"
-        style = {COULD_NOT_GRADE: "red", NO_SUBMISSION: "yellow", NOT_GRADED: "yellow", AMBIGUOUS_STATUS: "yellow"}
+        style = {CANNOT_GRADE: "red", NO_SUBMISSION: "yellow", NOT_GRADED: "yellow", AMBIGUOUS: "yellow"}
         table.add_row(
-            escape(row.student), score, STATUS_WORDS[row.status], escape(row.note()[:200]), style=style.get(row.status)
+            escape(row.student), score, status_words(row.status), escape(row.note()[:200]), style=style.get(row.status)
         )
     return table
 
@@ -211,8 +212,8 @@ def write_class_outputs(
     where["Canvas import"] = str(course / "grades-canvas.csv")
     console.print(students_table(rows))
     console.print(class_table(rows, rubric))
-    counts = {status: sum(r.status == status for r in rows) for status in STATUS_WORDS}
-    console.print(", ".join(f"{n} {STATUS_WORDS[s]}" for s, n in counts.items() if n))
+    counts = {status: sum(r.status == status for r in rows) for status in STATUSES}
+    console.print(", ".join(f"{n} {status_words(s)}" for s, n in counts.items() if n))
     for name, path in where.items():
         console.print(f"{name}: {path}", markup=False)
     return where

@@ -8,7 +8,7 @@ The steps:
    `force` regrades everyone asked for, `students` limits grading to those students;
 3. grade them, `jobs` at a time, in long-lived grading processes (`grading_pool.Grader`), each
    submission with its own fresh worker; a submission whose grading process hangs or dies gets a
-   "could not grade" run and is retried next time, and the others go on;
+   `cannot_grade` run and is graded again next time, and the others go on;
 4. write every class output from the record (`class_outputs.write_class_outputs`).
 
 A class can be split into shards graded on many machines that share the course folder (`--shard K/N`,
@@ -38,7 +38,7 @@ from autograder.course.class_outputs import OutputOptions, write_class_outputs
 from autograder.course.grading_pool import Grader
 from autograder.course.placement import NoDevice, Placement, placement_for
 from autograder.course.roster import Entry, read_roster
-from autograder.course.rows import Row
+from autograder.course.rows import Row, status_words
 from autograder.course.shard import Shard, engine_index_in
 from autograder.course.store import ClassInputs, Record
 from autograder.model import CANNOT_GRADE, GradingRun
@@ -317,7 +317,7 @@ def grade_all(
                     task,
                     advance=1,
                     description=f"{futures[future].student}: "
-                    + (f"{run.score:g}/{run.max_score:g}" if run.graded else "could not grade"),
+                    + (f"{run.score:g}/{run.max_score:g}" if run.graded else status_words(CANNOT_GRADE)),
                 )
         return True
     except KeyboardInterrupt:

@@ -3,6 +3,18 @@
 A `Row` joins a roster entry (`roster.Entry`: the file graded, or why there is none) with the
 student's stored grading run (`model.GradingRun`). `class_outputs`, `feedback` and `gradebook` all
 read rows; none of them imports another for it.
+
+A row's status is one of the class's status words (`STATUSES`), the same in grades.csv, the terminal
+tables (with spaces for underscores), results.json (`graded`, `cannot_grade`: the model's own words)
+and the documentation:
+
+| status | meaning |
+| --- | --- |
+| `graded` | one file was graded |
+| `ambiguous` | several candidate files: one was graded, and the note says which and why |
+| `cannot_grade` | the grader could not grade it (its own fault, never the student's): no score, graded again next run |
+| `no_submission` | no file to grade; the note says why |
+| `not_graded` | a file, but no stored run yet (a run limited to other students) |
 """
 
 from __future__ import annotations
@@ -10,24 +22,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autograder.contract import PART_IDS
-from autograder.course.roster import AMBIGUOUS, Entry
-from autograder.model import GradingRun
+from autograder.course.roster import AMBIGUOUS, NO_SUBMISSION, Entry
+from autograder.model import CANNOT_GRADE, GRADED, GradingRun
 from autograder.rubric import Rubric
 
-GRADED, AMBIGUOUS_STATUS, COULD_NOT_GRADE, NO_SUBMISSION, NOT_GRADED = (
-    "graded",
-    "ambiguous",
-    "could_not_grade",
-    "no_submission",
-    "not_graded",
-)
-STATUS_WORDS = {
-    GRADED: "graded",
-    AMBIGUOUS_STATUS: "graded (ambiguous)",
-    COULD_NOT_GRADE: "could not grade",
-    NO_SUBMISSION: "no submission",
-    NOT_GRADED: "not graded yet",
-}
+NOT_GRADED = "not_graded"
+STATUSES = (GRADED, AMBIGUOUS, CANNOT_GRADE, NO_SUBMISSION, NOT_GRADED)
+
+
+def status_words(status: str) -> str:
+    """A status as the terminal shows it: the same word, spaces for underscores ("cannot grade")."""
+    return status.replace("_", " ")
 
 
 @dataclass
@@ -46,12 +51,12 @@ class Row:
         if self.run is None:
             return NOT_GRADED
         if not self.run.graded:
-            return COULD_NOT_GRADE
-        return AMBIGUOUS_STATUS if self.entry.status == AMBIGUOUS else GRADED
+            return CANNOT_GRADE
+        return AMBIGUOUS if self.entry.status == AMBIGUOUS else GRADED
 
     @property
     def scored(self) -> bool:
-        return self.status in (GRADED, AMBIGUOUS_STATUS)
+        return self.status in (GRADED, AMBIGUOUS)
 
     def part_scores(self) -> dict[str, float]:
         return {p.part: p.score for p in self.run.parts()} if self.scored else {}
@@ -59,7 +64,7 @@ class Row:
     def note(self) -> str:
         """For the instructor: why there is no score, or what to know about the one there is."""
         notes = []
-        if self.status == COULD_NOT_GRADE:
+        if self.status == CANNOT_GRADE:
             notes.append(self.run.reason)
         if self.entry.note:
             notes.append(self.entry.note)

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     write_results(args.out, run)
     encoded = base64.b64encode(json.dumps(runner_result(run)).encode()).decode()
     print(f"result={encoded}")
-    print(f"{run.score:g} / {run.max_score:g}" if run.graded else f"could not grade: {run.reason}", file=sys.stderr)
+    print(f"{run.score:g} / {run.max_score:g}" if run.graded else f"cannot grade: {run.reason}", file=sys.stderr)
     return 0
 
 
