@@ -19,7 +19,7 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: setup test test-fast test-long test-speed lint lock bench release grade merge grade-slurm check preview grade-one student-kit gradescope help
+.PHONY: setup test test-fast test-long test-speed lint lock bench release grade merge grade-slurm selfcheck check preview grade-one student-kit gradescope help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests (all but the long suites)"
@@ -34,8 +34,9 @@ help:
 	@echo "make grade SHARD=K/N           grade shard K of N (K from 0) only; SHARD=auto in a Slurm array task"
 	@echo "make merge                     the class's outputs from every shard's results, grading nothing"
 	@echo "make grade-slurm SHARDS=4      grade on a Slurm cluster: a job array and a merge job (deploy/slurm/)"
-	@echo "make check SUBMISSION=mha.py   the notebook's self-checks, part by part (what students run; runs the file's code)"
-	@echo "make preview SUBMISSION=...    instructors: the grader's visible checks on a file, sandboxed (needs reference/)"
+	@echo "make selfcheck SUBMISSION=...  the notebook's self-checks, part by part: runs the file's code on your machine, UNSANDBOXED"
+	@echo "make check SUBMISSION=...      the same as make selfcheck (the name students know from their kit)"
+	@echo "make preview SUBMISSION=...    instructors: the grader's visible checks on a file; its code runs SANDBOXED (needs reference/)"
 	@echo "make student-kit               what students receive: $(DIST)/mha-student-kit.zip"
 	@echo "make gradescope                Gradescope's autograder: $(DIST)/mha-gradescope.zip"
 	@echo "make grade-one SUBMISSION=...  grade one submission into OUT=results.json"
@@ -69,11 +70,15 @@ bench: setup
 release: setup
 	$(PY) -m autograder release
 
-check: setup
+# The self-check runs the file's code in this process, unsandboxed: only on files you trust.
+selfcheck: setup
 	$(PY) -m autograder.authoring.selfcheck "$(SUBMISSION)"
 
+check: selfcheck
+
+# The grader's visible checks: the file's code runs only in the sandboxed worker.
 preview: setup
-	$(PY) -m autograder check "$(SUBMISSION)" --device $(DEVICE)
+	$(PY) -m autograder preview "$(SUBMISSION)" --device $(DEVICE)
 
 grade-one: setup
 	$(PY) -m autograder grade "$(SUBMISSION)" --device $(DEVICE) --out "$(OUT)"
