@@ -57,6 +57,54 @@ def test_every_student_folder_is_an_entry_with_the_file_graded_and_why(tmp_path)
     assert roster["hal"].status == "no_submission" and "no mha/ folder" in roster["hal"].note
 
 
+def test_the_roster_never_follows_a_link_out_of_a_students_folder(tmp_path):
+    """frank's mha/ is a link to alice's, gina's file a link to alice's file, hugo's whole folder a link
+    to alice's: none of them is graded as theirs (no submission, with a note); a link inside the folder
+    (ivy's) is followed."""
+    course = make_course(
+        tmp_path,
+        {"alice": {"mha.py": "x = 1\n"}, "frank": None, "gina": {}, "hugo": None, "ivy": {"mha (1).py": "y = 2\n"}},
+    )
+    submitted = course / "submitted"
+    (submitted / "frank" / "mha").symlink_to("../alice/mha")
+    (submitted / "gina" / "mha" / "mha.py").symlink_to(submitted / "alice" / "mha" / "mha.py")
+    (submitted / "hugo").rmdir()
+    (submitted / "hugo").symlink_to(submitted / "alice")
+    (submitted / "ivy" / "mha" / "mha.py").symlink_to("mha (1).py")
+    roster = {e.student: e for e in read_roster(course)}
+    assert sorted(roster) == ["alice", "frank", "gina", "hugo", "ivy"]
+    assert roster["frank"].status == NO_SUBMISSION and "symbolic link out of frank's folder" in roster["frank"].note
+    assert roster["gina"].status == NO_SUBMISSION and "mha.py is a symbolic link out of" in roster["gina"].note
+    assert roster["hugo"].status == NO_SUBMISSION and "symbolic link, not followed" in roster["hugo"].note
+    assert roster["ivy"].file == submitted / "ivy" / "mha" / "mha.py"
+    rows = {r["student"]: r for r in csv.DictReader(io.StringIO(grades_csv(class_rows_of(course), load_rubric())))}
+    for student in ("frank", "gina", "hugo"):
+        assert rows[student]["status"] == NO_SUBMISSION and rows[student]["score"] == "0" and rows[student]["note"]
+
+
+def test_the_roster_and_the_reader_share_one_file_name_rule(tmp_path):
+    """`MHA.PY` and `Mha.IPYNB` are a .py and a notebook to the roster and to the reader alike."""
+    from autograder.grading.submission import read_cells
+
+    course = make_course(
+        tmp_path, {"kim": {"MHA.PY": "x = 1\n"}, "lee": {"Mha.IPYNB": NOTEBOOK}, "max": {"mha.PY.txt": ""}}
+    )
+    roster = {e.student: e for e in read_roster(course)}
+    assert [c.source for c in read_cells(roster["kim"].file)] == ["x = 1\n"]
+    assert [c.source.strip() for c in read_cells(roster["lee"].file)] == ["y = 2"]
+    assert roster["max"].status == NO_SUBMISSION
+
+
+def class_rows_of(course) -> list[Row]:
+    return [Row(e, None) for e in read_roster(course)]
+
+
+NOTEBOOK = (
+    '{"cells": [{"cell_type": "code", "execution_count": null, "metadata": {}, "outputs": [], "source": "y = 2"}],'
+    ' "metadata": {}, "nbformat": 4, "nbformat_minor": 5}'
+)
+
+
 # -- nothing stale ----------------------------------------------------------------------------------
 
 
