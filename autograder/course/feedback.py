@@ -33,6 +33,7 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from autograder.atomic import write_text_atomically
+from autograder.course.clean import clean_text
 from autograder.course.roster import ASSIGNMENT
 from autograder.course.rows import Row
 from autograder.model import CheckResult, GradingRun
@@ -130,13 +131,13 @@ def speed_plot(series: dict[str, list[float]]) -> str:
 def page_context(row: Row, released: bool) -> dict:
     run: GradingRun | None = row.run
     entry = row.entry
-    context = {
+    context = {  # names and notes are the student's: cleaned as worker strings are, then HTML-escaped
         "assignment": ASSIGNMENT,
-        "student": entry.student,
+        "student": clean_text(entry.student, newlines=False),
         "submitted": entry.has_file,
-        "file": entry.file.name if entry.file else "",
-        "file_note": entry.note if entry.has_file else "",
-        "file_note_missing": entry.note,
+        "file": clean_text(entry.file.name, newlines=False) if entry.file else "",
+        "file_note": clean_text(entry.note) if entry.has_file else "",
+        "file_note_missing": clean_text(entry.note),
         "graded": bool(run and run.graded),
         "reason": run.reason if run else "it has not been graded yet",
         "visibility_note": (

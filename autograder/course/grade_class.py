@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autograder.course.class_outputs import OutputOptions, write_class_outputs
+from autograder.course.clean import clean_text
 from autograder.course.grading_pool import Grader
 from autograder.course.placement import NoDevice, Placement, placement_for
 from autograder.course.roster import Entry, read_roster
@@ -179,7 +181,11 @@ def grade_class(
     known = {e.student for e in roster}
     if students is not None and set(students) - known:
         missing = ", ".join(sorted(set(students) - known))
-        console.print(f"cannot grade: no folder submitted/<student>/ for {missing}", style="red", markup=False)
+        console.print(
+            clean_text(f"cannot grade: no folder submitted/<student>/ for {missing}", newlines=False),
+            style="red",
+            markup=False,
+        )
         return EXIT_CANNOT_GRADE
     if shard is not None:
         mine = shard.select([entry.student for entry in roster])  # split over every student folder
@@ -204,7 +210,9 @@ def grade_class(
         record = Record(course)
         for entry in roster:
             if entry.note and (students is None or entry.student in students):
-                console.print(f"{entry.student}: {entry.note}", style="yellow", markup=False)
+                console.print(
+                    clean_text(f"{entry.student}: {entry.note}", newlines=False), style="yellow", markup=False
+                )
         todo = plan(roster, record, ClassInputs.compute(rubric_path, device), force, students)
         submitted = [e for e in roster if e.has_file and (students is None or e.student in students)]
         reasons: dict[str, int] = {}
@@ -267,7 +275,7 @@ def merge_class(course: Path, rubric: Path | None = None, released: bool = False
             markup=False,
         )
         for student, why in sorted(missing.items()):
-            console.print(f"  {student}: {why}", markup=False)
+            console.print(clean_text(f"  {student}: {why}", newlines=False), markup=False)
         console.print(
             f"grade them (their shard again, or `grade-class {course}`, which grades only what is "
             "missing) and merge again",
@@ -316,7 +324,8 @@ def grade_all(
                 progress.update(
                     task,
                     advance=1,
-                    description=f"{futures[future].student}: "
+                    description=escape(clean_text(futures[future].student, newlines=False))
+                    + ": "
                     + (f"{run.score:g}/{run.max_score:g}" if run.graded else status_words(CANNOT_GRADE)),
                 )
         return True

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autograder.contract import PART_IDS
+from autograder.course.clean import clean_text
 from autograder.course.roster import AMBIGUOUS, NO_SUBMISSION, Entry
 from autograder.model import CANNOT_GRADE, GRADED, GradingRun
 from autograder.rubric import Rubric
@@ -62,7 +63,8 @@ class Row:
         return {p.part: p.score for p in self.run.parts()} if self.scored else {}
 
     def note(self) -> str:
-        """For the instructor: why there is no score, or what to know about the one there is."""
+        """For the instructor: why there is no score, or what to know about the one there is; cleaned
+        (`clean.clean_text`) and on one line, since it quotes file names the student chose."""
         notes = []
         if self.status == CANNOT_GRADE:
             notes.append(self.run.reason)
@@ -71,7 +73,7 @@ class Row:
         if self.scored:
             notes += self.run.load.lines()[:1] + [f"Worker: {e}" for e in self.run.events[:1]]
             notes += [f"Flagged: {flag}" for flag in self.run.flags]
-        return "; ".join(n.replace("\n", " ") for n in notes if n)
+        return "; ".join(clean_text(n, newlines=False) for n in notes if n)
 
 
 def graded_parts(rubric: Rubric) -> list[str]:
