@@ -134,3 +134,18 @@ def test_grading_a_student_checkout_prints_the_result_the_reporter_reads(tmp_pat
     assert sum(t["score"] for t in result["tests"]) == results["score"] == 100
     assert result["max_score"] == results["max_score"] and result["status"] == "pass"
     assert "Graded my_mha.py" in results["output"]
+
+
+def test_a_checkout_whose_file_links_to_the_reference_is_not_graded(tmp_path, capsys):
+    """Classroom's runner is Gradescope's (platforms/folder.py): a link out of the checkout is refused."""
+    from autograder.platforms.classroom import main
+
+    checkout = tmp_path / "student-repo"
+    checkout.mkdir()
+    (checkout / "mha.py").symlink_to(REFERENCE)
+    assert main([str(checkout), "--out", str(tmp_path / "results.json"), "--device", "cpu"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("result="))
+    result = json.loads(base64.b64decode(line.removeprefix("result=")))
+    assert result["status"] == "error" and sum(t["score"] for t in result["tests"]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["extra_data"]["status"] == "cannot_grade" and "symbolic link out" in results["output"]

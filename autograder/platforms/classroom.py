@@ -2,9 +2,9 @@
 
     python -m autograder.platforms.classroom SUBMISSION_DIR --out results.json >> "$GITHUB_OUTPUT"
 
-finds the submission in the student's checkout (the same rule as Gradescope's: `mha.ipynb` or `mha.py`,
-else the one notebook or .py file), grades it exactly as `python -m autograder grade` does, writes
-results.json, and prints `result=<base64 JSON>`: the runner result that GitHub Classroom's grading
+finds the submission in the student's checkout and grades it into results.json exactly as
+Gradescope's adapter does (`platforms.folder.grade_folder`: `mha.ipynb` or `mha.py`, else the one
+notebook or .py file, never through a link out of the checkout), and prints `result=<base64 JSON>`: the runner result that GitHub Classroom's grading
 reporter (`classroom-resources/autograding-grading-reporter`) reads from the environment and turns
 into the check run's "Points X/Y", which is what Classroom records. One test per part, with the
 part's score, so students see where their points went.
@@ -19,13 +19,11 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from autograder.model import GradingRun
+from autograder.platforms.folder import grade_folder
 
 
 def runner_result(run: GradingRun) -> dict:
@@ -77,29 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     args = parser.parse_args(argv)
 
-    from autograder.grading.grade import Options, grade_submission, write_results
-    from autograder.model import CANNOT_GRADE
-    from autograder.platforms.gradescope import find_submission
-
-    file, note = find_submission(args.submission)
-    if file is None:
-        run = GradingRun(status=CANNOT_GRADE, submission="", reason=note)
-    else:
-        with tempfile.TemporaryDirectory(prefix="mha-classroom-") as work:  # the worker never sees the checkout
-            copy = Path(work) / f"mha{file.suffix}"
-            shutil.copyfile(file, copy)
-            run = grade_submission(
-                copy,
-                Options(
-                    device=args.device,
-                    out=args.out,
-                    quiet=True,
-                    isolation=os.environ.get("AUTOGRADER_ISOLATION", "auto"),
-                ),
-            )
-        if note:
-            run.events.insert(0, note)
-    write_results(args.out, run)
+    run = grade_folder(args.submission, args.out, device=args.device)
     encoded = base64.b64encode(json.dumps(runner_result(run)).encode()).decode()
     print(f"result={encoded}")
     print(f"{run.score:g} / {run.max_score:g}" if run.graded else f"cannot grade: {run.reason}", file=sys.stderr)
