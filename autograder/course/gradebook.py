@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import sys
-from datetime import datetime
 from pathlib import Path
 
 from autograder.atomic import write_text_atomically
@@ -58,23 +57,16 @@ def course_settings(course: Path) -> tuple[str, str]:
     return db_url, settings.get("course_id", "")
 
 
-def submission_time(folder: Path) -> datetime | None:
-    """nbgrader's submission timestamp (`timestamp.txt`, written by `nbgrader collect`), if any."""
-    from nbgrader.utils import parse_utc
-
-    try:
-        return parse_utc((folder / "timestamp.txt").read_text().strip())
-    except (OSError, ValueError, TypeError):
-        return None
-
-
 def sqlite_path(db_url: str) -> Path | None:
     return Path(db_url.removeprefix("sqlite:///")) if db_url.startswith("sqlite:///") else None
 
 
 def state(db_url: str, rows: list[Row], rubric: Rubric) -> dict:
     """What the gradebook was last written from, and the SQLite file's hash after writing it."""
-    scores = [[r.student, r.status, r.entry.file.name if r.entry.file else None, r.part_scores()] for r in rows]
+    scores = [
+        [r.student, r.status, r.entry.file.name if r.entry.file else None, r.part_scores(), str(r.entry.timestamp)]
+        for r in rows
+    ]
     digest = hashlib.sha256(
         json.dumps([db_url, scores, {p: rubric.part_points(p) for p in rubric.parts}], sort_keys=True).encode()
     ).hexdigest()
@@ -134,7 +126,7 @@ def write_grades(db_url: str, course_id: str, rows: list[Row], rubric: Rubric, a
                     gradebook.add_student(row.student)
                 if not row.entry.has_file:
                     continue
-                stamp = submission_time(row.entry.file.parent)
+                stamp = row.entry.timestamp  # read by the roster, bounded (`roster.read_timestamp`)
                 submission = gradebook.update_or_create_submission(
                     assignment, row.student, **({"timestamp": stamp} if stamp else {})
                 )

@@ -15,6 +15,11 @@ Links are never followed out of a student's folder: `submitted/<student>/` must 
 own (not a link), its `mha/` may link only within it, and a candidate file only within `mha/` (the
 rule the reader applies to a link). A link that leaves is refused, and the note says so:
 `submitted/frank/mha -> ../alice/mha` is no submission of frank's, never alice's work graded as his.
+
+`timestamp.txt` beside the file (what `nbgrader submit` writes on the student's side and `nbgrader
+collect` copies) is read as nbgrader reads it, for the gradebook only, never for a score: opened with
+O_NOFOLLOW and O_NONBLOCK, a regular file of at most 64 bytes. Anything else (a link, a FIFO, a
+device, too long, not a time nbgrader can parse) is a note on that student, and no time is recorded.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from autograder.grading.submission import submission_suffix
 
 ASSIGNMENT = "mha"
+TIMESTAMP_FILE, TIMESTAMP_BYTES = "timestamp.txt", 64
 SUBMITTED, AMBIGUOUS, NO_SUBMISSION = "submitted", "ambiguous", "no_submission"
 # "mha (2)", "mha-2", "mha_2", "mha 2", "mha(2)": the copy number LMS downloads and browsers add
 _COPY = re.compile(r"^(?P<stem>.*?)[\s_-]*(?:\((?P<paren>\d+)\)|(?<=[\s_-])(?P<bare>\d+))$")
@@ -40,7 +47,8 @@ class Entry:
     file: Path | None = None  # the file graded
     candidates: tuple[str, ...] = ()  # every candidate's name
     note: str = ""  # for the instructor: which file was graded and why, or why there is none
-    extra: dict = field(default_factory=dict, compare=False)
+    timestamp: datetime | None = None  # timestamp.txt's time (UTC), for the gradebook only
+    timestamp_note: str = ""  # for the instructor: why timestamp.txt was not read
 
     @property
     def has_file(self) -> bool:
@@ -58,6 +66,36 @@ def is_link(path: Path) -> bool:
         return stat.S_ISLNK(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+def read_timestamp(folder: Path) -> tuple[datetime | None, str]:
+    """timestamp.txt in `folder` as nbgrader parses it (naive UTC), and a note when it is there but was
+    not read. Bounded and non-blocking whatever the student put there; never raises."""
+    path = folder / TIMESTAMP_FILE
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, ""
+    except OSError as exc:
+        why = "it is a symbolic link" if is_link(path) else (exc.strerror or str(exc))
+        return None, f"{TIMESTAMP_FILE} not read: {why}"
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return None, f"{TIMESTAMP_FILE} not read: it is not a regular file"
+        data = os.read(descriptor, TIMESTAMP_BYTES + 1)
+    except OSError as exc:
+        return None, f"{TIMESTAMP_FILE} not read: {exc.strerror or exc}"
+    finally:
+        os.close(descriptor)
+    if len(data) > TIMESTAMP_BYTES:
+        return None, f"{TIMESTAMP_FILE} not read: it is longer than {TIMESTAMP_BYTES} bytes"
+    from nbgrader.utils import parse_utc  # (slow to import: only when there is a timestamp)
+
+    try:
+        return parse_utc(data.decode("ascii").strip()), ""
+    except (ValueError, OverflowError, TypeError):
+        shown = data.decode("ascii", "replace").strip()[:TIMESTAMP_BYTES]
+        return None, f"{TIMESTAMP_FILE} not read: {shown!r} is not a time"
 
 
 @dataclass(frozen=True)
@@ -159,6 +197,7 @@ def entry_for(student_folder: Path, assignment: str = ASSIGNMENT) -> Entry:
             f"or .py file, in submitted/{student}/{assignment}/{seen}" + (f": {refused}" if refused else ""),
         )
     names = tuple(p.name for p in files)
+    timestamp, timestamp_note = read_timestamp(folder)
     if len(files) == 1:
         file = files[0]
         notes = (
@@ -166,7 +205,7 @@ def entry_for(student_folder: Path, assignment: str = ASSIGNMENT) -> Entry:
             if file.stem == assignment
             else [f"graded {file.name}, the only submission file (not named {assignment}.ipynb or {assignment}.py)"]
         )
-        return Entry(student, SUBMITTED, file, names, "; ".join(notes + found.refused))
+        return Entry(student, SUBMITTED, file, names, "; ".join(notes + found.refused), timestamp, timestamp_note)
     file, why = choose(files, assignment)
     others = ", ".join(n for n in names if n != file.name)
     return Entry(
@@ -176,6 +215,8 @@ def entry_for(student_folder: Path, assignment: str = ASSIGNMENT) -> Entry:
         names,
         f"{len(files)} candidate files: graded {file.name} because {why}; not graded: {others}"
         + (f"; {refused}" if refused else ""),
+        timestamp,
+        timestamp_note,
     )
 
 

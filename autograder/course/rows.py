@@ -70,6 +70,8 @@ class Row:
             notes.append(self.run.reason)
         if self.entry.note:
             notes.append(self.entry.note)
+        if self.entry.timestamp_note:
+            notes.append(self.entry.timestamp_note)
         if self.scored:
             notes += self.run.load.lines()[:1] + [f"Worker: {e}" for e in self.run.events[:1]]
             notes += [f"Flagged: {flag}" for flag in self.run.flags]
