@@ -482,3 +482,26 @@ def test_file_and_folder_names_never_reach_a_csv_as_formulas_nor_a_terminal_as_e
     assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue() and "owned" in out.getvalue()
     page = render(rows[1])
     assert "\x1b" not in page and "\x9b" not in page
+
+
+def test_a_class_run_closes_the_course_to_other_users_and_writes_nothing_they_can_read(tmp_path):
+    """Under process isolation a worker runs as another uid: it must not read classmates' submissions,
+    results.json (hidden checks' messages) or the grades. The course folder loses its bits for others,
+    and every output is 0640."""
+    import stat
+
+    from autograder.course import grade_class
+
+    course = make_course(tmp_path / "course", {"ann": {"mha.py": "x = 1\n"}, "bob": {}})
+    os.chmod(course, 0o755)
+    fill_record(course, {"ann": synthetic_run("mha.py")})
+    assert grade_class.grade_class(course, device="cpu") == grade_class.EXIT_DONE
+    assert stat.S_IMODE(course.stat().st_mode) == 0o750
+    for path in (
+        course / "grades.csv",
+        course / "grades-canvas.csv",
+        course / "autograded/ann/mha/results.json",
+        course / "feedback/ann/mha/feedback.html",
+        course / "feedback/bob/mha/feedback.html",
+    ):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640, path

@@ -37,7 +37,7 @@ from autograder.course.rows import (
     graded_parts,
     status_words,
 )
-from autograder.course.store import Record
+from autograder.course.store import COURSE_FILE_MODE, Record
 from autograder.rubric import Rubric
 
 BARS = " ▁▂▃▄▅▆▇█"
@@ -183,7 +183,7 @@ def mirror_results(course: Path, record: Record, rows: list[Row]) -> int:
         except OSError:
             same = False
         if not same:
-            write_text_atomically(target, data.decode("utf-8"))
+            write_text_atomically(target, data.decode("utf-8"), COURSE_FILE_MODE)
             copied += 1
     return copied
 
@@ -208,9 +208,9 @@ def write_class_outputs(
             where["gradebook"] = record_grades(course, rows, rubric, db_url=options.db_url)
         except GradebookError as exc:
             console.print(f"gradebook not updated: {exc}", style="red", markup=False)
-    write_text_atomically(course / "grades.csv", grades_csv(rows, rubric))
+    write_text_atomically(course / "grades.csv", grades_csv(rows, rubric), COURSE_FILE_MODE)
     where["grades.csv"] = str(course / "grades.csv")
-    write_text_atomically(course / "grades-canvas.csv", canvas_csv(rows, rubric))
+    write_text_atomically(course / "grades-canvas.csv", canvas_csv(rows, rubric), COURSE_FILE_MODE)
     where["Canvas import"] = str(course / "grades-canvas.csv")
     console.print(students_table(rows))
     console.print(class_table(rows, rubric))

@@ -36,6 +36,7 @@ from autograder.atomic import write_text_atomically
 from autograder.course.clean import clean_text
 from autograder.course.roster import ASSIGNMENT
 from autograder.course.rows import Row
+from autograder.course.store import COURSE_FILE_MODE
 from autograder.model import CheckResult, GradingRun
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -235,6 +236,6 @@ def write_feedback(course: Path, rows: list[Row], released: bool = False) -> int
             match = None
         if match and match.group(1).decode() == value:
             continue
-        write_text_atomically(path, render(row, released, value))
+        write_text_atomically(path, render(row, released, value), COURSE_FILE_MODE)
         written += 1
     return written

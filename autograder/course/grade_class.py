@@ -42,7 +42,8 @@ from autograder.course.placement import NoDevice, Placement, placement_for
 from autograder.course.roster import Entry, read_roster
 from autograder.course.rows import Row, status_words
 from autograder.course.shard import Shard, engine_index_in
-from autograder.course.store import ClassInputs, Record
+from autograder.course.store import ClassInputs, Record, close_to_others
+from autograder.grading.devices import CANNOT_TIME_NOW
 from autograder.model import CANNOT_GRADE, GradingRun
 from autograder.rubric import DEFAULT_RUBRIC, Rubric, RubricError, load_rubric
 
@@ -129,6 +130,11 @@ def grade_job(
     return run
 
 
+def could_not_time(run: GradingRun | None) -> bool:
+    """Whether a run could not grade only because the device's timing lock was busy: worth retrying."""
+    return run is not None and not run.graded and CANNOT_TIME_NOW in run.reason
+
+
 def class_rows(roster: list[Entry], record: Record) -> list[Row]:
     """Every student of the roster with their stored run (None: no submission, or not graded yet):
     what the class outputs are written from, after grading or when merging runs graded elsewhere."""
@@ -205,6 +211,8 @@ def grade_class(
             f"{', '.join(placement.devices)}, each grading process on one",
             markup=False,
         )
+    if close_to_others(course):
+        console.print(f"closed {course} to other users (chmod o-rwx): a worker may run as another uid", markup=False)
     lock = hold_course(course, console, shard)
     try:
         record = Record(course)
@@ -226,6 +234,16 @@ def grade_class(
         interrupted = not grade_all(
             todo, record, placement, rubric_path, loaded.limit("class_seconds"), jobs, isolation, console
         )
+        untimed = [job for job in todo if not interrupted and could_not_time(record.run(job.student))]
+        if untimed:  # the device's timing lock stayed busy (other gradings' timing): once more, one at a time
+            console.print(
+                f"{len(untimed)} could not be timed now (the device's timing lock was busy): "
+                "grading them again, one at a time",
+                markup=False,
+            )
+            interrupted = not grade_all(
+                untimed, record, placement, rubric_path, loaded.limit("class_seconds"), 1, isolation, console
+            )
         if shard is None:
             rows = class_rows(roster, record)
             write_class_outputs(course, rows, loaded, OutputOptions(released=released, db_url=db_url), console)
@@ -256,6 +274,7 @@ def merge_class(course: Path, rubric: Path | None = None, released: bool = False
     except RubricError as exc:
         console.print(f"cannot merge: {exc}", style="red", markup=False)
         return EXIT_CANNOT_GRADE
+    close_to_others(course)
     roster = read_roster(course)
     record = Record(course)
     class_inputs = ClassInputs.compute(rubric_path, device="")

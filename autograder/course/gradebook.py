@@ -31,7 +31,7 @@ from pathlib import Path
 from autograder.atomic import write_text_atomically
 from autograder.course.roster import ASSIGNMENT
 from autograder.course.rows import Row, graded_parts
-from autograder.course.store import Record, sha256_file
+from autograder.course.store import COURSE_FILE_MODE, Record, sha256_file
 from autograder.rubric import Rubric
 
 CONFIG_FILE = "nbgrader_config.py"
@@ -96,7 +96,7 @@ def record_grades(
     if before["database"] is not None and last == before:
         return db_url
     write_grades(db_url, course_id, rows, rubric, assignment)
-    write_text_atomically(stamp_path, json.dumps(state(db_url, rows, rubric), sort_keys=True) + "\n")
+    write_text_atomically(stamp_path, json.dumps(state(db_url, rows, rubric), sort_keys=True) + "\n", COURSE_FILE_MODE)
     return db_url
 
 

@@ -19,6 +19,8 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,9 @@ from autograder.course.roster import ASSIGNMENT
 from autograder.model import GradingRun
 
 RECORD_DIR = "results"
+# Every file a class run writes: the grader's user reads and writes, its group (TAs) reads, no one else.
+# The course folder itself is closed to other users too (`close_to_others`).
+COURSE_FILE_MODE = 0o640
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # What decides a score: the package's top-level modules (contract, rubric, model, ...) and these folders.
 # The class workflow (course/), the platform adapters (platforms/) and the authoring tools (authoring/)
@@ -172,12 +177,30 @@ class Record:
         return stale
 
     def save_inputs(self, student: str, inputs: dict[str, str]):
-        write_text_atomically(self.inputs_path(student), json.dumps(inputs, indent=2, sort_keys=True) + "\n")
+        write_text_atomically(
+            self.inputs_path(student), json.dumps(inputs, indent=2, sort_keys=True) + "\n", COURSE_FILE_MODE
+        )
 
     def save_run(self, student: str, run: GradingRun):
         write_text_atomically(
-            self.results_path(student), json.dumps(run.to_gradescope(), indent=2, ensure_ascii=False) + "\n"
+            self.results_path(student),
+            json.dumps(run.to_gradescope(), indent=2, ensure_ascii=False) + "\n",
+            COURSE_FILE_MODE,
         )
+
+
+def close_to_others(course: Path) -> bool:
+    """Close the course folder to other users (`chmod o-rwx`, group kept) when it is ours and open: a
+    worker under process isolation runs as another uid, and must not read classmates' submissions,
+    results.json (hidden checks' messages) or the gradebook. True when it was changed."""
+    try:
+        info = os.stat(course)
+        if info.st_uid != os.geteuid() or not info.st_mode & 0o007:
+            return False
+        os.chmod(course, stat.S_IMODE(info.st_mode) & ~0o007)
+    except OSError:
+        return False
+    return True
 
 
 def read_run(path: Path) -> GradingRun | None:

@@ -19,7 +19,7 @@ import torch
 
 from autograder.grading import timing
 from autograder.grading.checks.harness import assert_close, fail, reference_forward
-from autograder.grading.devices import TimingLockBusy, device_key, timing_lock
+from autograder.grading.devices import TimingLockError, device_key, timing_lock
 from autograder.sandbox.client import Worker, WorkerError
 
 LOOP_HINT = (
@@ -172,7 +172,7 @@ def test_faster_than_the_wrapper(context, submission, inputs, rubric, device, sp
             measurement = timing.measure(
                 targets, settings, seeds, verifier(w, rubric), mine.worker.config.request_seconds
             )
-    except TimingLockBusy as exc:
+    except TimingLockError as exc:
         raise timing.CannotTime(str(exc)) from None
     except timing.TimingFailed as exc:
         record(context, w, {"workload": dataclasses.asdict(w), "failed": str(exc)})
