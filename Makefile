@@ -12,6 +12,7 @@ SHARD      ?=
 FORCE      ?=
 STUDENT    ?=
 RELEASED   ?=
+CANVAS_ASSIGNMENT ?=
 DIST       ?= dist
 
 BIN := $(abspath $(VENV))/bin
@@ -29,10 +30,12 @@ help:
 	@echo "make lint                      ruff's checks and formatting (pyflakes, pycodestyle, isort, bugbear, pyupgrade)"
 	@echo "make lock                      regenerate requirements.lock from pyproject.toml"
 	@echo "make bench                     time the wrapper, the weight split and fast peers; table, plot, JSON"
-	@echo "make grade                     grade every submission in assignments/submitted/ (what changed)"
+	@echo "make grade                     grade every submission in COURSE/submitted/ (what changed; COURSE=assignments)"
+	@echo "     COURSE=path/to/course (a course folder anywhere: submitted/<student>/mha/; outputs go there too)"
 	@echo "     DEVICE=cpu|cuda JOBS=n (default 2 per CPU, 2..8) FORCE=1 (regrade all) STUDENT=name RELEASED=1 (past the due date)"
+	@echo "     CANVAS_ASSIGNMENT='Name (id)' (the Canvas file's column, as a Canvas gradebook export heads it)"
 	@echo "make grade SHARD=K/N           grade shard K of N (K from 0) only; SHARD=auto in a Slurm array task"
-	@echo "make merge                     the class's outputs from every shard's results, grading nothing"
+	@echo "make merge                     the class's outputs from every shard's results, grading nothing (COURSE=...)"
 	@echo "make grade-slurm SHARDS=4      grade on a Slurm cluster: a job array and a merge job (deploy/slurm/)"
 	@echo "make selfcheck SUBMISSION=...  the notebook's self-checks, part by part: runs the file's code on your machine, UNSANDBOXED"
 	@echo "make check SUBMISSION=...      the same as make selfcheck (the name students know from their kit)"
@@ -85,10 +88,12 @@ grade-one: setup
 
 grade: setup
 	$(PY) -m autograder grade-class "$(COURSE)" --device $(DEVICE) $(if $(JOBS),--jobs $(JOBS)) $(if $(FORCE),--force) \
-		$(if $(STUDENT),--student "$(STUDENT)") $(if $(RELEASED),--released) $(if $(SHARD),--shard $(SHARD))
+		$(if $(STUDENT),--student "$(STUDENT)") $(if $(RELEASED),--released) $(if $(SHARD),--shard $(SHARD)) \
+		$(if $(CANVAS_ASSIGNMENT),--canvas-assignment "$(CANVAS_ASSIGNMENT)")
 
 merge: setup
-	$(PY) -m autograder grade-class "$(COURSE)" --merge
+	$(PY) -m autograder grade-class "$(COURSE)" --merge $(if $(RELEASED),--released) \
+		$(if $(CANVAS_ASSIGNMENT),--canvas-assignment "$(CANVAS_ASSIGNMENT)")
 
 grade-slurm: setup
 	COURSE="$(COURSE)" VENV="$(VENV)" deploy/slurm/submit.sh

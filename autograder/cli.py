@@ -117,6 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     klass.add_argument(
         "--isolation", choices=("auto", "namespace", "process"), default=isolation_default, help=isolation_help
     )
+    klass.add_argument(
+        "--canvas-assignment",
+        default=None,
+        metavar="'NAME (ID)'",
+        help="the Canvas file's column header: the assignment's name and Canvas id as a Canvas gradebook export "
+        "heads its column, so Canvas fills that assignment (default: mha, which Canvas matches by exact name "
+        "only, else it makes a new assignment)",
+    )
 
     kit = sub.add_parser("student-kit", help="build what students receive (release, self-check, README), no solution")
     kit.add_argument("--out", type=Path, default=Path("dist"))
@@ -167,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def grade_class_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from autograder.course.grade_class import grade_class, merge_class
+    from autograder.course.roster import ASSIGNMENT
     from autograder.course.shard import ShardError, parse_shard
 
     if not (args.course / "submitted").is_dir():
@@ -174,7 +183,13 @@ def grade_class_command(parser: argparse.ArgumentParser, args: argparse.Namespac
     if args.merge:
         if args.shard or args.force or args.student:
             parser.error("--merge grades nothing, so it takes neither --shard, --force nor --student")
-        return merge_class(args.course, rubric=args.rubric, released=args.released, db_url=args.db)
+        return merge_class(
+            args.course,
+            rubric=args.rubric,
+            released=args.released,
+            db_url=args.db,
+            canvas_assignment=args.canvas_assignment or ASSIGNMENT,
+        )
     if args.jobs is not None and args.jobs < 1:
         parser.error("--jobs must be at least 1")
     try:
@@ -192,6 +207,7 @@ def grade_class_command(parser: argparse.ArgumentParser, args: argparse.Namespac
         db_url=args.db,
         isolation=args.isolation,
         shard=shard,
+        canvas_assignment=args.canvas_assignment or ASSIGNMENT,
     )
 
 

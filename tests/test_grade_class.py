@@ -505,3 +505,61 @@ def test_a_class_run_closes_the_course_to_other_users_and_writes_nothing_they_ca
         course / "feedback/bob/mha/feedback.html",
     ):
         assert stat.S_IMODE(path.stat().st_mode) == 0o640, path
+
+
+def test_a_forced_run_stopped_halfway_is_finished_forced_by_the_next_run_and_merge_says_so(
+    tmp_path, monkeypatch, capsys
+):
+    """FORCE=1 stopped after one of three students: the next run without FORCE regrades the other two
+    (forced), not the first again, and until then a merge refuses, naming them."""
+    import json
+
+    from autograder.course import grade_class
+    from autograder.course.grading_pool import Outcome
+    from autograder.model import GradingRun
+
+    course = make_course(tmp_path / "course", {s: {"mha.py": "x = 1\n"} for s in ("ann", "bob", "cat")})
+    fill_record(course, {s: synthetic_run("mha.py") for s in ("ann", "bob", "cat")})
+    graded: list[str] = []
+    stopped = []
+
+    class Grader:
+        def __init__(self, env=None):
+            pass
+
+        def grade(self, request, timeout):
+            if stopped == [] and request["id"] != "ann":
+                raise KeyboardInterrupt  # Ctrl-C at bob (a kill -9 leaves the same record behind)
+            graded.append(request["id"])
+            with open(request["out"], "w") as handle:
+                json.dump(GradingRun(status="graded", submission="mha.py").to_gradescope(), handle)
+            return Outcome(ok=True)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(grade_class, "Grader", Grader)
+    assert grade_class.grade_class(course, device="cpu", jobs=1, force=True) == grade_class.EXIT_INTERRUPTED
+    assert graded == ["ann"] and "the forced regrade is half done (2 students" in capsys.readouterr().out
+    stopped.append("the first run is over")
+    assert grade_class.merge_class(course) == grade_class.EXIT_MERGE_INCOMPLETE
+    said = " ".join(capsys.readouterr().out.split())
+    assert "bob: a forced regrade stopped before it regraded this student" in said and "ann:" not in said
+    assert grade_class.grade_class(course, device="cpu", jobs=1) == grade_class.EXIT_DONE
+    said = " ".join(capsys.readouterr().out.split())
+    assert graded == ["ann", "bob", "cat"] and "2 forced (the last forced run stopped before it)" in said
+    assert grade_class.grade_class(course, device="cpu", jobs=1) == grade_class.EXIT_DONE
+    assert graded == ["ann", "bob", "cat"] and "0 to grade" in capsys.readouterr().out
+    assert grade_class.merge_class(course) == grade_class.EXIT_DONE
+
+
+def test_the_canvas_file_can_name_an_existing_canvas_assignment_as_canvas_reads_headers(tmp_path):
+    """Canvas matches a column headed "Name (id)" to the assignment with that id; a bare name only to an
+    assignment of exactly that name (else it makes a new one), which the run says."""
+    from autograder.course.class_outputs import canvas_header_note
+
+    rubric = load_rubric()
+    header = "Multi-head attention, part 2 (48213)"
+    lines = list(csv.reader(io.StringIO(canvas_csv(class_rows(tmp_path), rubric, header))))
+    assert lines[0][5] == header and canvas_header_note(header) == ""
+    assert "makes a new one" in canvas_header_note("mha") and "Name (id)" in canvas_header_note("mha")

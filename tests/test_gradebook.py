@@ -145,3 +145,35 @@ def test_a_hostile_timestamp_is_a_note_never_a_crash_of_grade_class_or_merge(tmp
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
         stamps = {s: gradebook.find_submission("mha", s).timestamp for s in students}
     assert str(stamps["ann"]) == "2024-03-01 10:00:00"
+
+
+# -- a course folder outside the repository -----------------------------------------------------------
+
+
+def test_a_new_course_folder_gets_a_configuration_that_keeps_nbgrader_export_off_grades_csv(tmp_path):
+    """A course folder with no nbgrader_config.py: grade-class writes one, so `nbgrader export` there writes
+    nbgrader-grades.csv (its cells through our CSV cleaning) and never overwrites our grades.csv."""
+    course = make_course(tmp_path / "course", {"ann": {"mha.py": "x = 1\n"}, "=cmd|calc": {"mha.py": "x = 2\n"}})
+    fill_record(course, {"ann": synthetic_run("mha.py"), "=cmd|calc": synthetic_run("mha.py", {"quiz": 0.0})})
+    run = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (course / "nbgrader_config.py").is_file() and "wrote" in " ".join(run.stdout.split())
+    ours = (course / "grades.csv").read_bytes()
+    exported = nbgrader("export", cwd=course)
+    assert exported.returncode == 0, exported.stderr
+    assert (course / "grades.csv").read_bytes() == ours
+    rows = list(csv.DictReader((course / "nbgrader-grades.csv").open()))
+    assert {r["student_id"] for r in rows} == {"ann", "'=cmd|calc"}  # a formula no more
+    assert export_totals(course / "nbgrader-grades.csv")["ann"] == 100.0
+    again = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    assert "wrote" not in again.stdout  # written once; the instructor's edits are kept
+
+
+def test_a_course_configuration_that_exports_over_grades_csv_is_named(tmp_path):
+    from autograder.course.gradebook import ensure_configuration
+
+    course = make_course(tmp_path / "course", {"ann": {}})
+    (course / "nbgrader_config.py").write_text("c = get_config()\nc.CourseDirectory.course_id = 'x'\n")
+    assert "leaves `nbgrader export` writing grades.csv" in ensure_configuration(course)
+    (course / "nbgrader_config.py").write_text("c = get_config()\nc.ExportPlugin.to = 'elsewhere.csv'\n")
+    assert ensure_configuration(course) == ""

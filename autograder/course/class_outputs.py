@@ -14,6 +14,7 @@ has a row per student:
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from rich.table import Table
 from autograder.atomic import write_text_atomically
 from autograder.course.clean import clean_text, csv_text
 from autograder.course.feedback import write_feedback
-from autograder.course.gradebook import GradebookError, record_grades
+from autograder.course.gradebook import GradebookError, ensure_configuration, record_grades
 from autograder.course.roster import ASSIGNMENT
 from autograder.course.rows import (
     AMBIGUOUS,
@@ -78,7 +79,8 @@ def canvas_csv(rows: list[Row], rubric: Rubric, assignment: str = ASSIGNMENT) ->
     """Canvas's gradebook import: Student, ID, SIS User ID, SIS Login ID, Section, then one column
     per assignment, and a "Points Possible" row first. nbgrader's student id (the folder name) goes
     in SIS Login ID, which Canvas matches students by when ID is empty. A student who could not be
-    graded gets an empty cell (Canvas leaves the grade alone), one with no submission a 0."""
+    graded gets an empty cell (Canvas leaves the grade alone), one with no submission a 0. The
+    assignment's column is headed `assignment`: see `canvas_header_note` for how Canvas reads it."""
     lines: list[list[str]] = [
         ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", assignment],
         ["Points Possible", "", "", "", "", _number(rubric.max_score)],
@@ -87,6 +89,23 @@ def canvas_csv(rows: list[Row], rubric: Rubric, assignment: str = ASSIGNMENT) ->
         score = _number(row.run.score) if row.scored else ("0" if row.status == NO_SUBMISSION else "")
         lines.append([row.student, "", "", row.student, "", score])
     return csv_text(lines)
+
+
+# Canvas's importer reads an assignment column's header as "Name (id)" (its Assignment.title_and_id): it
+# matches the assignment with that id; a header without one matches an assignment of exactly that name;
+# anything else creates a new assignment.
+CANVAS_HEADER = re.compile(r"\A(.*)\s\((\d+)\)\Z")
+
+
+def canvas_header_note(header: str) -> str:
+    """What Canvas will do with the Canvas file's assignment column, when it may not be what is meant."""
+    if CANVAS_HEADER.match(header):
+        return ""
+    return (
+        f"grades-canvas.csv heads its column {header!r}: Canvas puts it into an assignment named exactly "
+        f"{header!r}, or makes a new one. To fill an existing assignment, give its column's header as a "
+        "Canvas gradebook export shows it, `Name (id)`: --canvas-assignment, or CANVAS_ASSIGNMENT= for make"
+    )
 
 
 def _number(value: float) -> str:
@@ -167,6 +186,7 @@ class OutputOptions:
     db_url: str | None = None  # the gradebook (default: the course's nbgrader configuration)
     gradebook: bool = True
     feedback: bool = True
+    canvas_assignment: str = ASSIGNMENT  # the Canvas file's column header: "Name (id)" of a Canvas assignment
 
 
 def mirror_results(course: Path, record: Record, rows: list[Row]) -> int:
@@ -204,18 +224,25 @@ def write_class_outputs(
         written = write_feedback(course, rows, released=options.released)
         where["feedback"] = f"{course}/feedback/<student>/{ASSIGNMENT}/feedback.html ({written} written)"
     if options.gradebook:
+        told = ensure_configuration(course)
+        if told:
+            console.print(told, style="yellow", markup=False)
         try:
             where["gradebook"] = record_grades(course, rows, rubric, db_url=options.db_url)
         except GradebookError as exc:
             console.print(f"gradebook not updated: {exc}", style="red", markup=False)
     write_text_atomically(course / "grades.csv", grades_csv(rows, rubric), COURSE_FILE_MODE)
     where["grades.csv"] = str(course / "grades.csv")
-    write_text_atomically(course / "grades-canvas.csv", canvas_csv(rows, rubric), COURSE_FILE_MODE)
-    where["Canvas import"] = str(course / "grades-canvas.csv")
+    write_text_atomically(
+        course / "grades-canvas.csv", canvas_csv(rows, rubric, options.canvas_assignment), COURSE_FILE_MODE
+    )
+    where["Canvas import"] = f"{course / 'grades-canvas.csv'} (column {options.canvas_assignment!r})"
     console.print(students_table(rows))
     console.print(class_table(rows, rubric))
     counts = {status: sum(r.status == status for r in rows) for status in STATUSES}
     console.print(", ".join(f"{n} {status_words(s)}" for s, n in counts.items() if n))
     for name, path in where.items():
         console.print(f"{name}: {path}", markup=False)
+    if note := canvas_header_note(options.canvas_assignment):
+        console.print(note, style="yellow", markup=False)
     return where

@@ -39,7 +39,7 @@ from autograder.course.class_outputs import OutputOptions, write_class_outputs
 from autograder.course.clean import clean_text
 from autograder.course.grading_pool import Grader
 from autograder.course.placement import NoDevice, Placement, placement_for
-from autograder.course.roster import Entry, read_roster
+from autograder.course.roster import ASSIGNMENT, Entry, read_roster
 from autograder.course.rows import Row, status_words
 from autograder.course.shard import Shard, engine_index_in
 from autograder.course.store import ClassInputs, Record, close_to_others
@@ -64,18 +64,50 @@ class Job:
 
 
 def plan(
-    roster: list[Entry], record: Record, class_inputs: ClassInputs, force: bool, students: list[str] | None
+    roster: list[Entry],
+    record: Record,
+    class_inputs: ClassInputs,
+    force: bool,
+    students: list[str] | None,
+    unfinished: dict[str, str] | None = None,
 ) -> list[Job]:
-    """The students to grade now, each with the reason."""
+    """The students to grade now, each with the reason. `unfinished`: the students a forced regrade
+    that was stopped has not regraded yet, with its token (they are forced still)."""
+    unfinished = unfinished or {}
     jobs = []
     for entry in roster:
         if not entry.has_file or (students is not None and entry.student not in students):
             continue
         inputs = class_inputs.for_file(entry.file)
-        reason = "forced" if force else record.why_regrade(entry.student, inputs)
+        if force:
+            reason: str | None = "forced"
+        elif entry.student in unfinished:
+            reason = "forced (the last forced run stopped before it)"
+            inputs = {**inputs, "forced": unfinished[entry.student]}
+        else:
+            reason = record.why_regrade(entry.student, inputs)
         if reason is not None:
             jobs.append(Job(entry, inputs, reason))
     return jobs
+
+
+def unfinished_forced(record: Record, roster: list[Entry]) -> dict[str, str]:
+    """Every student a stopped forced regrade has not regraded yet, with that regrade's token."""
+    submitted = {e.student for e in roster if e.has_file}
+    return {s: run.token for run in record.forced_runs() for s in record.still_forced(run, submitted)}
+
+
+def close_finished_forced(record: Record, roster: list[Entry]) -> list[str]:
+    """Forget every forced regrade that is done; return the students still to be regraded by force."""
+    submitted = {e.student for e in roster if e.has_file}
+    left = []
+    for run in record.forced_runs():
+        still = record.still_forced(run, submitted)
+        if still:
+            left += still
+        else:
+            run.path.unlink(missing_ok=True)
+    return sorted(set(left))
 
 
 class Slots:
@@ -172,6 +204,7 @@ def grade_class(
     db_url: str | None = None,
     isolation: str | None = None,
     shard: Shard | None = None,
+    canvas_assignment: str = ASSIGNMENT,
 ) -> int:
     console = Console(highlight=False)
     course = Path(course)
@@ -221,7 +254,19 @@ def grade_class(
                 console.print(
                     clean_text(f"{entry.student}: {entry.note}", newlines=False), style="yellow", markup=False
                 )
-        todo = plan(roster, record, ClassInputs.compute(rubric_path, device), force, students)
+        unfinished = {} if force else unfinished_forced(record, roster)
+        if unfinished:
+            console.print(
+                f"the last forced run stopped before it regraded {len(unfinished)} students: "
+                "they are regraded now, forced",
+                style="yellow",
+                markup=False,
+            )
+        todo = plan(roster, record, ClassInputs.compute(rubric_path, device), force, students, unfinished)
+        if force:  # recorded first: a forced run killed halfway is finished by the next run, forced or not
+            forced = record.start_forced([j.student for j in todo])
+            for job in todo:
+                job.inputs["forced"] = forced.token
         submitted = [e for e in roster if e.has_file and (students is None or e.student in students)]
         reasons: dict[str, int] = {}
         for job in todo:
@@ -244,13 +289,22 @@ def grade_class(
             interrupted = not grade_all(
                 untimed, record, placement, rubric_path, loaded.limit("class_seconds"), 1, isolation, console
             )
+        left = close_finished_forced(record, roster)
         if shard is None:
             rows = class_rows(roster, record)
-            write_class_outputs(course, rows, loaded, OutputOptions(released=released, db_url=db_url), console)
+            options = OutputOptions(released=released, db_url=db_url, canvas_assignment=canvas_assignment)
+            write_class_outputs(course, rows, loaded, options, console)
     finally:
         lock.close()
     if interrupted:
         console.print("interrupted: what was graded is kept; run again to grade the rest")
+        if left:
+            console.print(
+                f"the forced regrade is half done ({len(left)} students not regraded yet): "
+                "the next run regrades them, forced, with or without FORCE",
+                style="yellow",
+                markup=False,
+            )
         return EXIT_INTERRUPTED
     if shard is not None:
         console.print(
@@ -260,7 +314,13 @@ def grade_class(
     return EXIT_DONE
 
 
-def merge_class(course: Path, rubric: Path | None = None, released: bool = False, db_url: str | None = None) -> int:
+def merge_class(
+    course: Path,
+    rubric: Path | None = None,
+    released: bool = False,
+    db_url: str | None = None,
+    canvas_assignment: str = ASSIGNMENT,
+) -> int:
     """Write the class's outputs from the runs already recorded (by shards or earlier runs), grading
     nothing. A run that could not grade counts as it does after a whole-class run. When a student with
     a submission has no run up to date with their submission, the rubric, the grader and the reference,
@@ -286,6 +346,8 @@ def merge_class(course: Path, rubric: Path | None = None, released: bool = False
         why = record.why_stale(entry.student, wanted)  # a run that could not grade is merged as it is
         if why is not None:
             missing[entry.student] = why
+    for student in unfinished_forced(record, roster):
+        missing.setdefault(student, "a forced regrade stopped before it regraded this student")
     submitted = sum(entry.has_file for entry in roster)
     if missing:
         console.print(
@@ -303,7 +365,11 @@ def merge_class(course: Path, rubric: Path | None = None, released: bool = False
         return EXIT_MERGE_INCOMPLETE
     console.print(f"merged the results of {submitted} students", markup=False)
     write_class_outputs(
-        course, class_rows(roster, record), loaded, OutputOptions(released=released, db_url=db_url), console
+        course,
+        class_rows(roster, record),
+        loaded,
+        OutputOptions(released=released, db_url=db_url, canvas_assignment=canvas_assignment),
+        console,
     )
     return EXIT_DONE
 

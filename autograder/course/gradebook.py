@@ -35,6 +35,28 @@ from autograder.course.store import COURSE_FILE_MODE, Record, sha256_file
 from autograder.rubric import Rubric
 
 CONFIG_FILE = "nbgrader_config.py"
+EXPORT_FILE = "nbgrader-grades.csv"
+# What `grade-class` writes into a course folder that has no nbgrader configuration of its own.
+CONFIG_TEMPLATE = f'''"""nbgrader's configuration for this course folder (written by `grade-class`, which found none).
+
+`grade-class` writes grades.csv here (per-part scores and each student's status); `nbgrader export`
+would overwrite it by default, so its CSV goes to a file of its own, {EXPORT_FILE}.
+"""
+import os
+
+c = get_config()  # noqa: F821 (nbgrader provides get_config when it loads this file)
+
+# The course directory is the folder of this file, wherever nbgrader is started from.
+c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(c.CourseDirectory.root, "gradebook.db")
+c.ExportPlugin.to = os.path.join(c.CourseDirectory.root, "{EXPORT_FILE}")
+try:  # nbgrader's CSV export with every cell cleaned (no formulas), where the grader is installed
+    import autograder.course.nbgrader_export  # noqa: F401
+
+    c.ExportApp.plugin_class = "autograder.course.nbgrader_export.SafeCsvExportPlugin"
+except ImportError:
+    pass
+'''
 
 
 class GradebookError(RuntimeError):
@@ -55,6 +77,31 @@ def course_settings(course: Path) -> tuple[str, str]:
     root = settings.get("root") or str(course.resolve())
     db_url = settings.get("db_url") or "sqlite:///{}".format(os.path.abspath(os.path.join(root, "gradebook.db")))
     return db_url, settings.get("course_id", "")
+
+
+def ensure_configuration(course: Path) -> str:
+    """Make `nbgrader export` in the course folder harmless to grades.csv: write an nbgrader_config.py
+    where there is none (its export goes to nbgrader-grades.csv); where there is one that leaves the
+    export at its default (grades.csv), say so. Returns what to tell the instructor ("" if nothing)."""
+    course = Path(course)
+    path = course / CONFIG_FILE
+    if not path.exists():
+        write_text_atomically(path, CONFIG_TEMPLATE, COURSE_FILE_MODE)
+        return (
+            f"wrote {path}: nbgrader's commands use this course's gradebook, and `nbgrader export` writes {EXPORT_FILE}"
+        )
+    from traitlets.config.loader import PyFileConfigLoader
+
+    try:
+        target = PyFileConfigLoader(CONFIG_FILE, path=str(course)).load_config().get("ExportPlugin", {}).get("to")
+    except Exception as exc:  # a configuration nbgrader itself could not load: say so, change nothing
+        return f"{path} could not be read ({type(exc).__name__}: {exc}); nbgrader's commands will fail there too"
+    if not target or Path(course, target).resolve() == (course / "grades.csv").resolve():
+        return (
+            f"{path} leaves `nbgrader export` writing grades.csv, over ours: add "
+            f'c.ExportPlugin.to = "{EXPORT_FILE}" to it'
+        )
+    return ""
 
 
 def sqlite_path(db_url: str) -> Path | None:

@@ -20,6 +20,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,17 @@ class ClassInputs:
         }
 
 
+@dataclass(frozen=True)
+class ForcedRun:
+    """A forced regrade under way (`--force`, `make grade FORCE=1`): who it regrades, and the token each
+    of their runs records in inputs.json once regraded. Its file stays until every one of them has been,
+    so a forced run killed halfway is finished by the next run, forced or not."""
+
+    path: Path
+    token: str
+    students: tuple[str, ...]
+
+
 class Record:
     """`course/results/<student>/mha/`: read and written by student."""
 
@@ -175,6 +187,32 @@ class Record:
         if stale is None and not run.graded:
             return "its last run could not grade"
         return stale
+
+    # -- forced regrades ----------------------------------------------------------------------------
+
+    def forced_runs(self) -> list[ForcedRun]:
+        """Every forced regrade not finished yet (one per shard that was forced, or the whole class)."""
+        runs = []
+        for path in sorted(self.root.glob(".forced*.json")):
+            try:
+                data = json.loads(path.read_text())
+                runs.append(ForcedRun(path, str(data["token"]), tuple(str(s) for s in data["students"])))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return runs
+
+    def start_forced(self, students: list[str]) -> ForcedRun:
+        """Record that `students` are being regraded by force (each forced run has a file of its own)."""
+        token = secrets.token_hex(8)
+        run = ForcedRun(self.root / f".forced-{token}.json", token, tuple(students))
+        write_text_atomically(
+            run.path, json.dumps({"token": run.token, "students": run.students}) + "\n", COURSE_FILE_MODE
+        )
+        return run
+
+    def still_forced(self, run: ForcedRun, submitted: set[str]) -> list[str]:
+        """The students of a forced regrade not regraded by it yet (of those who still have a submission)."""
+        return [s for s in run.students if s in submitted and (self.inputs(s) or {}).get("forced") != run.token]
 
     def save_inputs(self, student: str, inputs: dict[str, str]):
         write_text_atomically(
