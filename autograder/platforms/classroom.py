@@ -9,6 +9,14 @@ reporter (`classroom-resources/autograding-grading-reporter`) reads from the env
 into the check run's "Points X/Y", which is what Classroom records. One test per part, with the
 part's score, so students see where their points went.
 
+Points in hundredths (`SCALE`): the reporter (v1) adds the tests' scores as JavaScript numbers and
+prints the sum in its "Points X/Y" notice, so 87.14 of 100 made of parts such as 17.14 can come out as
+87.13999999999999, and Classroom has only ever been sent whole points ("Points 87/100"). Its log's
+table and "Total points" line count passed tests instead (for 87.14 with 6 of 8 parts passed it shows
+75/100). So every score in the runner result is a whole number of hundredths of a point: Classroom
+records "Points 8714/10000" for 87.14 of 100, exactly our fraction, and the parts add up to the
+total exactly. This runner prints the score in points to the log itself.
+
 The workflow that runs it is `deploy/github-classroom/.github/workflows/classroom.yml` (documented in
 docs/github-classroom.md): it checks the grader out of the instructor's private repository with a
 secret, so the student's repository never holds the reference.
@@ -25,9 +33,24 @@ from pathlib import Path
 from autograder.model import GradingRun
 from autograder.platforms.folder import grade_folder
 
+SCALE = 100  # Classroom's points are hundredths of ours: whole numbers, with nothing rounded away
+
+
+def scaled_part_scores(run: GradingRun) -> list[int]:
+    """Each part's score in hundredths, adding up exactly to the run's score in hundredths (a part's
+    rounding is given back to the largest part)."""
+    parts = run.parts()
+    scaled = [round(part.score * SCALE) for part in parts]
+    if scaled:
+        largest = max(range(len(parts)), key=lambda i: parts[i].score)
+        scaled[largest] += round(run.score * SCALE) - sum(scaled)
+    return scaled
+
 
 def runner_result(run: GradingRun) -> dict:
-    """The grading reporter's runner result: status, max_score, and one test per part with its score."""
+    """The grading reporter's runner result: status, max_score, and one test per part with its score,
+    all in hundredths of a point (`SCALE`). A run that could not grade reports no points at all (the
+    reporter then records nothing in Classroom: never a zero that is the grader's fault)."""
     if not run.graded:
         return {
             "version": 1,
@@ -45,7 +68,7 @@ def runner_result(run: GradingRun) -> dict:
             ],
         }
     tests = []
-    for part in run.parts():
+    for part, points in zip(run.parts(), scaled_part_scores(run)):
         failure = part.first_failure
         message = (
             ""
@@ -54,16 +77,16 @@ def runner_result(run: GradingRun) -> dict:
         )
         tests.append(
             {
-                "name": part.title,
+                "name": f"{part.title}: {part.score:g} of {part.max_score:g} points",
                 "status": "pass" if failure is None else "fail",
-                "score": part.score,
+                "score": points,
                 "message": message,
                 "line_no": 0,
                 "execution_time": "",
             }
         )
     status = "pass" if all(t["status"] == "pass" for t in tests) else "fail"
-    return {"version": 1, "status": status, "max_score": run.max_score, "tests": tests}
+    return {"version": 1, "status": status, "max_score": round(run.max_score * SCALE), "tests": tests}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     run = grade_folder(args.submission, args.out, device=args.device)
     encoded = base64.b64encode(json.dumps(runner_result(run)).encode()).decode()
     print(f"result={encoded}")
-    print(f"{run.score:g} / {run.max_score:g}" if run.graded else f"cannot grade: {run.reason}", file=sys.stderr)
+    if run.graded:
+        print(
+            f"Score: {run.score:g} of {run.max_score:g} points (Classroom shows it in hundredths: "
+            f"Points {round(run.score * SCALE)}/{round(run.max_score * SCALE)})",
+            file=sys.stderr,
+        )
+    else:
+        print(f"cannot grade: {run.reason}", file=sys.stderr)
     return 0
 
 
