@@ -89,7 +89,7 @@ grade-slurm: setup
 	COURSE="$(COURSE)" VENV="$(VENV)" deploy/slurm/submit.sh
 
 student-kit: setup
-	$(PY) -m autograder student-kit --out "$(DIST)"
+	$(PY) -m autograder student-kit --out "$(DIST)" --torch "$(TORCH_SPEC)"
 
 gradescope: setup
 	$(PY) -m autograder gradescope --out "$(DIST)"

@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     kit = sub.add_parser("student-kit", help="build what students receive (release, self-check, README), no solution")
     kit.add_argument("--out", type=Path, default=Path("dist"))
+    kit.add_argument("--torch", default=None, help="the grader's TORCH_SPEC (default: the Makefile's)")
     gradescope = sub.add_parser("gradescope", help="build Gradescope's autograder zip (setup.sh, run_autograder)")
     gradescope.add_argument("--out", type=Path, default=Path("dist"))
 
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         from autograder.authoring.kit import KitError, build_kit
 
         try:
-            build_kit(args.out)
+            build_kit(args.out, torch_spec=args.torch)
         except KitError as exc:
             print(f"cannot build the kit: {exc}", file=sys.stderr)
             return 2
