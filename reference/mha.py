@@ -629,6 +629,13 @@ _check_columns()
 # output projection `out_proj`, which mixes the heads' results (the wrapper has no such step), a
 # dropout module and the causal mask.
 #
+# **Keep the constructor as it is; write only `forward`.** The grader builds your
+# `MultiHeadAttention` with this constructor and loads its hidden weights into `W_query`, `W_key`,
+# `W_value`, `out_proj` and `mask` by name, so that your forward and the reference compute with the
+# same weights. Another layout of the same numbers, such as one `qkv = nn.Linear(d_in, 3 * d_out)` for
+# all three projections (a common design), can compute the same thing, but the grader cannot put its
+# weights into it, and none of this part's checks can run. The self-check below says so too.
+#
 # Write `forward(x)`. Below, `b` is the batch size, `T` the number of tokens, `H` the number of
 # heads, `hd` the head width (`head_dim`) and `d_out = H * hd`. The shape after each step:
 #
@@ -767,6 +774,32 @@ _MHA_MISTAKES = {
 }
 
 
+_GIVEN = ("W_query", "W_key", "W_value", "out_proj", "mask")  # what the given constructor makes
+
+
+def _names(names):
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _constructor_problem(module):
+    """What the grader says when it cannot load its weights into `module` (a MultiHeadAttention), else None."""
+    state = module.state_dict()
+    found = dict.fromkeys(key.split(".")[0] for key in state)
+    yours = [n for n in found if any(k.startswith(f"{n}.") for k in state)] + [n for n in found if n in state]
+    missing, extra = [n for n in _GIVEN if n not in yours], [n for n in yours if n not in _GIVEN]
+    if not missing and not extra:
+        return None
+    if extra and missing:
+        found = f"has {_names(extra)} instead of {_names(missing)}"
+    elif missing:
+        found = f"has no {_names(missing)}"
+    else:
+        found = f"also has {_names(extra)}, which the grader cannot fill"
+    return (f"the grader loads its hidden weights into {_names(_GIVEN)}, the attributes the given constructor "
+            f"makes, so that your MultiHeadAttention and the reference compute with the same weights; your "
+            f"MultiHeadAttention {found}. Keep the given constructor as it is and write only forward.")
+
+
 def _compare_mha(mha, x, out, label, tolerance):
     with torch.no_grad():
         expected = _one_head_at_a_time(mha, x)
@@ -796,6 +829,8 @@ def _check_mha():
     batch = torch.stack((inputs, inputs), dim=0)
     torch.manual_seed(123)
     mha = MultiHeadAttention(3, 2, 6, 0.0, num_heads=2)
+    problem = _constructor_problem(mha)
+    assert problem is None, problem
     out = mha(batch)
     assert isinstance(out, torch.Tensor), f"forward returned {type(out).__name__}; expected a tensor"
     _compare_mha(mha, batch, out, "the book's example", tolerance=1e-5)
@@ -999,6 +1034,9 @@ def _check_fuse():
         ("the book's wrapper", 3, 2, 6, 2, False),
         ("3 heads with bias, float64, 5 of 7 tokens", 4, 3, 7, 3, True),
     )
+    if _constructor_problem(MultiHeadAttention(3, 2, 6, 0.0, num_heads=2)) is not None:
+        return ("waiting: fuse_heads builds a MultiHeadAttention, whose constructor must stay as given: see the "
+                "self-check of part 6")
     for label, d_in, head_width, context_length, num_heads, qkv_bias in cases:
         torch.manual_seed(123)
         wrapper = MultiHeadAttentionWrapper(d_in, head_width, context_length, 0.0, num_heads, qkv_bias=qkv_bias)
