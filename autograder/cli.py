@@ -103,6 +103,17 @@ def main(argv: list[str] | None = None) -> int:
         "--isolation", choices=("auto", "namespace", "process"), default=isolation_default, help=isolation_help
     )
 
+    explain = sub.add_parser(
+        "explain",
+        help="a disputed grade: a failed check's hidden inputs, expected and actual values, from the recorded seed",
+    )
+    explain.add_argument("results", type=Path, help="a results.json written by the grader")
+    explain.add_argument(
+        "--check", action="append", default=None, metavar="KEY", help="mha::test_x or mha::test_x[case] (repeatable)"
+    )
+    explain.add_argument("--submission", type=Path, default=None, help="the graded file (default: found from RESULTS)")
+    explain.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: the one it was graded on")
+
     kit = sub.add_parser("student-kit", help="build what students receive (release, self-check, README), no solution")
     kit.add_argument("--out", type=Path, default=Path("dist"))
     kit.add_argument("--torch", default=None, help="the grader's TORCH_SPEC (default: the Makefile's)")
@@ -110,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     gradescope.add_argument("--out", type=Path, default=Path("dist"))
 
     args = parser.parse_args(argv)
+    if args.command == "explain":
+        from autograder.grading.explain import explain as explain_run
+
+        return explain_run(args.results, args.check, args.submission, args.device)
     if args.command == "student-kit":
         from autograder.authoring.kit import KitError, build_kit
 

@@ -55,9 +55,16 @@ def _bounded(message: str) -> str:
 
 
 class ResultsPlugin:
-    def __init__(self, rubric: Rubric, visible_only: bool, parts: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        rubric: Rubric,
+        visible_only: bool,
+        parts: tuple[str, ...] | None = None,
+        checks: tuple[str, ...] | None = None,
+    ):
         self.rubric, self.visible_only = rubric, visible_only
         self.parts = parts  # only these parts' checks run (None: every part)
+        self.checks = checks  # only these checks run: "module::function", or with one case "...[case]" (None: all)
         self.outcomes: dict[str, Outcome] = {}
         self.grader_errors: list[str] = []
 
@@ -82,6 +89,7 @@ class ResultsPlugin:
             for i in items
             if (not self.visible_only or self.rubric.visibility(check_key(i)) == "visible")
             and (self.parts is None or part_of(i) in self.parts)
+            and (self.checks is None or selected(i, self.checks))
         ]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
@@ -130,6 +138,12 @@ class ResultsPlugin:
         where = f"{item.nodeid} ({call.when})"
         text = str(excinfo.getrepr(style="short", chain=False))[-3000:]
         self.grader_errors.append(f"{where}: {excinfo.typename}: {str(error)[:500]}\n{text}")
+
+
+def selected(item: pytest.Item, checks: tuple[str, ...]) -> bool:
+    """Whether a check, or this case of it, is one of `checks` ("module::function" or "module::function[case]")."""
+    key, param = check_key(item), getattr(item, "callspec", None)
+    return key in checks or (param is not None and f"{key}[{param.id}]" in checks)
 
 
 def part_of(item: pytest.Item) -> str | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from autograder.grading import explain
 from autograder.grading.plugin import NotScored
 from autograder.rubric import Rubric
 from autograder.sandbox.client import LoadFailed, SubmissionError, Worker, WorkerCrashed, WorkerTimeout
@@ -111,10 +112,12 @@ class Submission:
         return answer
 
     def call(self, fn: str, *args, target: str | None = None, **kwargs):
+        explain.note("call", what=fn, args=list(args))
         return self._ask("call", target=target or fn, fn=fn, args=_wire(list(args)), kwargs=_wire(kwargs))
 
     def try_call(self, fn: str, *args, target: str | None = None):
         """Like call, but when the student's code raises, return that exception as a `Raised`."""
+        explain.note("call", what=fn, args=list(args))
         try:
             return self.worker.request(
                 "call", timeout=self._timeout(), target=target or fn, fn=fn, args=_wire(list(args)), kwargs={}
@@ -162,6 +165,7 @@ class Submission:
     def forward(
         self, module: ModuleInfo, x: torch.Tensor, *, train=False, seed=0, grad_out=None, trace=False, hooks=False
     ) -> Forward:
+        explain.note("input", what=f"{module.cls}.forward" + (" (training mode)" if train else ""), value=x)
         answer = self._ask(
             "forward",
             target=f"{module.cls}.forward",
@@ -265,6 +269,7 @@ DTYPE_NOT_KEPT = "the output does not keep the input's dtype (a hard-coded .floa
 def assert_close(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric, what: str, diagnose=None):
     """Fail unless `actual` is a tensor of `expected`'s shape and dtype, close within the rubric's
     tolerance. `diagnose(actual)` may name the likely mistake."""
+    explain.note("compared", what=what, expected=expected, actual=actual)
     if not isinstance(actual, torch.Tensor):
         fail(f"{what}: expected a tensor, got {type(actual).__name__} {actual!r:.80}")
     hint = diagnose(actual) if diagnose else None
