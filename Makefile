@@ -43,7 +43,7 @@ help:
 	@echo "make gradescope                Gradescope's autograder: $(DIST)/mha-gradescope.zip"
 	@echo "make grade-one SUBMISSION=...  grade one submission into OUT=results.json; SEED=n repeats a run (its extra_data.seed)"
 	@echo "make explain RESULTS=...       a disputed grade: each failed check's hidden inputs, expected and actual values (CHECK=key)"
-	@echo "make release                   regenerate the student release from reference/"
+	@echo "make release                   regenerate the student release from reference/, and the sample class from it"
 
 setup:
 	@$(PYTHON) tools/setup_venv.py --venv "$(VENV)" --torch "$(TORCH_SPEC)"

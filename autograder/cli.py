@@ -143,8 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         return grade_class_command(parser, args)
     if args.command == "release":
         from autograder.authoring.release import release_assignment
+        from autograder.authoring.samples import write_samples
 
         release_assignment(args.root)
+        written = write_samples(args.root)
+        print(f"samples: {', '.join(p.parent.parent.name for p in written)} (the release plus each one's answers)")
         return 0
 
     from autograder.grading.grade import Options, grade_command
