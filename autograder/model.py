@@ -80,7 +80,10 @@ class LoadReport:
         lines = []
         if self.problem:
             lines.append(f"Your file could not be loaded: {self.problem}")
-        lines += [f"While loading, cell {c.cell} raised {c.type}: {c.message}" for c in self.cells]
+        lines += [
+            f"While loading, cell {c.cell} raised {c.type}" + (f": {c.message}" if c.message else "")
+            for c in self.cells
+        ]
         return lines
 
 

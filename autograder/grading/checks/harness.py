@@ -101,7 +101,7 @@ class Submission:
             trace = f"\n{exc.traceback}" if exc.traceback else ""
             if exc.type == "NotImplementedError":
                 fail(f"not done yet: this still raises NotImplementedError (a stub left as released?){trace}")
-            fail(f"your code raised {exc.type}: {exc.message}{trace}")
+            fail(f"your code raised {exc.type}" + (f": {exc.message}" if exc.message else "") + trace)
         except (WorkerTimeout, WorkerCrashed) as exc:
             fail(str(exc))
 

@@ -34,7 +34,8 @@ def check_ranges(given, expected, what, variants):
     if ranges != expected:
         mistake = next((d for d, v in variants.items() if v == ranges), None)
         fail(
-            f"{what}: got {ranges!r:.160}, expected {len(expected)} ranges starting {expected[:3]!r}."
+            f"{what}: got {ranges!r:.160}, expected "
+            + (f"{len(expected)} ranges starting {expected[:3]!r}." if len(expected) > 1 else f"{expected!r}.")
             + (f"\nLikely mistake: {mistake}" if mistake else "")
         )
 
