@@ -280,3 +280,6 @@ def test_chromium_renders_the_page_and_takes_a_screenshot(chromium, tmp_path):
     assert pixels[..., :3].std() > 0.05  # text, tables and the plot, not a blank page
     dom = headless(chromium, tmp_path / "profile2", "--dump-dom", page.as_uri()).stdout
     assert "Score: 25 / 45" in dom and "VISIBLE-MESSAGE" in dom and "HIDDEN-SECRET" not in dom
+    # the speed part as a browser shows it: the plot of the rounds, the bands beside the scored figure, the rule
+    assert 'src="data:image/png;base64,' in dom and 'class="bar"' in dom
+    assert f"Full points from {SPEED['bands']['full_credit_at']:g}" in dom
