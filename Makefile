@@ -11,6 +11,9 @@ JOBS       ?=
 SHARD      ?=
 FORCE      ?=
 STUDENT    ?=
+SEED       ?=
+RESULTS    ?= $(OUT)
+CHECK      ?=
 RELEASED   ?=
 CANVAS_ASSIGNMENT ?=
 DIST       ?= dist
@@ -20,7 +23,7 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: setup test test-fast test-long test-speed lint lock bench release grade merge grade-slurm selfcheck check preview grade-one student-kit gradescope help
+.PHONY: explain setup test test-fast test-long test-speed lint lock bench release grade merge grade-slurm selfcheck check preview grade-one student-kit gradescope help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests (all but the long suites)"
@@ -42,8 +45,9 @@ help:
 	@echo "make preview SUBMISSION=...    instructors: the grader's visible checks on a file; its code runs SANDBOXED (needs reference/)"
 	@echo "make student-kit               what students receive: $(DIST)/mha-student-kit.zip"
 	@echo "make gradescope                Gradescope's autograder: $(DIST)/mha-gradescope.zip"
-	@echo "make grade-one SUBMISSION=...  grade one submission into OUT=results.json"
-	@echo "make release                   regenerate the student release from reference/"
+	@echo "make grade-one SUBMISSION=...  grade one submission into OUT=results.json; SEED=n repeats a run (its extra_data.seed)"
+	@echo "make explain RESULTS=...       a disputed grade: each failed check's hidden inputs, expected and actual values (CHECK=key)"
+	@echo "make release                   regenerate the student release from reference/, and the sample class from it"
 
 setup:
 	@$(PYTHON) tools/setup_venv.py --venv "$(VENV)" --torch "$(TORCH_SPEC)"
@@ -84,7 +88,10 @@ preview: setup
 	$(PY) -m autograder preview "$(SUBMISSION)" --device $(DEVICE)
 
 grade-one: setup
-	$(PY) -m autograder grade "$(SUBMISSION)" --device $(DEVICE) --out "$(OUT)"
+	$(PY) -m autograder grade "$(SUBMISSION)" --device $(DEVICE) --out "$(OUT)" $(if $(SEED),--seed $(SEED))
+
+explain: setup
+	$(PY) -m autograder explain "$(RESULTS)" $(if $(CHECK),--check "$(CHECK)")
 
 grade: setup
 	$(PY) -m autograder grade-class "$(COURSE)" --device $(DEVICE) $(if $(JOBS),--jobs $(JOBS)) $(if $(FORCE),--force) \
@@ -99,7 +106,7 @@ grade-slurm: setup
 	COURSE="$(COURSE)" VENV="$(VENV)" deploy/slurm/submit.sh
 
 student-kit: setup
-	$(PY) -m autograder student-kit --out "$(DIST)"
+	$(PY) -m autograder student-kit --out "$(DIST)" --torch "$(TORCH_SPEC)"
 
 gradescope: setup
 	$(PY) -m autograder gradescope --out "$(DIST)"

@@ -126,8 +126,20 @@ def main(argv: list[str] | None = None) -> int:
         "only, else it makes a new assignment)",
     )
 
+    explain = sub.add_parser(
+        "explain",
+        help="a disputed grade: a failed check's hidden inputs, expected and actual values, from the recorded seed",
+    )
+    explain.add_argument("results", type=Path, help="a results.json written by the grader")
+    explain.add_argument(
+        "--check", action="append", default=None, metavar="KEY", help="mha::test_x or mha::test_x[case] (repeatable)"
+    )
+    explain.add_argument("--submission", type=Path, default=None, help="the graded file (default: found from RESULTS)")
+    explain.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: the one it was graded on")
+
     kit = sub.add_parser("student-kit", help="build what students receive (release, self-check, README), no solution")
     kit.add_argument("--out", type=Path, default=Path("dist"))
+    kit.add_argument("--torch", default=None, help="the grader's TORCH_SPEC (default: the Makefile's)")
     gradescope = sub.add_parser("gradescope", help="build Gradescope's autograder zip (setup.sh, run_autograder)")
     gradescope.add_argument("--out", type=Path, default=Path("dist"))
 
@@ -135,11 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["check"]:
         parser.error(RENAMED_CHECK)
     args = parser.parse_args(argv)
+    if args.command == "explain":
+        from autograder.grading.explain import explain as explain_run
+
+        return explain_run(args.results, args.check, args.submission, args.device)
     if args.command == "student-kit":
         from autograder.authoring.kit import KitError, build_kit
 
         try:
-            build_kit(args.out)
+            build_kit(args.out, torch_spec=args.torch)
         except KitError as exc:
             print(f"cannot build the kit: {exc}", file=sys.stderr)
             return 2
@@ -153,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         return grade_class_command(parser, args)
     if args.command == "release":
         from autograder.authoring.release import release_assignment
+        from autograder.authoring.samples import write_samples
 
         release_assignment(args.root)
+        written = write_samples(args.root)
+        print(f"samples: {', '.join(p.parent.parent.name for p in written)} (the release plus each one's answers)")
         return 0
 
     from autograder.grading.grade import Options, grade_command

@@ -326,7 +326,7 @@ def test_crashes_floods_hangs_and_forks_never_stop_the_others_and_outputs_cover_
     assert "The class at a glance" in out and "grades.csv" in out and "feedback" in out
 
     again = autograder("grade-class", course, "--device", "cpu", "--student", "crash", "--force", cwd=tmp_path)
-    assert "1 submissions: 1 to grade, 0 already graded (1 forced)" in " ".join(again.stdout.split())
+    assert "1 submission: 1 to grade, 0 already graded (1 forced)" in " ".join(again.stdout.split())
     assert len(list(csv.DictReader((course / "grades.csv").open()))) == 6  # outputs still cover everyone
 
 

@@ -103,7 +103,7 @@ def test_nbgraders_autograde_feedback_and_export_destroy_nothing_of_ours(tmp_pat
     assert all(p.read_bytes() == data for p, data in kept.items())  # the record and grades.csv: untouched
 
     again = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
-    assert "1 submissions: 0 to grade, 1 already graded" in " ".join(again.stdout.split()), again.stdout
+    assert "1 submission: 0 to grade, 1 already graded" in " ".join(again.stdout.split()), again.stdout
     assert (course / "autograded/ada/mha/results.json").read_bytes() == kept[record.results_path("ada")]
     assert (course / "feedback/ada/mha/feedback.html").is_file()
     assert (course / "feedback/ada/mha/mha.html").is_file()  # nbgrader's own page is left alone

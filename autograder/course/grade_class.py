@@ -187,6 +187,11 @@ def hold_course(course: Path, console: Console, shard: Shard | None = None):
     return handle
 
 
+def counted(number: int, noun: str) -> str:
+    """'1 submission', '3 submissions'."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def default_jobs() -> int:
     """Twice the CPUs, at least 2 and at most 8: a submission that hangs spends most of its time waiting
     for deadlines, and another can use the CPU meanwhile; each job holds a grader and a worker in memory."""
@@ -273,7 +278,8 @@ def grade_class(
             reasons[job.reason] = reasons.get(job.reason, 0) + 1
         why = f" ({', '.join(f'{n} {r}' for r, n in reasons.items())})" if reasons else ""
         console.print(
-            f"{len(submitted)} submissions: {len(todo)} to grade, {len(submitted) - len(todo)} already graded{why}",
+            f"{counted(len(submitted), 'submission')}: {len(todo)} to grade, {len(submitted) - len(todo)} already "
+            f"graded{why}",
             markup=False,
         )
         interrupted = not grade_all(

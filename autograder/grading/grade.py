@@ -56,6 +56,7 @@ class Options:
     isolation: str = "auto"
     seed: int | None = None
     parts: tuple[str, ...] | None = None  # grade only these parts (None: all)
+    checks: tuple[str, ...] | None = None  # run only these checks, "module::function[case]" (explain; None: all)
     keep_timing_workers: bool = False  # a long-lived grading process keeps the reference's timing workers
 
 
@@ -113,10 +114,11 @@ def run_checks(
     visible_only: bool,
     verbose: bool = False,
     parts: tuple[str, ...] | None = None,
+    checks: tuple[str, ...] | None = None,
 ) -> ResultsPlugin:
     """Run the pytest checks in this (trusted) process, with the grader's own configuration only."""
     timeout = rubric.limit("check_seconds") + rubric.limit("request_seconds") + 30
-    plugin = ResultsPlugin(rubric, visible_only, parts)
+    plugin = ResultsPlugin(rubric, visible_only, parts, checks)
     args = [
         str(CHECKS_DIR),
         "-c",
@@ -249,7 +251,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         context.timing_workers = start(worker.config)
     plugin = None
     try:
-        plugin = run_checks(context, rubric, options.visible_only, parts=options.parts)
+        plugin = run_checks(context, rubric, options.visible_only, parts=options.parts, checks=options.checks)
     finally:
         worker.close()  # every process of the submission is gone before anything is written
         for timing_worker in context.timing_workers.values():

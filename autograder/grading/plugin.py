@@ -6,9 +6,9 @@ of its points (the speed part) says how much with `request.node.user_properties.
 f between 0 and 1, before it fails. Which checks exist is
 the checks' business, how outcomes become points is `scoring.score`'s.
 
-Only a check's own failure (`harness.fail`, i.e. `pytest.fail`) counts against the submission. Any
-other exception in a check, in its setup or teardown, or pytest-timeout stopping a check, is the
-grader's fault: it is recorded in `grader_errors`, and the run cannot grade.
+Only a check's own failure (`harness.fail`, i.e. `pytest.fail`, or `NotScored`) counts against the
+submission. Any other exception in a check, in its setup or teardown, or pytest-timeout stopping a check,
+is the grader's fault: it is recorded in `grader_errors`, and the run cannot grade.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from autograder.grading.scoring import Outcome
-from autograder.model import FAILED, GRADER, PASSED, WORKER
+from autograder.model import FAILED, GRADER, NOT_SCORED, PASSED, WORKER
 from autograder.rubric import Rubric, RubricError
 
 # How pytest-timeout fails a test (its whole message; no message of a check's own looks like it)
@@ -33,6 +33,18 @@ def check_key(item: pytest.Item) -> str:
     return f"{module}::{item.originalname}"
 
 
+class NotScored(pytest.fail.Exception):
+    """A check that earns nothing because something it rests on is wrong, and accuses nothing of its own:
+    a property of a wrong output, speed before the values are right. With a `cause` (a problem many checks
+    share, such as a constructor the grader cannot load weights into), the first check in the results that
+    meets it fails with the whole message and the others are not scored, pointing to it
+    (`scoring.name_once`)."""
+
+    def __init__(self, message: str, cause: str = ""):
+        super().__init__(message, pytrace=False)
+        self.cause = cause
+
+
 MESSAGE_CHARS = 2500  # one check's message in results.json: every check failing at once stays small
 
 
@@ -43,9 +55,16 @@ def _bounded(message: str) -> str:
 
 
 class ResultsPlugin:
-    def __init__(self, rubric: Rubric, visible_only: bool, parts: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        rubric: Rubric,
+        visible_only: bool,
+        parts: tuple[str, ...] | None = None,
+        checks: tuple[str, ...] | None = None,
+    ):
         self.rubric, self.visible_only = rubric, visible_only
         self.parts = parts  # only these parts' checks run (None: every part)
+        self.checks = checks  # only these checks run: "module::function", or with one case "...[case]" (None: all)
         self.outcomes: dict[str, Outcome] = {}
         self.grader_errors: list[str] = []
 
@@ -70,6 +89,7 @@ class ResultsPlugin:
             for i in items
             if (not self.visible_only or self.rubric.visibility(check_key(i)) == "visible")
             and (self.parts is None or part_of(i) in self.parts)
+            and (self.checks is None or selected(i, self.checks))
         ]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
@@ -84,8 +104,9 @@ class ResultsPlugin:
             self.outcomes[item.nodeid] = Outcome(
                 key=check_key(item),
                 part=part,
-                name=f"{doc} [{param.id}]" if param else doc,
+                name=doc,
                 evidence=WORKER if evidence and evidence.args[0] == WORKER else GRADER,
+                case=param.id if param else "",
             )
         if self.grader_errors:
             items[:] = []
@@ -107,7 +128,9 @@ class ResultsPlugin:
             return
         error = excinfo.value
         if isinstance(error, pytest.fail.Exception) and not PYTEST_TIMEOUT.fullmatch(str(error.msg)):
-            outcome.status = FAILED
+            cause = getattr(error, "cause", "")
+            outcome.status = NOT_SCORED if isinstance(error, NotScored) and not cause else FAILED
+            outcome.cause = cause
             outcome.message = outcome.message or _bounded(str(error.msg))
             return
         # anything else is the grader's own trouble, never the student's
@@ -115,6 +138,12 @@ class ResultsPlugin:
         where = f"{item.nodeid} ({call.when})"
         text = str(excinfo.getrepr(style="short", chain=False))[-3000:]
         self.grader_errors.append(f"{where}: {excinfo.typename}: {str(error)[:500]}\n{text}")
+
+
+def selected(item: pytest.Item, checks: tuple[str, ...]) -> bool:
+    """Whether a check, or this case of it, is one of `checks` ("module::function" or "module::function[case]")."""
+    key, param = check_key(item), getattr(item, "callspec", None)
+    return key in checks or (param is not None and f"{key}[{param.id}]" in checks)
 
 
 def part_of(item: pytest.Item) -> str | None:

@@ -329,8 +329,11 @@ def measure(
             if best < settings.give_up_below:
                 raise TooSlow(
                     f"your forward took {min(warm[SUBMISSION]) * 1e3:.3g} ms per call at best, the reference's "
-                    f"{max(warm[REFERENCE]) * 1e3:.3g} ms at worst in the same run: more than {1 / settings.give_up_below:.3g} times "
-                    "slower, so the measured rounds were not run"
+                    f"{max(warm[REFERENCE]) * 1e3:.3g} ms at worst in the same run: even so, yours runs at {best:.2f} "
+                    f"of the reference's speed, and the speed points start above {settings.no_credit_at:g} of it. "
+                    f"A forward below {settings.give_up_below:g} after the warm-up rounds (more than "
+                    f"{1 / settings.give_up_below:.3g} times slower than the reference) cannot get there, so the "
+                    "measured rounds were not run"
                 )
         for index in range(settings.rounds):
             one_round(round_order(names, index), counted=True)

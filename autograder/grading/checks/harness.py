@@ -4,8 +4,9 @@ Checks never see the student's objects, only what the worker answers: decoded te
 (`protocol.ModuleInfo` for a module living in the worker, `protocol.Foreign` for anything else).
 Everything a check compares against is computed here, in the trusted process, by `reference/`.
 
-A check fails the student only through `fail()`. Any other exception in a check is the grader's own
-fault: the run then cannot grade rather than charge the student.
+A check fails the student only through `fail()` (or `NotScored`, when what it rests on is wrong). Any
+other exception in a check is the grader's own fault: the run then cannot grade rather than charge the
+student.
 """
 
 from __future__ import annotations
@@ -18,13 +19,17 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from autograder.grading import explain
+from autograder.grading.plugin import NotScored
 from autograder.rubric import Rubric
 from autograder.sandbox.client import LoadFailed, SubmissionError, Worker, WorkerCrashed, WorkerTimeout
 from autograder.sandbox.protocol import MISSING, Foreign, Handle, ModuleInfo
 
+# The cause of every check that cannot load its weights into the student's module (see scoring.name_once).
+CONSTRUCTOR_CAUSE = "your {} does not keep the given constructor's attributes, so the grader cannot load its weights"
 MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "mv", "dot", "addmv", "linear", "_addmm_activation"}
 ModuleRef = ModuleInfo  # a module living in the worker, known by its handle
-__all__ = ["Foreign", "ModuleRef"]
+__all__ = ["Foreign", "ModuleRef", "NotScored"]
 
 
 def fail(message: str):
@@ -96,7 +101,7 @@ class Submission:
             trace = f"\n{exc.traceback}" if exc.traceback else ""
             if exc.type == "NotImplementedError":
                 fail(f"not done yet: this still raises NotImplementedError (a stub left as released?){trace}")
-            fail(f"your code raised {exc.type}: {exc.message}{trace}")
+            fail(f"your code raised {exc.type}" + (f": {exc.message}" if exc.message else "") + trace)
         except (WorkerTimeout, WorkerCrashed) as exc:
             fail(str(exc))
 
@@ -107,10 +112,12 @@ class Submission:
         return answer
 
     def call(self, fn: str, *args, target: str | None = None, **kwargs):
+        explain.note("call", what=fn, args=list(args))
         return self._ask("call", target=target or fn, fn=fn, args=_wire(list(args)), kwargs=_wire(kwargs))
 
     def try_call(self, fn: str, *args, target: str | None = None):
         """Like call, but when the student's code raises, return that exception as a `Raised`."""
+        explain.note("call", what=fn, args=list(args))
         try:
             return self.worker.request(
                 "call", timeout=self._timeout(), target=target or fn, fn=fn, args=_wire(list(args)), kwargs={}
@@ -121,17 +128,20 @@ class Submission:
             fail(str(exc))
 
     def build(self, cls: str, *args, state_dict=None, dtype: torch.dtype | None = None, **kwargs) -> ModuleInfo:
+        """The student's `cls(*args, **kwargs)`, holding `state_dict` (the hidden weights) when given. A
+        module the grader cannot load them into (its constructor makes other attributes than the given
+        one) is one problem, said once (`NotScored` with a cause), in the student's terms."""
         dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else None
-        answer = self._ask(
-            "build",
-            target=f"{cls}.__init__",
-            cls=cls,
-            args=list(args),
-            kwargs=kwargs,
-            state_dict=state_dict,
-            dtype=dtype_name,
-            device=self.device,
-        )
+        request = dict(target=f"{cls}.__init__", cls=cls, args=list(args), kwargs=kwargs, device=self.device)
+        answer, problem = attempt(self._ask, "build", state_dict=state_dict, dtype=dtype_name, **request)
+        if problem is not None:
+            if state_dict is not None and "Error(s) in loading state_dict" in problem:
+                unloaded, _ = attempt(self._ask, "build", state_dict=None, dtype=dtype_name, **request)
+                if isinstance(unloaded, ModuleInfo) and unloaded.state_dict is not None:
+                    words = constructor_problem(cls, state_dict, unloaded.state_dict)
+                    if words:
+                        raise NotScored(words, cause=CONSTRUCTOR_CAUSE.format(cls))
+            fail(problem)
         if not isinstance(answer, ModuleInfo):
             fail(f"building {cls} did not give a module")
         return answer
@@ -155,6 +165,7 @@ class Submission:
     def forward(
         self, module: ModuleInfo, x: torch.Tensor, *, train=False, seed=0, grad_out=None, trace=False, hooks=False
     ) -> Forward:
+        explain.note("input", what=f"{module.cls}.forward" + (" (training mode)" if train else ""), value=x)
         answer = self._ask(
             "forward",
             target=f"{module.cls}.forward",
@@ -252,9 +263,13 @@ class Inputs:
         return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
+DTYPE_NOT_KEPT = "the output does not keep the input's dtype (a hard-coded .float(), or a torch.float32 tensor?)"
+
+
 def assert_close(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric, what: str, diagnose=None):
     """Fail unless `actual` is a tensor of `expected`'s shape and dtype, close within the rubric's
     tolerance. `diagnose(actual)` may name the likely mistake."""
+    explain.note("compared", what=what, expected=expected, actual=actual)
     if not isinstance(actual, torch.Tensor):
         fail(f"{what}: expected a tensor, got {type(actual).__name__} {actual!r:.80}")
     hint = diagnose(actual) if diagnose else None
@@ -264,7 +279,7 @@ def assert_close(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric
             + (f"\nLikely mistake: {hint}" if hint else "")
         )
     if actual.dtype != expected.dtype:
-        fail(f"{what}: dtype {actual.dtype}, expected {expected.dtype} (keep the input's dtype)")
+        fail(f"{what}: dtype {actual.dtype}, expected {expected.dtype}.\nLikely mistake: {DTYPE_NOT_KEPT}")
     rtol, atol = rubric.tolerance(dtype_name)
     if not torch.allclose(actual.double(), expected.double(), rtol=rtol, atol=atol, equal_nan=False):
         diff = (actual.double() - expected.double()).abs()
@@ -373,9 +388,12 @@ import re  # noqa: E402  (kept with the helpers that use it)
 
 def attempt(request, *args, **kwargs):
     """Run one Submission request: (its answer, None), or (None, the message the check would have failed
-    with), so that a check can explain a failure before reporting it."""
+    with), so that a check can explain a failure before reporting it. A check that cannot be scored at all
+    (`NotScored`) stays so."""
     try:
         return request(*args, **kwargs), None
+    except NotScored:
+        raise
     except pytest.fail.Exception as exc:
         return None, str(exc.msg)
 
@@ -392,11 +410,59 @@ def value_problem(
 
 
 def values_first(problem: str | None, what: str):
-    """Fail a property check whose case's output is wrong: a property of a wrong answer earns nothing."""
+    """A property check whose case's output is wrong is not scored: a property of a wrong answer earns
+    nothing, and the check accuses the code of nothing of its own (its name may say "no loop over heads"
+    of code that has no loop). The reason keeps what is wrong with the output, not the likely mistake,
+    which the value checks name."""
     if problem is not None:
-        fail(f"{what} counts only once the output on this check's input is right, and it is not:\n{problem}")
+        wrong = problem.split("\nLikely mistake:")[0]
+        raise NotScored(
+            f"not scored: {what[:1].lower()}{what[1:]} counts only once the output on this check's input is right, "
+            f"and it is not yet ({wrong})"
+        )
 
 
+def join_names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def attribute_names(state: dict) -> list[str]:
+    """The attributes a state dict's keys live in: submodules first (W_query, ..., out_proj), then the
+    module's own tensors (mask), each in the order the constructor made them."""
+    names = dict.fromkeys(key.split(".")[0] for key in state)
+    return [n for n in names if any(k.startswith(f"{n}.") for k in state)] + [n for n in names if n in state]
+
+
+def constructor_problem(cls: str, given: dict, yours: dict) -> str | None:
+    """Why the grader's weights (`given`, the state dict of the reference's given constructor) cannot be
+    loaded into the student's module (`yours`, its own state dict), in the student's terms; None when the
+    names and shapes agree. The notebook's self-check of part 6 says the same words."""
+    given_names, your_names = attribute_names(given), attribute_names(yours)
+    missing = [n for n in given_names if n not in your_names]
+    extra = [n for n in your_names if n not in given_names]
+    rule = (
+        f"the grader loads its hidden weights into {join_names(given_names)}, the attributes the given "
+        f"constructor makes, so that your {cls} and the reference compute with the same weights"
+    )
+    if extra and missing:
+        found = f"your {cls} has {join_names(extra)} instead of {join_names(missing)}"
+    elif missing:
+        found = f"your {cls} has no {join_names(missing)}"
+    elif extra:
+        found = f"your {cls} also has {join_names(extra)}, which the grader cannot fill"
+    else:
+        shapes = [
+            f"{key} is {tuple(yours[key].shape)} in yours, {tuple(value.shape)} in the given constructor"
+            for key, value in given.items()
+            if key in yours and tuple(getattr(yours[key], "shape", ())) != tuple(value.shape)
+        ]
+        if not shapes:
+            return None
+        found = f"the shapes differ: {'; '.join(shapes)}"
+    return f"{rule}; {found}. Keep the given constructor as it is and write only forward."
+
+
+IN_PLACE = "{function} changes a tensor in place that gradients need (its input x?): work on new tensors instead"
 _SIZE_ERROR = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
 _INTERNAL_ERRORS = (
     (
@@ -428,7 +494,7 @@ _INTERNAL_ERRORS = (
             r"modified by an inplace operation",
             re.I,
         ),
-        "{function} changes a tensor in place that gradients need (its input x?): work on new tensors instead",
+        IN_PLACE,
     ),
     (
         "view",

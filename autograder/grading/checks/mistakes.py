@@ -25,17 +25,25 @@ def named(description: str, common_mistake: str) -> str:
     return f"{description} ({common_mistake})"
 
 
+# Joining the heads along another dimension than the last, as combine's checks name it whether the heads'
+# widths are equal (a wrong shape) or not (torch.cat refuses them).
+WRONG_DIMENSION = {
+    0: named(
+        "concatenated along the batch dimension (dim=0); the heads' features belong side by side in the "
+        "last dimension: torch.cat(outputs, dim=-1)",
+        SHAPE_DRIFT,
+    ),
+    1: named(
+        "concatenated along the token dimension (dim=1); concatenate along the last dimension, dim=-1", SHAPE_DRIFT
+    ),
+}
+
+
 def combine_variants(outputs: list[torch.Tensor]) -> dict:
     """Functions, not tensors: some variants only exist for some inputs (first_match skips those)."""
     variants = {
-        named(
-            "concatenated along the batch dimension (dim=0); the heads' features belong side by side in the "
-            "last dimension: torch.cat(outputs, dim=-1)",
-            SHAPE_DRIFT,
-        ): lambda: torch.cat(outputs, dim=0),
-        named(
-            "concatenated along the token dimension (dim=1); concatenate along the last dimension, dim=-1", SHAPE_DRIFT
-        ): lambda: torch.cat(outputs, dim=1),
+        WRONG_DIMENSION[0]: lambda: torch.cat(outputs, dim=0),
+        WRONG_DIMENSION[1]: lambda: torch.cat(outputs, dim=1),
         named("heads in the wrong order (reversed); head 0's columns come first", INCONSISTENT_ORDER): lambda: (
             torch.cat(outputs[::-1], dim=-1)
         ),
@@ -81,6 +89,12 @@ def column_range_variants(num_columns: int, num_heads: int) -> dict[str, list[tu
     }
 
 
+ROWS_INSTEAD_OF_COLUMNS = (
+    "rows instead of columns: W is (d_in, d_out) as in x @ W, so a head owns columns W[:, start:stop], not rows "
+    "W[start:stop]"
+)
+
+
 def split_variants(W: torch.Tensor, num_heads: int) -> dict[str, list[torch.Tensor]]:
     d_in, d_out = W.shape
     width = d_out // num_heads
@@ -91,20 +105,19 @@ def split_variants(W: torch.Tensor, num_heads: int) -> dict[str, list[torch.Tens
     }
     if d_in % num_heads == 0:
         rows = d_in // num_heads
-        variants[
-            "rows instead of columns: W is (d_in, d_out) as in x @ W, so a head owns columns "
-            "W[:, start:stop], not rows W[start:stop]"
-        ] = [W[h * rows : (h + 1) * rows] for h in range(num_heads)]
+        variants[ROWS_INSTEAD_OF_COLUMNS] = [W[h * rows : (h + 1) * rows] for h in range(num_heads)]
     return variants
+
+
+HEADS_REVERSED = named(
+    "the heads' outputs are combined in the wrong order; run the heads in self.heads order and keep head 0 first",
+    INCONSISTENT_ORDER,
+)
 
 
 def wrapper_variants(head_outputs: list[torch.Tensor]) -> dict:
     return {
-        named(
-            "the heads' outputs are combined in the wrong order; run the heads in self.heads order and "
-            "keep head 0 first",
-            INCONSISTENT_ORDER,
-        ): lambda: torch.cat(head_outputs[::-1], dim=-1),
+        HEADS_REVERSED: lambda: torch.cat(head_outputs[::-1], dim=-1),
         **{
             f"the wrapper returns the wrong combination: {k}": v
             for k, v in combine_variants(head_outputs).items()

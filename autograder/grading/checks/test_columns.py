@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autograder.grading.checks.harness import Raised, attempt, fail, matches, wrong_ranges
-from autograder.grading.checks.mistakes import column_range_variants, split_variants
+from autograder.grading.checks.mistakes import ROWS_INSTEAD_OF_COLUMNS, column_range_variants, split_variants
 from reference import mha as ref
 
 SIZES = [(6, 3), (8, 4), (2, 2), (5, 1), (12, 12), (64, 8), (768, 12), (30, 5)]
@@ -34,7 +34,8 @@ def check_ranges(given, expected, what, variants):
     if ranges != expected:
         mistake = next((d for d, v in variants.items() if v == ranges), None)
         fail(
-            f"{what}: got {ranges!r:.160}, expected {len(expected)} ranges starting {expected[:3]!r}."
+            f"{what}: got {ranges!r:.160}, expected "
+            + (f"{len(expected)} ranges starting {expected[:3]!r}." if len(expected) > 1 else f"{expected!r}.")
             + (f"\nLikely mistake: {mistake}" if mistake else "")
         )
 
@@ -97,6 +98,10 @@ def test_split_columns(submission, inputs, d_in, d_out, num_heads):
     given, problem = attempt(submission.call, "split_columns", W, num_heads)
     if problem:
         note = wrong_ranges(submission, d_out, num_heads)
+        if note is None and d_in % num_heads and "split evenly" in problem:  # the rows were split, not the columns
+            fail(
+                f"{problem}\n({d_in} rows do not split into {num_heads} heads)\nLikely mistake: {ROWS_INSTEAD_OF_COLUMNS}"
+            )
         fail(
             problem
             + (f"\nIf split_columns uses head_column_ranges: {note}; fix that first (see its checks)." if note else "")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from autograder.grading.checks.harness import assert_close, attempt, book_batch, fail, first_match
-from autograder.grading.checks.mistakes import SHAPE_DRIFT, combine_variants
+from autograder.grading.checks.mistakes import WRONG_DIMENSION, combine_variants
 from reference import mha as ref
 
 # (batch, tokens, widths of the heads)
@@ -30,12 +30,21 @@ def head_outputs(inputs, batch, tokens, widths, dtype=torch.float64):
 def check_combine(submission, rubric, outputs, dtype_name, what):
     got, problem = attempt(submission.call, "combine", outputs)
     if problem:
+        widths = [o.shape[-1] for o in outputs]
+        if len(set(widths)) > 1:  # the same combine on heads of one width may show what it does
+            equal = [o[..., : min(widths)] for o in outputs]
+            same, failed = attempt(submission.call, "combine", equal)
+            hint = first_match(same, combine_variants(equal)) if failed is None else None
+            if hint:
+                fail(
+                    f"{what}: combine fails on heads of different widths {widths}; on heads of one width it "
+                    f"returns what this mistake gives.\n{problem}\nLikely mistake: {hint}"
+                )
         joined = re.search(r"Sizes of tensors must match except in dimension (\d+)", problem)
-        if joined and joined.group(1) != "2":
+        if joined and int(joined.group(1)) in WRONG_DIMENSION:
             fail(
-                f"{what}: Likely mistake: combine joins the heads along dimension {joined.group(1)}, where "
-                "heads of different widths do not line up; only the last dimension may differ between heads, "
-                f"so concatenate along it, torch.cat(outputs, dim=-1) ({SHAPE_DRIFT}).\n{problem}"
+                f"{what}: heads of different widths do not line up along dimension {joined.group(1)}; only the last "
+                f"dimension may differ between heads.\n{problem}\nLikely mistake: {WRONG_DIMENSION[int(joined.group(1))]}"
             )
         fail(problem)
     assert_close(

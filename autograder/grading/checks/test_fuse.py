@@ -12,10 +12,13 @@ import pytest
 import torch
 
 from autograder.grading.checks.harness import (
+    CONSTRUCTOR_CAUSE,
     ModuleRef,
+    NotScored,
     assert_close,
     attempt,
     build_pair,
+    constructor_problem,
     fail,
     first_match,
     in_student_terms,
@@ -49,21 +52,37 @@ def fused_pair(submission, inputs, case):
     )
     fused, problem = attempt(submission.call, "fuse_heads", wrapper)
     if problem:
+        if "object has no attribute" in problem:  # fuse_heads may use what the given constructor makes
+            constructor_kept(submission, d_in, width * heads, context, heads, bias)
         note = wrong_ranges(submission, width * heads, heads)
-        fail(
-            (
-                f"Likely cause: {note}. If fuse_heads places each head's weights with head_column_ranges, fix "
-                "that first (see the columns checks).\n"
-                if note
-                else ""
+        if note:
+            raise NotScored(
+                f"not scored: fuse_heads raised an error, and {note}: if fuse_heads places each head's weights "
+                f"with head_column_ranges, fix that first (see the columns checks).\n{problem}"
             )
-            + problem
-        )
+        fail(problem)
     if not isinstance(fused, ModuleRef):
         fail(f"fuse_heads returned {fused!r:.80}; it must return a MultiHeadAttention")
     if "MultiHeadAttention" not in fused.instance_of:
         fail(f"fuse_heads returned a {fused.cls}; it must return a MultiHeadAttention (your class)")
     return wrapper_ref, wrapper, fused
+
+
+def attributes(state: dict) -> set[str]:
+    return {key.split(".")[0] for key in state}
+
+
+def constructor_kept(submission, d_in, d_out, context, heads, bias):
+    """Not scored, pointing to the mha part's diagnosis, when the student's MultiHeadAttention does not make
+    the attributes of the given constructor (which fuse_heads fills)."""
+    expected = ref.MultiHeadAttention(d_in, d_out, context, 0.0, heads, qkv_bias=bias).state_dict()
+    built, _ = attempt(submission.build, "MultiHeadAttention", d_in, d_out, context, 0.0, heads, qkv_bias=bias)
+    state = getattr(built, "state_dict", None)
+    if state is not None and attributes(state) != attributes(expected):
+        raise NotScored(
+            constructor_problem("MultiHeadAttention", expected, state),
+            cause=CONSTRUCTOR_CAUSE.format("MultiHeadAttention"),
+        )
 
 
 def placement_problem(submission, inputs, rubric, case, wrapper_ref, fused) -> str | None:
@@ -72,6 +91,11 @@ def placement_problem(submission, inputs, rubric, case, wrapper_ref, fused) -> s
     state = fused.state_dict or {}
     module = ref.MultiHeadAttention(d_in, width * heads, context, 0.0, heads, qkv_bias=bias)
     expected = module.state_dict()
+    if attributes(state) != attributes(expected):  # the student's MultiHeadAttention is made otherwise
+        raise NotScored(
+            constructor_problem("MultiHeadAttention", expected, state),
+            cause=CONSTRUCTOR_CAUSE.format("MultiHeadAttention"),
+        )
     for name, tensor in expected.items():
         if name not in state or not isinstance(state[name], torch.Tensor) or state[name].shape != tensor.shape:
             got = tuple(state[name].shape) if isinstance(state.get(name), torch.Tensor) else "nothing"

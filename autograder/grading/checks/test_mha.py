@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from autograder.grading.checks.harness import (
+    DTYPE_NOT_KEPT,
+    IN_PLACE,
     attempt,
     book_pair,
     build_pair,
@@ -137,10 +139,7 @@ def test_keeps_dtype(submission, inputs, rubric, device):
         answer = run(submission, reference, module, x)
         y = answer.y
         if not isinstance(y, torch.Tensor) or y.dtype != dtype:
-            fail(
-                f"a {dtype} input gave {getattr(y, 'dtype', type(y).__name__)}: keep the input's dtype "
-                "(no hard-coded .float() or torch.float32 tensors)"
-            )
+            fail(f"a {dtype} input gave {getattr(y, 'dtype', type(y).__name__)}.\nLikely mistake: {DTYPE_NOT_KEPT}")
         if answer.y_info.device != str(x.to(device).device):
             fail(f"the output is on {answer.y_info.device}, the input on {device}: keep the input's device")
         values_first(
@@ -157,7 +156,7 @@ def test_input_not_modified(submission, inputs, rubric):
     x = inputs.randn(*shape)
     answer = run(submission, reference, module, x)
     if not torch.equal(answer.x_after, x):
-        fail("the forward modified its input x in place; work on new tensors instead")
+        fail(f"the forward modified its input x in place.\nLikely mistake: {IN_PLACE.format(function=FORWARD)}.")
     values_first(output_problem(reference, x, answer.y, "float64", rubric, "output"), "Leaving the input unchanged")
 
 

@@ -86,9 +86,11 @@ def describe(workload) -> str:
 
 def record(context, workload, figures):
     """The workload's figures into the run's measurements; the headline figures are the geometric means
-    over the workloads measured (one on the CPU)."""
+    over the workloads measured (one on the CPU); `bands` are the rubric's, for the feedback to explain."""
+    settings = context.rubric.speed
+    bands = {key: getattr(settings, key) for key in ("full_credit_at", "no_credit_at", "give_up_below")}
     speed = context.measurements.setdefault(
-        "speed", {"device": context.device, "threads": context.rubric.speed.threads, "workloads": {}}
+        "speed", {"device": context.device, "threads": settings.threads, "bands": bands, "workloads": {}}
     )
     speed["workloads"][workload.name] = figures
     measured = [f for f in speed["workloads"].values() if "relative" in f]

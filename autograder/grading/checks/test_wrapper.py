@@ -22,7 +22,7 @@ from autograder.grading.checks.harness import (
     value_problem,
     values_first,
 )
-from autograder.grading.checks.mistakes import wrapper_variants
+from autograder.grading.checks.mistakes import HEADS_REVERSED, wrapper_variants
 from reference import mha as ref
 
 FORWARD = "MultiHeadAttentionWrapper.forward"
@@ -116,9 +116,10 @@ def test_heads_run_once_in_order_on_same_input(submission, inputs, rubric):
     answer = run_wrapper(submission, reference, module, x, hooks=True)
     order = [c.index for c in answer.head_calls]
     if order != [0, 1, 2, 3]:
+        likely = f"\nLikely mistake: {HEADS_REVERSED}" if order == [3, 2, 1, 0] else ""
         fail(
             f"the heads ran in the order {order}; the wrapper must call every head of self.heads once, "
-            "in order (head 0 first): [head(x) for head in self.heads]"
+            f"in order (head 0 first): [head(x) for head in self.heads]{likely}"
         )
     changed = [c.index for c in answer.head_calls if not c.same_values]
     if changed:
