@@ -79,6 +79,10 @@ def test_nbgraders_autograde_feedback_and_export_destroy_nothing_of_ours(tmp_pat
     shutil.copy(ADA, course / "submitted" / "ada" / "mha" / "mha.ipynb")
     shutil.copy(ROOT / "assignments" / "nbgrader_config.py", course)
     shutil.copytree(ROOT / "assignments" / "source", course / "source")
+    # As in a real course: the release was generated here, so the gradebook knows the notebook's cells
+    # (nbgrader's autograde drops the grade id of every cell it does not know, then refuses the notebook).
+    generate = nbgrader("generate_assignment", "mha", "--force", cwd=course)
+    assert generate.returncode == 0, generate.stderr[-3000:]
     fill_record(course, {"ada": synthetic_run("mha.ipynb", {"mha": 7.0})})  # ours: not the self-checks' 100
     first = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
