@@ -24,11 +24,11 @@ from autograder.course.class_outputs import (
     class_table,
     grades_csv,
 )
-from autograder.course.grading_pool import descendants
 from autograder.course.roster import AMBIGUOUS, SUBMITTED, read_roster
 from autograder.course.store import ClassInputs, Record
 from autograder.model import CANNOT_GRADE
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
+from autograder.sandbox.procfs import descendants
 from classkit import ROOT, autograder, fill_record, make_course, synthetic_run
 from helpers import REFERENCE
 

@@ -101,6 +101,9 @@ class FakeWorker:
     def cpu_seconds(self):
         return self.cpu
 
+    def thread_waits(self):
+        return {}
+
 
 def fake_targets(clock, seconds_per_call, cpu_per_second=None, seen=None):
     """Targets whose forwards take `seconds_per_call[name]` each (on the fake clock)."""

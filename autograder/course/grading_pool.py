@@ -21,7 +21,6 @@ no grader behind.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
@@ -33,55 +32,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
+from autograder.sandbox import procfs
+
 PARENT_VARIABLE = "AUTOGRADER_POOL_PARENT"
 
 
 # -- both sides ----------------------------------------------------------------------------------
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of `pid` (through /proc's parent links), deepest last."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat") as handle:
-                    text = handle.read()
-            except OSError:
-                continue
-            ppid = int(text[text.rfind(")") + 2 :].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], list(children.get(pid, []))
-    while todo:
-        child = todo.pop(0)
-        found.append(child)
-        todo.extend(children.get(child, []))
-    return found
+def kill_tree(pid: int, include_self: bool = True) -> None:
+    """Stop, then SIGKILL, `pid`'s descendants and the process groups they lead (a worker leads its own
+    session), and `pid` itself when `include_self`: the whole tree is stopped before any of it is killed
+    (`procfs.kill_tree`), so no process can hand a child out of the tree while it is being killed."""
+    procfs.kill_tree(procfs.tree_of(pid, include_self))
 
 
-def kill_tree(pid: int, include_self: bool = True):
-    """SIGKILL `pid`'s descendants and their process groups (a worker leads its own session), then `pid`."""
-    for child in descendants(pid):
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(child, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    if include_self:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def die_with_parent(signum: int = signal.SIGTERM):
-    """Ask the kernel to send `signum` to this process when its parent dies (Linux)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+def die_with_parent() -> None:
+    """In the grading process, before exec: SIGTERM when the class run dies (Linux)."""
+    procfs.die_with_parent(signal.SIGTERM)
 
 
 # -- the grading process --------------------------------------------------------------------------

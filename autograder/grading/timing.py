@@ -48,13 +48,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from autograder.grading import submission as reader
 from autograder.rubric import SpeedSettings
 from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
-from autograder.sandbox.launcher import thread_schedstats
 
 REFERENCE_SOURCE = Path(__file__).resolve().parents[2] / "reference" / "mha.py"
 WRAPPER, REFERENCE, SUBMISSION = "wrapper", "reference", "submission"
@@ -200,6 +200,19 @@ def reference_cells(path: Path = REFERENCE_SOURCE) -> list[tuple[int, int, str]]
 # -- what is timed -------------------------------------------------------------------------------------------
 
 
+class Timed(Protocol):
+    """What timing needs of a worker (`client.Worker` has it): to stop and resume every process it started,
+    their CPU time, and the nanoseconds each of their live threads waited for a CPU, by thread id."""
+
+    def suspend(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def cpu_seconds(self) -> float: ...
+
+    def thread_waits(self) -> dict[int, int]: ...
+
+
 @dataclass
 class Target:
     """One module to time. `run(seeds, timeout)` sends one `forward_many` request and returns its answers
@@ -207,7 +220,7 @@ class Target:
     forwards it runs per round (the wrapper, many times slower, needs fewer to be timed as well)."""
 
     name: str
-    worker: Worker  # or anything with suspend(), resume() and cpu_seconds()
+    worker: Timed
     run: Callable[[list[int], float], list]
     calls: int
 
@@ -257,20 +270,9 @@ def charge(wall: float, cpu: float, wait: float, threads: int) -> float:
     return max(cpu / threads, wall - wait)
 
 
-def task_waits(worker) -> dict[int, int]:
-    """Nanoseconds each live thread of the worker has spent ready to run but waiting for a CPU (the second
-    field of /proc/PID/task/TID/schedstat), by thread id."""
-    process = getattr(worker, "process", None)
-    return {
-        tid: waited
-        for pid in (process.pids() if process is not None else ())
-        for tid, (_ran, waited) in thread_schedstats(pid).items()
-    }
-
-
 def waited(before: dict[int, int], after: dict[int, int]) -> float:
-    """Seconds waited for a CPU between two `task_waits`, by the threads alive at both (a thread that ended
-    takes its waits with it, which can only raise the charge)."""
+    """Seconds waited for a CPU between two of a worker's `thread_waits()`, by the threads alive at both (a
+    thread that ended takes its waits with it, which can only raise the charge)."""
     return sum(after[tid] - before[tid] for tid in after.keys() & before.keys()) / 1e9
 
 
@@ -303,11 +305,11 @@ def measure(
                 # far beyond what could still earn anything: stop waiting (a sleeping or hanging forward)
                 slowest = max(result.walls[REFERENCE] or warm[REFERENCE]) * target.calls
                 timeout = min(request_seconds, 1.0 + 2 * slowest / settings.give_up_below)
-            cpu_before, waits_before = target.worker.cpu_seconds(), task_waits(target.worker)
+            cpu_before, waits_before = target.worker.cpu_seconds(), target.worker.thread_waits()
             start = clock()
             answers[name] = target.run(round_seeds[: target.calls], timeout)
             wall = clock() - start
-            cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, task_waits(target.worker))
+            cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, target.worker.thread_waits())
             charged = charge(wall, cpu, wait, settings.threads) / target.calls
             if counted:
                 for into, value in (

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from autograder.sandbox import launcher, protocol
+from autograder.sandbox import launcher, probe, protocol
 from autograder.sandbox.protocol import Loaded, ProtocolError, Ready, StudentError
 
 
@@ -120,11 +120,11 @@ class Worker:
         self.events: list[str] = []
         self.outputs: list[str] = []
         self.codec = None  # a protocol.TensorCodec, made on first use (torch is imported lazily)
-        self.in_force: dict[str, str] = {}  # what held the worker in (launcher.describe_isolation)
+        self.in_force: dict[str, str] = {}  # what held the worker in (probe.describe_isolation)
         self.cpu_spent = 0.0  # CPU seconds of workers already ended
         self.memory_peak: int | None = None  # the most memory the worker's processes used together
         try:
-            self.isolation = launcher.choose_isolation(config.isolation)
+            self.isolation = probe.choose_isolation(config.isolation)
         except (OSError, ValueError) as exc:
             raise WorkerError(str(exc)) from None
         self.budget_end = time.monotonic() + config.submission_seconds
@@ -240,6 +240,11 @@ class Worker:
     def cpu_seconds(self) -> float:
         """CPU time of the running worker's processes (see `cpu_spent` for the ones already ended)."""
         return self.process.cpu_seconds() if self.process is not None else 0.0
+
+    def thread_waits(self) -> dict[int, int]:
+        """Nanoseconds each live thread of the running worker has spent ready to run but waiting for a CPU
+        (held by other processes), by thread id."""
+        return self.process.thread_waits() if self.process is not None else {}
 
     def _cpu_budget_left(self) -> bool:
         limit = self.config.submission_cpu_seconds
