@@ -53,6 +53,39 @@ class BudgetSpent(WorkerTimeout):
     """The submission's whole time budget is used up."""
 
 
+@dataclass(frozen=True)
+class Deadline:
+    """When one request must be answered by (`end`, on `time.monotonic()`'s clock): `seconds` is what it
+    stands for; `by_budget` says the submission's whole time budget ends first, and then is what limits
+    it; `hint` is what to suggest to the student when it is overrun."""
+
+    end: float
+    seconds: float
+    by_budget: bool
+    hint: str = "an infinite loop?"
+
+    @classmethod
+    def within(cls, seconds: float, budget_end: float, hint: str = "an infinite loop?") -> Deadline:
+        """A deadline `seconds` from now, or at the budget's end when that comes first."""
+        now = time.monotonic()
+        if now + seconds <= budget_end:
+            return cls(now + seconds, seconds, False, hint)
+        return cls(budget_end, seconds, True, hint)
+
+    def left(self) -> float:
+        """Seconds left, never below zero."""
+        return max(0.0, self.end - time.monotonic())
+
+    def check(self, what: str, why: str | None = None) -> None:
+        """Raise once the deadline has passed: BudgetSpent when the submission's budget is what ended it,
+        else WorkerTimeout, saying `what` did not finish and `why` (else the deadline's hint)."""
+        if time.monotonic() < self.end:
+            return
+        if self.by_budget:
+            raise BudgetSpent(f"{what} was stopped: the time budget for the whole submission is used up")
+        raise WorkerTimeout(f"{what} did not finish within {self.seconds:g} s ({why or self.hint})")
+
+
 @dataclass
 class WorkerConfig:
     device: str = "cpu"
@@ -327,13 +360,8 @@ class Worker:
             raise SubmissionError(reply.error)
         return reply.value
 
-    def _deadline(self, seconds: float, overrun_hint: str = "an infinite loop?") -> tuple[float, float, bool, str]:
-        """(deadline, the seconds it stands for, whether the submission's budget is what limits it, what to
-        suggest when it is overrun)."""
-        now = time.monotonic()
-        if now + seconds <= self.budget_end:
-            return now + seconds, seconds, False, overrun_hint
-        return self.budget_end, seconds, True, overrun_hint
+    def _deadline(self, seconds: float, overrun_hint: str = "an infinite loop?") -> Deadline:
+        return Deadline.within(seconds, self.budget_end, overrun_hint)
 
     def _codec(self) -> protocol.TensorCodec:
         if self.codec is None:
@@ -342,7 +370,7 @@ class Worker:
             self.codec = protocol.TensorCodec(torch)
         return self.codec
 
-    def _exchange(self, op: str, args: dict, deadline, what: str) -> protocol.Reply:
+    def _exchange(self, op: str, args: dict, deadline: Deadline, what: str) -> protocol.Reply:
         encoder = protocol.Encoder(self._codec())
         frame = protocol.pack_frame({"op": op, "args": encoder.encode(args)}, encoder.blobs)
         try:
@@ -351,7 +379,7 @@ class Worker:
             raise self._crashed(what) from None
         return self._receive(op, deadline, what)
 
-    def _receive(self, op: str, deadline, what: str) -> protocol.Reply:
+    def _receive(self, op: str, deadline: Deadline, what: str) -> protocol.Reply:
         def read_exact(n: int) -> bytes:
             return self._read(n, deadline, what)
 
@@ -361,21 +389,19 @@ class Worker:
             reply = protocol.parse_reply(op, header, decoder)
         except ProtocolError as exc:
             raise WorkerCrashed(f"the worker's answer while {what} could not be read safely: {exc}") from None
-        _check_deadline(deadline, what)
+        deadline.check(what)
         return reply
 
-    def _read(self, n: int, deadline, what: str) -> bytes:
+    def _read(self, n: int, deadline: Deadline, what: str) -> bytes:
         chunks = []
         while n:
-            _check_deadline(deadline, what)
+            deadline.check(what)
             if not self._cpu_budget_left():
                 raise BudgetSpent(
                     f"{what} was stopped: the CPU time budget for the whole submission "
                     f"({self.config.submission_cpu_seconds:g} CPU seconds) is used up"
                 )
-            ready, _, _ = select.select(
-                [self.process.from_worker], [], [], max(0.0, min(deadline[0] - time.monotonic(), 0.5))
-            )
+            ready, _, _ = select.select([self.process.from_worker], [], [], min(deadline.left(), 0.5))
             if not ready:
                 continue
             chunk = os.read(self.process.from_worker, min(n, 1 << 20))
@@ -401,14 +427,6 @@ class Worker:
         return WorkerCrashed(f"the process running your code ended while {what}: {detail or describe_exit(code)}")
 
 
-def _check_deadline(deadline, what: str):
-    end, seconds, budget, hint = deadline
-    if time.monotonic() >= end:
-        if budget:
-            raise BudgetSpent(f"{what} was stopped: the time budget for the whole submission is used up")
-        raise WorkerTimeout(f"{what} did not finish within {seconds:g} s ({hint})")
-
-
 def describe_exit(code: int | None) -> str:
     if code is None:
         return "it stopped answering"
@@ -427,16 +445,15 @@ def describe_exit(code: int | None) -> str:
     return f"it exited with status {code} (does your code call exit() or os._exit()?)"
 
 
-def _write_all(process: launcher.WorkerProcess, data: bytes, deadline, what: str):
+def _write_all(process: launcher.WorkerProcess, data: bytes, deadline: Deadline, what: str) -> None:
     view = memoryview(data)
     while view:
-        if time.monotonic() > deadline[0]:
-            end, seconds, budget = deadline
-            if budget:
-                raise BudgetSpent(f"{what} was stopped: the time budget for the whole submission is used up")
-            raise WorkerTimeout(f"{what} did not finish within {seconds:g} s (the worker stopped reading)")
-        _, ready, _ = select.select([], [process.to_worker], [], 0.5)
+        deadline.check(what, why="the worker stopped reading")
+        _, ready, _ = select.select([], [process.to_worker], [], min(deadline.left(), 0.5))
         if ready:
-            view = view[os.write(process.to_worker, view[: 1 << 16]) :]
+            try:  # the pipe does not block (see `launch`): a worker that read a little and stopped cannot hold us
+                view = view[os.write(process.to_worker, view[: 1 << 16]) :]
+            except BlockingIOError:
+                continue
         elif not process.alive():
             raise BrokenPipeError

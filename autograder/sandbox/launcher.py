@@ -210,6 +210,7 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
         os.chown(scratch, uid, uid)
         os.chmod(scratch, 0o700)
     req_r, req_w = os.pipe()
+    os.set_blocking(req_w, False)  # a write never waits on a worker that stopped reading (client._write_all)
     resp_r, resp_w = os.pipe()
     hide = sorted({*bwrap.grader_folders(), tempfile.gettempdir(), *settings.hide})
     keep = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})
