@@ -24,7 +24,8 @@ API_NAMES = ("scaled_dot_product_attention", "nn_multihead_attention", "flex_att
 # [limits]: name -> (type, meaning). Every one is required.
 LIMITS = {
     "load_seconds": (float, "importing the submission and running its cells, in all"),
-    "cell_seconds": (float, "one top-level cell; once one is stopped, later cells get 1 s each"),
+    "cell_seconds": (float, "one top-level cell, until one is stopped"),
+    "later_cell_seconds": (float, "each later top-level cell, once one has been stopped (the file is known to hang)"),
     "request_seconds": (float, "any single request to the worker (a forward, a call)"),
     "hung_request_seconds": (float, "the same, once the submission is known to hang (a cell or a request was stopped)"),
     "check_seconds": (float, "one check, all its requests together"),

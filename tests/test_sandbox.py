@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 from autograder.sandbox.bwrap import PROJECT_ROOT, allow_list
-from autograder.sandbox.cgroups import Limits, WorkerGroup
+from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
 from autograder.sandbox.client import BudgetSpent, Worker, WorkerConfig, WorkerCrashed
 from autograder.sandbox.probe import is_root, namespace_sandbox_available
 
 
 @cache
 def cgroups_available() -> bool:
-    group = WorkerGroup.create(Limits(1 << 30, 64, 1.0))
+    group = WorkerGroup.create(ResourceLimits(1 << 30, 64, 1.0))
     try:
         return group.can_kill() and {"memory", "processes", "cpu"} <= set(group.limits_set)
     finally:
@@ -339,7 +339,7 @@ def test_the_worker_dies_with_its_grader(tmp_path, isolation):
         time.sleep(0.1)
     assert not [p for p in worker if alive(p)]
     if cgroups_available():
-        WorkerGroup.create(Limits(None, None, None)).remove()  # the next grader sweeps the dead one's group
+        WorkerGroup.create(ResourceLimits(None, None, None)).remove()  # the next grader sweeps the dead one's group
         deadline = time.monotonic() + 10
         while [p for p in pids if alive(p)] and time.monotonic() < deadline:
             time.sleep(0.1)

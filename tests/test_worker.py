@@ -93,6 +93,16 @@ def test_a_cell_stopped_while_loading_makes_the_submission_known_to_hang(make_wo
     assert w.skipped_cells == [1] and w.known_to_hang() and w.request_limit() == 1
 
 
+@pytest.mark.slow  # waits out cell deadlines
+def test_later_cells_get_the_rubrics_later_cell_limit_once_one_was_stopped(make_worker):
+    """The later-cell limit is the rubric's (sent with the load request), not one built into the worker."""
+    w = make_worker("while True:\n    pass\n", cell_seconds=2, later_cell_seconds=0.5, load_seconds=30)
+    w.cells.append([2, 3, "while True:\n    pass\n"])
+    errors = w.start().errors
+    assert [(e.cell, e.timed_out) for e in errors] == [(1, True), (2, True)]
+    assert "stopped after 2 s" in errors[0].message and "stopped after 0.5 s" in errors[1].message
+
+
 @pytest.mark.slow  # waits out a deadline
 def test_a_timed_request_past_its_deadline_does_not_shorten_the_others(make_worker):
     w = make_worker(SPIN_AND_SPIN_AGAIN, request_seconds=6, hung_request_seconds=1)

@@ -21,6 +21,7 @@ no grader behind.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -37,21 +38,6 @@ from autograder.sandbox import procfs
 PARENT_VARIABLE = "AUTOGRADER_POOL_PARENT"
 
 
-# -- both sides ----------------------------------------------------------------------------------
-
-
-def kill_tree(pid: int, include_self: bool = True) -> None:
-    """Stop, then SIGKILL, `pid`'s descendants and the process groups they lead (a worker leads its own
-    session), and `pid` itself when `include_self`: the whole tree is stopped before any of it is killed
-    (`procfs.kill_tree`), so no process can hand a child out of the tree while it is being killed."""
-    procfs.kill_tree(procfs.tree_of(pid, include_self))
-
-
-def die_with_parent() -> None:
-    """In the grading process, before exec: SIGTERM when the class run dies (Linux)."""
-    procfs.die_with_parent(signal.SIGTERM)
-
-
 # -- the grading process --------------------------------------------------------------------------
 
 
@@ -62,7 +48,7 @@ def serve(stdin=None, replies=None) -> int:
     sys.stdout = sys.stderr
 
     def on_term(signum, frame):
-        kill_tree(os.getpid(), include_self=False)
+        procfs.kill_tree(procfs.tree_of(os.getpid(), include_self=False))
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
@@ -96,7 +82,9 @@ def serve(stdin=None, replies=None) -> int:
 
 
 @dataclass
-class Outcome:
+class GradingAttempt:
+    """One job sent to a grading process: whether it answered, and if not, why."""
+
     ok: bool  # the process answered (results.json was written)
     problem: str = ""  # why not
     seconds: float = 0.0
@@ -128,12 +116,12 @@ class Grader:
             stdout=subprocess.PIPE,
             stderr=self.log,
             env=env,
-            preexec_fn=die_with_parent,
+            preexec_fn=functools.partial(procfs.die_with_parent, signal.SIGTERM),  # dies with the class run
         )
         self.buffer, self.done = b"", 0
         self.starts += 1
 
-    def grade(self, job: dict, timeout: float) -> Outcome:
+    def grade(self, job: dict, timeout: float) -> GradingAttempt:
         if self.process is None or self.process.poll() is not None or self.done >= self.jobs_per_process:
             self.close()
             self._start()
@@ -154,9 +142,9 @@ class Grader:
                 if tail:
                     problem += f": {tail}"
             self.close()
-            return Outcome(False, problem, seconds)
+            return GradingAttempt(False, problem, seconds)
         self.done += 1
-        return Outcome(True, "", seconds)
+        return GradingAttempt(True, "", seconds)
 
     def _read_line(self, deadline: float) -> bytes | None:
         fd = self.process.stdout.fileno()
@@ -182,9 +170,9 @@ class Grader:
         if self.process is None:
             return
         if self.process.poll() is None:
-            kill_tree(self.process.pid)
+            procfs.kill_tree(procfs.tree_of(self.process.pid))  # stopped whole, then killed
         else:
-            kill_tree(self.process.pid, include_self=False)
+            procfs.kill_tree(procfs.tree_of(self.process.pid, include_self=False))
         self.process.wait()
         for stream in (self.process.stdin, self.process.stdout):
             try:

@@ -33,7 +33,7 @@ from autograder.grading.checks.harness import Submission, new_run_seed
 from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.report import print_summary
 from autograder.grading.scoring import score
-from autograder.model import CANNOT_GRADE, GRADED, CellProblem, GradingRun, LoadReport
+from autograder.model import CANNOT_GRADE, GRADED, GradingRun, LoadReport
 from autograder.rubric import Rubric, RubricError, load_rubric
 from autograder.sandbox import protocol
 from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
@@ -91,6 +91,7 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
         memory_bytes=int(rubric.limit("memory_gib") * (1 << 30)),
         load_seconds=rubric.limit("load_seconds"),
         cell_seconds=rubric.limit("cell_seconds"),
+        later_cell_seconds=rubric.limit("later_cell_seconds"),
         request_seconds=rubric.limit("request_seconds"),
         hung_request_seconds=rubric.limit("hung_request_seconds"),
         submission_seconds=rubric.limit("submission_seconds"),
@@ -102,7 +103,7 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
         isolation=isolation,
         hide=hide,
         threads=int(rubric.limit("worker_threads")),
-        limits=protocol.Limits(blob_bytes=int(rubric.limit("reply_mib") * (1 << 20))),
+        limits=protocol.FrameLimits(blob_bytes=int(rubric.limit("reply_mib") * (1 << 20))),
         contract=CONTRACT_NAMES,
     )
 
@@ -186,7 +187,7 @@ def resources(worker: Worker) -> dict[str, float]:
 
 def load_report(worker: Worker, problem: str | None) -> LoadReport:
     report = worker.load_report
-    cells = [CellProblem(e.cell, e.type, e.message, e.timed_out) for e in report.errors] if report else []
+    cells = list(report.errors) if report else []
     return LoadReport(
         problem=problem or worker.load_failure, cells=cells, defined=dict(report.defined) if report else {}
     )

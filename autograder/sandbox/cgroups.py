@@ -33,7 +33,7 @@ GROUP_NAME = re.compile(r"mha-worker-(\d+)-[0-9a-f]{8}")  # mha-worker-<the grad
 
 
 @dataclass
-class Limits:
+class ResourceLimits:
     memory_bytes: int | None
     processes: int | None  # processes and threads together
     cpus: float | None  # a CPU quota, in cores
@@ -86,7 +86,7 @@ class WorkerGroup:
 
     # -- making and removing
     @classmethod
-    def create(cls, limits: Limits) -> WorkerGroup:
+    def create(cls, limits: ResourceLimits) -> WorkerGroup:
         _sweep()
         group = cls(f"mha-worker-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         own = _own_paths()
@@ -129,7 +129,7 @@ class WorkerGroup:
         group._apply(limits)
         return group
 
-    def _apply(self, limits: Limits):
+    def _apply(self, limits: ResourceLimits):
         v2 = self.dirs.get("v2")
         if limits.memory_bytes:
             if "memory" in self.v2_controllers and _write(v2 / "memory.max", str(limits.memory_bytes)):

@@ -2,7 +2,7 @@
 
 `Worker` starts the worker (through `launcher`), loads the submission, sends requests and reads
 replies with deadlines, and kills and replaces the worker after a hang or a crash. Every reply is
-read within its deadline, bounded by `protocol.Limits` before anything is materialised, and checked
+read within its deadline, bounded by `protocol.FrameLimits` before anything is materialised, and checked
 against the protocol's schema; a reply that breaks it is the worker's fault (`WorkerCrashed`).
 Nothing from the worker is ever unpickled.
 
@@ -92,6 +92,7 @@ class WorkerConfig:
     memory_bytes: int | None = 4 << 30
     load_seconds: float = 60.0
     cell_seconds: float = 3.0
+    later_cell_seconds: float = 1.0  # each later cell, once one was stopped while loading
     request_seconds: float = 10.0
     hung_request_seconds: float | None = None  # once the submission is known to hang; None: request_seconds
     submission_seconds: float = 600.0
@@ -104,7 +105,7 @@ class WorkerConfig:
     isolation: str = "auto"  # "auto", "namespace" or "process"
     hide: list[str] = field(default_factory=list)
     threads: int = 1
-    limits: protocol.Limits = field(default_factory=protocol.Limits)
+    limits: protocol.FrameLimits = field(default_factory=protocol.FrameLimits)
     contract: tuple[str, ...] = ()
 
 
@@ -131,15 +132,15 @@ class OutputCapture(threading.Thread):
         return text
 
 
-# Wire cells: [number, first line in the file, source]
-Cell = tuple[int, int, str]
+# Cells as they cross the wire: [number, first line in the file, source]
+WireCell = tuple[int, int, str]
 
 
 class Worker:
     """One submission's worker. `request()` restarts it after a crash or a timeout; a submission
     whose loading fails or hangs is not restarted again and again: its failure is remembered."""
 
-    def __init__(self, cells: list[Cell], filename: str, config: WorkerConfig):
+    def __init__(self, cells: list[WireCell], filename: str, config: WorkerConfig):
         self.cells, self.filename, self.config = [list(c) for c in cells], filename, config
         self.process: launcher.WorkerProcess | None = None
         self.capture: OutputCapture | None = None
@@ -206,6 +207,7 @@ class Worker:
                     "cells": self.cells,
                     "filename": self.filename,
                     "cell_seconds": self.config.cell_seconds,
+                    "later_cell_seconds": self.config.later_cell_seconds,
                     "skip": self.skipped_cells,
                 },
                 self._deadline(self.config.load_seconds),

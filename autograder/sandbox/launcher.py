@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autograder.sandbox import bwrap, probe, procfs
-from autograder.sandbox.cgroups import Limits, WorkerGroup
+from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
 
 SANDBOX_DIR = Path(__file__).resolve().parent
 SERVER_MODULES = ("protocol", "jail", "server")  # loaded, in this order, inside the worker
@@ -239,7 +239,7 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
     memory = settings.memory_bytes if settings.device == "cpu" else None
     group = None
     if settings.use_cgroups:
-        group = WorkerGroup.create(Limits(settings.memory_bytes, settings.processes, settings.cpus))
+        group = WorkerGroup.create(ResourceLimits(settings.memory_bytes, settings.processes, settings.cpus))
         if not group.dirs:
             group = None
     grader = os.getpid()

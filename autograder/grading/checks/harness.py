@@ -13,14 +13,14 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import torch
 
 from autograder.rubric import Rubric
 from autograder.sandbox.client import LoadFailed, SubmissionError, Worker, WorkerCrashed, WorkerTimeout
-from autograder.sandbox.protocol import MISSING, Foreign, Handle, ModuleInfo
+from autograder.sandbox.protocol import MISSING, Foreign, ForwardReply, Handle, ModuleInfo
 
 MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "mv", "dot", "addmv", "linear", "_addmm_activation"}
 ModuleRef = ModuleInfo  # a module living in the worker, known by its handle
@@ -38,33 +38,6 @@ class Raised:
 
     type: str
     message: str
-
-
-@dataclass
-class TensorInfo:
-    device: str
-    requires_grad: bool
-
-
-@dataclass
-class HeadCall:
-    """One call of a wrapper head, seen by a forward hook in the worker (reported by the worker)."""
-
-    index: int
-    same_values: bool  # the head received the wrapper's input unchanged
-    output: torch.Tensor | None
-
-
-@dataclass
-class Forward:
-    y: object
-    y_info: TensorInfo | None
-    x_after: torch.Tensor
-    head_calls: list[HeadCall] = field(default_factory=list)
-    ops: list[str] | None = None  # reported by the worker
-    python_calls: list[str] | None = None  # reported by the worker
-    grads: dict[str, torch.Tensor | None] | None = None
-    grad_problem: str | None = None
 
 
 class Submission:
@@ -154,7 +127,7 @@ class Submission:
 
     def forward(
         self, module: ModuleInfo, x: torch.Tensor, *, train=False, seed=0, grad_out=None, trace=False, hooks=False
-    ) -> Forward:
+    ) -> ForwardReply:
         answer = self._ask(
             "forward",
             target=f"{module.cls}.forward",
@@ -168,21 +141,7 @@ class Submission:
         )
         if not isinstance(answer.x_after, torch.Tensor):
             fail("the worker's answer did not include the input after the forward")
-        info = TensorInfo(answer.y_device or "cpu", False) if isinstance(answer.y, torch.Tensor) else None
-        calls = [
-            HeadCall(c.index, c.same_values, c.output if isinstance(c.output, torch.Tensor) else None)
-            for c in answer.head_calls
-        ]
-        return Forward(
-            y=answer.y,
-            y_info=info,
-            x_after=answer.x_after,
-            head_calls=calls,
-            ops=answer.ops,
-            python_calls=answer.python_calls,
-            grads=answer.grads,
-            grad_problem=answer.grad_problem,
-        )
+        return answer
 
     def forward_many(
         self, module: ModuleInfo, seeds: list[int], *, timeout: float | None = None, **settings
@@ -347,7 +306,7 @@ def book_pair(submission: Submission, cls: str, *args):
     return reference, module, book_batch()
 
 
-def check_gradients(answer: Forward, expected: dict, rubric: Rubric, dtype_name: str = "float64"):
+def check_gradients(answer: ForwardReply, expected: dict, rubric: Rubric, dtype_name: str = "float64"):
     """Compare the worker's gradients (keys "x" and "param:<name>") with the reference's."""
     if answer.grad_problem:
         fail(answer.grad_problem)
@@ -473,7 +432,7 @@ def forward_checked(
     function: str,
     context_length: int | None = None,
     **kwargs,
-) -> Forward:
+) -> ForwardReply:
     """`submission.forward`, failing with internal errors put in the student's terms."""
     answer, problem = attempt(submission.forward, module, x, **kwargs)
     if problem is not None:

@@ -34,7 +34,12 @@ CASES = {
     "1 head": (4, 3, 5, 1, False),
     "6 heads, bias": (6, 2, 7, 6, True),
 }
-DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+NAME_OF_DTYPE = {
+    torch.float64: "float64",
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+}
 DTYPE_HINT = (
     "fuse_heads' module does not have the wrapper's dtype: MultiHeadAttention(...) is created in the "
     "default dtype (float32) on the CPU; move it to the wrapper's, e.g. .to(wrapper.heads[0].W_query.weight)"
@@ -89,7 +94,7 @@ def placement_problem(submission, inputs, rubric, case, wrapper_ref, fused) -> s
     module = module.double().eval()
     x = inputs.randn(2, context, d_in)
     # the weights' own precision: a float32 copy of float64 weights is a dtype mistake, charged in its own check
-    dtype_name = DTYPE_NAMES.get(state["W_query.weight"].dtype, "float64")
+    dtype_name = NAME_OF_DTYPE.get(state["W_query.weight"].dtype, "float64")
     problem = value_problem(
         reference_forward(module, x),
         reference_forward(wrapper_ref, x),
@@ -153,7 +158,7 @@ def test_fused_output_equals_wrapper(submission, inputs, rubric, device, case):
     d_in, width, context, heads, bias = CASES[case]
     state = fused.state_dict or {}
     dtype = state["W_query.weight"].dtype  # a dtype mistake is charged in test_keeps_dtype_and_device alone
-    dtype_name = DTYPE_NAMES.get(dtype, "float64")
+    dtype_name = NAME_OF_DTYPE.get(dtype, "float64")
     right = {k: v.detach().cpu().to(dtype) for k, v in ref.fuse_heads(wrapper_ref).state_dict().items()}
     own = submission.build(
         "MultiHeadAttention", d_in, width * heads, context, 0.0, heads, qkv_bias=bias, state_dict=right, dtype=dtype

@@ -124,8 +124,8 @@ def test_matches_reference(submission, inputs, rubric, device, dtype_name, case)
     problem = output_problem(reference, x, answer.y, dtype_name, rubric, f"output ({case})")
     if problem:
         fail(problem)
-    if answer.y_info.device != str(x.to(device).device):
-        fail(f"the output is on {answer.y_info.device}, the input on {device}: keep the input's device")
+    if answer.y_device != str(x.to(device).device):
+        fail(f"the output is on {answer.y_device}, the input on {device}: keep the input's device")
 
 
 @pytest.mark.part("mha")
@@ -141,8 +141,8 @@ def test_keeps_dtype(submission, inputs, rubric, device):
                 f"a {dtype} input gave {getattr(y, 'dtype', type(y).__name__)}: keep the input's dtype "
                 "(no hard-coded .float() or torch.float32 tensors)"
             )
-        if answer.y_info.device != str(x.to(device).device):
-            fail(f"the output is on {answer.y_info.device}, the input on {device}: keep the input's device")
+        if answer.y_device != str(x.to(device).device):
+            fail(f"the output is on {answer.y_device}, the input on {device}: keep the input's device")
         values_first(
             output_problem(reference, x, y, str(dtype).removeprefix("torch."), rubric, f"{dtype} output"),
             "Keeping the dtype",

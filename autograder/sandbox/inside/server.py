@@ -21,8 +21,13 @@ import types
 
 from . import jail, protocol
 
+# What the worker sends: lists, tuples and dicts of at most this many items, nested at most this deep
+# (beyond: the object's class and repr).
+MAX_ITEMS, MAX_DEPTH = 4096, 6
 # The grader's frames are trusted; these bounds only stop a runaway request.
-REQUEST_LIMITS = protocol.Limits(header_bytes=256 << 20, blob_bytes=4 << 30, string_chars=1 << 24, list_items=1 << 20)
+REQUEST_LIMITS = protocol.FrameLimits(
+    header_bytes=256 << 20, blob_bytes=4 << 30, string_chars=1 << 24, list_items=1 << 20
+)
 
 
 class CellTimeout(BaseException):
@@ -65,53 +70,29 @@ class Session:
         self.built = 0  # handles are never reused, even after a drop
 
     # -- values
-    def encoder(self):
-        return protocol.Encoder(self.codec, on_other=self.other)
-
     def other(self, value, depth):
+        """What the encoder sends for anything but plain data and tensors: a module as a handle (registered
+        for later requests), a list or tuple subclass as a list, anything else as its class and repr."""
         torch = self.torch
         if isinstance(value, torch.nn.Module):
             return self._current.encode(self.register(value))
         if isinstance(value, (list, tuple)):  # subclasses of list and tuple: their items, as a list
-            if len(value) <= 4096 and depth < 6:
-                return {"$": "list", "items": [self.encode_value(v, depth + 1) for v in list(value)]}
+            if len(value) <= MAX_ITEMS and depth < MAX_DEPTH:
+                return {"$": "list", "items": [self._current.encode(v, depth + 1) for v in list(value)]}
         return {"$": "object", "class": type(value).__name__[:200], "repr": safe_repr(value)}
-
-    def encode_value(self, value, depth=0):
-        encoder = self._current
-        if depth > 6:
-            return {"$": "object", "class": type(value).__name__[:200], "repr": "(nested too deeply)"}
-        if isinstance(value, self.torch.Tensor):
-            try:
-                return encoder.tensor(self.codec.to_wire(value))
-            except Exception as exc:  # an unsupported dtype, a hostile subclass
-                return {"$": "object", "class": "Tensor", "repr": f"(cannot be sent: {safe_str(exc)[:200]})"}
-        if type(value) in (list, tuple) and len(value) <= 4096:
-            return {"$": type(value).__name__, "items": [self.encode_value(v, depth + 1) for v in value]}
-        if type(value) is dict and len(value) <= 4096 and all(isinstance(k, str) for k in value):
-            return {"$": "dict", "items": [[k, self.encode_value(v, depth + 1)] for k, v in value.items()]}
-        if value is None or type(value) in (bool, int, str):
-            return value
-        if isinstance(value, protocol.ModuleInfo):
-            return encoder.encode(value)
-        if type(value) is float:
-            return encoder.encode(value)
-        return self.other(value, depth)
 
     def reply(self, value):
         """Encode `value` for the ok-reply; returns (header, blobs)."""
-        self._current = self.encoder()
+        self._current = protocol.Encoder(self.codec, on_other=self.other, max_items=MAX_ITEMS, max_depth=MAX_DEPTH)
         if isinstance(value, Raw):  # a typed reply: named fields, lists of field records, values
             tree = {
-                key: [{k: self.encode_value(v) for k, v in item.items()} for item in field]
+                key: [{k: self._current.encode(v) for k, v in item.items()} for item in field]
                 if isinstance(field, RawList)
-                else self.encode_value(field)
+                else self._current.encode(field)
                 for key, field in value.value.items()
             }
-        elif value is MISSING:
-            tree = {"$": "missing"}
         else:
-            tree = self.encode_value(value)
+            tree = self._current.encode(value)
         return {"ok": True, "value": tree}, self._current.blobs
 
     def decode(self, tree, blobs):
@@ -148,10 +129,11 @@ class Session:
         return protocol.ModuleInfo(handle, type(module).__name__[:200], instance_of, bool(module.training), state_dict)
 
     # -- requests
-    def op_load(self, cells, filename, cell_seconds=None, skip=()):
+    def op_load(self, cells, filename, cell_seconds=None, later_cell_seconds=None, skip=()):
         """Run the cells in order. A cell that raises is recorded and the next one runs; a cell still
         running after `cell_seconds` is stopped (SIGALRM), and once one has been, later cells get
-        `protocol.LATER_CELL_SECONDS` (1 s): the file is known to hang. Cells in `skip` (stopped in an earlier load) are not run again.
+        `later_cell_seconds` each (the rubric's): the file is known to hang. Cells in `skip` (stopped in an
+        earlier load) are not run again.
         Each cell is compiled with its line numbers shifted to where it starts in the file, so
         tracebacks point at the student's own lines."""
         module = types.ModuleType("submission")
@@ -172,7 +154,6 @@ class Session:
                         "cell": number,
                         "type": "TimeLimit",
                         "timed_out": True,
-                        "traceback": "",
                         "message": "not run again: it did not finish in an earlier attempt",
                     }
                 )
@@ -189,17 +170,16 @@ class Session:
                     exec(compile(tree, name, "exec"), self.namespace)
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
-            except CellTimeout as exc:
+            except CellTimeout:
                 errors.append(
                     {
                         "cell": number,
                         "type": "TimeLimit",
                         "timed_out": True,
                         "message": f"stopped after {budget:g} s (an infinite loop?); the cells after it were still run",
-                        "traceback": student_traceback(exc, filename),
                     }
                 )
-                budget = min(budget, protocol.LATER_CELL_SECONDS)
+                budget = min(budget, later_cell_seconds or budget)
             except SyntaxError as exc:
                 if exc.lineno is not None:
                     exc.lineno += line - 1
@@ -208,7 +188,6 @@ class Session:
                         "cell": number,
                         "type": "SyntaxError",
                         "message": safe_str(exc),
-                        "traceback": "".join(traceback.format_exception_only(SyntaxError, exc))[-4000:],
                     }
                 )
             except BaseException as exc:  # SystemExit too: a cell that exits does not end the load
@@ -217,7 +196,6 @@ class Session:
                         "cell": number,
                         "type": type(exc).__name__,
                         "message": safe_str(exc),
-                        "traceback": student_traceback(exc, filename),
                     }
                 )
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
@@ -225,7 +203,7 @@ class Session:
         return Raw({"errors": RawList(errors), "defined": defined})
 
     def op_get(self, name):
-        return self.namespace.get(name, MISSING)
+        return self.namespace.get(name, protocol.MISSING)
 
     def op_call(self, fn, args=(), kwargs=None):
         return self.lookup(fn)(*args, **(kwargs or {}))
@@ -351,9 +329,6 @@ class Session:
         if name not in self.namespace:
             raise NameError(f"{name} is not defined in your file")
         return self.namespace[name]
-
-
-MISSING = object()  # a name the submission does not define
 
 
 class Raw:
