@@ -13,6 +13,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autograder.contract import PART_IDS
 
@@ -291,7 +292,7 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
 def _speed_settings(table: dict, path: Path) -> SpeedSettings:
     """[speed] and its [[speed.workloads]], every key checked (see SPEED_SETTINGS, WORKLOAD_SETTINGS)."""
     _no_unknown(table, (*SPEED_SETTINGS, "requires", "workloads"), "in [speed]: ", path)
-    values = {}
+    values: dict[str, Any] = {}  # each an int or a float, as SPEED_SETTINGS says (`_number`)
     for name, (kind, minimum, meaning) in SPEED_SETTINGS.items():
         if name not in table:
             raise RubricError(f"{path}: [speed] {name} is missing ({meaning})")

@@ -30,8 +30,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import IO, Any, TextIO
 
 from autograder.sandbox import procfs
 
@@ -41,13 +44,13 @@ PARENT_VARIABLE = "AUTOGRADER_POOL_PARENT"
 # -- the grading process --------------------------------------------------------------------------
 
 
-def serve(stdin=None, replies=None) -> int:
+def serve(stdin: Iterable[str] | None = None, replies: TextIO | None = None) -> int:
     """Grade the jobs read from stdin, one JSON object a line; answer each with one line."""
     replies = replies or os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything else printed goes to stderr, never into the answers
     sys.stdout = sys.stderr
 
-    def on_term(signum, frame):
+    def on_term(signum: int, frame: FrameType | None) -> None:
         procfs.kill_tree(procfs.tree_of(os.getpid(), include_self=False))
         os._exit(128 + signum)
 
@@ -62,16 +65,17 @@ def serve(stdin=None, replies=None) -> int:
     for line in stdin or sys.stdin:
         job = json.loads(line)
         started = time.monotonic()
+        out = Path(job["out"])
         options = Options(
             device=job["device"],
-            out=Path(job["out"]),
+            out=out,
             rubric_path=Path(job["rubric"]),
             quiet=True,
             isolation=job.get("isolation", "auto"),
             keep_timing_workers=True,
         )
         run = grade_submission(Path(job["submission"]), options)
-        write_results(options.out, run)
+        write_results(out, run)
         replies.write(
             json.dumps({"id": job["id"], "status": run.status, "seconds": round(time.monotonic() - started, 3)}) + "\n"
         )
@@ -96,13 +100,13 @@ class Grader:
     def __init__(self, env: dict[str, str] | None = None, jobs_per_process: int = 25):
         self.env = dict(os.environ if env is None else env)
         self.jobs_per_process = jobs_per_process
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.log = tempfile.TemporaryFile()
         self.buffer = b""
         self.done = 0
         self.starts = 0
 
-    def _start(self):
+    def _start(self) -> subprocess.Popen[bytes]:
         env = dict(self.env)
         env[PARENT_VARIABLE] = str(os.getpid())
         # Idle OpenMP threads sleep rather than spin while the grader waits for its worker: spinning
@@ -120,24 +124,27 @@ class Grader:
         )
         self.buffer, self.done = b"", 0
         self.starts += 1
+        return self.process
 
-    def grade(self, job: dict, timeout: float) -> GradingAttempt:
-        if self.process is None or self.process.poll() is not None or self.done >= self.jobs_per_process:
+    def grade(self, job: dict[str, Any], timeout: float) -> GradingAttempt:
+        process = self.process
+        if process is None or process.poll() is not None or self.done >= self.jobs_per_process:
             self.close()
-            self._start()
+            process = self._start()
         started = time.monotonic()
         try:
-            self.process.stdin.write((json.dumps(job) + "\n").encode())
-            self.process.stdin.flush()
-            line = self._read_line(started + timeout)
+            stdin = _pipe(process.stdin)
+            stdin.write((json.dumps(job) + "\n").encode())
+            stdin.flush()
+            line = self._read_line(_pipe(process.stdout).fileno(), started + timeout)
         except (BrokenPipeError, OSError):
             line = None
         seconds = time.monotonic() - started
         if line is None:
-            if self.process.poll() is None:
+            if process.poll() is None:
                 problem = f"grading took more than {timeout:g} s and was stopped"
             else:
-                problem = f"the grading process ended unexpectedly (exit status {self.process.returncode})"
+                problem = f"the grading process ended unexpectedly (exit status {process.returncode})"
                 tail = self._log_tail()
                 if tail:
                     problem += f": {tail}"
@@ -146,8 +153,7 @@ class Grader:
         self.done += 1
         return GradingAttempt(True, "", seconds)
 
-    def _read_line(self, deadline: float) -> bytes | None:
-        fd = self.process.stdout.fileno()
+    def _read_line(self, fd: int, deadline: float) -> bytes | None:
         while b"\n" not in self.buffer:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -166,7 +172,7 @@ class Grader:
         lines = self.log.read()[-4000:].decode("utf-8", "replace").strip().splitlines()
         return lines[-1][:300] if lines else ""
 
-    def close(self):
+    def close(self) -> None:
         if self.process is None:
             return
         if self.process.poll() is None:
@@ -176,10 +182,17 @@ class Grader:
         self.process.wait()
         for stream in (self.process.stdin, self.process.stdout):
             try:
-                stream.close()
+                if stream is not None:
+                    stream.close()
             except OSError:
                 pass
         self.process = None
+
+
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    if stream is None:  # never: `_start` pipes both
+        raise OSError("the grading process has no pipe")
+    return stream
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def timing_lock(
                 fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                if deadline is not None and time.monotonic() >= deadline:
                     raise TimingLockBusy(
                         f"the timing lock {path} was held by another grading for {seconds:g} s"
                     ) from None

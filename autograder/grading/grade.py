@@ -21,6 +21,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 import pytest
 import torch
@@ -36,7 +38,7 @@ from autograder.grading.scoring import score
 from autograder.model import CANNOT_GRADE, GRADED, GradingRun, LoadReport
 from autograder.rubric import Rubric, RubricError, load_rubric
 from autograder.sandbox import protocol
-from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
+from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
 
 CHECKS_DIR = Path(__file__).with_name("checks")
 EXIT_GRADED, EXIT_CHECKS_FAILED, EXIT_CANNOT_GRADE = 0, 1, 2
@@ -72,7 +74,7 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def read_submission(path: Path) -> tuple[list[tuple[int, int, str]], str | None]:
+def read_submission(path: Path) -> tuple[list[WireCell], str | None]:
     """The file's code cells as [number, first line, source], or no cells and why the file cannot be
     loaded (the student's problem: graded, 0 points). A path that is not a submission file at all
     (missing, a directory) cannot be graded."""
@@ -82,7 +84,7 @@ def read_submission(path: Path) -> tuple[list[tuple[int, int, str]], str | None]
         return [], str(exc)
     except reader.NotASubmission as exc:
         raise CannotGrade(str(exc)) from None
-    return [tuple(cell) for cell in cells], None
+    return [(cell.number, cell.line, cell.source) for cell in cells], None
 
 
 def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) -> WorkerConfig:
@@ -158,7 +160,7 @@ def run_checks(
     return plugin
 
 
-def start_worker(cells, filename: str, config: WorkerConfig, options: Options) -> Worker:
+def start_worker(cells: list[WireCell], filename: str, config: WorkerConfig, options: Options) -> Worker:
     """The submission's worker. Without any sandbox on this machine, `grade` refuses unless process
     isolation was asked for explicitly; `check` (a student running the visible checks on their own
     code) goes on without one, and says so."""
@@ -193,7 +195,7 @@ def load_report(worker: Worker, problem: str | None) -> LoadReport:
     )
 
 
-def write_results(out: Path, run: GradingRun):
+def write_results(out: Path, run: GradingRun) -> None:
     """results.json, atomically (a temp file renamed over the old one), readable by feedback tools."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -291,7 +293,7 @@ class Stopped(KeyboardInterrupt):
 _stopped: list[int] = []  # the signal that stopped this process, once one has
 
 
-def _stop(signum, frame):
+def _stop(signum: int, frame: FrameType | None) -> NoReturn:
     _stopped.append(signum)
     raise Stopped()
 

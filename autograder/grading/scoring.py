@@ -30,10 +30,10 @@ class Outcome:
 def allocate_points(outcomes: list[Outcome], rubric: Rubric) -> list[float]:
     """A part's points are shared among its checks in proportion to their weights; the cases of one
     parametrised check share its share equally."""
-    cases = defaultdict(int)
+    cases: defaultdict[str, int] = defaultdict(int)
     for outcome in outcomes:
         cases[outcome.key] += 1
-    part_weight = defaultdict(float)
+    part_weight: defaultdict[str, float] = defaultdict(float)
     for key, part in {o.key: o.part for o in outcomes}.items():
         part_weight[part] += rubric.weight(key)
     points = []

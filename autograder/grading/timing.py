@@ -48,13 +48,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from autograder.grading import submission as reader
 from autograder.rubric import SpeedSettings
-from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
+from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
 
 REFERENCE_SOURCE = Path(__file__).resolve().parents[2] / "reference" / "mha.py"
 WRAPPER, REFERENCE, SUBMISSION = "wrapper", "reference", "submission"
@@ -83,7 +83,7 @@ class BackgroundWorker:
     The starting thread lives until `close()`: the worker asks the kernel to kill it when the thread that
     started it ends (PR_SET_PDEATHSIG belongs to the thread, not the process)."""
 
-    def __init__(self, cells, filename: str, config: WorkerConfig):
+    def __init__(self, cells: list[WireCell], filename: str, config: WorkerConfig):
         self.worker = Worker(cells, filename, config)
         self.kept = False  # one of a grading process's kept workers (`kept_trusted_workers`)
         self.error: str | None = None
@@ -92,7 +92,7 @@ class BackgroundWorker:
         self.thread = threading.Thread(target=self._start, name=f"timing-worker-{filename}", daemon=True)
         self.thread.start()
 
-    def _start(self):
+    def _start(self) -> None:
         try:
             loaded = self.worker.start()
             if loaded.errors:
@@ -122,7 +122,7 @@ class BackgroundWorker:
             return False
         return True
 
-    def close(self):
+    def close(self) -> None:
         self.started.wait()
         self.worker.close()
         self.closing.set()
@@ -148,7 +148,15 @@ def start_trusted_workers(config: WorkerConfig) -> dict[str, BackgroundWorker]:
     }
 
 
-_kept: dict = {"config": None, "workers": {}}  # this process's kept trusted workers, and their settings
+@dataclass
+class _Kept:
+    """This process's kept trusted workers, and the settings they were started for."""
+
+    config: WorkerConfig | None = None
+    workers: dict[str, BackgroundWorker] = field(default_factory=dict)
+
+
+_kept = _Kept()
 _kept_lock = threading.Lock()
 
 
@@ -160,23 +168,23 @@ def kept_trusted_workers(config: WorkerConfig) -> dict[str, BackgroundWorker]:
     worker leaves closing it to `forget_trusted_workers`."""
     wanted = trusted_config(config)
     with _kept_lock:
-        workers = _kept["workers"]
-        if not (workers and _kept["config"] == wanted and all(w.healthy() for w in workers.values())):
+        workers = _kept.workers
+        if not (workers and _kept.config == wanted and all(w.healthy() for w in workers.values())):
             for worker in workers.values():
                 worker.close()
             workers = start_trusted_workers(config)
             for worker in workers.values():
                 worker.kept = True
-            _kept.update(config=wanted, workers=workers)
+            _kept.config, _kept.workers = wanted, workers
         return dict(workers)
 
 
-def forget_trusted_workers():
+def forget_trusted_workers() -> None:
     """Close this process's kept trusted workers (after any trouble in a grading, and when the process ends)."""
     with _kept_lock:
-        for worker in _kept["workers"].values():
+        for worker in _kept.workers.values():
             worker.close()
-        _kept.update(config=None, workers={})
+        _kept.config, _kept.workers = None, {}
 
 
 atexit.register(forget_trusted_workers)
@@ -221,7 +229,7 @@ class Target:
 
     name: str
     worker: Timed
-    run: Callable[[list[int], float], list]
+    run: Callable[[list[int], float], list[torch.Tensor]]
     calls: int
 
 
@@ -241,23 +249,23 @@ class Measurement:
 class Stage:
     """Lets one worker run at a time: every other one is stopped, with all its processes."""
 
-    def __init__(self, workers):
+    def __init__(self, workers: list[Timed]):
         self.workers = list({id(w): w for w in workers}.values())
-        self.running = None
+        self.running: Timed | None = None
 
-    def __enter__(self):
+    def __enter__(self) -> Stage:
         for worker in self.workers:
             worker.suspend()
         return self
 
-    def run(self, worker):
+    def run(self, worker: Timed) -> None:
         if self.running is not worker:
             if self.running is not None:
                 self.running.suspend()
             worker.resume()
             self.running = worker
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for worker in self.workers:
             worker.resume()
 
@@ -280,7 +288,7 @@ def measure(
     targets: list[Target],
     settings: SpeedSettings,
     seeds: Iterator[int],
-    verify: Callable[[dict[str, list]], None],
+    verify: Callable[[dict[str, list[torch.Tensor]]], None],
     request_seconds: float,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Measurement:
@@ -292,9 +300,13 @@ def measure(
     by_name = {t.name: t for t in targets}
     names = [t.name for t in targets]
     warm: dict[str, list[float]] = {name: [] for name in names}
-    result = Measurement(*({name: [] for name in names} for _ in range(4)), warmup=warm)
 
-    def one_round(order: list[str], counted: bool):
+    def per_target() -> dict[str, list[float]]:
+        return {name: [] for name in names}
+
+    result = Measurement(per_target(), per_target(), per_target(), per_target(), warmup=warm)
+
+    def one_round(order: list[str], counted: bool) -> None:
         round_seeds = [next(seeds) for _ in range(max(t.calls for t in targets))]
         answers = {}
         for name in order:
@@ -346,7 +358,7 @@ def round_order(names: list[str], index: int) -> list[str]:
     return [first] + (rest if index % 2 == 0 else rest[::-1])
 
 
-def check_probes(mine, expected, rtol: float, atol: float, sigmas: float, features: int):
+def check_probes(mine: object, expected: torch.Tensor, rtol: float, atol: float, sigmas: float, features: int) -> None:
     """Compare one timed call's answer (per token: sum y*R, sum |y|, sum y*y over the output's features,
     R standard normal) with the reference's for the same seed. For an output y' = y + e, the first column
     differs by sum e*R, normal with standard deviation sqrt(sum e^2); an output within the dtype's tolerance
@@ -391,7 +403,7 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
-def summarize(measurement: Measurement) -> dict:
+def summarize(measurement: Measurement) -> dict[str, Any]:
     """The figures of one workload: median times, per-round speedups over the wrapper, the submission's
     speedup as a fraction of the reference's (`relative`, the median of the per-round ratios) and its
     spread. Times are charged times (`charge`); the wall, CPU and waiting times are kept beside them."""

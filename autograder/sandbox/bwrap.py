@@ -191,8 +191,7 @@ def command(executable: str, device: str, scratch_bytes: int, as_root: bool) -> 
     argv += ["--size", str(scratch_bytes), "--perms", "1777", "--tmpfs", WORKDIR]
     made: set[str] = {"/", WORKDIR}
     for path in [*allowed.binds, *(link for link, _ in allowed.links)]:
-        for parent in list(Path(path).parents)[::-1]:
-            parent = str(parent)
+        for parent in map(str, list(Path(path).parents)[::-1]):
             if (
                 parent not in made
                 and not any(inside(parent, b) for b in allowed.binds)

@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import IO, Any
 
 from autograder.sandbox import launcher, probe, protocol
 from autograder.sandbox.protocol import Loaded, ProtocolError, Ready, StudentError
@@ -112,14 +113,14 @@ class WorkerConfig:
 class OutputCapture(threading.Thread):
     """Drains the worker's stdout/stderr so a flood cannot block it; keeps the first `limit` bytes."""
 
-    def __init__(self, stream, limit: int):
+    def __init__(self, stream: IO[bytes], limit: int):
         super().__init__(daemon=True)
         self.stream, self.limit = stream, limit
         self.head = bytearray()
         self.total = 0
 
-    def run(self):
-        while chunk := self.stream.read1(1 << 16):
+    def run(self) -> None:
+        while chunk := os.read(self.stream.fileno(), 1 << 16):
             self.total += len(chunk)
             room = self.limit - len(self.head)
             if room > 0:
@@ -153,7 +154,7 @@ class Worker:
         self.starts = 0
         self.events: list[str] = []
         self.outputs: list[str] = []
-        self.codec = None  # a protocol.TensorCodec, made on first use (torch is imported lazily)
+        self.codec: protocol.TensorCodec | None = None  # made on first use (torch is imported lazily)
         self.in_force: dict[str, str] = {}  # what held the worker in (probe.describe_isolation)
         self.cpu_spent = 0.0  # CPU seconds of workers already ended
         self.memory_peak: int | None = None  # the most memory the worker's processes used together
@@ -164,7 +165,7 @@ class Worker:
         self.budget_end = time.monotonic() + config.submission_seconds
 
     # -- lifecycle
-    def _spawn(self):
+    def _spawn(self) -> None:
         self.starts += 1
         self.process = launcher.launch(
             launcher.LaunchSettings(
@@ -181,7 +182,7 @@ class Worker:
             )
         )
         self.in_force = dict(self.process.in_force)
-        self.capture = OutputCapture(self.process.process.stdout, self.config.output_bytes)
+        self.capture = OutputCapture(self.process.output, self.config.output_bytes)
         self.capture.start()
 
     def start(self) -> Loaded:
@@ -241,7 +242,7 @@ class Worker:
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
 
-    def kill(self):
+    def kill(self) -> None:
         if self.process is None:
             return
         self.process.kill()
@@ -264,11 +265,11 @@ class Worker:
         return "\n".join(t for t in texts if t)
 
     # -- process control, for timing
-    def suspend(self):
+    def suspend(self) -> None:
         if self.process is not None:
             self.process.suspend()
 
-    def resume(self):
+    def resume(self) -> None:
         if self.process is not None:
             self.process.resume()
 
@@ -307,8 +308,8 @@ class Worker:
         target: str | None = None,
         overrun_hint: str = "an infinite loop?",
         timed: bool = False,
-        **args,
-    ):
+        **args: Any,
+    ) -> Any:
         """Send one request and return its decoded value. Raises SubmissionError when the student's code
         raised, WorkerTimeout / WorkerCrashed when the worker had to be killed (it is restarted next
         time), LoadFailed when the file cannot be loaded at all. A `timed` request (the speed part's) has
@@ -326,10 +327,10 @@ class Worker:
             )
         if target and target in self.hung:
             raise WorkerTimeout(self.hung[target])
-        limit = self.config.crashes_before_giving_up
-        if target and len(self.crashes.get(target, ())) >= limit:
+        tries = self.config.crashes_before_giving_up
+        if target and len(self.crashes.get(target, ())) >= tries:
             raise WorkerCrashed(
-                f"{self.crashes[target][-1]} (this happened {limit} times; not tried again in later checks)"
+                f"{self.crashes[target][-1]} (this happened {tries} times; not tried again in later checks)"
             )
         if not self.alive():
             self.start()
@@ -358,7 +359,7 @@ class Worker:
                 self.crashes.setdefault(target, []).append(str(exc))
             self.kill()
             raise
-        if not reply.ok:
+        if reply.error is not None:  # not ok: the student's code raised
             raise SubmissionError(reply.error)
         return reply.value
 
@@ -372,11 +373,16 @@ class Worker:
             self.codec = protocol.TensorCodec(torch)
         return self.codec
 
-    def _exchange(self, op: str, args: dict, deadline: Deadline, what: str) -> protocol.Reply:
+    def _running(self, what: str) -> launcher.WorkerProcess:
+        if self.process is None:
+            raise self._crashed(what)
+        return self.process
+
+    def _exchange(self, op: str, args: dict[str, Any], deadline: Deadline, what: str) -> protocol.Reply:
         encoder = protocol.Encoder(self._codec())
         frame = protocol.pack_frame({"op": op, "args": encoder.encode(args)}, encoder.blobs)
         try:
-            _write_all(self.process, frame, deadline, what)
+            _write_all(self._running(what), frame, deadline, what)
         except (BrokenPipeError, OSError):
             raise self._crashed(what) from None
         return self._receive(op, deadline, what)
@@ -403,10 +409,11 @@ class Worker:
                     f"{what} was stopped: the CPU time budget for the whole submission "
                     f"({self.config.submission_cpu_seconds:g} CPU seconds) is used up"
                 )
-            ready, _, _ = select.select([self.process.from_worker], [], [], min(deadline.left(), 0.5))
+            from_worker = self._running(what).from_worker
+            ready, _, _ = select.select([from_worker], [], [], min(deadline.left(), 0.5))
             if not ready:
                 continue
-            chunk = os.read(self.process.from_worker, min(n, 1 << 20))
+            chunk = os.read(from_worker, min(n, 1 << 20))
             if not chunk:
                 raise self._crashed(what)
             chunks.append(chunk)

@@ -31,6 +31,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from autograder.sandbox import bwrap, probe, procfs
 from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
@@ -96,6 +97,13 @@ class WorkerProcess:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def output(self) -> IO[bytes]:
+        """What the worker writes to its stdout and stderr, together (a pipe)."""
+        if self.process.stdout is None:  # never: `launch` pipes it
+            raise OSError("the worker's output is not a pipe")
+        return self.process.stdout
 
     def alive(self) -> bool:
         return self.process.poll() is None

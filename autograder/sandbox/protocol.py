@@ -28,7 +28,13 @@ import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import torch  # for annotations only: torch is passed in (`TensorCodec`), never imported here
+
+T = TypeVar("T")
 
 FRAME_MAGIC = b"MHA1"
 _PREFIX = struct.Struct(">4sII")
@@ -80,13 +86,13 @@ def clean_text(text: Any, limit: int) -> str:
 # Frames
 
 
-def pack_frame(header: dict, blobs: list[bytes]) -> bytes:
+def pack_frame(header: dict[str, Any], blobs: list[bytes]) -> bytes:
     body = json.dumps(header, separators=(",", ":"), allow_nan=True).encode()
     lengths = b"".join(_BLOB_LENGTH.pack(len(b)) for b in blobs)
     return _PREFIX.pack(FRAME_MAGIC, len(body), len(blobs)) + lengths + body + b"".join(blobs)
 
 
-def read_frame(read_exact: Callable[[int], bytes], limits: FrameLimits) -> tuple[dict, list[bytes]]:
+def read_frame(read_exact: Callable[[int], bytes], limits: FrameLimits) -> tuple[dict[str, Any], list[bytes]]:
     """Read one frame with `read_exact(n)`; sizes are checked before their bytes are read."""
     magic, header_length, count = _PREFIX.unpack(read_exact(_PREFIX.size))
     if magic != FRAME_MAGIC:
@@ -130,12 +136,12 @@ class Foreign:
     cls: str
     text: str
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{self.cls} {self.text}>"
 
 
 class _Missing:
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<missing>"
 
 
@@ -163,24 +169,31 @@ class WireTensor:
 class TensorCodec:
     """Conversions between torch tensors and `WireTensor`, with the torch module passed in."""
 
-    def __init__(self, torch):
+    def __init__(self, torch: ModuleType):
         self.torch = torch
 
-    def to_wire(self, tensor) -> WireTensor:
-        torch = self.torch
+    def to_wire(self, tensor: torch.Tensor) -> WireTensor:
+        library = self.torch
         name = str(tensor.dtype).removeprefix("torch.")
         if name not in DTYPES:
             raise ProtocolError(f"a tensor of dtype {name} cannot be sent (allowed: {', '.join(DTYPES)})")
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-        data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        data = flat.view(library.uint8).numpy().tobytes() if flat.numel() else b""
         return WireTensor(name, tuple(tensor.shape), data, str(tensor.device), bool(tensor.requires_grad))
 
-    def from_wire(self, wire: WireTensor):
-        torch = self.torch
-        dtype = getattr(torch, wire.dtype)
+    def from_wire(self, wire: WireTensor) -> torch.Tensor:
+        library = self.torch
+        dtype = getattr(library, wire.dtype)
+        tensor: torch.Tensor
         if not wire.data:
-            return torch.empty(wire.shape, dtype=dtype)
-        return torch.frombuffer(bytearray(wire.data), dtype=dtype).reshape(wire.shape)
+            tensor = library.empty(wire.shape, dtype=dtype)
+        else:
+            tensor = library.frombuffer(bytearray(wire.data), dtype=dtype).reshape(wire.shape)
+        return tensor
+
+
+# What a subclass of a plain type is sent as, on the grader's side (`Encoder`)
+PLAIN_TYPES: tuple[type[Any], ...] = (bool, int, float, str, list, tuple, dict)
 
 
 class Encoder:
@@ -254,9 +267,9 @@ class Encoder:
             return {"$": "dict", "items": [[k, self.encode(v, depth + 1)] for k, v in value.items()]}
         if self.on_other is not None:
             return self.on_other(value, depth)
-        for plain in (bool, int, float, str, list, tuple, dict):
-            if isinstance(value, plain) and type(value) is not plain:
-                return self.encode(plain(value), depth)
+        plain = next((kind for kind in PLAIN_TYPES if isinstance(value, kind)), None)
+        if plain is not None and type(value) is not plain:
+            return self.encode(plain(value), depth)
         raise ProtocolError(f"a value of type {type(value).__name__} cannot be sent")
 
     def _fits(self, items: list[Any] | tuple[Any, ...] | dict[Any, Any]) -> bool:
@@ -348,13 +361,13 @@ class Decoder:
             return float(text)
         raise ProtocolError(f"an answer with an unknown kind of value: {self.text(str(kind))[:40]}")
 
-    def items(self, node: dict) -> list:
+    def items(self, node: dict[str, Any]) -> list[Any]:
         items = node.get("items")
         if not isinstance(items, list) or len(items) > self.limits.list_items:
             raise ProtocolError("a list that is missing or too long")
         return items
 
-    def tensor(self, node: dict) -> WireTensor:
+    def tensor(self, node: dict[str, Any]) -> WireTensor:
         dtype, shape, index = node.get("dtype"), node.get("shape"), node.get("blob")
         if dtype not in DTYPES:
             raise ProtocolError(f"a tensor of a dtype that is not allowed: {self.text(str(dtype))[:40]}")
@@ -448,20 +461,15 @@ class Reply:
     error: StudentError | None = None
 
 
-def _field(obj: dict, name: str, kinds, what: str, optional: bool = False):
+def _field(obj: dict[str, Any], name: str, kind: type[T], what: str) -> T:
+    """`obj[name]`, which must be a `kind` (a bool is not an int here)."""
     value = obj.get(name)
-    if value is None and optional:
-        return None
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _as_tuple(kinds)):
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise ProtocolError(f"{what}: field {name!r} is missing or of the wrong type")
     return value
 
 
-def _as_tuple(kinds):
-    return kinds if isinstance(kinds, tuple) else (kinds,)
-
-
-def parse_reply(op: str, header: dict, decoder: Decoder) -> Reply:
+def parse_reply(op: str, header: dict[str, Any], decoder: Decoder) -> Reply:
     """Check a reply against the schema of `op` and decode it into typed values."""
     ok = header.get("ok")
     if ok is False:
@@ -545,7 +553,7 @@ def parse_reply(op: str, header: dict, decoder: Decoder) -> Reply:
     return Reply(True, decoder.decode(raw))
 
 
-def _strings(value, decoder: Decoder, what: str) -> list[str] | None:
+def _strings(value: Any, decoder: Decoder, what: str) -> list[str] | None:
     if value is None:
         return None
     value = decoder.decode(value)

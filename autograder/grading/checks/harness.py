@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import pytest
 import torch
@@ -24,10 +26,13 @@ from autograder.sandbox.protocol import MISSING, Foreign, ForwardReply, Handle, 
 
 MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "mv", "dot", "addmv", "linear", "_addmm_activation"}
 ModuleRef = ModuleInfo  # a module living in the worker, known by its handle
-__all__ = ["Foreign", "ModuleRef"]
+P = ParamSpec("P")
+R = TypeVar("R")
+M = TypeVar("M", bound=torch.nn.Module)
+__all__ = ["Foreign", "ForwardReply", "ModuleRef"]
 
 
-def fail(message: str):
+def fail(message: str) -> NoReturn:
     """Fail the current check with a message for the student (no Python traceback of ours)."""
     pytest.fail(message, pytrace=False)
 
@@ -50,7 +55,7 @@ class Submission:
         self.worker, self.device, self.check_seconds = worker, device, check_seconds
         self.check_end = time.monotonic() + check_seconds
 
-    def begin_check(self):
+    def begin_check(self) -> None:
         self.check_end = time.monotonic() + self.check_seconds
 
     def _timeout(self) -> float:
@@ -59,7 +64,7 @@ class Submission:
             fail(f"this check used up its time budget ({self.check_seconds:g} s) waiting for your code")
         return min(left, self.worker.config.request_seconds)
 
-    def _ask(self, op, target=None, timeout=None, **payload):
+    def _ask(self, op: str, target: str | None = None, timeout: float | None = None, **payload: Any) -> Any:
         limit = self._timeout() if timeout is None else min(self._timeout(), timeout)
         try:
             return self.worker.request(op, timeout=limit, target=target, **payload)
@@ -73,16 +78,16 @@ class Submission:
         except (WorkerTimeout, WorkerCrashed) as exc:
             fail(str(exc))
 
-    def value(self, name: str):
+    def value(self, name: str) -> Any:
         answer = self._ask("get", name=name)
         if answer is MISSING:
             fail(f"`{name}` is not defined in your file")
         return answer
 
-    def call(self, fn: str, *args, target: str | None = None, **kwargs):
+    def call(self, fn: str, *args: Any, target: str | None = None, **kwargs: Any) -> Any:
         return self._ask("call", target=target or fn, fn=fn, args=_wire(list(args)), kwargs=_wire(kwargs))
 
-    def try_call(self, fn: str, *args, target: str | None = None):
+    def try_call(self, fn: str, *args: Any, target: str | None = None) -> Any:
         """Like call, but when the student's code raises, return that exception as a `Raised`."""
         try:
             return self.worker.request(
@@ -93,7 +98,14 @@ class Submission:
         except (LoadFailed, WorkerTimeout, WorkerCrashed) as exc:
             fail(str(exc))
 
-    def build(self, cls: str, *args, state_dict=None, dtype: torch.dtype | None = None, **kwargs) -> ModuleInfo:
+    def build(
+        self,
+        cls: str,
+        *args: Any,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        dtype: torch.dtype | None = None,
+        **kwargs: Any,
+    ) -> ModuleInfo:
         dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else None
         answer = self._ask(
             "build",
@@ -126,7 +138,15 @@ class Submission:
         return answer
 
     def forward(
-        self, module: ModuleInfo, x: torch.Tensor, *, train=False, seed=0, grad_out=None, trace=False, hooks=False
+        self,
+        module: ModuleInfo,
+        x: torch.Tensor,
+        *,
+        train: bool = False,
+        seed: int = 0,
+        grad_out: torch.Tensor | None = None,
+        trace: bool = False,
+        hooks: bool = False,
     ) -> ForwardReply:
         answer = self._ask(
             "forward",
@@ -139,12 +159,12 @@ class Submission:
             trace=trace,
             hooks=hooks,
         )
-        if not isinstance(answer.x_after, torch.Tensor):
+        if not (isinstance(answer, ForwardReply) and isinstance(answer.x_after, torch.Tensor)):
             fail("the worker's answer did not include the input after the forward")
         return answer
 
     def forward_many(
-        self, module: ModuleInfo, seeds: list[int], *, timeout: float | None = None, **settings
+        self, module: ModuleInfo, seeds: list[int], *, timeout: float | None = None, **settings: Any
     ) -> list[torch.Tensor]:
         """Timed forwards on inputs the worker makes from `seeds` (the worker's `forward_many`): per call, a
         (batch, tokens, 3) tensor of probes of the output. A forward that hangs here is not held against
@@ -163,10 +183,12 @@ class Submission:
             isinstance(answer, list) and len(answer) == len(seeds) and all(isinstance(a, torch.Tensor) for a in answer)
         ):
             fail("the timed forwards did not answer one tensor per call")
-        return answer
+        tensors: list[torch.Tensor] = answer
+        return tensors
 
 
-def _wire(value):
+def _wire(value: Any) -> Any:
+    """The grader's arguments for a request: a module living in the worker as its handle."""
     if isinstance(value, ModuleInfo):
         return Handle(value.handle)
     if isinstance(value, (list, tuple)):
@@ -194,13 +216,13 @@ class Inputs:
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
 
-    def randn(self, *shape, dtype=torch.float64) -> torch.Tensor:
+    def randn(self, *shape: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         return torch.randn(*shape, generator=self.generator, dtype=torch.float64).to(dtype)
 
     def seed_value(self) -> int:
         return int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
 
-    def state_dict(self, module: torch.nn.Module, dtype=torch.float64) -> dict[str, torch.Tensor]:
+    def state_dict(self, module: torch.nn.Module, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
         """Random weights for `module` (overwritten in place, returned as a state dict): every
         parameter, biases included, at a scale where attention is neither uniform nor one-hot."""
         with torch.no_grad():
@@ -211,7 +233,17 @@ class Inputs:
         return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def assert_close(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric, what: str, diagnose=None):
+Diagnose = Callable[[torch.Tensor], "str | None"]  # names the likely mistake behind a wrong output
+
+
+def assert_close(
+    actual: object,
+    expected: torch.Tensor,
+    dtype_name: str,
+    rubric: Rubric,
+    what: str,
+    diagnose: Diagnose | None = None,
+) -> None:
     """Fail unless `actual` is a tensor of `expected`'s shape and dtype, close within the rubric's
     tolerance. `diagnose(actual)` may name the likely mistake."""
     if not isinstance(actual, torch.Tensor):
@@ -236,7 +268,7 @@ def assert_close(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric
         fail(f"{what}: values differ from the reference; {detail}." + (f"\nLikely mistake: {hint}" if hint else ""))
 
 
-def matches(actual, candidate: torch.Tensor, atol=1e-6) -> bool:
+def matches(actual: object, candidate: torch.Tensor, atol: float = 1e-6) -> bool:
     return (
         isinstance(actual, torch.Tensor)
         and tuple(actual.shape) == tuple(candidate.shape)
@@ -244,7 +276,10 @@ def matches(actual, candidate: torch.Tensor, atol=1e-6) -> bool:
     )
 
 
-def first_match(actual, variants: dict) -> str | None:
+Variants = dict[str, "torch.Tensor | Callable[[], torch.Tensor]"]  # known wrong answers, by description
+
+
+def first_match(actual: object, variants: Mapping[str, torch.Tensor | Callable[[], torch.Tensor]]) -> str | None:
     """The description of the first known wrong variant that `actual` equals, if any. A variant is a
     tensor or a function making one; a variant that cannot be computed for this input is skipped."""
     for description, candidate in variants.items():
@@ -261,25 +296,33 @@ def count_matmuls(ops: list[str]) -> int:
     return sum(op in MATMUL_OPS for op in ops)
 
 
-def build_pair(submission: Submission, inputs: Inputs, cls: str, *args, dtype=torch.float64, device="cpu", **kwargs):
-    """The reference module with hidden random weights, and the student's class built with the
-    same arguments and loaded with the same weights. The reference is in eval mode."""
-    from reference import mha as ref
-
-    reference = getattr(ref, cls)(*args, **kwargs)
+def build_pair(
+    submission: Submission,
+    inputs: Inputs,
+    reference_class: type[M],
+    *args: Any,
+    dtype: torch.dtype = torch.float64,
+    device: str = "cpu",
+    **kwargs: Any,
+) -> tuple[M, ModuleInfo]:
+    """The reference module (of a class of reference/) with hidden random weights, and the student's class
+    of the same name built with the same arguments and loaded with the same weights. The reference is in
+    eval mode."""
+    reference = reference_class(*args, **kwargs)
     state = inputs.state_dict(reference, dtype)
     reference = reference.to(device).eval()
-    return reference, submission.build(cls, *args, state_dict=state, dtype=dtype, **kwargs)
+    module = submission.build(reference_class.__name__, *args, state_dict=state, dtype=dtype, **kwargs)
+    return reference, module
 
 
-def reference_forward(module: torch.nn.Module, x: torch.Tensor, *, train=False, seed=0) -> torch.Tensor:
+def reference_forward(module: torch.nn.Module, x: torch.Tensor, *, train: bool = False, seed: int = 0) -> torch.Tensor:
     """The reference's output on x, on the module's device; in training mode, dropout drawn from `seed`.
     A dropout draw matches the worker's only on the same device: CPU and CUDA generators seeded alike
     draw different masks (a check in training mode keeps its reference on the grading device)."""
     module.train(train)
     torch.manual_seed(seed)
     with torch.no_grad():
-        y = module(x)
+        y: torch.Tensor = module(x)
     module.eval()
     return y
 
@@ -292,21 +335,22 @@ def book_batch() -> torch.Tensor:
     """The book's running example, "Your journey starts with one step" as six 3-D embeddings, twice."""
     from reference import mha as ref
 
-    return ref.batch.clone()  # (2, 6, 3)
+    batch: torch.Tensor = ref.batch.clone()  # (2, 6, 3)
+    return batch
 
 
-def book_pair(submission: Submission, cls: str, *args):
+def book_pair(submission: Submission, reference_class: type[M], *args: Any) -> tuple[M, ModuleInfo, torch.Tensor]:
     """The book's setting: the reference built right after torch.manual_seed(123), the student's
-    class given the same weights (float32), and the book's batch."""
-    from reference import mha as ref
-
+    class of the same name given the same weights (float32), and the book's batch."""
     torch.manual_seed(123)
-    reference = getattr(ref, cls)(*args).eval()
-    module = submission.build(cls, *args, state_dict=reference.state_dict(), dtype=torch.float32)
+    reference = reference_class(*args).eval()
+    module = submission.build(reference_class.__name__, *args, state_dict=reference.state_dict(), dtype=torch.float32)
     return reference, module, book_batch()
 
 
-def check_gradients(answer: ForwardReply, expected: dict, rubric: Rubric, dtype_name: str = "float64"):
+def check_gradients(
+    answer: ForwardReply, expected: Mapping[str, torch.Tensor | None], rubric: Rubric, dtype_name: str = "float64"
+) -> None:
     """Compare the worker's gradients (keys "x" and "param:<name>") with the reference's."""
     if answer.grad_problem:
         fail(answer.grad_problem)
@@ -318,6 +362,8 @@ def check_gradients(answer: ForwardReply, expected: dict, rubric: Rubric, dtype_
         mine = got.get(name)
         if mine is None:
             fail(f"no gradient reached {label}: is it used in the computation, without .detach() or torch.no_grad()?")
+        if grad is None:  # the grader's own fault: the run cannot grade
+            raise RuntimeError(f"the reference has no gradient for {label}")
         assert_close(mine, grad, dtype_name, rubric, f"gradient of {label}")
 
 
@@ -330,7 +376,7 @@ def check_gradients(answer: ForwardReply, expected: dict, rubric: Rubric, dtype_
 import re  # noqa: E402  (kept with the helpers that use it)
 
 
-def attempt(request, *args, **kwargs):
+def attempt(request: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> tuple[R | None, str | None]:
     """Run one Submission request: (its answer, None), or (None, the message the check would have failed
     with), so that a check can explain a failure before reporting it."""
     try:
@@ -340,7 +386,12 @@ def attempt(request, *args, **kwargs):
 
 
 def value_problem(
-    actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric, what: str, diagnose=None
+    actual: object,
+    expected: torch.Tensor,
+    dtype_name: str,
+    rubric: Rubric,
+    what: str,
+    diagnose: Diagnose | None = None,
 ) -> str | None:
     """The message `assert_close` would fail with, or None when `actual` is right."""
     try:
@@ -350,7 +401,7 @@ def value_problem(
     return None
 
 
-def values_first(problem: str | None, what: str):
+def values_first(problem: str | None, what: str) -> None:
     """Fail a property check whose case's output is wrong: a property of a wrong answer earns nothing."""
     if problem is not None:
         fail(f"{what} counts only once the output on this check's input is right, and it is not:\n{problem}")
@@ -431,14 +482,14 @@ def forward_checked(
     *,
     function: str,
     context_length: int | None = None,
-    **kwargs,
+    **kwargs: Any,
 ) -> ForwardReply:
     """`submission.forward`, failing with internal errors put in the student's terms."""
     answer, problem = attempt(submission.forward, module, x, **kwargs)
-    if problem is not None:
+    if answer is None:
         fail(
             in_student_terms(
-                problem, function, tokens=x.shape[1] if x.dim() == 3 else None, context_length=context_length
+                problem or "", function, tokens=x.shape[1] if x.dim() == 3 else None, context_length=context_length
             )
         )
     return answer

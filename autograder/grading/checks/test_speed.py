@@ -12,15 +12,20 @@ over the wrapper as a fraction of the reference's own speedup in the same run (`
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import pytest
 import torch
 
 from autograder.grading import timing
-from autograder.grading.checks.harness import assert_close, fail, reference_forward
+from autograder.grading.checks.fixtures import GradingContext
+from autograder.grading.checks.harness import Inputs, ModuleRef, Submission, assert_close, fail, reference_forward
 from autograder.grading.devices import TimingLockBusy, device_key, timing_lock
+from autograder.rubric import Rubric, SpeedSettings, Workload
 from autograder.sandbox.client import Worker, WorkerError
+from reference import mha as ref
 
 LOOP_HINT = (
     "\nCompute every head in one batched pass: project once, view the result as (b, T, H, head_dim), "
@@ -30,7 +35,7 @@ LOOP_HINT = (
 
 
 @pytest.fixture(scope="module")
-def timing_workers(context) -> dict[str, timing.BackgroundWorker]:
+def timing_workers(context: GradingContext) -> Iterator[dict[str, timing.BackgroundWorker]]:
     """The wrapper's and the reference's timing workers, running only the reference's code (the grading run
     starts them in the background when it starts; here otherwise)."""
     started = context.timing_workers or timing.start_trusted_workers(context.submission.worker.config)
@@ -40,7 +45,7 @@ def timing_workers(context) -> dict[str, timing.BackgroundWorker]:
             worker.close()
 
 
-def trusted(worker: Worker, op: str, **args):
+def trusted(worker: Worker, op: str, **args: Any) -> Any:
     """A request to the reference's worker: a failure there is the grader's, never the student's."""
     try:
         return worker.request(op, **args)
@@ -48,35 +53,43 @@ def trusted(worker: Worker, op: str, **args):
         raise timing.CannotTime(f"the reference's timing worker failed ({op}): {exc}") from None
 
 
-def same_weights(inputs, workload, dtype):
+def speed_settings(rubric: Rubric) -> SpeedSettings:
+    """The rubric's [speed]; a speed check without one is the grader's fault."""
+    if rubric.speed is None:
+        raise RuntimeError("the speed part's check ran without [speed] in the rubric")
+    return rubric.speed
+
+
+def same_weights(
+    inputs: Inputs, workload: Workload, dtype: torch.dtype
+) -> tuple[ref.MultiHeadAttention, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The reference MultiHeadAttention with hidden weights, and the wrapper whose head h holds head h's
     columns of them (so the three modules timed do the same projections)."""
-    from reference import mha as ref
-
     w = workload
     mha = ref.MultiHeadAttention(w.d_in, w.d_out, w.tokens, 0.0, w.heads)
     state = inputs.state_dict(mha, dtype)
     width = w.d_out // w.heads
     wrapper = ref.MultiHeadAttentionWrapper(w.d_in, width, w.tokens, 0.0, w.heads).to(dtype)
     with torch.no_grad():
-        for h, head in enumerate(wrapper.heads):
+        for h, head in enumerate(wrapper.get_submodule("heads").children()):
             for name in ("W_query", "W_key", "W_value"):
                 getattr(head, name).weight.copy_(getattr(mha, name).weight[h * width : (h + 1) * width])
     return mha.eval(), state, wrapper.state_dict()
 
 
-def verifier(workload, rubric):
+def verifier(workload: Workload, rubric: Rubric) -> Callable[[dict[str, list[torch.Tensor]]], None]:
     """Checks a round's answers: every probe of the submission's outputs against the reference's."""
     rtol, atol = rubric.tolerance(workload.dtype)
+    sigmas = speed_settings(rubric).probe_sigmas
 
-    def verify(answers):
+    def verify(answers: dict[str, list[torch.Tensor]]) -> None:
         for mine, expected in zip(answers[timing.SUBMISSION], answers[timing.REFERENCE]):
-            timing.check_probes(mine, expected, rtol, atol, rubric.speed.probe_sigmas, workload.d_out)
+            timing.check_probes(mine, expected, rtol, atol, sigmas, workload.d_out)
 
     return verify
 
 
-def describe(workload) -> str:
+def describe(workload: Workload) -> str:
     w = workload
     return (
         f"{w.name}: batch {w.batch}, {w.tokens} tokens, {w.d_in} -> {w.d_out} features, {w.heads} heads "
@@ -84,11 +97,11 @@ def describe(workload) -> str:
     )
 
 
-def record(context, workload, figures):
+def record(context: GradingContext, workload: Workload, figures: dict[str, Any]) -> None:
     """The workload's figures into the run's measurements; the headline figures are the geometric means
     over the workloads measured (one on the CPU)."""
     speed = context.measurements.setdefault(
-        "speed", {"device": context.device, "threads": context.rubric.speed.threads, "workloads": {}}
+        "speed", {"device": context.device, "threads": speed_settings(context.rubric).threads, "workloads": {}}
     )
     speed["workloads"][workload.name] = figures
     measured = [f for f in speed["workloads"].values() if "relative" in f]
@@ -104,7 +117,15 @@ class Built:
     handle: str
 
 
-def check_values_first(submission, module, mha, inputs, workload, rubric, device):
+def check_values_first(
+    submission: Submission,
+    module: ModuleRef,
+    mha: ref.MultiHeadAttention,
+    inputs: Inputs,
+    workload: Workload,
+    rubric: Rubric,
+    device: str,
+) -> None:
     """The submission's output on this very workload, before any timing: a timing of something wrong
     would mean nothing."""
     x = inputs.randn(*workload.shape, dtype=getattr(torch, workload.dtype))
@@ -117,10 +138,17 @@ def check_values_first(submission, module, mha, inputs, workload, rubric, device
     )
 
 
-def build_references(timing_workers, workload, state, wrapper_state, device) -> tuple[Built, Built]:
+def build_references(
+    timing_workers: dict[str, timing.BackgroundWorker],
+    workload: Workload,
+    state: dict[str, torch.Tensor],
+    wrapper_state: dict[str, torch.Tensor],
+    device: str,
+) -> tuple[Built, Built]:
     """The reference MultiHeadAttention and the wrapper, with the same weights, each in its timing worker."""
     w = workload
     built = []
+    weights: dict[str, torch.Tensor]
     for name, cls, args, weights in (
         (timing.REFERENCE, "MultiHeadAttention", [w.d_in, w.d_out, w.tokens, 0.0, w.heads], state),
         (
@@ -138,7 +166,9 @@ def build_references(timing_workers, workload, state, wrapper_state, device) -> 
     return built[0], built[1]
 
 
-def timing_targets(submission, module, reference: Built, wrapper: Built, workload, threads: int) -> list[timing.Target]:
+def timing_targets(
+    submission: Submission, module: ModuleRef, reference: Built, wrapper: Built, workload: Workload, threads: int
+) -> list[timing.Target]:
     """The three timed modules, each by its `forward_many` request on the workload's inputs."""
     w = workload
     request_args = dict(
@@ -149,12 +179,12 @@ def timing_targets(submission, module, reference: Built, wrapper: Built, workloa
         flush_bytes=int(w.flush_mib * (1 << 20)),
     )
 
-    def in_reference_worker(built: Built):
+    def in_reference_worker(built: Built) -> Callable[[list[int], float], list[torch.Tensor]]:
         return lambda seeds, timeout: trusted(
             built.worker, "forward_many", timeout=timeout, handle=built.handle, seeds=seeds, **request_args
         )
 
-    def in_submission_worker(seeds, timeout):
+    def in_submission_worker(seeds: list[int], timeout: float) -> list[torch.Tensor]:
         return submission.forward_many(module, seeds, timeout=timeout, **request_args)
 
     return [
@@ -164,10 +194,18 @@ def timing_targets(submission, module, reference: Built, wrapper: Built, workloa
     ]
 
 
-def measure_locked(context, submission, targets, inputs, workload, rubric, device) -> timing.Measurement:
+def measure_locked(
+    context: GradingContext,
+    submission: Submission,
+    targets: list[timing.Target],
+    inputs: Inputs,
+    workload: Workload,
+    rubric: Rubric,
+    device: str,
+) -> timing.Measurement:
     """The measurement, holding the device's timing lock. Timed forwards that fail, are wrong or are far too
     slow fail the check here, with what was found recorded."""
-    settings = rubric.speed
+    settings = speed_settings(rubric)
     try:
         with timing_lock(device_key(device), settings.lock_seconds):
             submission.begin_check()  # the wait for the lock is not the submission's time
@@ -185,14 +223,14 @@ def measure_locked(context, submission, targets, inputs, workload, rubric, devic
         fail(f"{describe(workload)}: {exc}" + (LOOP_HINT if isinstance(exc, timing.TooSlow) else ""))
 
 
-def drop(*built: Built):
+def drop(*built: Built) -> None:
     """Kept reference workers serve later gradings: they forget what this one built."""
     for module in built:
         with contextlib.suppress(WorkerError):
             module.worker.request("drop", handle=module.handle)
 
 
-def figures_of(measurement, workload, settings) -> dict:
+def figures_of(measurement: timing.Measurement, workload: Workload, settings: SpeedSettings) -> dict[str, Any]:
     """The measurement's figures, once the run is known to tell a parallel forward from a sequential one."""
     figures = timing.summarize(measurement)
     if figures["reference_speedup"] < settings.min_reference_speedup:
@@ -204,7 +242,9 @@ def figures_of(measurement, workload, settings) -> dict:
     return figures
 
 
-def flag_if_implausible(context, workload, figures, settings):
+def flag_if_implausible(
+    context: GradingContext, workload: Workload, figures: dict[str, Any], settings: SpeedSettings
+) -> None:
     """A speedup far beyond the reference's, for the same computation, is for the instructor to look at."""
     if figures["relative"] > settings.flag_above:
         context.flags.append(
@@ -215,7 +255,7 @@ def flag_if_implausible(context, workload, figures, settings):
         )
 
 
-def verdict(workload, figures, earned: float, settings):
+def verdict(workload: Workload, figures: dict[str, Any], earned: float, settings: SpeedSettings) -> None:
     """Fail with the figures and the fraction of the points earned, unless they are all earned."""
     if earned >= 1:
         return
@@ -232,9 +272,18 @@ def verdict(workload, figures, earned: float, settings):
 
 
 @pytest.mark.part("speed")
-def test_faster_than_the_wrapper(context, submission, inputs, rubric, device, speed_workload, timing_workers, request):
+def test_faster_than_the_wrapper(
+    context: GradingContext,
+    submission: Submission,
+    inputs: Inputs,
+    rubric: Rubric,
+    device: str,
+    speed_workload: Workload,
+    timing_workers: dict[str, timing.BackgroundWorker],
+    request: pytest.FixtureRequest,
+) -> None:
     """the parallel forward beats the wrapper by about as much as the reference's does"""
-    settings, w = rubric.speed, speed_workload
+    settings, w = speed_settings(rubric), speed_workload
     mha, state, wrapper_state = same_weights(inputs, w, getattr(torch, w.dtype))
     # the submission's grading worker, which no other check has used yet: the speed part runs first
     module = submission.build(
