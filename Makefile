@@ -12,6 +12,7 @@ SHARD      ?=
 FORCE      ?=
 STUDENT    ?=
 RELEASED   ?=
+CANVAS_ASSIGNMENT ?=
 DIST       ?= dist
 
 BIN := $(abspath $(VENV))/bin
@@ -19,7 +20,7 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: setup test test-fast test-long test-speed lint lock bench release grade merge grade-slurm check preview grade-one student-kit gradescope help
+.PHONY: setup test test-fast test-long test-speed lint lock bench release grade merge grade-slurm selfcheck check preview grade-one student-kit gradescope help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests (all but the long suites)"
@@ -29,13 +30,16 @@ help:
 	@echo "make lint                      ruff's checks and formatting, and mypy's type check (strict on the trusted core)"
 	@echo "make lock                      regenerate requirements.lock from pyproject.toml"
 	@echo "make bench                     time the wrapper, the weight split and fast peers; table, plot, JSON"
-	@echo "make grade                     grade every submission in assignments/submitted/ (what changed)"
+	@echo "make grade                     grade every submission in COURSE/submitted/ (what changed; COURSE=assignments)"
+	@echo "     COURSE=path/to/course (a course folder anywhere: submitted/<student>/mha/; outputs go there too)"
 	@echo "     DEVICE=cpu|cuda JOBS=n (default 2 per CPU, 2..8) FORCE=1 (regrade all) STUDENT=name RELEASED=1 (past the due date)"
+	@echo "     CANVAS_ASSIGNMENT='Name (id)' (the Canvas file's column, as a Canvas gradebook export heads it)"
 	@echo "make grade SHARD=K/N           grade shard K of N (K from 0) only; SHARD=auto in a Slurm array task"
-	@echo "make merge                     the class's outputs from every shard's results, grading nothing"
+	@echo "make merge                     the class's outputs from every shard's results, grading nothing (COURSE=...)"
 	@echo "make grade-slurm SHARDS=4      grade on a Slurm cluster: a job array and a merge job (deploy/slurm/)"
-	@echo "make check SUBMISSION=mha.py   the notebook's self-checks, part by part (what students run; runs the file's code)"
-	@echo "make preview SUBMISSION=...    instructors: the grader's visible checks on a file, sandboxed (needs reference/)"
+	@echo "make selfcheck SUBMISSION=...  the notebook's self-checks, part by part: runs the file's code on your machine, UNSANDBOXED"
+	@echo "make check SUBMISSION=...      the same as make selfcheck (the name students know from their kit)"
+	@echo "make preview SUBMISSION=...    instructors: the grader's visible checks on a file; its code runs SANDBOXED (needs reference/)"
 	@echo "make student-kit               what students receive: $(DIST)/mha-student-kit.zip"
 	@echo "make gradescope                Gradescope's autograder: $(DIST)/mha-gradescope.zip"
 	@echo "make grade-one SUBMISSION=...  grade one submission into OUT=results.json"
@@ -70,21 +74,27 @@ bench: setup
 release: setup
 	$(PY) -m autograder release
 
-check: setup
+# The self-check runs the file's code in this process, unsandboxed: only on files you trust.
+selfcheck: setup
 	$(PY) -m autograder.authoring.selfcheck "$(SUBMISSION)"
 
+check: selfcheck
+
+# The grader's visible checks: the file's code runs only in the sandboxed worker.
 preview: setup
-	$(PY) -m autograder check "$(SUBMISSION)" --device $(DEVICE)
+	$(PY) -m autograder preview "$(SUBMISSION)" --device $(DEVICE)
 
 grade-one: setup
 	$(PY) -m autograder grade "$(SUBMISSION)" --device $(DEVICE) --out "$(OUT)"
 
 grade: setup
 	$(PY) -m autograder grade-class "$(COURSE)" --device $(DEVICE) $(if $(JOBS),--jobs $(JOBS)) $(if $(FORCE),--force) \
-		$(if $(STUDENT),--student "$(STUDENT)") $(if $(RELEASED),--released) $(if $(SHARD),--shard $(SHARD))
+		$(if $(STUDENT),--student "$(STUDENT)") $(if $(RELEASED),--released) $(if $(SHARD),--shard $(SHARD)) \
+		$(if $(CANVAS_ASSIGNMENT),--canvas-assignment "$(CANVAS_ASSIGNMENT)")
 
 merge: setup
-	$(PY) -m autograder grade-class "$(COURSE)" --merge
+	$(PY) -m autograder grade-class "$(COURSE)" --merge $(if $(RELEASED),--released) \
+		$(if $(CANVAS_ASSIGNMENT),--canvas-assignment "$(CANVAS_ASSIGNMENT)")
 
 grade-slurm: setup
 	COURSE="$(COURSE)" VENV="$(VENV)" deploy/slurm/submit.sh

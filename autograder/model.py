@@ -19,6 +19,8 @@ from autograder.contract import PART_IDS
 from autograder.sandbox.protocol import CellProblem  # the worker's own report, as it crossed the wire
 
 GRADED, CANNOT_GRADE = "graded", "cannot_grade"
+# Other words for a run's status that results.json files written elsewhere may hold; read as ours.
+STATUS_ALIASES = {"could_not_grade": CANNOT_GRADE, "could not grade": CANNOT_GRADE, "cannot grade": CANNOT_GRADE}
 PASSED, FAILED = "passed", "failed"
 GRADER, WORKER = "grader", "worker"  # who vouches for a check's evidence
 MODEL_VERSION = 1
@@ -190,6 +192,8 @@ class GradingRun:
                 )
             )
         fields = {k: v for k, v in extra.items() if k in cls.__dataclass_fields__ and k not in ("load",)}
+        if "status" in fields:
+            fields["status"] = STATUS_ALIASES.get(fields["status"], fields["status"])
         return cls(
             **fields,
             checks=checks,

@@ -1,4 +1,4 @@
-"""The commands people type: grade, check and grade-class, including how they fail."""
+"""The commands people type: grade, preview and grade-class, including how they fail."""
 
 import json
 import shutil
@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from classkit import ROOT
 from helpers import REFERENCE, mutated_reference
 
 
@@ -36,13 +37,13 @@ def test_an_unreadable_notebook_is_graded_zero_with_the_reason(tmp_path):
 
 
 @pytest.mark.slow  # a whole grading run
-def test_check_runs_only_visible_checks_and_names_the_mistake(tmp_path):
+def test_preview_runs_only_visible_checks_and_names_the_mistake(tmp_path):
     wrong = mutated_reference(tmp_path, "dim1", "return torch.cat(outputs, dim=-1)", "return torch.cat(outputs, dim=1)")
-    run = autograder("check", wrong, cwd=tmp_path)
+    run = autograder("preview", wrong, cwd=tmp_path)
     assert run.returncode == 1, run.stderr  # a visible check failed
     assert "Visible checks" in run.stdout
     assert "concatenated along the token dimension" in " ".join(run.stdout.split())
-    assert not list(tmp_path.glob("**/results.json"))  # check writes no results
+    assert not list(tmp_path.glob("**/results.json"))  # preview writes no results
     assert "points" not in run.stdout  # nor scores
 
 
@@ -151,3 +152,17 @@ def test_a_fault_in_a_check_is_the_graders_not_the_students(tmp_path, monkeypatc
     assert results["score"] == 0 and results["max_score"] == 0 and results["tests"] == []
     assert "the grader itself failed (not your submission's fault)" in results["output"]
     assert "KeyError" in results["extra_data"]["grader_errors"][0]
+
+
+def test_the_names_say_which_command_runs_the_students_code_unsandboxed(tmp_path):
+    """`preview` (sandboxed) replaced the CLI's `check`, which read like the kit's unsandboxed `make check`:
+    the old name says where each went, and the help texts say which runs the code unsandboxed."""
+    old = autograder("check", tmp_path / "mha.py", cwd=tmp_path)
+    assert old.returncode == 2 and "`check` is now `preview`" in old.stderr and "make selfcheck" in old.stderr
+    helped = autograder("--help", cwd=tmp_path)
+    assert "preview" in helped.stdout and "check " not in helped.stdout
+    assert "sandboxed" in " ".join(autograder("preview", "--help", cwd=tmp_path).stdout.split())
+    make = subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "help"], capture_output=True, text=True)
+    lines = {line.split()[1]: line for line in make.stdout.splitlines() if line.startswith("make ")}
+    assert "UNSANDBOXED" in lines["selfcheck"] and "same as make selfcheck" in lines["check"]
+    assert "SANDBOXED" in lines["preview"] and "UNSANDBOXED" not in lines["preview"]

@@ -12,9 +12,9 @@ from pathlib import Path
 import html5lib
 import pytest
 
-from autograder.course.class_outputs import Row
 from autograder.course.feedback import feedback_path, render, write_feedback
 from autograder.course.roster import read_roster
+from autograder.course.rows import Row
 from autograder.model import CANNOT_GRADE, FAILED, PASSED, CheckResult, LoadReport
 from classkit import make_course, synthetic_run
 

@@ -1,6 +1,6 @@
 """Feedback a student can read: `feedback/<student>/mha/feedback.html`, one self-contained file.
 
-Made from the grading model alone (a `class_outputs.Row`): the score, per part the checks with what
+Made from the grading model alone (a `rows.Row`): the score, per part the checks with what
 failed and the diagnosis, and the speed figures with a plot of the per-round measurements when the
 speed part ran. Everything is HTML-escaped (Jinja2's autoescape); the CSS is inline and the plot is
 an inline PNG, so the file can be mailed, uploaded to an LMS or opened offline.
@@ -33,8 +33,10 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from autograder.atomic import write_text_atomically
-from autograder.course.class_outputs import Row
+from autograder.course.clean import clean_text
 from autograder.course.roster import ASSIGNMENT
+from autograder.course.rows import Row
+from autograder.course.store import COURSE_FILE_MODE
 from autograder.model import CheckResult, GradingRun
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -130,13 +132,13 @@ def speed_plot(series: dict[str, list[float]]) -> str:
 def page_context(row: Row, released: bool) -> dict:
     run: GradingRun | None = row.run
     entry = row.entry
-    context = {
+    context = {  # names and notes are the student's: cleaned as worker strings are, then HTML-escaped
         "assignment": ASSIGNMENT,
-        "student": entry.student,
+        "student": clean_text(entry.student, newlines=False),
         "submitted": entry.has_file,
-        "file": entry.file.name if entry.file else "",
-        "file_note": entry.note if entry.has_file else "",
-        "file_note_missing": entry.note,
+        "file": clean_text(entry.file.name, newlines=False) if entry.file else "",
+        "file_note": clean_text(entry.note) if entry.has_file else "",
+        "file_note_missing": clean_text(entry.note),
         "graded": bool(run and run.graded),
         "reason": run.reason if run else "it has not been graded yet",
         "visibility_note": (
@@ -234,6 +236,6 @@ def write_feedback(course: Path, rows: list[Row], released: bool = False) -> int
             match = None
         if match and match.group(1).decode() == value:
             continue
-        write_text_atomically(path, render(row, released, value))
+        write_text_atomically(path, render(row, released, value), COURSE_FILE_MODE)
         written += 1
     return written

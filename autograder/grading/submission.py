@@ -63,16 +63,25 @@ class NotASubmission(OSError):
     """The path given to the grader is not a readable submission file; nothing can be graded."""
 
 
+def submission_suffix(name: str) -> str | None:
+    """What kind of submission a file's name says it is: ".py" or ".ipynb", whatever the case of its
+    suffix (`MHA.PY` is a .py file), else None. The one file-name rule: the class roster, the platform
+    adapters and this reader all use it."""
+    suffix = os.path.splitext(name)[1].lower()
+    return suffix if suffix in SUFFIXES else None
+
+
 def read_cells(path: Path) -> list[Cell]:
     """The code cells of the submission at `path`, magics neutralised."""
     path = Path(path)
     data = _read_bytes(path)
-    if path.suffix not in SUFFIXES:
+    kind = submission_suffix(path.name)
+    if kind is None:
         raise SubmissionFormatError(f"{path.name}: a submission is a .py or .ipynb file")
     if not data.strip():
         raise SubmissionFormatError(f"{path.name} is empty" + (" (only whitespace)" if data else ""))
     text = _decode(data, path.name)
-    cells = notebook_cells(text, path.name) if path.suffix == ".ipynb" else python_cells(text)
+    cells = notebook_cells(text, path.name) if kind == ".ipynb" else python_cells(text)
     if not any(_has_code(cell.source) for cell in cells):
         raise SubmissionFormatError(
             f"{path.name} has no code (only blank lines, comments or markdown): there is nothing to grade"
@@ -126,7 +135,7 @@ def _read_bytes(path: Path) -> bytes:
     finally:
         os.close(fd)
     if size > MAX_BYTES:
-        hint = " Clear the notebook's outputs before saving it." if path.suffix == ".ipynb" else ""
+        hint = " Clear the notebook's outputs before saving it." if submission_suffix(path.name) == ".ipynb" else ""
         raise SubmissionFormatError(f"{path.name} is over the size limit of {MAX_BYTES:,} bytes.{hint}")
     return b"".join(chunks)
 

@@ -22,7 +22,7 @@ import torch
 from autograder.grading import timing
 from autograder.grading.checks.fixtures import GradingContext
 from autograder.grading.checks.harness import Inputs, ModuleRef, Submission, assert_close, fail, reference_forward
-from autograder.grading.devices import TimingLockBusy, device_key, timing_lock
+from autograder.grading.devices import TimingLockError, device_key, timing_lock
 from autograder.rubric import Rubric, SpeedSettings, Workload
 from autograder.sandbox.client import Worker, WorkerError
 from reference import mha as ref
@@ -216,7 +216,7 @@ def measure_locked(
                 verifier(workload, rubric),
                 submission.worker.config.request_seconds,
             )
-    except TimingLockBusy as exc:
+    except TimingLockError as exc:
         raise timing.CannotTime(str(exc)) from None
     except timing.TimingFailed as exc:
         record(context, workload, {"workload": asdict(workload), "failed": str(exc)})
