@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autograder.contract import PART_IDS
+from autograder.sandbox.protocol import CellProblem  # the worker's own report, as it crossed the wire
 
 GRADED, CANNOT_GRADE = "graded", "cannot_grade"
 # Other words for a run's status that results.json files written elsewhere may hold; read as ours.
@@ -60,16 +61,6 @@ class PartResult:
     passed: int
     total: int
     first_failure: CheckResult | None
-
-
-@dataclass
-class CellProblem:
-    """A cell of the submission that raised, or was stopped, while the file was loaded."""
-
-    cell: int
-    type: str
-    message: str
-    timed_out: bool = False
 
 
 @dataclass

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from autograder.course.class_outputs import canvas_csv, class_table, grades_csv
-from autograder.course.grading_pool import descendants
 from autograder.course.roster import AMBIGUOUS, SUBMITTED, read_roster
 from autograder.course.rows import GRADED, NO_SUBMISSION, Row
 from autograder.course.store import ClassInputs, Record
 from autograder.model import CANNOT_GRADE
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
+from autograder.sandbox.procfs import descendants
 from classkit import ROOT, autograder, fill_record, make_course, synthetic_run
 from helpers import REFERENCE
 
@@ -515,7 +515,7 @@ def test_a_forced_run_stopped_halfway_is_finished_forced_by_the_next_run_and_mer
     import json
 
     from autograder.course import grade_class
-    from autograder.course.grading_pool import Outcome
+    from autograder.course.grading_pool import GradingAttempt
     from autograder.model import GradingRun
 
     course = make_course(tmp_path / "course", {s: {"mha.py": "x = 1\n"} for s in ("ann", "bob", "cat")})
@@ -533,7 +533,7 @@ def test_a_forced_run_stopped_halfway_is_finished_forced_by_the_next_run_and_mer
             graded.append(request["id"])
             with open(request["out"], "w") as handle:
                 json.dump(GradingRun(status="graded", submission="mha.py").to_gradescope(), handle)
-            return Outcome(ok=True)
+            return GradingAttempt(ok=True)
 
         def close(self):
             pass

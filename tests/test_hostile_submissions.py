@@ -41,7 +41,7 @@ import nbformat
 import pytest
 
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
-from autograder.sandbox.launcher import namespace_sandbox_available
+from autograder.sandbox.probe import namespace_sandbox_available
 from helpers import REFERENCE, ROOT, checks_run, failures, grade, part_scores
 
 # Every test grades whole submissions; the first waits for the whole table to be graded (several minutes).

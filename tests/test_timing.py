@@ -101,6 +101,9 @@ class FakeWorker:
     def cpu_seconds(self):
         return self.cpu
 
+    def thread_waits(self):
+        return {}
+
 
 def fake_targets(clock, seconds_per_call, cpu_per_second=None, seen=None):
     """Targets whose forwards take `seconds_per_call[name]` each (on the fake clock)."""
@@ -509,7 +512,7 @@ def test_a_grading_process_keeps_the_reference_workers_and_replaces_any_that_fai
         assert other[timing.WRAPPER].worker.config.memory_bytes == 3 << 30
     finally:
         timing.forget_trusted_workers()
-    assert timing._kept["workers"] == {}
+    assert timing._kept.workers == {}
 
 
 def test_kept_reference_workers_serve_the_next_grading_and_forget_what_each_built(tmp_path):
@@ -526,13 +529,13 @@ def test_kept_reference_workers_serve_the_next_grading_and_forget_what_each_buil
         runs, pids = [], []
         for _ in range(2):
             runs.append(grade_submission(REFERENCE, options))
-            pids.append({name: kept.get().process.pid for name, kept in timing._kept["workers"].items()})
+            pids.append({name: kept.get().process.pid for name, kept in timing._kept.workers.items()})
         assert pids[0] == pids[1] and len(pids[0]) == 2
         for run in runs:
             assert run.graded and run.speed["relative"] > 0, run.reason
             speed = [c for c in run.checks if c.part == "speed"]
             assert speed and all(c.status == "passed" for c in speed), [c.message for c in speed]
-        for kept in timing._kept["workers"].values():
+        for kept in timing._kept.workers.values():
             with pytest.raises(SubmissionError, match="KeyError"):
                 kept.get().request("describe", handle="h0")
     finally:

@@ -25,7 +25,6 @@ from pathlib import Path
 from autograder.atomic import write_text_atomically, write_zip_atomically
 from autograder.authoring.release import ASSIGNMENT, SOLUTION_BEGIN, SOLUTION_END, default_root
 from autograder.rubric import load_rubric
-from autograder.sandbox.protocol import LATER_CELL_SECONDS
 
 KIT_NAME = f"{ASSIGNMENT}-student-kit"
 
@@ -191,7 +190,7 @@ def kit_files(root: Path, torch_spec: str | None = None) -> dict[str, bytes]:
         torch=torch,
         numpy=numpy,
         cell=limits("cell_seconds"),
-        later=LATER_CELL_SECONDS,
+        later=limits("later_cell_seconds"),
         request=limits("request_seconds"),
         hung=limits("hung_request_seconds"),
     ).encode()

@@ -15,10 +15,10 @@ import io
 from collections.abc import Iterable
 from typing import Any
 
-from autograder.sandbox.protocol import Limits
+from autograder.sandbox.protocol import FrameLimits
 from autograder.sandbox.protocol import clean_text as clean_worker_text
 
-TEXT_LIMIT = Limits().string_chars
+TEXT_LIMIT = FrameLimits().string_chars
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 

@@ -89,7 +89,7 @@ def read_timestamp(folder: Path) -> tuple[datetime | None, str]:
         os.close(descriptor)
     if len(data) > TIMESTAMP_BYTES:
         return None, f"{TIMESTAMP_FILE} not read: it is longer than {TIMESTAMP_BYTES} bytes"
-    from nbgrader.utils import parse_utc  # (slow to import: only when there is a timestamp)
+    from nbgrader.utils import parse_utc  # type: ignore[import-untyped]  # (slow to import: only when there is a timestamp)
 
     try:
         return parse_utc(data.decode("ascii").strip()), ""
@@ -186,10 +186,8 @@ def entry_for(student_folder: Path, assignment: str = ASSIGNMENT) -> Entry:
     files = found.files
     refused = "; ".join(found.refused)
     if not files:
-        others = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
-        seen = (
-            f" (it holds: {', '.join(others[:5])}{', ...' if len(others) > 5 else ''})" if others else " (it is empty)"
-        )
+        held = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+        seen = f" (it holds: {', '.join(held[:5])}{', ...' if len(held) > 5 else ''})" if held else " (it is empty)"
         return Entry(
             student,
             NO_SUBMISSION,

@@ -184,7 +184,7 @@ class Record:
     def why_regrade(self, student: str, inputs: dict[str, str]) -> str | None:
         """None when the stored run is up to date and graded; else the reason to grade again."""
         run, stale = self._compare(student, inputs)
-        if stale is None and not run.graded:
+        if stale is None and run is not None and not run.graded:
             return "its last run could not grade"
         return stale
 

@@ -140,7 +140,7 @@ def timing_lock(
                 fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                if deadline is not None and time.monotonic() >= deadline:
                     raise TimingLockBusy(
                         f"{CANNOT_TIME_NOW}: another grading held the timing lock of {key} for {seconds:g} s "
                         f"({path}); nothing is charged to the submission, and it is graded again"

@@ -27,18 +27,19 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from autograder.model import FAILED, GradingRun
+from autograder.model import FAILED, CheckResult, GradingRun
 
 CASES = re.compile(r" \[[^\]]*\]$")  # a row's "[case]" or "[7 of 9 cases]"
 COUNTED = re.compile(r"^\d+ of \d+ cases: ")
-NOTES: list[dict] | None = None  # what the harness noted while explaining; None: not explaining
+NOTES: list[dict[str, Any]] | None = None  # what the harness noted while explaining; None: not explaining
 SHOWN = 48  # a tensor with at most this many numbers is printed whole
 
 
-def note(kind: str, **values) -> None:
+def note(kind: str, **values: Any) -> None:
     """Called by the harness: remember what the running check sent to the submission or compared."""
     if NOTES is not None:
         check = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
@@ -77,7 +78,7 @@ def changed_since(results: Path, submission: Path) -> list[str]:
     return [name for name, value in now.items() if was.get(name) not in (None, value)]
 
 
-def show(tensor) -> str:
+def show(tensor: object) -> str:
     if not isinstance(tensor, torch.Tensor):
         return repr(tensor)[:400]
     head = f"{tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"
@@ -95,7 +96,7 @@ def _indent(text: str, by: str = "      ") -> str:
     return "\n".join(by + line for line in text.splitlines())
 
 
-def comparison(expected, actual) -> str:
+def comparison(expected: object, actual: object) -> str:
     lines = [f"    expected (the reference): {show(expected)}", f"    actual (the submission):  {show(actual)}"]
     if (
         isinstance(expected, torch.Tensor)
@@ -189,13 +190,13 @@ def explain(results_path: Path, keys: list[str] | None, submission: Path | None,
     return 0
 
 
-def _only(row, case: str):
+def _only(row: CheckResult, case: str) -> CheckResult:
     from dataclasses import replace
 
     return replace(row, cases=[case])
 
 
-def report(row, case: str, again: GradingRun, notes: list[dict]) -> str:
+def report(row: CheckResult, case: str, again: GradingRun, notes: list[dict[str, Any]]) -> str:
     label = f"{row.part}: {CASES.sub('', row.name)}" + (f" [{case}]" if case else "")
     now = next((c for c in again.checks if c.key == row.key and (not case or case in c.cases)), None)
     lines = [label, f"  graded:  {row.status}: {_first(row.message)}"]

@@ -14,6 +14,7 @@ is the grader's fault: it is recorded in `grader_errors`, and the run cannot gra
 from __future__ import annotations
 
 import re
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -30,10 +31,16 @@ PYTEST_TIMEOUT = re.compile(r"Timeout \(>[0-9.]+s\) from pytest-timeout\.")
 def check_key(item: pytest.Item) -> str:
     """The rubric's key for a check: "<module without test_>::<function>", e.g. "mha::test_values"."""
     module = Path(str(item.fspath)).stem.removeprefix("test_")
-    return f"{module}::{item.originalname}"
+    return f"{module}::{_function_name(item)}"
 
 
-class NotScored(pytest.fail.Exception):
+def _function_name(item: pytest.Item) -> str:
+    """The check function's name, without its parameters' ids."""
+    name: str = getattr(item, "originalname", item.name)
+    return name
+
+
+class NotScored(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # pytest's Failed
     """A check that earns nothing because something it rests on is wrong, and accuses nothing of its own:
     a property of a wrong output, speed before the values are right. With a `cause` (a problem many checks
     share, such as a constructor the grader cannot load weights into), the first check in the results that
@@ -68,17 +75,17 @@ class ResultsPlugin:
         self.outcomes: dict[str, Outcome] = {}
         self.grader_errors: list[str] = []
 
-    def pytest_configure(self, config):
+    def pytest_configure(self, config: pytest.Config) -> None:
         config.addinivalue_line("markers", "part(id): the rubric part a check belongs to")
         config.addinivalue_line("markers", "evidence(who): 'worker' when a check rests on what the worker reports")
 
-    def pytest_collectreport(self, report):
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.grader_errors.append(
                 f"the check module {report.nodeid} could not be collected:\n{report.longreprtext[-2000:]}"
             )
 
-    def pytest_collection_modifyitems(self, config, items):
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         if not self.grader_errors:
             try:
                 self.rubric.check_test_keys({check_key(i) for i in items})
@@ -99,7 +106,8 @@ class ResultsPlugin:
                 self.grader_errors.append(f"{item.nodeid}: no @pytest.mark.part(...) naming a part of the rubric")
                 continue
             evidence = item.get_closest_marker("evidence")
-            doc = (item.function.__doc__ or item.originalname).strip().splitlines()[0]
+            function = getattr(item, "function", None)
+            doc = (getattr(function, "__doc__", None) or _function_name(item)).strip().splitlines()[0]
             param = getattr(item, "callspec", None)
             self.outcomes[item.nodeid] = Outcome(
                 key=check_key(item),
@@ -112,15 +120,17 @@ class ResultsPlugin:
             items[:] = []
 
     @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item, call):
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
         yield
         outcome = self.outcomes.get(item.nodeid)
         if outcome is None:
             return
         if call.when == "call":
             credits = [value for name, value in item.user_properties if name == CREDIT]
-            if credits:
+            if credits and isinstance(credits[-1], (int, float)):
                 outcome.credit = min(1.0, max(0.0, float(credits[-1])))
+            elif credits:
+                self.grader_errors.append(f"{item.nodeid}: a credit that is not a number: {credits[-1]!r:.100}")
         excinfo = call.excinfo
         if excinfo is None:
             if call.when == "call" and outcome.status is None:
@@ -148,4 +158,5 @@ def selected(item: pytest.Item, checks: tuple[str, ...]) -> bool:
 
 def part_of(item: pytest.Item) -> str | None:
     marker = item.get_closest_marker("part")
-    return marker.args[0] if marker and marker.args else None
+    part: str | None = marker.args[0] if marker and marker.args else None
+    return part

@@ -45,10 +45,10 @@ class Outcome:
 def allocate_points(outcomes: list[Outcome], rubric: Rubric) -> list[float]:
     """A part's points are shared among its checks in proportion to their weights; the cases of one
     parametrised check share its share equally."""
-    cases: dict[str, int] = defaultdict(int)
+    cases: defaultdict[str, int] = defaultdict(int)
     for outcome in outcomes:
         cases[outcome.key] += 1
-    part_weight: dict[str, float] = defaultdict(float)
+    part_weight: defaultdict[str, float] = defaultdict(float)
     for key, part in {o.key: o.part for o in outcomes}.items():
         part_weight[part] += rubric.weight(key)
     points = []
@@ -159,7 +159,7 @@ def diagnosis(result: CheckResult) -> str:
 def group_cases(results: list[CheckResult]) -> list[CheckResult]:
     """The cases of a parametrised check with the same status and diagnosis as one row, where its first
     case was; a failing row's message says how many cases it stands for and shows the first one's."""
-    groups: dict[tuple, list[CheckResult]] = {}
+    groups: dict[tuple[object, ...], list[CheckResult]] = {}
     for result in results:
         same = (result.key, result.status, diagnosis(result)) if result.cases else (id(result),)
         groups.setdefault(same, []).append(result)

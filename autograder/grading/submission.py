@@ -164,7 +164,7 @@ def _has_code(source: str) -> bool:
     return any(line.strip() and not line.lstrip().startswith("#") for line in source.split("\n"))
 
 
-def _quote(value) -> str:
+def _quote(value: object) -> str:
     text = repr(value)
     return text if len(text) <= MAX_DETAIL else text[:MAX_DETAIL] + "..."
 
@@ -197,7 +197,11 @@ def notebook_cells(text: str, name: str = "notebook") -> list[Cell]:
         with warnings.catch_warnings():  # a missing cell id is only a warning, and Jupyter accepts it
             warnings.simplefilter("ignore")
             nbformat.validate(data)
-        notebook = nbformat.convert(nbformat.from_dict(data), 4) if version != 4 else data
+        notebook = (
+            nbformat.convert(nbformat.from_dict(data), 4)  # type: ignore[no-untyped-call]  # nbformat has no types
+            if version != 4
+            else data
+        )
     except nbformat.ValidationError as exc:
         raise SubmissionFormatError(f"{name} is not a valid Jupyter notebook: {_where(exc)}") from None
     except Exception as exc:  # nbformat raises several kinds for a version it does not know
@@ -216,7 +220,7 @@ def notebook_cells(text: str, name: str = "notebook") -> list[Cell]:
     return cells
 
 
-def _cell_text(source, number: int, name: str) -> str:
+def _cell_text(source: object, number: int, name: str) -> str:
     """A cell's source as one string (the schema allows a string or a list of strings)."""
     if isinstance(source, list) and all(isinstance(part, str) for part in source):
         source = "".join(source)
@@ -233,7 +237,7 @@ def _cell_text(source, number: int, name: str) -> str:
     return source
 
 
-def _where(error) -> str:
+def _where(error: Exception) -> str:
     """A validation error as 'cell 3, source: <message>', short."""
     path = list(getattr(error, "absolute_path", None) or getattr(error, "path", None) or [])
     place = []
@@ -262,7 +266,8 @@ def python_cells(text: str) -> list[Cell]:
             spans.append((0, stop, ""))
     for k, start in enumerate(markers):
         stop = markers[k + 1] if k + 1 < len(markers) else len(lines)
-        spans.append((start + 1, stop, _CELL_MARKER.match(lines[start]).group(1)))
+        marker = _CELL_MARKER.match(lines[start])
+        spans.append((start + 1, stop, marker.group(1) if marker else ""))
     cells = []
     for number, (start, stop, header) in enumerate(spans, start=1):
         if any(tag in header for tag in _NOT_CODE):
