@@ -1,15 +1,22 @@
 """The untrusted worker, from the grader's side: deadlines, crashes, restarts, limits, the sandbox."""
 
+import os
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from autograder.sandbox.client import (
     BudgetSpent,
+    CheckBudget,
+    CheckTimeUp,
     LoadFailed,
     SubmissionError,
     Worker,
+    WorkerCannotStart,
     WorkerConfig,
     WorkerCrashed,
     WorkerTimeout,
@@ -314,3 +321,79 @@ def test_suspend_stops_every_process_the_submission_started(make_worker, use_cgr
     while alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive()  # the setsid child too, which a kill of the worker first would hand to the grader
+
+
+# The worker's own request loop patched from the submission: the worker ends itself right after each answer
+# but the load report (the issue's "exits after an untimed reply").
+EXITS_AFTER_EACH_ANSWER = """
+import os, sys
+_server = sys.modules["sandbox.server"]
+_send, _sent = _server.Channel.send, []
+
+def _send_then_exit(self, header, blobs=()):
+    _send(self, header, blobs)
+    _sent.append(1)
+    if len(_sent) > 1:
+        os._exit(0)
+
+_server.Channel.send = _send_then_exit
+
+def f():
+    return 1
+"""
+
+
+def wait_until_ended(w: Worker) -> None:
+    deadline = time.monotonic() + 10
+    while w.process is not None and w.process.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_worker_that_ends_itself_between_requests_is_restarted_then_given_up_on(make_worker):
+    """Each answer comes back, then the worker exits: it is restarted for the next request, and after
+    `crashes_before_giving_up` times not again: every later request fails at once, saying why."""
+    w = make_worker(EXITS_AFTER_EACH_ANSWER, crashes_before_giving_up=2)
+    answers = []
+    for _ in range(2):
+        answers.append(w.request("call", fn="f", args=[], kwargs={}))
+        wait_until_ended(w)
+    assert answers == [1, 1] and w.starts == 2
+    for _ in range(2):
+        with pytest.raises(WorkerCrashed, match="exited with status 0") as info:
+            w.request("call", fn="f", args=[], kwargs={})
+        assert "waiting for the grader's next request" in str(info.value)
+        assert "this happened 2 times; the worker is not restarted again" in str(info.value)
+    assert w.starts == 2 and w.process is None
+
+
+def test_a_restart_inside_a_check_gets_at_most_what_is_left_of_the_checks_budget(make_worker):
+    """A file whose loading takes 4 s and whose worker ends after each answer: the restart the next request
+    needs is stopped when the check's budget ends (a timeout of that request, not a load failure for the
+    whole run); with budget enough, the restart loads the file again and answers."""
+    w = make_worker("import time\ntime.sleep(4)\n" + EXITS_AFTER_EACH_ANSWER, cell_seconds=10)
+    assert w.request("call", fn="f", args=[], kwargs={}) == 1
+    wait_until_ended(w)
+    check = CheckBudget(time.monotonic() + 1.0, 60.0)
+    with pytest.raises(CheckTimeUp, match="this check used up its time budget \\(60 s\\)") as info:
+        w.request("call", fn="f", args=[], kwargs={}, check=check)
+    assert "restarting it" in str(info.value)
+    assert w.load_failure is None and w.process is None
+    assert w.request("call", fn="f", args=[], kwargs={}, check=CheckBudget(time.monotonic() + 60, 60)) == 1
+
+
+def test_a_worker_environment_without_torch_is_the_graders_fault(make_worker, monkeypatch):
+    """The worker's interpreter cannot import torch (a grader installed where the worker sees another
+    Python): nothing of the submission has run, so this is WorkerCannotStart (the run cannot grade), never
+    a load failure charged to the file."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the tests run outside a virtual environment: the base interpreter has torch")
+    with tempfile.TemporaryDirectory(prefix="no-torch-") as folder:  # not under pytest's 0700 tmp_path
+        os.chmod(folder, 0o755)
+        python = Path(folder) / "python"
+        python.symlink_to(os.path.realpath(sys._base_executable))  # the base interpreter: no torch installed
+        monkeypatch.setattr(sys, "executable", str(python))
+        w = make_worker("def f():\n    return 1\n", isolation="process")
+        with pytest.raises(WorkerCannotStart, match="No module named 'torch'") as info:
+            w.request("call", fn="f", args=[], kwargs={})
+        assert "the grader's environment is at fault" in str(info.value)
+        assert w.load_failure is None and w.load_report is None and w.process is None

@@ -111,6 +111,19 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
     )
 
 
+def check_timeout(rubric: Rubric) -> float:
+    """pytest-timeout's limit on one check. It is only a backstop for the grader's own hangs (when it fires,
+    the run cannot grade), so it lies above every budget a check can use, and never fires first. The longest
+    check is the speed part's, run first: the worker's first start (Python and torch, then the file, within
+    `load_seconds` each), the check's budget before the timing lock, the reference's timing workers' start
+    (`load_seconds` twice) and their two builds (`request_seconds` each), the lock's wait (`lock_seconds`),
+    the check's budget again once it is held, and 30 s for killing and cleaning up. A restart of the worker
+    inside a check gets at most what is left of the check's budget (`Submission`)."""
+    load, check, request = (rubric.limit(key) for key in ("load_seconds", "check_seconds", "request_seconds"))
+    lock = rubric.speed.lock_seconds if rubric.speed is not None else 0.0
+    return 2 * load + check + 2 * load + 2 * request + lock + check + 30
+
+
 def run_checks(
     context: GradingContext,
     rubric: Rubric,
@@ -120,7 +133,7 @@ def run_checks(
     checks: tuple[str, ...] | None = None,
 ) -> ResultsPlugin:
     """Run the pytest checks in this (trusted) process, with the grader's own configuration only."""
-    timeout = rubric.limit("check_seconds") + rubric.limit("request_seconds") + 30
+    timeout = check_timeout(rubric)
     plugin = ResultsPlugin(rubric, visible_only, parts, checks)
     args = [
         str(CHECKS_DIR),

@@ -9,11 +9,20 @@ Nothing from the worker is ever unpickled.
 Budgets: each request has its own deadline (`request_seconds`), and the whole submission has one
 budget of wall time (`submission_seconds`) and one of CPU time (`submission_cpu_seconds`, every process
 the worker started, across restarts) across every request, restart and check; once either is spent,
-the request running is stopped and every later one fails at once, saying so.
+the request running is stopped and every later one fails at once, saying so. A caller may also give a
+request a `CheckBudget` (what is left of one check's time): the request, and a restart of the worker it
+needs, end by then at the latest, so that no submission can make a check outlast its budget by making its
+worker restart slowly.
+
+Whose fault: a worker that cannot start Python and torch, before any of the submission's code has run,
+is the grader's environment's (`WorkerCannotStart`, the run cannot grade); everything after that is the
+submission's. A worker that ends on its own between requests (the submission's code exited it) is
+restarted, at most `crashes_before_giving_up` times.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import signal
@@ -54,24 +63,50 @@ class BudgetSpent(WorkerTimeout):
     """The submission's whole time budget is used up."""
 
 
+class CheckTimeUp(WorkerTimeout):
+    """A check's budget ended what was running (see `CheckBudget`)."""
+
+
+class WorkerCannotStart(WorkerError):
+    """The worker could not start Python and torch before any of the submission's code ran: the grader's
+    environment is at fault (a broken installation, a missing CUDA device), never the submission."""
+
+
+@dataclass(frozen=True)
+class CheckBudget:
+    """What one check of the grader has left for all its requests, a restart of the worker included: it
+    ends at `end` (on `time.monotonic()`'s clock); `seconds` is the check's whole budget."""
+
+    end: float
+    seconds: float
+
+
 @dataclass(frozen=True)
 class Deadline:
     """When one request must be answered by (`end`, on `time.monotonic()`'s clock): `seconds` is what it
     stands for; `by_budget` says the submission's whole time budget ends first, and then is what limits
-    it; `hint` is what to suggest to the student when it is overrun."""
+    it; `by_check` is set when a check's budget ends first (and then is what limits it); `hint` is what to
+    suggest to the student when it is overrun."""
 
     end: float
     seconds: float
     by_budget: bool
     hint: str = "an infinite loop?"
+    by_check: CheckBudget | None = None
 
     @classmethod
-    def within(cls, seconds: float, budget_end: float, hint: str = "an infinite loop?") -> Deadline:
-        """A deadline `seconds` from now, or at the budget's end when that comes first."""
+    def within(
+        cls, seconds: float, budget_end: float, hint: str = "an infinite loop?", check: CheckBudget | None = None
+    ) -> Deadline:
+        """A deadline `seconds` from now, or at the submission's budget's end or the check's, whichever
+        comes first."""
         now = time.monotonic()
-        if now + seconds <= budget_end:
-            return cls(now + seconds, seconds, False, hint)
-        return cls(budget_end, seconds, True, hint)
+        end = min(now + seconds, budget_end, check.end if check is not None else math.inf)
+        if end == now + seconds:
+            return cls(end, seconds, False, hint)
+        if end == budget_end:
+            return cls(end, seconds, True, hint)
+        return cls(end, seconds, False, hint, check)
 
     def left(self) -> float:
         """Seconds left, never below zero."""
@@ -84,6 +119,8 @@ class Deadline:
             return
         if self.by_budget:
             raise BudgetSpent(f"{what} was stopped: the time budget for the whole submission is used up")
+        if self.by_check is not None:
+            raise CheckTimeUp(f"{what} was stopped: this check used up its time budget ({self.by_check.seconds:g} s)")
         raise WorkerTimeout(f"{what} did not finish within {self.seconds:g} s ({why or self.hint})")
 
 
@@ -151,6 +188,9 @@ class Worker:
         self.crashes: dict[str, list[str]] = {}  # target -> messages, each time it ended the worker
         self.skipped_cells: list[int] = []  # top-level cells stopped for running too long
         self.stopped_request = False  # an untimed request was stopped at its deadline
+        self.booted = False  # a worker has started Python and torch once: the environment can run it
+        self.ended_between: list[str] = []  # how the worker ended on its own between requests, each time
+        self.given_up: str | None = None  # why the worker is not restarted again
         self.starts = 0
         self.events: list[str] = []
         self.outputs: list[str] = []
@@ -185,23 +225,27 @@ class Worker:
         self.capture = OutputCapture(self.process.output, self.config.output_bytes)
         self.capture.start()
 
-    def start(self) -> Loaded:
-        """Start (or restart) the worker and load the submission. Returns the load report."""
+    def start(self, check: CheckBudget | None = None) -> Loaded:
+        """Start (or restart) the worker and load the submission. Returns the load report. Everything runs
+        within `load_seconds` and, when given, what is left of `check`: a restart stopped by the check's
+        budget fails only the request that needed it (CheckTimeUp). A first worker that cannot start Python
+        and torch is the grader's environment's fault (WorkerCannotStart)."""
         if self.load_failure:
             raise LoadFailed(self.load_failure)
         self._spawn()
         try:
-            ready = self._receive("ready", self._deadline(self.config.load_seconds), "starting Python and torch")
-            if not ready.ok or not isinstance(ready.value, Ready):
-                raise WorkerCrashed("the worker could not start")
-            if self.config.device.startswith("cuda") and not ready.value.cuda:
+            ready = self._boot(check)
+            if self.config.device.startswith("cuda") and not ready.cuda:
                 if self.isolation != "namespace":
-                    raise WorkerCrashed("the worker cannot see the CUDA device")
+                    self.kill()
+                    raise WorkerCannotStart(
+                        "the worker cannot see the CUDA device (torch in the worker reports no CUDA device)"
+                    )
                 # Some drivers need more than the sandbox shows; grade anyway, and say so.
                 self.kill()
                 self.isolation = "process"
                 self.events.append("CUDA was not visible inside the namespace sandbox: fell back to process isolation")
-                return self.start()
+                return self.start(check)
             reply = self._exchange(
                 "load",
                 {
@@ -211,9 +255,14 @@ class Worker:
                     "later_cell_seconds": self.config.later_cell_seconds,
                     "skip": self.skipped_cells,
                 },
-                self._deadline(self.config.load_seconds),
+                self._deadline(self.config.load_seconds, check=check),
                 "loading your file",
             )
+        except WorkerCannotStart:
+            raise
+        except CheckTimeUp as exc:
+            self.kill()
+            raise CheckTimeUp(f"the worker running your code had ended, and restarting it: {exc}") from None
         except WorkerTimeout as exc:
             self.load_failure = (
                 f"loading your file did not finish within {self.config.load_seconds:g} s "
@@ -239,8 +288,41 @@ class Worker:
             self.skipped_cells = [e.cell for e in reply.value.errors if e.timed_out]
         return reply.value
 
+    def _boot(self, check: CheckBudget | None) -> Ready:
+        """Wait for the new worker's `ready`: Python, its jail and torch, before any of the submission's code.
+        The first worker failing here is the grader's environment's fault, never the submission's."""
+        try:
+            what = "starting Python and torch"
+            ready = self._receive("ready", self._deadline(self.config.load_seconds, check=check), what)
+            if not ready.ok or not isinstance(ready.value, Ready):
+                raise WorkerCrashed("the worker could not start")
+        except WorkerError as exc:
+            if self.booted:
+                raise
+            self.kill()
+            last = self.output().strip().splitlines()[-5:]
+            raise WorkerCannotStart(
+                "the grader's worker could not start Python and torch, before any code of the submission ran "
+                f"(the grader's environment is at fault): {exc}"
+                + ("\nIts last output:\n" + "\n".join(last) if last else "")
+            ) from None
+        self.booted = True
+        return ready.value
+
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
+
+    def _ended_on_its_own(self) -> None:
+        """The worker ended between two requests (the submission's code exited it after answering, or a
+        thread of its own crashed it): remembered, and after `crashes_before_giving_up` times, not restarted
+        again."""
+        ended = str(self._crashed("waiting for the grader's next request"))
+        self.kill()
+        self.ended_between.append(ended)
+        self.events.append(ended)
+        times = len(self.ended_between)
+        if times >= self.config.crashes_before_giving_up:
+            self.given_up = f"{ended} (this happened {times} times; the worker is not restarted again)"
 
     def kill(self) -> None:
         if self.process is None:
@@ -308,12 +390,14 @@ class Worker:
         target: str | None = None,
         overrun_hint: str = "an infinite loop?",
         timed: bool = False,
+        check: CheckBudget | None = None,
         **args: Any,
     ) -> Any:
         """Send one request and return its decoded value. Raises SubmissionError when the student's code
         raised, WorkerTimeout / WorkerCrashed when the worker had to be killed (it is restarted next
         time), LoadFailed when the file cannot be loaded at all. A `timed` request (the speed part's) has
-        its own deadline, and running past it does not make the submission known to hang."""
+        its own deadline, and running past it does not make the submission known to hang. With `check`, the
+        request, and a restart of the worker it needs, end when the check's budget does."""
         if time.monotonic() >= self.budget_end:
             raise BudgetSpent(
                 f"{target or op} was not run: the time budget for the whole submission "
@@ -332,8 +416,12 @@ class Worker:
             raise WorkerCrashed(
                 f"{self.crashes[target][-1]} (this happened {tries} times; not tried again in later checks)"
             )
+        if self.process is not None and not self.process.alive():
+            self._ended_on_its_own()
+        if self.given_up:
+            raise WorkerCrashed(self.given_up)
         if not self.alive():
-            self.start()
+            self.start(check)
         if timed:
             timeout = timeout or self.config.request_seconds
         else:
@@ -344,7 +432,7 @@ class Worker:
                     f"; your file hung before, so a request now gets {limit:g} s, not {self.config.request_seconds:g}"
                 )
         try:
-            reply = self._exchange(op, args, self._deadline(timeout, overrun_hint), target or op)
+            reply = self._exchange(op, args, self._deadline(timeout, overrun_hint, check), target or op)
         except WorkerTimeout as exc:
             if not timed and not isinstance(exc, BudgetSpent):
                 self.stopped_request = True
@@ -363,8 +451,10 @@ class Worker:
             raise SubmissionError(reply.error)
         return reply.value
 
-    def _deadline(self, seconds: float, overrun_hint: str = "an infinite loop?") -> Deadline:
-        return Deadline.within(seconds, self.budget_end, overrun_hint)
+    def _deadline(
+        self, seconds: float, overrun_hint: str = "an infinite loop?", check: CheckBudget | None = None
+    ) -> Deadline:
+        return Deadline.within(seconds, self.budget_end, overrun_hint, check)
 
     def _codec(self) -> protocol.TensorCodec:
         if self.codec is None:

@@ -24,7 +24,7 @@ import torch
 from autograder.grading import explain
 from autograder.grading.plugin import NotScored
 from autograder.rubric import Rubric
-from autograder.sandbox.client import LoadFailed, SubmissionError, Worker, WorkerCrashed, WorkerTimeout
+from autograder.sandbox.client import CheckBudget, LoadFailed, SubmissionError, Worker, WorkerCrashed, WorkerTimeout
 from autograder.sandbox.protocol import MISSING, Foreign, ForwardReply, Handle, ModuleInfo
 
 # The cause of every check that cannot load its weights into the student's module (see scoring.name_once).
@@ -54,7 +54,9 @@ class Submission:
     """The checks' one door into the student's code (which runs in the worker).
 
     Each check has a time budget (`begin_check`): a request gets the smaller of its own deadline and
-    what is left of the check's budget, and the worker's client enforces the whole submission's."""
+    what is left of the check's budget, a restart of the worker it needs gets at most what is left of it
+    too, and the worker's client enforces the whole submission's. The first request of the run starts the
+    worker and loads the file outside any check's budget (within the rubric's `load_seconds`)."""
 
     def __init__(self, worker: Worker, device: str, check_seconds: float = 60.0):
         self.worker, self.device, self.check_seconds = worker, device, check_seconds
@@ -63,7 +65,23 @@ class Submission:
     def begin_check(self) -> None:
         self.check_end = time.monotonic() + self.check_seconds
 
+    def _check(self) -> CheckBudget:
+        return CheckBudget(self.check_end, self.check_seconds)
+
+    def _loaded(self) -> None:
+        """Start the worker and load the file, once, before the first request; the check that asked then
+        gets its whole budget. A file that cannot be loaded fails every check, saying why."""
+        if self.worker.starts:
+            return
+        try:
+            self.worker.start()
+        except (LoadFailed, WorkerTimeout, WorkerCrashed) as exc:
+            fail(str(exc))
+        finally:
+            self.begin_check()
+
     def _timeout(self) -> float:
+        self._loaded()
         left = self.check_end - time.monotonic()
         if left <= 0:
             fail(f"this check used up its time budget ({self.check_seconds:g} s) waiting for your code")
@@ -72,7 +90,7 @@ class Submission:
     def _ask(self, op: str, target: str | None = None, timeout: float | None = None, **payload: Any) -> Any:
         limit = self._timeout() if timeout is None else min(self._timeout(), timeout)
         try:
-            return self.worker.request(op, timeout=limit, target=target, **payload)
+            return self.worker.request(op, timeout=limit, target=target, check=self._check(), **payload)
         except LoadFailed as exc:
             fail(str(exc))
         except SubmissionError as exc:
@@ -98,7 +116,13 @@ class Submission:
         explain.note("call", what=fn, args=list(args))
         try:
             return self.worker.request(
-                "call", timeout=self._timeout(), target=target or fn, fn=fn, args=_wire(list(args)), kwargs={}
+                "call",
+                timeout=self._timeout(),
+                target=target or fn,
+                check=self._check(),
+                fn=fn,
+                args=_wire(list(args)),
+                kwargs={},
             )
         except SubmissionError as exc:
             return Raised(exc.type, exc.message)
