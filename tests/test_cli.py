@@ -156,6 +156,32 @@ def test_a_fault_in_a_check_is_the_graders_not_the_students(tmp_path, monkeypatc
     assert "KeyError" in results["extra_data"]["grader_errors"][0]
 
 
+def test_a_worker_that_cannot_import_torch_is_the_graders_fault_not_a_zero(tmp_path, monkeypatch):
+    """The grader installed where its worker's Python has no torch (the worker fails before any of the
+    submission's code runs): the reference is not graded 0 but cannot be graded, exit 2, saying why."""
+    import os
+    import tempfile
+
+    import autograder.grading.grade as grade
+
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the tests run outside a virtual environment: the base interpreter has torch")
+    out = tmp_path / "results.json"
+    with tempfile.TemporaryDirectory(prefix="no-torch-") as folder:  # readable by the worker's fresh uid
+        os.chmod(folder, 0o755)
+        python = f"{folder}/python"
+        os.symlink(os.path.realpath(sys._base_executable), python)  # the base interpreter: no torch installed
+        monkeypatch.setattr(sys, "executable", python)  # what the launcher starts the worker with
+        options = grade.Options(device="cpu", out=out, quiet=True, isolation="process")
+        code = grade.grade_command(REFERENCE, options)
+    results = json.loads(out.read_text())
+    assert code == grade.EXIT_CANNOT_GRADE
+    assert results["score"] == 0 and results["max_score"] == 0 and results["tests"] == []
+    assert "the grader itself failed (not your submission's fault)" in results["output"]
+    errors = "\n".join(results["extra_data"]["grader_errors"])
+    assert "could not start Python and torch" in errors and "No module named 'torch'" in errors
+
+
 def test_the_names_say_which_command_runs_the_students_code_unsandboxed(tmp_path):
     """`preview` (sandboxed) replaced the CLI's `check`, which read like the kit's unsandboxed `make check`:
     the old name says where each went, and the help texts say which runs the code unsandboxed."""

@@ -191,6 +191,7 @@ class Worker:
         self.booted = False  # a worker has started Python and torch once: the environment can run it
         self.ended_between: list[str] = []  # how the worker ended on its own between requests, each time
         self.given_up: str | None = None  # why the worker is not restarted again
+        self.cannot_start: str | None = None  # why the first worker could not start (the grader's fault)
         self.starts = 0
         self.events: list[str] = []
         self.outputs: list[str] = []
@@ -230,6 +231,8 @@ class Worker:
         within `load_seconds` and, when given, what is left of `check`: a restart stopped by the check's
         budget fails only the request that needed it (CheckTimeUp). A first worker that cannot start Python
         and torch is the grader's environment's fault (WorkerCannotStart)."""
+        if self.cannot_start:
+            raise WorkerCannotStart(self.cannot_start)
         if self.load_failure:
             raise LoadFailed(self.load_failure)
         self._spawn()
@@ -301,11 +304,12 @@ class Worker:
                 raise
             self.kill()
             last = self.output().strip().splitlines()[-5:]
-            raise WorkerCannotStart(
+            self.cannot_start = (
                 "the grader's worker could not start Python and torch, before any code of the submission ran "
                 f"(the grader's environment is at fault): {exc}"
                 + ("\nIts last output:\n" + "\n".join(last) if last else "")
-            ) from None
+            )
+            raise WorkerCannotStart(self.cannot_start) from None
         self.booted = True
         return ready.value
 
