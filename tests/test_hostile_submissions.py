@@ -337,6 +337,38 @@ _server.Channel.send = _hostile_send
 """
 
 
+# A worker that makes itself slow to restart and then keeps dying: 18 top-level cells of 2.8 s (each under
+# cell_seconds, about 50 s in all, under load_seconds), a setsid child ({marker} in its command line), and the
+# request loop patched to exit right after every untimed answer. Each request must restart the worker, and
+# once restarts were not bounded by the check's budget, pytest-timeout fired: "cannot grade" on every attempt.
+DIES_AFTER_EACH_ANSWER = (
+    """
+import subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)  # {marker}"], start_new_session=True)
+"""
+    + "\n# %%\nimport time\ntime.sleep(2.8)\n" * 18
+    + """
+# %%
+import os, sys
+_server = sys.modules["sandbox.server"]
+_receive, _send, _op = _server.Channel.receive, _server.Channel.send, ["load"]
+
+def _receive_op(self):
+    header, blobs = _receive(self)
+    _op[0] = header.get("op")
+    return header, blobs
+
+def _send_then_exit(self, header, blobs=()):
+    _send(self, header, blobs)
+    if _op[0] not in ("load", "forward_many"):
+        os._exit(0)
+
+_server.Channel.receive = _receive_op
+_server.Channel.send = _send_then_exit
+"""
+)
+
+
 # A forward that answers with a stride-0 view of 1 GiB: sent at its full size, refused by the size bound.
 EXPANDED_OUTPUT = """
 def _forward(self, x):
@@ -643,6 +675,12 @@ EVERY_PART = {part: "all" for part in ("quiz", "combine", "wrapper", "two_dim", 
 
 CASES = [
     # slowest first (they wait out request deadlines), the CPU burner last
+    Case(
+        "dies_after_each_answer",
+        lambda c: with_cells(first=DIES_AFTER_EACH_ANSWER.replace("{marker}", c.marker)),
+        EVERY_PART,
+        ("waiting for the grader's next request", "the worker is not restarted again"),
+    ),
     Case(
         "loop_in_every_forward",
         lambda c: with_cells(last=LOOP_IN_EVERY_FORWARD),
@@ -1029,6 +1067,29 @@ def test_background_processes_do_not_outlive_the_grading(graded):
         except OSError:
             pass
     assert not alive, f"the submission's burner processes {alive} survived the grading"
+
+
+@pytest.mark.slow
+def test_a_worker_that_keeps_dying_between_requests_is_graded_not_cannot_grade(graded):
+    """Restarted once (its restart bounded by the check's budget), then given up on: graded 0 in every part
+    with the reason (the table's test), never "cannot grade", and nothing of it left running."""
+    got = graded["dies_after_each_answer"]
+    assert got.results["extra_data"]["status"] == "graded" and got.returncode == 0
+    assert got.results["extra_data"]["worker_starts"] == 2
+    marker = got.context.marker
+    left = [
+        cmdline.parent.name
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline")
+        if cmdline.parent.name != str(os.getpid()) and marker.encode() in _read_or_empty(cmdline)
+    ]
+    assert not left, f"the submission's processes {left} survived the grading"
+
+
+def _read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 @pytest.mark.slow

@@ -1,6 +1,8 @@
 """The untrusted worker, from the grader's side: deadlines, crashes, restarts, limits, the sandbox."""
 
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -397,3 +399,99 @@ def test_a_worker_environment_without_torch_is_the_graders_fault(make_worker, mo
             w.request("call", fn="f", args=[], kwargs={})
         assert "the grader's environment is at fault" in str(info.value)
         assert w.load_failure is None and w.load_report is None and w.process is None
+
+
+# Run in a process of its own: the grader's side of one hostile answer, a header of {}s just under the
+# protocol's limit and the largest blob it allows, with the process's peak resident memory measured from just
+# before the request (clear_refs resets it).
+PEAK_OF_ONE_HOSTILE_ANSWER = r"""
+import json
+from autograder.sandbox import protocol
+from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
+
+limits = protocol.FrameLimits()
+HOSTILE = '''
+import os, struct, sys
+_server = sys.modules["sandbox.server"]
+_send, _sent = _server.Channel.send, []
+
+def _hostile_send(self, header, blobs=()):
+    _sent.append(1)
+    if len(_sent) == 1:  # the load report
+        return _send(self, header, blobs)
+    body = b'{"ok":true,"value":{"$":"list","items":[' + b",".join([b"{}"] * (HEADER // 3)) + b"]}}"
+    blob = bytes(BLOB)
+    for part in (struct.pack(">4sIIQ", b"MHA1", len(body), 1, len(blob)), body, blob):
+        view = memoryview(part)
+        while view:
+            view = view[os.write(self.fd_out, view):]
+
+_server.Channel.send = _hostile_send
+
+def f():
+    return 1
+'''.replace("HEADER", str(limits.header_bytes - 64)).replace("BLOB", str(limits.blob_bytes))
+
+
+def status(key):
+    with open("/proc/self/status") as handle:
+        return next(int(line.split()[1]) << 10 for line in handle if line.startswith(key + ":"))
+
+
+worker = Worker([(1, 1, HOSTILE)], "mha.py", WorkerConfig(load_seconds=60, request_seconds=60))
+worker.start()
+with open("/proc/self/clear_refs", "w") as handle:
+    handle.write("5")
+before = status("VmRSS")
+try:
+    worker.request("call", fn="f", args=[], kwargs={})
+    outcome = "answered"
+except WorkerError as exc:
+    outcome = str(exc)
+peak = status("VmHWM")
+worker.close()
+print(json.dumps({"increase": peak - before, "blob_bytes": limits.blob_bytes, "outcome": outcome}))
+"""
+
+
+@pytest.mark.slow  # a 512 MiB answer
+def test_the_graders_memory_for_one_answer_is_its_blobs_once_plus_a_bounded_header():
+    """An answer with the largest header and blob the protocol allows (a header of empty objects, once 16 MiB
+    and 400 MB of Python objects, and a 512 MiB blob, once held twice): the grader's peak grows by the blob's
+    bytes once plus at most 64 MiB (the parsed header, a read chunk), and the answer is refused as the
+    worker's fault. Measured on a 2-core machine: an increase of 1,410 MiB before, 538 MiB after."""
+    run = subprocess.run(
+        [sys.executable, "-c", PEAK_OF_ONE_HOSTILE_ANSWER], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    measured = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "could not be read safely" in measured["outcome"]
+    extra = measured["increase"] - measured["blob_bytes"]
+    assert extra < 64 << 20, f"reading one answer raised the grader's peak by {measured['increase'] >> 20} MiB"
+
+
+def test_a_tensor_read_from_the_wire_is_its_buffer_not_a_copy():
+    """`read_frame` with `read_into` reads each blob into a bytearray of its size, and `from_wire` makes the
+    tensor on that very memory: no second copy of a blob is held."""
+    from autograder.sandbox import protocol
+
+    value = torch.arange(6, dtype=torch.float32)
+    encoder = protocol.Encoder(protocol.TensorCodec(torch))
+    frame = memoryview(protocol.pack_frame({"value": encoder.encode(value)}, encoder.blobs))
+    position = [0]
+
+    def read_exact(n: int) -> bytes:
+        position[0] += n
+        return bytes(frame[position[0] - n : position[0]])
+
+    def read_into(view: memoryview) -> None:
+        view[:] = read_exact(len(view))
+
+    header, blobs = protocol.read_frame(read_exact, protocol.FrameLimits(), read_into)
+    assert isinstance(blobs[0], bytearray)
+    decoded = protocol.Decoder(blobs, protocol.FrameLimits(), protocol.TensorCodec(torch).from_wire).decode(
+        header["value"]
+    )
+    assert torch.equal(decoded, value)
+    blobs[0][4:8] = bytes(4)  # the tensor is the buffer itself: its second value becomes 0
+    assert decoded[1].item() == 0 and decoded[2].item() == 2

@@ -485,8 +485,14 @@ class Worker:
         def read_exact(n: int) -> bytes:
             return self._read(n, deadline, what)
 
+        def read_into(view: memoryview) -> None:  # a blob, straight into its tensor's memory
+            while view:
+                chunk = self._read(min(len(view), 1 << 20), deadline, what)
+                view[: len(chunk)] = chunk
+                view = view[len(chunk) :]
+
         try:
-            header, blobs = protocol.read_frame(read_exact, self.config.limits)
+            header, blobs = protocol.read_frame(read_exact, self.config.limits, read_into)
             decoder = protocol.Decoder(blobs, self.config.limits, self._codec().from_wire)
             reply = protocol.parse_reply(op, header, decoder)
         except ProtocolError as exc:

@@ -13,6 +13,9 @@ by index. No pickle, on either side: a tensor is a dtype name, a shape and exact
 `numel * itemsize` bytes, so there is nothing to execute, nothing compressed, no shared storage and
 no strides to fake. Every size is checked against `FrameLimits` before it is read, and every string the
 worker sends is truncated and cleaned of control characters and lone surrogates when it is decoded.
+The grader reads each blob once, into a buffer of its announced size that becomes the tensor's memory
+(`read_frame`'s `read_into`, then `TensorCodec.from_wire`): a reply costs the grader its blobs' bytes
+once, plus its header parsed (at most `header_bytes` of JSON).
 
 Values (what a request's arguments and a reply's answer are made of) are JSON scalars, or objects
 tagged with "$": tensor, list, tuple, dict (string keys), module (a handle to a module living in the
@@ -63,7 +66,7 @@ class ProtocolError(Exception):
 class FrameLimits:
     """Bounds on one frame, checked before anything is materialised."""
 
-    header_bytes: int = 16 << 20
+    header_bytes: int = 1 << 20  # JSON: about 25 times its size in Python objects once parsed
     blobs: int = 4096
     blob_bytes: int = 512 << 20  # all blobs of one frame together
     depth: int = 32  # nesting of values
@@ -86,14 +89,20 @@ def clean_text(text: Any, limit: int) -> str:
 # Frames
 
 
-def pack_frame(header: dict[str, Any], blobs: list[bytes]) -> bytes:
+def pack_frame(header: dict[str, Any], blobs: list[bytes | bytearray]) -> bytes:
     body = json.dumps(header, separators=(",", ":"), allow_nan=True).encode()
     lengths = b"".join(_BLOB_LENGTH.pack(len(b)) for b in blobs)
     return _PREFIX.pack(FRAME_MAGIC, len(body), len(blobs)) + lengths + body + b"".join(blobs)
 
 
-def read_frame(read_exact: Callable[[int], bytes], limits: FrameLimits) -> tuple[dict[str, Any], list[bytes]]:
-    """Read one frame with `read_exact(n)`; sizes are checked before their bytes are read."""
+def read_frame(
+    read_exact: Callable[[int], bytes],
+    limits: FrameLimits,
+    read_into: Callable[[memoryview], None] | None = None,
+) -> tuple[dict[str, Any], list[bytes | bytearray]]:
+    """Read one frame with `read_exact(n)`; sizes are checked before their bytes are read. With
+    `read_into(view)` (which fills `view`), each blob is read straight into a bytearray of its size, made
+    once: no second copy of it is ever held."""
     magic, header_length, count = _PREFIX.unpack(read_exact(_PREFIX.size))
     if magic != FRAME_MAGIC:
         raise ProtocolError("the answer could not be read safely: it is not a frame of this protocol")
@@ -110,7 +119,14 @@ def read_frame(read_exact: Callable[[int], bytes], limits: FrameLimits) -> tuple
         raise ProtocolError(f"the answer could not be read safely: its header is not JSON ({exc})"[:300]) from None
     if not isinstance(header, dict):
         raise ProtocolError("the answer could not be read safely: its header is not an object")
-    blobs = [read_exact(n) if n else b"" for n in lengths]
+    blobs: list[bytes | bytearray] = []
+    for n in lengths:
+        if not n or read_into is None:
+            blobs.append(read_exact(n) if n else b"")
+            continue
+        buffer = bytearray(n)
+        read_into(memoryview(buffer))
+        blobs.append(buffer)
     return header, blobs
 
 
@@ -161,7 +177,7 @@ class WireTensor:
 
     dtype: str
     shape: tuple[int, ...]
-    data: bytes
+    data: bytes | bytearray  # a bytearray read from the wire becomes the tensor's memory (`from_wire`)
     device: str = "cpu"
     requires_grad: bool = False
 
@@ -187,8 +203,9 @@ class TensorCodec:
         tensor: torch.Tensor
         if not wire.data:
             tensor = library.empty(wire.shape, dtype=dtype)
-        else:
-            tensor = library.frombuffer(bytearray(wire.data), dtype=dtype).reshape(wire.shape)
+        else:  # a bytearray is used as it is (each blob makes one tensor: `Decoder.tensor`); bytes are copied
+            data = wire.data if isinstance(wire.data, bytearray) else bytearray(wire.data)
+            tensor = library.frombuffer(data, dtype=dtype).reshape(wire.shape)
         return tensor
 
 
@@ -219,7 +236,7 @@ class Encoder:
     ):
         self.codec, self.on_other = codec, on_other
         self.max_items, self.max_depth = max_items, max_depth
-        self.blobs: list[bytes] = []
+        self.blobs: list[bytes | bytearray] = []
 
     def tensor(self, wire: WireTensor) -> dict[str, Any]:
         self.blobs.append(wire.data)
@@ -297,7 +314,7 @@ class Decoder:
     truncated; tensors must have an allowed dtype and exactly the bytes their shape needs;
     `make_tensor(WireTensor)` makes the final object (a torch tensor, on either side)."""
 
-    def __init__(self, blobs: list[bytes], limits: FrameLimits, make_tensor: Callable[[WireTensor], Any]):
+    def __init__(self, blobs: list[bytes | bytearray], limits: FrameLimits, make_tensor: Callable[[WireTensor], Any]):
         self.blobs, self.limits, self.make_tensor = blobs, limits, make_tensor
         self.nodes = 0
         self.used: set[int] = set()

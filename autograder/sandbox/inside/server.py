@@ -33,6 +33,10 @@ else:
 # What the worker sends: lists, tuples and dicts of at most this many items, nested at most this deep
 # (beyond: the object's class and repr).
 MAX_ITEMS, MAX_DEPTH = 4096, 6
+# The cells' errors a load report lists (each message at most 2,000 characters), besides the cells stopped for
+# running too long (all listed: they are skipped when the file is loaded again): the report stays far below
+# the grader's limit on an answer's header.
+MAX_LOAD_ERRORS = 200
 # The grader's frames are trusted; these bounds only stop a runaway request.
 REQUEST_LIMITS = protocol.FrameLimits(
     header_bytes=256 << 20, blob_bytes=4 << 30, string_chars=1 << 24, list_items=1 << 20
@@ -57,10 +61,10 @@ class Channel:
             n -= len(chunk)
         return b"".join(chunks)
 
-    def receive(self) -> tuple[dict[str, Any], list[bytes]]:
+    def receive(self) -> tuple[dict[str, Any], list[bytes | bytearray]]:
         return protocol.read_frame(self.read_exact, REQUEST_LIMITS)
 
-    def send(self, header: dict[str, Any], blobs: list[bytes] | tuple[()] = ()) -> None:
+    def send(self, header: dict[str, Any], blobs: list[bytes | bytearray] | tuple[()] = ()) -> None:
         view = memoryview(protocol.pack_frame(header, list(blobs)))
         while view:
             view = view[os.write(self.fd_out, view) :]
@@ -94,7 +98,7 @@ class Session:
                 return {"$": "list", "items": [self._current.encode(v, depth + 1) for v in list(value)]}
         return {"$": "object", "class": type(value).__name__[:200], "repr": safe_repr(value)}
 
-    def reply(self, value: Any) -> tuple[dict[str, Any], list[bytes]]:
+    def reply(self, value: Any) -> tuple[dict[str, Any], list[bytes | bytearray]]:
         """Encode `value` for the ok-reply; returns (header, blobs)."""
         self._current = self.encoder()
         tree: Any
@@ -109,7 +113,7 @@ class Session:
             tree = self._current.encode(value)
         return {"ok": True, "value": tree}, self._current.blobs
 
-    def decode(self, tree: Any, blobs: list[bytes]) -> Any:
+    def decode(self, tree: Any, blobs: list[bytes | bytearray]) -> Any:
         decoder = protocol.Decoder(blobs, REQUEST_LIMITS, self.codec.from_wire)
         return self.resolve(decoder.decode(tree))
 
@@ -221,6 +225,10 @@ class Session:
                     }
                 )
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        listed = [e for n, e in enumerate(errors) if e.get("timed_out") or n < MAX_LOAD_ERRORS]
+        if len(listed) < len(errors):
+            listed[-1]["message"] += f" (and {len(errors) - len(listed)} more cells raised errors, not listed)"
+        errors = listed
         defined = {name: type(self.namespace[name]).__name__ for name in self.contract if name in self.namespace}
         return Raw({"errors": RawList(errors), "defined": defined})
 
