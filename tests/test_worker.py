@@ -351,21 +351,24 @@ def wait_until_ended(w: Worker) -> None:
         time.sleep(0.05)
 
 
-def test_a_worker_that_ends_itself_between_requests_is_restarted_then_given_up_on(make_worker):
-    """Each answer comes back, then the worker exits: it is restarted for the next request, and after
+@pytest.mark.parametrize("wait", [True, False], ids=["ended-before-the-next-request", "ending-as-it-is-sent"])
+def test_a_worker_that_ends_itself_between_requests_is_restarted_then_given_up_on(make_worker, wait):
+    """Each answer comes back, then the worker exits: it is restarted for the next request (also when the
+    request was already written to it, unread: that request is not what ended it), and after
     `crashes_before_giving_up` times not again: every later request fails at once, saying why."""
     w = make_worker(EXITS_AFTER_EACH_ANSWER, crashes_before_giving_up=2)
     answers = []
     for _ in range(2):
-        answers.append(w.request("call", fn="f", args=[], kwargs={}))
-        wait_until_ended(w)
+        answers.append(w.request("call", target="f", fn="f", args=[], kwargs={}))
+        if wait:
+            wait_until_ended(w)
     assert answers == [1, 1] and w.starts == 2
     for _ in range(2):
         with pytest.raises(WorkerCrashed, match="exited with status 0") as info:
             w.request("call", fn="f", args=[], kwargs={})
         assert "waiting for the grader's next request" in str(info.value)
         assert "this happened 2 times; the worker is not restarted again" in str(info.value)
-    assert w.starts == 2 and w.process is None
+    assert w.starts == 2 and w.process is None and not w.crashes  # never charged to the function called
 
 
 def test_a_restart_inside_a_check_gets_at_most_what_is_left_of_the_checks_budget(make_worker):

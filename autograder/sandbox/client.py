@@ -22,10 +22,13 @@ restarted, at most `crashes_before_giving_up` times.
 
 from __future__ import annotations
 
+import fcntl
 import math
 import os
 import select
 import signal
+import sys
+import termios
 import threading
 import time
 from dataclasses import dataclass, field
@@ -61,6 +64,11 @@ class LoadFailed(WorkerError):
 
 class BudgetSpent(WorkerTimeout):
     """The submission's whole time budget is used up."""
+
+
+class EndedBeforeRequest(WorkerCrashed):
+    """The worker ended before it had read the request (on its own, between requests): the request is not
+    what ended it."""
 
 
 class CheckTimeUp(WorkerTimeout):
@@ -445,6 +453,9 @@ class Worker:
             self.events.append(str(exc))
             self.kill()
             raise
+        except EndedBeforeRequest:  # it ended before reading this request: restarted for it, or given up on
+            self._ended_on_its_own()
+            return self.request(op, timeout, target, overrun_hint, timed, check, **args)
         except WorkerCrashed as exc:
             self.events.append(str(exc))
             if target:
@@ -477,9 +488,24 @@ class Worker:
         frame = protocol.pack_frame({"op": op, "args": encoder.encode(args)}, encoder.blobs)
         try:
             _write_all(self._running(what), frame, deadline, what)
-        except (BrokenPipeError, OSError):
-            raise self._crashed(what) from None
-        return self._receive(op, deadline, what)
+        except (BrokenPipeError, OSError):  # nothing reads the pipe any more
+            raise EndedBeforeRequest(str(self._crashed(what))) from None
+        try:
+            return self._receive(op, deadline, what)
+        except WorkerCrashed as exc:
+            if self._request_unread():
+                raise EndedBeforeRequest(str(exc)) from None
+            raise
+
+    def _request_unread(self) -> bool:
+        """Whether bytes of the request written last are still in the pipe, never read by the worker."""
+        if self.process is None:
+            return False
+        try:
+            unread = fcntl.ioctl(self.process.to_worker, termios.FIONREAD, b"\0" * 4)
+        except OSError:
+            return False
+        return int.from_bytes(unread, sys.byteorder, signed=True) > 0
 
     def _receive(self, op: str, deadline: Deadline, what: str) -> protocol.Reply:
         def read_exact(n: int) -> bytes:
