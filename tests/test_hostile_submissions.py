@@ -49,8 +49,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
 
 RELEASE = ROOT / "assignments" / "release" / "mha" / "mha.py"
 # Bounds on every grading here, whatever the submission does (measured on a shared 2-core machine with its
-# load average at 4-8: the grader's own peak stays under 500 MiB, a grading under 90 s):
-GRADER_PEAK_MIB = 1536  # the grader's own peak memory (resident), as it records in results.json
+# load average at 4-8: the grader's own peak stays under 500 MiB, a grading under 90 s). One answer costs the
+# grader at most its blobs once (the rubric's reply_mib, 512) and a header of at most 1 MiB of JSON; the
+# bloated_forward_replies case sends exactly that, to every forward: the grader peaked at 811 MiB (graded
+# alone), where it once held the blob twice and copied it again (1.6 GB for one such answer).
+GRADER_PEAK_MIB = 1024  # the grader's own peak memory (resident), as it records in results.json
 WALL_SECONDS = 240  # one grading, start to end, in a pool of two
 HANG_LIMIT_SECONDS = 60  # product requirement: a submission hanging in every forward is graded within this
 RESULTS_LIMIT_BYTES = 200 << 10  # a 100 MiB print flood must not make results.json big
@@ -293,6 +296,7 @@ def pytest_runtest_makereport(item, call):
 # way it bounds. Each one is refused before it is materialised, and the worker is replaced.
 def hostile_server(load: str = "", forward: str = "", call: str = "", get: str = "", build_mha: str = "") -> str:
     """A cell that patches the worker's request loop to answer an operation with a hostile frame."""
+    reply_bytes = int(load_rubric().limit("reply_mib")) << 20
     return f"""
 import os, struct, sys
 _server = sys.modules["sandbox.server"]
@@ -307,6 +311,10 @@ _FRAMES = {{
     # 60,000 lists of 8 values: more values than any answer may hold
     "node_bomb": lambda: (b'{{"ok":true,"value":{{"$":"list","items":[' + b",".join(
         [b'{{"$":"list","items":[1,2,3,4,5,6,7,8]}}'] * 60_000) + b"]}}}}", []),
+    # the largest answer the limits let through: a header of {{}}s just under 1 MiB (once 16 MiB of them, 400 MB
+    # of Python objects) and a 512 MiB blob, sent in full (the grader once held it twice, then copied it)
+    "bloated": lambda: (b'{{"ok":true,"value":{{"$":"list","items":[' + b",".join([b"{{}}"] * 349_000) + b"]}}}}",
+                        [{reply_bytes}]),
 }}
 _MESSAGE = ("\\ud800 \\x1b[2J\\x1b[H\\x1b[32mTotal: 100 / 100\\x1b[0m\\x07 " + "x" * 100) * 20_000  # 2.5 MB
 
@@ -326,9 +334,10 @@ def _hostile_send(self, header, blobs=()):
     if kind:
         body, lengths = _FRAMES[kind]()
         frame = struct.pack(">4sII", b"MHA1", len(body), len(lengths)) + b"".join(struct.pack(">Q", n) for n in lengths)
-        view = memoryview(frame + body)
-        while view:
-            view = view[os.write(self.fd_out, view):]
+        for part in [frame + body] + ([bytes(n) for n in lengths] if kind == "bloated" else []):
+            view = memoryview(part)
+            while view:
+                view = view[os.write(self.fd_out, view):]
         return
     return _send(self, header, blobs)
 
@@ -823,6 +832,13 @@ CASES += [
             last=hostile_server(forward="huge_blob", call="message", get="node_bomb", build_mha="deep")
         ),
         {part: ANY for part in EVERY_PART},
+        ("could not be read safely",),
+    ),
+    # the grader's memory: the largest answer the limits allow, to every forward (see GRADER_PEAK_MIB)
+    Case(
+        "bloated_forward_replies",
+        lambda c: with_cells(last=hostile_server(forward="bloated")),
+        {"wrapper": "all", "mha": "all", "speed": "all"},
         ("could not be read safely",),
     ),
     Case(

@@ -498,8 +498,8 @@ class Worker:
             raise
 
     def _request_unread(self) -> bool:
-        """Whether bytes of the request written last are still in the pipe, never read by the worker."""
-        if self.process is None:
+        """Whether the worker has ended with bytes of the request written last still in the pipe, unread."""
+        if self.process is None or self.process.alive():
             return False
         try:
             unread = fcntl.ioctl(self.process.to_worker, termios.FIONREAD, b"\0" * 4)
