@@ -93,6 +93,7 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
         device=device,
         memory_bytes=int(rubric.limit("memory_gib") * (1 << 30)),
         load_seconds=rubric.limit("load_seconds"),
+        boot_seconds=rubric.limit("load_seconds"),
         cell_seconds=rubric.limit("cell_seconds"),
         later_cell_seconds=rubric.limit("later_cell_seconds"),
         request_seconds=rubric.limit("request_seconds"),

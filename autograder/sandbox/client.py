@@ -137,6 +137,7 @@ class WorkerConfig:
     device: str = "cpu"
     memory_bytes: int | None = 4 << 30
     load_seconds: float = 60.0
+    boot_seconds: float = 60.0  # a new worker starting Python, its jail and torch (the grader's own start)
     cell_seconds: float = 3.0
     later_cell_seconds: float = 1.0  # each later cell, once one was stopped while loading
     request_seconds: float = 10.0
@@ -235,8 +236,8 @@ class Worker:
         self.capture.start()
 
     def start(self, check: CheckBudget | None = None) -> Loaded:
-        """Start (or restart) the worker and load the submission. Returns the load report. Everything runs
-        within `load_seconds` and, when given, what is left of `check`: a restart stopped by the check's
+        """Start (or restart) the worker and load the submission. Returns the load report. The start runs
+        within `boot_seconds`, the load within `load_seconds`, both within what is left of `check` if given: a restart stopped by the check's
         budget fails only the request that needed it (CheckTimeUp). A first worker that cannot start Python
         and torch is the grader's environment's fault (WorkerCannotStart)."""
         if self.cannot_start:
@@ -304,7 +305,7 @@ class Worker:
         The first worker failing here is the grader's environment's fault, never the submission's."""
         try:
             what = "starting Python and torch"
-            ready = self._receive("ready", self._deadline(self.config.load_seconds, check=check), what)
+            ready = self._receive("ready", self._deadline(self.config.boot_seconds, check=check), what)
             if not ready.ok or not isinstance(ready.value, Ready):
                 raise WorkerCrashed("the worker could not start")
         except WorkerError as exc:
