@@ -225,8 +225,16 @@ PACKAGED = DEFAULT_RUBRIC.read_text()
 @pytest.mark.parametrize(
     "old,new,message",
     [
-        ("rounds = 21 ", "# rounds = 21 ", "[speed] rounds is missing"),
-        ("rounds = 21 ", "rounds = 2 ", "[speed] rounds must be at least 3"),
+        ("max_rounds = 35 ", "# max_rounds = 35 ", "[speed] max_rounds is missing"),
+        ("min_rounds = 5 ", "min_rounds = 0 ", "[speed] min_rounds must be at least 1"),
+        ("max_rounds = 35 ", "max_rounds = 35\nrounds = 21 ", "[speed] rounds is no longer used"),
+        ("min_rounds = 5 ", "min_rounds = 4 ", "[speed] min_rounds = 4 can never settle a verdict at confidence 0.9"),
+        ("confidence = 0.9 ", "confidence = 0.99 ", "use min_rounds >= 9 or a lower confidence"),
+        ("confidence = 0.9 ", "confidence = 1 ", "[speed] confidence must lie strictly between 0 and 1"),
+        ("batch_rounds = 3 ", "batch_rounds = 0 ", "[speed] batch_rounds must be at least 1"),
+        ("max_rounds = 35 ", "max_rounds = 4 ", "[speed] max_rounds = 4 is below min_rounds = 5"),
+        ("max_rounds = 35 ", "max_rounds = 1000 ", "[speed] max_rounds = 1000 is more than the 200"),
+        ("settle_points = 0.5 ", "settle_points = -1 ", "[speed] settle_points must be at least 0"),
         ("no_credit_at = 0.55 ", "no_credit_at = 0.9 ", "no_credit_at = 0.9 is not below full_credit_at"),
         ("threads = 1 ", "threads = 1.5 ", "[speed] threads must be an integer"),
         ("requires = [", "requires = 3 #", "requires must be a list of check keys"),

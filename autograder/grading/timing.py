@@ -53,6 +53,7 @@ from typing import Any, Protocol
 import torch
 
 from autograder.grading import submission as reader
+from autograder.grading.verdict import credit  # noqa: F401  (the speed check scores with timing.credit)
 from autograder.rubric import SpeedSettings
 from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
 
@@ -387,16 +388,6 @@ def check_probes(mine: object, expected: torch.Tensor, rtol: float, atol: float,
 
 
 # -- statistics ----------------------------------------------------------------------------------------------
-
-
-def credit(relative: float, no_credit_at: float, full_credit_at: float) -> float:
-    """The fraction of the speed part's points for a speedup that is `relative` of the reference's: none
-    at or below `no_credit_at`, all from `full_credit_at`, linear in between."""
-    if relative >= full_credit_at:
-        return 1.0
-    if relative <= no_credit_at:
-        return 0.0
-    return (relative - no_credit_at) / (full_credit_at - no_credit_at)
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
