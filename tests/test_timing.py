@@ -105,24 +105,40 @@ class FakeWorker:
         return {}
 
 
+class FakeCalls:
+    """One timed request's calls on the fake clock: each takes `per_call` seconds and `cpu_per_second` CPU."""
+
+    def __init__(self, worker, per_call, record):
+        self.worker, self.per_call, self.record, self.seeds = worker, per_call, record, []
+
+    def call(self, seed):
+        self.seeds.append(seed)
+        self.worker.clock.now += self.per_call
+        self.worker.cpu += self.per_call * self.worker.cpu_per_second
+        return torch.zeros(1)
+
+    def finish(self):
+        self.record(self.seeds)
+
+
 def fake_targets(clock, seconds_per_call, cpu_per_second=None, seen=None):
-    """Targets whose forwards take `seconds_per_call[name]` each (on the fake clock)."""
+    """Targets whose forwards take `seconds_per_call[name]` each (on the fake clock); `seen` gets, per timed
+    request, (name, the workers running, its seeds, its timeout)."""
     workers = {name: FakeWorker(name, clock, (cpu_per_second or {}).get(name, 1.0)) for name in seconds_per_call}
     targets = []
     for name, per_call in seconds_per_call.items():
 
-        def run(seeds, timeout, name=name, per_call=per_call):
-            worker = workers[name]
+        def open_calls(calls, timeout, name=name, per_call=per_call):
             running = sorted(w.name for w in workers.values() if w.running)
-            if seen is not None:
-                seen.append((name, running, list(seeds), timeout))
-            spent = per_call * len(seeds)
-            clock.now += spent
-            worker.cpu += spent * worker.cpu_per_second
-            return [torch.zeros(1) for _ in seeds]
+
+            def record(seeds):
+                if seen is not None:
+                    seen.append((name, running, list(seeds), timeout))
+
+            return FakeCalls(workers[name], per_call, record)
 
         calls = 1 if name == timing.WRAPPER else 4
-        targets.append(timing.Target(name, workers[name], run, calls))
+        targets.append(timing.Target(name, workers[name], open_calls, calls))
     return targets, workers
 
 
@@ -134,7 +150,8 @@ def test_only_the_timed_worker_runs_and_every_worker_is_resumed_after():
     result = timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
     assert all(running == [name] for name, running, _, _ in seen)
     assert all(w.running for w in workers.values())
-    assert len(result.rounds[timing.SUBMISSION]) == SPEED.rounds
+    assert len(result.rounds[timing.SUBMISSION]) == SPEED.min_rounds  # one rate every round: the first look settles
+    assert result.verdict is not None and result.verdict.stopped_because == "full"
     assert result.rounds[timing.SUBMISSION][0] == pytest.approx(0.01)  # seconds per call
     assert result.walls[timing.WRAPPER][0] == pytest.approx(0.05)
 
@@ -374,8 +391,8 @@ def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
         device="cpu",
     )
     args = dict(handle=info.handle, shape=[2, 6, 16], dtype="float32", out_features=8, threads=1)
-    first = reference_worker.request("forward_many", seeds=[11, 12], **args)
-    again = reference_worker.request("forward_many", seeds=[12], **args)
+    first = reference_worker.forward_many([11, 12], **args)
+    again = reference_worker.forward_many([12], **args)
     assert [tuple(a.shape) for a in first] == [(2, 6, 3)] * 2 and first[0].dtype == torch.float64
     assert torch.equal(first[1], again[0])  # the same seed, the same input and probe
     assert not torch.equal(first[0], first[1])
@@ -390,7 +407,7 @@ def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
     from autograder.sandbox.client import SubmissionError
 
     with pytest.raises(SubmissionError, match="expected a tensor of shape"):
-        reference_worker.request("forward_many", seeds=[1], **{**args, "out_features": 9})
+        reference_worker.forward_many([1], **{**args, "out_features": 9})
 
 
 def test_the_notebook_times_the_graders_cpu_workload():

@@ -53,7 +53,8 @@ from typing import Any, Protocol
 import torch
 
 from autograder.grading import submission as reader
-from autograder.grading.verdict import credit  # noqa: F401  (the speed check scores with timing.credit)
+from autograder.grading import verdict
+from autograder.grading.verdict import Verdict, credit  # noqa: F401  (the speed check scores with timing.credit)
 from autograder.rubric import SpeedSettings
 from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
 
@@ -222,16 +223,29 @@ class Timed(Protocol):
     def thread_waits(self) -> dict[int, int]: ...
 
 
+class Calls(Protocol):
+    """One timed request's calls (`client.TimedCalls` is one): `call(seed)` sends one call's seed and returns
+    its answer, the only thing inside the clock; `finish()` after the last, outside it."""
+
+    def call(self, seed: int) -> Any: ...
+
+    def finish(self) -> None: ...
+
+
 @dataclass
 class Target:
-    """One module to time. `run(seeds, timeout)` sends one `forward_many` request and returns its answers
-    (per call, a (batch, tokens, 3) tensor of probes); `worker` is the process it runs in; `calls` how many
-    forwards it runs per round (the wrapper, many times slower, needs fewer to be timed as well)."""
+    """One module to time. `open(calls, timeout)` opens one timed request of that many calls (the worker
+    gets the settings and says it is ready, untimed) and returns its `Calls`; each answer is a (batch,
+    tokens, 3) tensor of probes. `worker` is the process it runs in; `calls` how many forwards it runs per
+    round (the wrapper, many times slower, needs fewer to be timed as well). `failed(error)` turns a
+    failure of the worker (a `WorkerError`) into what it means: the submission's fault (TimingFailed, or
+    a failed check) or the grader's (CannotTime)."""
 
     name: str
     worker: Timed
-    run: Callable[[list[int], float], list[torch.Tensor]]
+    open: Callable[[int, float], Calls]
     calls: int
+    failed: Callable[[WorkerError], None] = lambda error: None
 
 
 @dataclass
@@ -245,6 +259,7 @@ class Measurement:
     cpus: dict[str, list[float]] = field(default_factory=dict)
     waits: dict[str, list[float]] = field(default_factory=dict)
     warmup: dict[str, list[float]] = field(default_factory=dict)
+    verdict: Verdict | None = None  # what stopped the rounds (`verdict.decide`)
 
 
 class Stage:
@@ -292,9 +307,11 @@ def measure(
     verify: Callable[[dict[str, list[torch.Tensor]]], None],
     request_seconds: float,
     clock: Callable[[], float] = time.perf_counter,
+    points: float = 1.0,
 ) -> Measurement:
-    """Warm-up rounds, then `settings.rounds` measured rounds of each target's forwards (see the module's
-    docstring); in a round every target's inputs come from the same new seeds. `verify(answers by target)`
+    """Warm-up rounds, then measured rounds of each target's forwards (see the module's docstring) until
+    the sequential verdict (`verdict.decide`, on the `points` the measurement decides) settles the credit
+    or `settings.max_rounds` are taken; in a round every target's inputs come from the same new seeds. `verify(answers by target)`
     checks a round's answers (it raises TimingFailed). Raises TimingFailed when the submission's forwards
     fail, or are so slow after warm-up that even its best time is below `give_up_below` of the reference's
     worst."""
@@ -318,11 +335,17 @@ def measure(
                 # far beyond what could still earn anything: stop waiting (a sleeping or hanging forward)
                 slowest = max(result.walls[REFERENCE] or warm[REFERENCE]) * target.calls
                 timeout = min(request_seconds, 1.0 + 2 * slowest / settings.give_up_below)
-            cpu_before, waits_before = target.worker.cpu_seconds(), target.worker.thread_waits()
-            start = clock()
-            answers[name] = target.run(round_seeds[: target.calls], timeout)
-            wall = clock() - start
-            cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, target.worker.thread_waits())
+            try:
+                calls = target.open(target.calls, timeout)
+                cpu_before, waits_before = target.worker.cpu_seconds(), target.worker.thread_waits()
+                start = clock()
+                answers[name] = [calls.call(seed) for seed in round_seeds[: target.calls]]
+                wall = clock() - start
+                cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, target.worker.thread_waits())
+                calls.finish()
+            except WorkerError as exc:
+                target.failed(exc)
+                raise
             charged = charge(wall, cpu, wait, settings.threads) / target.calls
             if counted:
                 for into, value in (
@@ -350,9 +373,22 @@ def measure(
                     f"{1 / settings.give_up_below:.3g} times slower than the reference) cannot get there, so the "
                     "measured rounds were not run"
                 )
-        for index in range(settings.rounds):
+        for index in range(settings.max_rounds):
             one_round(round_order(names, index), counted=True)
+            if verdict.next_look(index, settings) == index + 1:  # a look: do the rounds so far settle it?
+                result.verdict = verdict.decide(relatives(result), settings, points)
+                if result.verdict is not None:
+                    break
     return result
+
+
+def relatives(measurement: Measurement) -> list[float]:
+    """Per measured round, the submission's speedup over the wrapper as a fraction of the reference's:
+    (wrapper / submission) / (wrapper / reference), the reference's time over the submission's."""
+    charged = measurement.rounds
+    return [
+        (w / s) / (w / r) for w, r, s in zip(charged[WRAPPER], charged[REFERENCE], charged[SUBMISSION], strict=True)
+    ]
 
 
 def round_order(names: list[str], index: int) -> list[str]:
@@ -407,7 +443,7 @@ def summarize(measurement: Measurement) -> dict[str, Any]:
     reference_speedups = [w / r for w, r in zip(wrapper, reference)]
     relatives = [s / r for s, r in zip(speedups, reference_speedups)]
     q1, median, q3 = quartiles(relatives)
-    return {
+    figures: dict[str, Any] = {
         "speedup": statistics.median(speedups),
         "reference_speedup": statistics.median(reference_speedups),
         "relative": median,
@@ -424,6 +460,19 @@ def summarize(measurement: Measurement) -> dict[str, Any]:
         },
         "rounds": len(relatives),
     }
+    if measurement.verdict is not None:
+        v = measurement.verdict
+        figures["relative_interval"] = {"low": v.low, "high": v.high, "level": v.confidence}
+        figures["verdict"] = {
+            "median": v.median,
+            "low": v.low,
+            "high": v.high,
+            "confidence": v.confidence,
+            "rounds": v.rounds,
+            "stopped_because": v.stopped_because,
+            "close": v.close,
+        }
+    return figures
 
 
 def geometric_mean(values: list[float]) -> float:

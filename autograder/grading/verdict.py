@@ -122,10 +122,10 @@ class _Walk:
     """The count of rounds below the median, a fair coin's walk: `alive[s]` is how many of the 2^rounds
     sequences reach count s without the interval having missed the median at any look so far."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.alive, self.rounds, self.missed = [1], 0, Fraction(0)
 
-    def advance(self, rounds: int):
+    def advance(self, rounds: int) -> None:
         while self.rounds < rounds:
             self.alive = [a + b for a, b in zip([0, *self.alive], [*self.alive, 0])]
             self.rounds += 1
@@ -138,7 +138,7 @@ class _Walk:
         """The probability of missing first at a look here with this rank."""
         return Fraction(sum(self.alive[s] for s in self.outside(rank)), 2**self.rounds)
 
-    def look(self, rank: int):
+    def look(self, rank: int) -> None:
         self.missed += self.miss(rank)
         for s in self.outside(rank):
             self.alive[s] = 0
@@ -237,7 +237,7 @@ class Verdict:
     def earned(self) -> float:
         return self.credit * self.points
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -258,7 +258,9 @@ def _rule(low: float, high: float, settings: SpeedSettings, points: float) -> Re
     return None
 
 
-def _verdict(relatives, low, high, reason: Reason, settings: SpeedSettings, points: float) -> Verdict:
+def _verdict(
+    relatives: Sequence[float], low: float, high: float, reason: Reason, settings: SpeedSettings, points: float
+) -> Verdict:
     median = statistics.median(relatives)
     return Verdict(
         median=median,
