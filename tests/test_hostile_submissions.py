@@ -40,6 +40,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import speed_variants
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
 from autograder.sandbox.probe import namespace_sandbox_available
 from helpers import REFERENCE, ROOT, checks_run, failures, grade, part_scores
@@ -841,6 +842,21 @@ CASES += [
         {"mha": ("mha::test_no_ready_made_attention",)},
     ),
     Case("hides_its_input_mutation", lambda c: with_cells(last=HIDES_ITS_MUTATION), {}, ()),
+    # the speed part: a loop over heads that batches the timed calls it can see coming, from its callers'
+    # frames or by patching the worker's timed request, earned full speed points while a request carried
+    # every call's seed; one seed per call, timed by the grader, leaves it the loop it is
+    Case(
+        "batches_the_timed_calls",
+        lambda c: with_cells(last=speed_variants.LOOKS_UP_SEEDS),
+        {"speed": "all"},
+        ("Compute every head in one batched pass",),
+    ),
+    Case(
+        "patches_the_timed_request",
+        lambda c: with_cells(last=speed_variants.PATCHES_THE_SERVER),
+        {"speed": "all"},
+        ("Compute every head in one batched pass",),
+    ),
     # files that once took the grader's memory or crashed it while reading them
     Case("py_of_40000_cells", lambda c: "# %%\n1\n" * 40_000, EVERY_PART, ()),
     Case("notebook_dict_source", lambda c: notebook_with_source({"not": "code"}), EVERY_PART, (), suffix=".ipynb"),

@@ -12,6 +12,7 @@ over the wrapper as a fraction of the reference's own speedup in the same run (`
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
@@ -308,6 +309,7 @@ def test_faster_than_the_wrapper(
     request: pytest.FixtureRequest,
 ) -> None:
     """the parallel forward beats the wrapper by about as much as the reference's does"""
+    started = time.perf_counter()
     settings, w = speed_settings(rubric), speed_workload
     points = rubric.part_points("speed") / max(1, len(settings.workloads_for(device)))
     mha, state, wrapper_state = same_weights(inputs, w, getattr(torch, w.dtype))
@@ -324,7 +326,7 @@ def test_faster_than_the_wrapper(
         drop(reference, wrapper)
     figures = figures_of(measurement, w, settings)
     said = speed_verdict(measurement, settings, points)
-    figures.update(workload=asdict(w), credit=said.credit)
+    figures.update(workload=asdict(w), credit=said.credit, seconds=round(time.perf_counter() - started, 3))
     figures.setdefault("verdict", {}).update(said=verdict.describe(said, settings))
     record(context, w, figures)
     flag_if_implausible(context, w, figures, settings)
