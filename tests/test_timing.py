@@ -410,6 +410,33 @@ def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
         reference_worker.forward_many([1], **{**args, "out_features": 9})
 
 
+def test_timed_calls_do_no_grader_work_but_the_exchange(reference_worker, monkeypatch):
+    """Inside the clock, every timed worker pays the same: one seed out, one answer in. The CPU budget (a walk
+    of the worker's processes, /proc without control groups) is charged after the last call, not per read."""
+    from reference import mha as ref
+
+    module = ref.MultiHeadAttention(16, 8, 6, 0.0, 4).eval()
+    info = reference_worker.request(
+        "build",
+        cls="MultiHeadAttention",
+        args=[16, 8, 6, 0.0, 4],
+        kwargs={},
+        state_dict=module.state_dict(),
+        dtype="float32",
+        device="cpu",
+    )
+    charged = []
+    monkeypatch.setattr(reference_worker, "_cpu_budget_left", lambda: charged.append("budget") or True)
+    calls = reference_worker.timed_calls(3, 30.0, handle=info.handle, shape=[2, 6, 16], dtype="float32", out_features=8)
+    charged.clear()  # opening the request (untimed) may charge the budget
+    answers = [calls.call(seed) for seed in (1, 2, 3)]
+    assert charged == [] and len(answers) == 3
+    calls.finish()
+    assert charged == ["budget"]
+    with pytest.raises(ValueError, match="more timed calls"):
+        calls.call(4)
+
+
 def test_the_notebook_times_the_graders_cpu_workload():
     """The notebook's speed self-check says it times what the grader times: it must be so."""
     import ast

@@ -12,13 +12,19 @@ process keeps the two reference workers for its next gradings (`kept_trusted_wor
 How (`measure`):
 
 - Everything that runs inside a worker is treated as hostile, so the clock is the grader's own: wall time
-  around each `forward_many` request. The request carries only seeds; the worker makes each input from its
-  seed (no input exists before its request, and nothing large crosses the pipe while the clock runs) and
-  answers, per token, a random probe of each output. Every answer is compared with the reference's for the
-  same seed, so caching, replaying, returning before the work is done or working on another stream earn
-  nothing but a failure.
-- Warm-up rounds first, then measured rounds. Each round draws fresh seeds, shared by the three targets,
-  and times the wrapper, then the reference and the submission, which take turns at going first.
+  around a timed request's calls (`client.TimedCalls`). The request carries only settings; then the grader
+  sends each call's seed in a frame of its own, the next only once the previous call's answer has come back,
+  and the worker makes the call's input from its seed. So no input exists before its call starts, no call
+  can be batched with or prepared for a later one, and nothing the worker reports is a time (a submission
+  that patches the worker's request loop changes nothing the grader measures). The client's work inside the
+  clock is the same for the three workers: one small frame out, one answer in; the submission's CPU budget
+  is charged between requests. The answer is, per token, a random probe of the output; every answer is
+  compared with the reference's for the same seed, so caching, replaying, returning before the work is done
+  or working on another stream earn nothing but a failure.
+- Warm-up rounds first, then measured rounds in batches (`verdict`): after `min_rounds`, and every
+  `batch_rounds` more, a confidence interval for the median relative speedup is asked whether it settles the
+  credit; the rounds stop when it does, or at `max_rounds`. Each round draws fresh seeds, shared by the three
+  targets, and times the wrapper, then the reference and the submission, which take turns at going first.
 - Only the worker being timed runs: every other worker, with every process it started, is stopped
   (SIGSTOP), so a submission's background threads or processes cannot slow the reference down.
 - Each request is charged its wall time less the time the worker's threads waited for a CPU held by
@@ -28,7 +34,7 @@ How (`measure`):
 
 The statistic (`summarize`): per round, the submission's speedup over the wrapper and the reference's own;
 their ratio (the submission's speedup as a fraction of the reference's) is the score's input, as the median
-over rounds, with the spread kept. Because the wrapper and the reference are measured in the same run on
+over rounds, with its interval, the spread, the rounds taken and why they stopped (`verdict.Verdict`). Because the wrapper and the reference are measured in the same run on
 the same machine, the thresholds hold on any machine.
 
 On CUDA the whole measurement holds a lock file per device, so gradings running in parallel on one GPU never
