@@ -127,15 +127,16 @@ def fake_targets(clock, seconds_per_call, cpu_per_second=None, seen=None):
     workers = {name: FakeWorker(name, clock, (cpu_per_second or {}).get(name, 1.0)) for name in seconds_per_call}
     targets = []
     for name, per_call in seconds_per_call.items():
+        times = itertools.cycle(per_call if isinstance(per_call, list) else [per_call])  # per request, in turn
 
-        def open_calls(calls, timeout, name=name, per_call=per_call):
+        def open_calls(calls, timeout, name=name, times=times):
             running = sorted(w.name for w in workers.values() if w.running)
 
             def record(seeds):
                 if seen is not None:
                     seen.append((name, running, list(seeds), timeout))
 
-            return FakeCalls(workers[name], per_call, record)
+            return FakeCalls(workers[name], next(times), record)
 
         calls = 1 if name == timing.WRAPPER else 4
         targets.append(timing.Target(name, workers[name], open_calls, calls))
@@ -168,6 +169,28 @@ def test_every_round_has_new_seeds_shared_by_the_three():
         assert seeds[timing.WRAPPER] == seeds[timing.REFERENCE][:1]
         assert not used & set(seeds[timing.REFERENCE])
         used |= set(seeds[timing.REFERENCE])
+
+
+@pytest.mark.parametrize(
+    "submission,rounds,because",
+    [
+        (0.01, SPEED.min_rounds, "full"),  # as fast as the reference in every round
+        (0.01 / 0.45, SPEED.min_rounds, "none"),  # 0.45 of its speed
+        (0.01 / 0.65, SPEED.min_rounds, "settled"),  # 0.65 in every round: the interval is a point
+        # from 0.55 to 0.75 of the reference's speed, in turn: no interval settles it
+        ([0.01 / r for r in (0.55, 0.6, 0.65, 0.7, 0.75, 0.58, 0.72)], SPEED.max_rounds, "max_rounds"),
+    ],
+)
+def test_the_rounds_stop_as_soon_as_the_verdict_is_settled(submission, rounds, because):
+    clock = Clock()
+    targets, _ = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: submission})
+    result = timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock, points=10.0)
+    assert result.verdict is not None
+    assert (len(result.rounds[timing.SUBMISSION]), result.verdict.stopped_because) == (rounds, because)
+    assert result.verdict.close == (because == "max_rounds")
+    figures = timing.summarize(result)
+    assert figures["rounds"] == rounds and figures["verdict"]["stopped_because"] == because
+    assert figures["relative_interval"]["low"] <= figures["relative"] <= figures["relative_interval"]["high"]
 
 
 def test_a_submission_using_two_cores_is_charged_for_them():
