@@ -27,8 +27,9 @@ How (`measure`):
   targets, and times the wrapper, then the reference and the submission, which take turns at going first.
 - Only the worker being timed runs: every other worker, with every process it started, is stopped
   (SIGSTOP), so a submission's background threads or processes cannot slow the reference down.
-- Each request is charged its wall time less the time the worker's threads waited for a CPU held by
-  other processes (so a busy machine hurts nobody), but never less than the CPU time of all the worker's
+- Each request is charged its wall time less the time the worker's threads, and the grader's thread that
+  times it, waited for a CPU held by other processes (so a busy machine hurts nobody: with a round trip per
+  call, the grader's own waits for a CPU would otherwise count once per call), but never less than the CPU time of all the worker's
   processes spread over the threads it was given (equal torch threads everywhere): a submission cannot
   win by using more cores than the reference gets, and sleeping or blocking is charged (`charge`).
 
@@ -258,7 +259,7 @@ class Target:
 class Measurement:
     """Per target, per measured round, seconds per forward: `rounds` the charged time (what is scored),
     `walls` the wall time, `cpus` the CPU time of all the worker's processes, `waits` the time its threads
-    spent ready to run but waiting for a CPU."""
+    and the grader's timing thread spent ready to run but waiting for a CPU."""
 
     rounds: dict[str, list[float]]
     walls: dict[str, list[float]] = field(default_factory=dict)
@@ -314,10 +315,13 @@ def measure(
     request_seconds: float,
     clock: Callable[[], float] = time.perf_counter,
     points: float = 1.0,
+    own_wait: Callable[[], float] | None = None,
 ) -> Measurement:
     """Warm-up rounds, then measured rounds of each target's forwards (see the module's docstring) until
     the sequential verdict (`verdict.decide`, on the `points` the measurement decides) settles the credit
-    or `settings.max_rounds` are taken; in a round every target's inputs come from the same new seeds. `verify(answers by target)`
+    or `settings.max_rounds` are taken; in a round every target's inputs come from the same new seeds.
+    `own_wait()` (`procfs.own_wait`), when given: the seconds this thread has waited for a CPU, which the
+    request is not charged either (its calls are a ping-pong of this thread and the worker's). `verify(answers by target)`
     checks a round's answers (it raises TimingFailed). Raises TimingFailed when the submission's forwards
     fail, or are so slow after warm-up that even its best time is below `give_up_below` of the reference's
     worst."""
@@ -344,10 +348,13 @@ def measure(
             try:
                 calls = target.open(target.calls, timeout)
                 cpu_before, waits_before = target.worker.cpu_seconds(), target.worker.thread_waits()
+                mine_before = own_wait() if own_wait else 0.0
                 start = clock()
                 answers[name] = [calls.call(seed) for seed in round_seeds[: target.calls]]
                 wall = clock() - start
+                mine = own_wait() - mine_before if own_wait else 0.0
                 cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, target.worker.thread_waits())
+                wait += mine
                 calls.finish()
             except WorkerError as exc:
                 target.failed(exc)

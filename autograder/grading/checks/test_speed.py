@@ -26,6 +26,7 @@ from autograder.grading.checks.harness import Inputs, ModuleRef, Submission, ass
 from autograder.grading.devices import TimingLockError, device_key, timing_lock
 from autograder.grading.verdict import Verdict
 from autograder.rubric import Rubric, SpeedSettings, Workload
+from autograder.sandbox import procfs
 from autograder.sandbox.client import Worker, WorkerError
 from reference import mha as ref
 
@@ -237,6 +238,7 @@ def measure_locked(
                 verifier(workload, rubric),
                 submission.worker.config.request_seconds,
                 points=points,
+                own_wait=procfs.own_wait,
             )
     except TimingLockError as exc:
         raise timing.CannotTime(str(exc)) from None
