@@ -4,8 +4,8 @@ frozen helper's queued GPU work slows the reference: the GPU figures `tools/gpu_
     .venv/bin/python tools/gpu_timing.py [--device auto|cpu|cuda] [--rounds 15] [--out gpu-check]
 
 1. Per workload of the device (the rubric's), the grader's time per call for the wrapper and the reference,
-   measured as a grading measures it (their timing workers, `client.TimedCalls`, the grader's clock around
-   each round's calls), beside `torch.utils.benchmark.Timer.adaptive_autorange` and, when triton can be
+   measured and charged as a grading does (their timing workers, `client.TimedCalls`, the grader's clock
+   around each round's calls, less the waits for a CPU, `timing.charge`), beside `torch.utils.benchmark.Timer.adaptive_autorange` and, when triton can be
    imported, `triton.testing.do_bench` on the same modules and shapes in this process: the ratio of each,
    and of the speedup (wrapper over reference) each finds. The grader's time also holds what each of its
    calls does besides the forward (making the input from its seed, the probes, the L2 flush on CUDA, the
@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from autograder.grading import timing  # noqa: E402
 from autograder.rubric import Workload, load_rubric  # noqa: E402
+from autograder.sandbox import procfs  # noqa: E402
 from autograder.sandbox.client import WorkerConfig  # noqa: E402
 from reference import mha as ref  # noqa: E402
 
@@ -122,11 +123,15 @@ def grader_times(w: Workload, device: str, rounds: int, handle: Any) -> dict[str
                         flush_bytes=int(w.flush_mib * (1 << 20)),
                     )
                     before = gpu_state(handle) if handle is not None else None
+                    cpu, waits, mine = worker.cpu_seconds(), worker.thread_waits(), procfs.own_wait()
                     start = time.perf_counter()
                     for _ in range(calls):
                         timed.call(seed)
                         seed += 1
-                    seconds = (time.perf_counter() - start) / calls
+                    wall = time.perf_counter() - start
+                    wait = timing.waited(waits, worker.thread_waits()) + procfs.own_wait() - mine
+                    # charged as a grading charges it (`timing.charge`)
+                    seconds = timing.charge(wall, worker.cpu_seconds() - cpu, wait, settings.threads) / calls
                     after = gpu_state(handle) if handle is not None else None
                     timed.finish()
                     if index >= settings.warmup_rounds:
