@@ -224,6 +224,7 @@ def measure_locked(
     rubric: Rubric,
     device: str,
     points: float,
+    started: float,
 ) -> timing.Measurement:
     """The measurement, holding the device's timing lock (`points`: what it decides, for the verdict). Timed forwards that fail, are wrong or are far too
     slow fail the check here, with what was found recorded."""
@@ -243,7 +244,8 @@ def measure_locked(
     except TimingLockError as exc:
         raise timing.CannotTime(str(exc)) from None
     except timing.TimingFailed as exc:
-        record(context, workload, {"workload": asdict(workload), "failed": str(exc)})
+        seconds = round(time.perf_counter() - started, 3)
+        record(context, workload, {"workload": asdict(workload), "failed": str(exc), "seconds": seconds})
         fail(f"{describe(workload)}: {exc}" + (LOOP_HINT if isinstance(exc, timing.TooSlow) else ""))
 
 
@@ -323,7 +325,7 @@ def test_faster_than_the_wrapper(
     reference, wrapper = build_references(timing_workers, w, state, wrapper_state, device)  # only now: see above
     try:
         targets = timing_targets(submission, module, reference, wrapper, w, settings.threads)
-        measurement = measure_locked(context, submission, targets, inputs, w, rubric, device, points)
+        measurement = measure_locked(context, submission, targets, inputs, w, rubric, device, points, started)
     finally:
         drop(reference, wrapper)
     figures = figures_of(measurement, w, settings)
