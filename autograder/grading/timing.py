@@ -267,6 +267,7 @@ class Measurement:
     waits: dict[str, list[float]] = field(default_factory=dict)
     warmup: dict[str, list[float]] = field(default_factory=dict)
     verdict: Verdict | None = None  # what stopped the rounds (`verdict.decide`)
+    seconds: float = 0.0  # the whole measurement's wall time, warm-up included (what the rounds cost)
 
 
 class Stage:
@@ -372,6 +373,7 @@ def measure(
                 warm[name].append(charged)
         verify(answers)
 
+    began = time.perf_counter()
     with Stage([t.worker for t in targets]) as stage:
         for _ in range(settings.warmup_rounds):  # the reference before the submission: its time bounds the wait
             one_round(names, counted=False)
@@ -392,6 +394,7 @@ def measure(
                 result.verdict = verdict.decide(relatives(result), settings, points)
                 if result.verdict is not None:
                     break
+    result.seconds = time.perf_counter() - began
     return result
 
 
@@ -472,6 +475,7 @@ def summarize(measurement: Measurement) -> dict[str, Any]:
             )
         },
         "rounds": len(relatives),
+        "timed_seconds": round(measurement.seconds, 3),
     }
     if measurement.verdict is not None:
         v = measurement.verdict
