@@ -106,10 +106,12 @@ def test_verdict_holds_in_every_grading(tmp_path, neighbour, variant):
 
 
 # Near the bands' edges (no_credit_at 0.55, full_credit_at 0.75): the reference slowed by a fixed fraction
-# (`speed_variants.slowed`), its speed near 0.55, 0.65 and 0.75 of the reference's times the twin's own
-# (about 0.95 beside the burner). The credit they may get, with margins of at least 0.1 in relative speed
-# either side of where they sit: what is tested is that the verdict is steady, and its spread is reported.
-NEAR_EDGE_CREDIT = {"slowed_to_0.55": (0.0, 0.6), "slowed_to_0.65": (0.05, 0.95), "slowed_to_0.75": (0.4, 1.0)}
+# (`speed_variants.slowed`), its speed near 0.55, 0.65 and 0.75 of the reference's. Measured beside the
+# burner they sit a little higher, about 0.60, 0.70 and 0.80 (each call's exchange costs all three the same
+# fraction of a millisecond, which pulls a slower forward's ratio towards 1). The credit they may get, with
+# margins of at least 0.1 in relative speed either side of where they were measured: what is tested is that
+# the verdict is steady, and the spread of their credit is reported.
+NEAR_EDGE_CREDIT = {"slowed_to_0.55": (0.0, 0.85), "slowed_to_0.65": (0.1, 1.0), "slowed_to_0.75": (0.65, 1.0)}
 
 
 @pytest.mark.timeout(GRADINGS * 300 + 60)
