@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autograder.contract import PART_IDS
+from autograder.grading import verdict
 
 DEFAULT_RUBRIC = Path(__file__).with_name("rubric.toml")
 VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
@@ -47,7 +48,15 @@ LIMITS = {
 SPEED_SETTINGS = {
     "threads": (int, 1, "torch threads of every timed worker; CPU time beyond this many threads is charged"),
     "warmup_rounds": (int, 1, "rounds run before the measured ones and not counted"),
-    "rounds": (int, 3, "measured rounds; the statistic is the median of the per-round ratios"),
+    "confidence": (float, 0.0, "of the interval for the median relative speedup, all looks together (below 1)"),
+    "min_rounds": (int, 1, "measured rounds before the verdict is first asked"),
+    "batch_rounds": (int, 1, "measured rounds between later looks"),
+    "max_rounds": (int, 1, "measured rounds at most; there an unsettled verdict is close, scored on the median"),
+    "settle_points": (
+        float,
+        0.0,
+        "a verdict is settled when the credit its interval implies varies by this many points",
+    ),
     "full_credit_at": (
         float,
         0.0,
@@ -124,7 +133,11 @@ class Workload:
 class SpeedSettings:
     threads: int
     warmup_rounds: int
-    rounds: int
+    confidence: float
+    min_rounds: int
+    batch_rounds: int
+    max_rounds: int
+    settle_points: float
     full_credit_at: float
     no_credit_at: float
     give_up_below: float
@@ -134,6 +147,11 @@ class SpeedSettings:
     lock_seconds: float
     requires: tuple[str, ...]  # check keys that must pass for the speed part to earn points
     workloads: tuple[Workload, ...]
+
+    @property
+    def rounds(self) -> int:
+        """Measured rounds for a measurement that runs them all (the verdict stops earlier when it can)."""
+        return self.max_rounds
 
     def workloads_for(self, device: str) -> list[Workload]:
         return [w for w in self.workloads if w.device == device.split(":")[0]]
@@ -291,6 +309,12 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
 
 def _speed_settings(table: dict, path: Path) -> SpeedSettings:
     """[speed] and its [[speed.workloads]], every key checked (see SPEED_SETTINGS, WORKLOAD_SETTINGS)."""
+    if "rounds" in table:
+        raise RubricError(
+            f"{path}: [speed] rounds is no longer used: the rounds are taken until a confidence interval settles "
+            "the credit; set confidence, min_rounds, batch_rounds, max_rounds and settle_points instead (see the "
+            "packaged rubric.toml)"
+        )
     _no_unknown(table, (*SPEED_SETTINGS, "requires", "workloads"), "in [speed]: ", path)
     values: dict[str, Any] = {}  # each an int or a float, as SPEED_SETTINGS says (`_number`)
     for name, (kind, minimum, meaning) in SPEED_SETTINGS.items():
@@ -304,6 +328,16 @@ def _speed_settings(table: dict, path: Path) -> SpeedSettings:
                 f"{path}: [speed] needs {' < '.join(order)}; {low} = {values[low]:g} is not below "
                 f"{high} = {values[high]:g}"
             )
+    if not 0 < values["confidence"] < 1:
+        raise RubricError(f"{path}: [speed] confidence must lie strictly between 0 and 1, not {values['confidence']:g}")
+    if values["max_rounds"] < values["min_rounds"]:
+        raise RubricError(
+            f"{path}: [speed] max_rounds = {values['max_rounds']} is below min_rounds = {values['min_rounds']}"
+        )
+    try:
+        verdict.plan(values["confidence"], values["min_rounds"], values["batch_rounds"], values["max_rounds"])
+    except verdict.PlanError as exc:
+        raise RubricError(f"{path}: [speed] {exc}") from None
     requires = table.get("requires")
     if not (isinstance(requires, list) and all(isinstance(key, str) for key in requires)):
         raise RubricError(

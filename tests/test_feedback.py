@@ -26,7 +26,7 @@ def recorded_speed() -> dict:
     import warnings
     from types import SimpleNamespace
 
-    from autograder.grading import timing
+    from autograder.grading import timing, verdict
     from autograder.rubric import load_rubric
 
     with warnings.catch_warnings():  # the check module's markers are registered by the grader's plugin
@@ -42,8 +42,10 @@ def recorded_speed() -> dict:
         timing.SUBMISSION: [0.95e-3 + (i % 5) * 2e-5 for i in range(rounds)],
     }
     measurement = timing.Measurement(seconds, seconds, seconds, {k: [0.0] * rounds for k in seconds})
+    measurement.verdict = verdict.final(timing.relatives(measurement), rubric.speed, rubric.part_points("speed"))
     figures = timing.summarize(measurement)
-    credit = timing.credit(figures["relative"], rubric.speed.no_credit_at, rubric.speed.full_credit_at)
+    figures["verdict"]["said"] = verdict.describe(measurement.verdict, rubric.speed)
+    credit = measurement.verdict.credit
     figures.update(workload=dataclasses.asdict(workload), credit=credit)
     context = SimpleNamespace(measurements={}, device="cpu", rubric=rubric)
     record(context, workload, figures)
@@ -179,6 +181,10 @@ def test_the_speed_part_shows_its_figures_beside_the_bands_and_a_plot_of_the_rou
     assert f"full points from {bands['full_credit_at']:g}, none at {bands['no_credit_at']:g} or below" in scored
     value = next(r for r in rows if r.startswith(f"{figures['relative']:.2f}"))
     assert f"{figures['credit']:.0%} of the speed points" in value
+    interval = figures["relative_interval"]
+    assert f"{interval['low']:.2f} to {interval['high']:.2f} (90% interval)" in scored
+    assert f"In words: {figures['verdict']['said']}." in text
+    assert f"your forward is {figures['relative']:.2f} of the reference's speedup" in text
     bar = section.find(".//div[@class='bar']")
     mark = next(span for span in bar if span.get("class") == "mark")
     assert 0 < float(mark.get("style").split("left:")[1].strip(" %")) < 100

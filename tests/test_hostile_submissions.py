@@ -40,6 +40,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import speed_variants
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
 from autograder.sandbox.probe import namespace_sandbox_available
 from helpers import REFERENCE, ROOT, checks_run, failures, grade, part_scores
@@ -308,9 +309,9 @@ _FRAMES = {{
     "deep": lambda: (b'{{"ok":true,"value":' + b"[" * 200_000 + b"]" * 200_000 + b"}}", []),
     # a frame announcing a 2 GiB tensor, sent without it
     "huge_blob": lambda: (b'{{"ok":true,"value":{{"$":"tensor","blob":0,"dtype":"uint8","shape":[2147483648]}}}}', [2**31]),
-    # 60,000 lists of 8 values: more values than any answer may hold
+    # 5 lists of 60,000 values (about 600 KB, under the header limit): more values than any answer may hold
     "node_bomb": lambda: (b'{{"ok":true,"value":{{"$":"list","items":[' + b",".join(
-        [b'{{"$":"list","items":[1,2,3,4,5,6,7,8]}}'] * 60_000) + b"]}}}}", []),
+        [b'{{"$":"list","items":[' + b",".join([b"0"] * 60_000) + b"]}}"] * 5) + b"]}}}}", []),
     # the largest answer the limits let through: a header of {{}}s just under 1 MiB (once 16 MiB of them, 400 MB
     # of Python objects) and a 512 MiB blob, sent in full (the grader once held it twice, then copied it)
     "bloated": lambda: (b'{{"ok":true,"value":{{"$":"list","items":[' + b",".join([b"{{}}"] * 349_000) + b"]}}}}",
@@ -895,6 +896,21 @@ CASES += [
         {"mha": ("mha::test_no_ready_made_attention",)},
     ),
     Case("hides_its_input_mutation", lambda c: with_cells(last=HIDES_ITS_MUTATION), {}, ()),
+    # the speed part: a loop over heads that batches the timed calls it can see coming, from its callers'
+    # frames or by patching the worker's timed request, earned full speed points while a request carried
+    # every call's seed; one seed per call, timed by the grader, leaves it the loop it is
+    Case(
+        "batches_the_timed_calls",
+        lambda c: with_cells(last=speed_variants.LOOKS_UP_SEEDS),
+        {"speed": "all"},
+        ("Compute every head in one batched pass",),
+    ),
+    Case(
+        "patches_the_timed_request",
+        lambda c: with_cells(last=speed_variants.PATCHES_THE_SERVER),
+        {"speed": "all"},
+        ("Compute every head in one batched pass",),
+    ),
     # files that once took the grader's memory or crashed it while reading them
     Case("py_of_40000_cells", lambda c: "# %%\n1\n" * 40_000, EVERY_PART, ()),
     Case("notebook_dict_source", lambda c: notebook_with_source({"not": "code"}), EVERY_PART, (), suffix=".ipynb"),
@@ -1195,7 +1211,7 @@ def strings(value):
 
 @pytest.mark.slow
 def test_replies_that_break_the_protocol_leave_small_clean_results(graded):
-    """Nested 200,000 deep, a 2 GiB tensor announced, 480,000 values, 2.5 MB error messages full of
+    """Nested 200,000 deep, a 2 GiB tensor announced, 300,000 values, 2.5 MB error messages full of
     escape sequences and lone surrogates: each is refused or truncated and cleaned at the protocol's edge."""
     got = graded["hostile_replies"]
     assert got.results_bytes < RESULTS_LIMIT_BYTES, f"results.json is {got.results_bytes:,} bytes"

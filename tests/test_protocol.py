@@ -199,7 +199,8 @@ def reply(op, value):
         ("forward", {"y": 1, "head_calls": []}, "field 'x_after'"),
         ("forward", {"y": 1, "x_after": tensor_node([1]), "head_calls": [{"index": True}]}, "field 'index'"),
         ("ready", {"pid": "1", "cuda": False}, "field 'pid'"),
-        ("forward_many", {"$": "dict", "items": []}, "not a list of outputs"),
+        ("forward_many", {"$": "dict", "items": []}, "not a bare acknowledgement"),
+        ("forward_call", [1.0], "not a tensor"),
     ],
 )
 def test_replies_are_checked_against_their_schema(op, value, message):

@@ -3,13 +3,17 @@
 Every submission below is graded `GRADINGS` times (`grade --part speed`, one at a time) while another process
 burns a core. The reference's own definitions must earn the speed points in every grading; a loop over heads
 with the right values (two of them: the sample class's, and the tightest one, which loops over nothing but the
-two attention matmuls), a forward that sleeps 50 ms, a submission that burns the CPU from import on, and
-caching by shape or by input identity must earn none in any.
+two attention matmuls), a forward that sleeps 50 ms, a submission that burns the CPU from import on,
+caching by shape or by input identity, and a loop that batches the timed calls it can see coming (from its
+callers' frames, or by patching the worker's timed request) must earn none in any. Near the bands' edges,
+the reference slowed to about 0.55, 0.65 and 0.75 of its speed must get a credit within wide bounds in
+every grading; the spread of their credit is reported.
 
 Long (about half a minute per grading on a loaded 2-core machine): skipped unless SPEED_VERDICTS=1, as
 `make test-speed` sets it. Each test prints the measured figures: per grading, the submission's speedup as a
 fraction of the reference's (`relative`), its median over the gradings, the middle half of the per-round
-ratios, and the worst case (the lowest for the reference, the highest for the others).
+ratios, the worst case (the lowest for the reference, the highest for the others), the credit's spread, and
+the rounds each grading took and why they stopped.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import sys
 import pytest
 
 from helpers import grade
-from speed_variants import VARIANTS
+from speed_variants import NEAR_EDGES, VARIANTS, slowed
 
 GRADINGS = int(os.environ.get("SPEED_VERDICT_GRADINGS", "10"))
 EARNS_ALL = {"reference"}
@@ -54,27 +58,31 @@ def speed_figures(results: dict) -> dict:
     return next(iter(workloads.values()), {})
 
 
-@pytest.mark.timeout(GRADINGS * 300 + 60)
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_verdict_holds_in_every_grading(tmp_path, neighbour, variant):
+def grade_many(source: str, variant: str, tmp_path) -> list[dict]:
+    """`source` graded GRADINGS times (`grade --part speed`); per grading, the check's score and figures."""
     path = tmp_path / variant / "mha.py"
     path.parent.mkdir()
-    path.write_text(VARIANTS[variant]())
+    path.write_text(source)
     rows = []
     for number in range(GRADINGS):
         out_dir = tmp_path / f"grading-{number}"
         out_dir.mkdir()
         results, run = grade(path, out_dir, "--part", "speed")
         assert run.returncode == 0, run.stderr
-        assert neighbour.poll() is None, "the neighbour stopped burning"
         (check,) = results["tests"]
         figures = speed_figures(results)
+        said = figures.get("verdict") or {}
         rows.append(
             {
                 "score": check["score"],
                 "max_score": check["max_score"],
                 "status": check["status"],
                 "relative": figures.get("relative"),
+                "interval": figures.get("relative_interval"),
+                "rounds": figures.get("rounds"),
+                "stopped_because": said.get("stopped_because"),
+                "credit": figures.get("credit"),
+                "seconds": figures.get("seconds"),
                 "spread": figures.get("relative_spread"),
                 "speedup": figures.get("speedup"),
                 "reference_speedup": figures.get("reference_speedup"),
@@ -82,11 +90,39 @@ def test_verdict_holds_in_every_grading(tmp_path, neighbour, variant):
                 "output": check["output"],
             }
         )
+    return rows
+
+
+@pytest.mark.timeout(GRADINGS * 300 + 60)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_verdict_holds_in_every_grading(tmp_path, neighbour, variant):
+    rows = grade_many(VARIANTS[variant](), variant, tmp_path)
+    assert neighbour.poll() is None, "the neighbour stopped burning"
     report(variant, rows, tmp_path)
     if variant in EARNS_ALL:
         assert all(r["status"] == "passed" and r["score"] == r["max_score"] > 0 for r in rows), rows
     else:
         assert all(r["status"] == "failed" and r["score"] == 0 for r in rows), rows
+
+
+# Near the bands' edges (no_credit_at 0.55, full_credit_at 0.75): the reference slowed by a fixed fraction
+# (`speed_variants.slowed`), its speed near 0.55, 0.65 and 0.75 of the reference's. Measured beside the
+# burner they sit a little higher, about 0.60, 0.70 and 0.80 (each call's exchange costs all three the same
+# fraction of a millisecond, which pulls a slower forward's ratio towards 1). The credit they may get, with
+# margins of at least 0.1 in relative speed either side of where they were measured: what is tested is that
+# the verdict is steady, and the spread of their credit is reported.
+NEAR_EDGE_CREDIT = {"slowed_to_0.55": (0.0, 0.85), "slowed_to_0.65": (0.1, 1.0), "slowed_to_0.75": (0.65, 1.0)}
+
+
+@pytest.mark.timeout(GRADINGS * 300 + 60)
+@pytest.mark.parametrize("variant", sorted(NEAR_EDGES))
+def test_near_an_edge_the_credit_is_steady(tmp_path, neighbour, variant):
+    rows = grade_many(slowed(NEAR_EDGES[variant]), variant, tmp_path)
+    assert neighbour.poll() is None, "the neighbour stopped burning"
+    report(variant, rows, tmp_path)
+    low, high = NEAR_EDGE_CREDIT[variant]
+    credits = [r["credit"] for r in rows]
+    assert all(c is not None and low <= c <= high for c in credits), rows
 
 
 def report(variant: str, rows: list[dict], tmp_path):
@@ -96,10 +132,14 @@ def report(variant: str, rows: list[dict], tmp_path):
         worst = min(measured) if variant in EARNS_ALL else max(measured)
         q1 = min(r["spread"]["q1"] for r in rows if r["spread"])
         q3 = max(r["spread"]["q3"] for r in rows if r["spread"])
+        credits = [r["credit"] for r in rows if r["credit"] is not None]
         line += (
             f"; relative per grading {[round(v, 3) for v in measured]}, median {statistics.median(measured):.3f}, "
             f"worst {worst:.3f}; per-round middle half within {q1:.2f}-{q3:.2f}; reference speedup "
-            f"{statistics.median(r['reference_speedup'] for r in rows if r['reference_speedup']):.2f}x"
+            f"{statistics.median(r['reference_speedup'] for r in rows if r['reference_speedup']):.2f}x; "
+            f"credit {min(credits):.2f} to {max(credits):.2f} (spread {max(credits) - min(credits):.2f}); rounds "
+            f"{[r['rounds'] for r in rows]}, stopped because {[r['stopped_because'] for r in rows]}; speed check "
+            f"seconds, median {statistics.median(r['seconds'] for r in rows if r['seconds'] is not None):.2f}"
         )
     unmeasured = [r["failed"] or r["output"] for r in rows if r["relative"] is None]
     if unmeasured:

@@ -105,24 +105,41 @@ class FakeWorker:
         return {}
 
 
+class FakeCalls:
+    """One timed request's calls on the fake clock: each takes `per_call` seconds and `cpu_per_second` CPU."""
+
+    def __init__(self, worker, per_call, record):
+        self.worker, self.per_call, self.record, self.seeds = worker, per_call, record, []
+
+    def call(self, seed):
+        self.seeds.append(seed)
+        self.worker.clock.now += self.per_call
+        self.worker.cpu += self.per_call * self.worker.cpu_per_second
+        return torch.zeros(1)
+
+    def finish(self):
+        self.record(self.seeds)
+
+
 def fake_targets(clock, seconds_per_call, cpu_per_second=None, seen=None):
-    """Targets whose forwards take `seconds_per_call[name]` each (on the fake clock)."""
+    """Targets whose forwards take `seconds_per_call[name]` each (on the fake clock); `seen` gets, per timed
+    request, (name, the workers running, its seeds, its timeout)."""
     workers = {name: FakeWorker(name, clock, (cpu_per_second or {}).get(name, 1.0)) for name in seconds_per_call}
     targets = []
     for name, per_call in seconds_per_call.items():
+        times = itertools.cycle(per_call if isinstance(per_call, list) else [per_call])  # per request, in turn
 
-        def run(seeds, timeout, name=name, per_call=per_call):
-            worker = workers[name]
+        def open_calls(calls, timeout, name=name, times=times):
             running = sorted(w.name for w in workers.values() if w.running)
-            if seen is not None:
-                seen.append((name, running, list(seeds), timeout))
-            spent = per_call * len(seeds)
-            clock.now += spent
-            worker.cpu += spent * worker.cpu_per_second
-            return [torch.zeros(1) for _ in seeds]
+
+            def record(seeds):
+                if seen is not None:
+                    seen.append((name, running, list(seeds), timeout))
+
+            return FakeCalls(workers[name], next(times), record)
 
         calls = 1 if name == timing.WRAPPER else 4
-        targets.append(timing.Target(name, workers[name], run, calls))
+        targets.append(timing.Target(name, workers[name], open_calls, calls))
     return targets, workers
 
 
@@ -134,7 +151,8 @@ def test_only_the_timed_worker_runs_and_every_worker_is_resumed_after():
     result = timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
     assert all(running == [name] for name, running, _, _ in seen)
     assert all(w.running for w in workers.values())
-    assert len(result.rounds[timing.SUBMISSION]) == SPEED.rounds
+    assert len(result.rounds[timing.SUBMISSION]) == SPEED.min_rounds  # one rate every round: the first look settles
+    assert result.verdict is not None and result.verdict.stopped_because == "full"
     assert result.rounds[timing.SUBMISSION][0] == pytest.approx(0.01)  # seconds per call
     assert result.walls[timing.WRAPPER][0] == pytest.approx(0.05)
 
@@ -151,6 +169,28 @@ def test_every_round_has_new_seeds_shared_by_the_three():
         assert seeds[timing.WRAPPER] == seeds[timing.REFERENCE][:1]
         assert not used & set(seeds[timing.REFERENCE])
         used |= set(seeds[timing.REFERENCE])
+
+
+@pytest.mark.parametrize(
+    "submission,rounds,because",
+    [
+        (0.01, SPEED.min_rounds, "full"),  # as fast as the reference in every round
+        (0.01 / 0.45, SPEED.min_rounds, "none"),  # 0.45 of its speed
+        (0.01 / 0.65, SPEED.min_rounds, "settled"),  # 0.65 in every round: the interval is a point
+        # from 0.55 to 0.75 of the reference's speed, in turn: no interval settles it
+        ([0.01 / r for r in (0.55, 0.6, 0.65, 0.7, 0.75, 0.58, 0.72)], SPEED.max_rounds, "max_rounds"),
+    ],
+)
+def test_the_rounds_stop_as_soon_as_the_verdict_is_settled(submission, rounds, because):
+    clock = Clock()
+    targets, _ = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: submission})
+    result = timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock, points=10.0)
+    assert result.verdict is not None
+    assert (len(result.rounds[timing.SUBMISSION]), result.verdict.stopped_because) == (rounds, because)
+    assert result.verdict.close == (because == "max_rounds")
+    figures = timing.summarize(result)
+    assert figures["rounds"] == rounds and figures["verdict"]["stopped_because"] == because
+    assert figures["relative_interval"]["low"] <= figures["relative"] <= figures["relative_interval"]["high"]
 
 
 def test_a_submission_using_two_cores_is_charged_for_them():
@@ -225,8 +265,16 @@ PACKAGED = DEFAULT_RUBRIC.read_text()
 @pytest.mark.parametrize(
     "old,new,message",
     [
-        ("rounds = 21 ", "# rounds = 21 ", "[speed] rounds is missing"),
-        ("rounds = 21 ", "rounds = 2 ", "[speed] rounds must be at least 3"),
+        ("max_rounds = 35 ", "# max_rounds = 35 ", "[speed] max_rounds is missing"),
+        ("min_rounds = 5 ", "min_rounds = 0 ", "[speed] min_rounds must be at least 1"),
+        ("max_rounds = 35 ", "max_rounds = 35\nrounds = 21 ", "[speed] rounds is no longer used"),
+        ("min_rounds = 5 ", "min_rounds = 4 ", "[speed] min_rounds = 4 can never settle a verdict at confidence 0.9"),
+        ("confidence = 0.9 ", "confidence = 0.99 ", "use min_rounds >= 9 or a lower confidence"),
+        ("confidence = 0.9 ", "confidence = 1 ", "[speed] confidence must lie strictly between 0 and 1"),
+        ("batch_rounds = 3 ", "batch_rounds = 0 ", "[speed] batch_rounds must be at least 1"),
+        ("max_rounds = 35 ", "max_rounds = 4 ", "[speed] max_rounds = 4 is below min_rounds = 5"),
+        ("max_rounds = 35 ", "max_rounds = 1000 ", "[speed] max_rounds = 1000 is more than the 200"),
+        ("settle_points = 0.5 ", "settle_points = -1 ", "[speed] settle_points must be at least 0"),
         ("no_credit_at = 0.55 ", "no_credit_at = 0.9 ", "no_credit_at = 0.9 is not below full_credit_at"),
         ("threads = 1 ", "threads = 1.5 ", "[speed] threads must be an integer"),
         ("requires = [", "requires = 3 #", "requires must be a list of check keys"),
@@ -366,8 +414,8 @@ def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
         device="cpu",
     )
     args = dict(handle=info.handle, shape=[2, 6, 16], dtype="float32", out_features=8, threads=1)
-    first = reference_worker.request("forward_many", seeds=[11, 12], **args)
-    again = reference_worker.request("forward_many", seeds=[12], **args)
+    first = reference_worker.forward_many([11, 12], **args)
+    again = reference_worker.forward_many([12], **args)
     assert [tuple(a.shape) for a in first] == [(2, 6, 3)] * 2 and first[0].dtype == torch.float64
     assert torch.equal(first[1], again[0])  # the same seed, the same input and probe
     assert not torch.equal(first[0], first[1])
@@ -382,7 +430,34 @@ def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
     from autograder.sandbox.client import SubmissionError
 
     with pytest.raises(SubmissionError, match="expected a tensor of shape"):
-        reference_worker.request("forward_many", seeds=[1], **{**args, "out_features": 9})
+        reference_worker.forward_many([1], **{**args, "out_features": 9})
+
+
+def test_timed_calls_do_no_grader_work_but_the_exchange(reference_worker, monkeypatch):
+    """Inside the clock, every timed worker pays the same: one seed out, one answer in. The CPU budget (a walk
+    of the worker's processes, /proc without control groups) is charged after the last call, not per read."""
+    from reference import mha as ref
+
+    module = ref.MultiHeadAttention(16, 8, 6, 0.0, 4).eval()
+    info = reference_worker.request(
+        "build",
+        cls="MultiHeadAttention",
+        args=[16, 8, 6, 0.0, 4],
+        kwargs={},
+        state_dict=module.state_dict(),
+        dtype="float32",
+        device="cpu",
+    )
+    charged = []
+    monkeypatch.setattr(reference_worker, "_cpu_budget_left", lambda: charged.append("budget") or True)
+    calls = reference_worker.timed_calls(3, 30.0, handle=info.handle, shape=[2, 6, 16], dtype="float32", out_features=8)
+    charged.clear()  # opening the request (untimed) may charge the budget
+    answers = [calls.call(seed) for seed in (1, 2, 3)]
+    assert charged == [] and len(answers) == 3
+    calls.finish()
+    assert charged == ["budget"]
+    with pytest.raises(ValueError, match="more timed calls"):
+        calls.call(4)
 
 
 def test_the_notebook_times_the_graders_cpu_workload():

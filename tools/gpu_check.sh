@@ -2,9 +2,12 @@
 # The checks that need a GPU, in one run (about 10 minutes on one GPU once torch is installed):
 #   1. the CUDA-marked tests (the speed part's included),
 #   2. a CUDA grading of the sample class (in a copy of assignments/, so the checkout is unchanged),
-#   3. the benchmark (`make bench`) on the GPU.
+#   3. the benchmark (`make bench`) on the GPU,
+#   4. the speed part's clock against torch.utils.benchmark's adaptive_autorange and triton's do_bench (when
+#      triton imports), the SM clock, temperature and throttle reasons around each timed round (with
+#      nvidia-ml-py), and whether a frozen helper's queued GPU work slows the reference (tools/gpu_timing.py).
 # Everything it prints is also kept under $OUT (default gpu-check/): the test log, the class table and
-# each results.json, bench.json and bench.png.
+# each results.json, bench.json and bench.png, gpu-timing.txt and gpu-timing.json.
 #
 #   tools/gpu_check.sh                      # uses .venv, installing a CUDA build of torch if it has none
 #   VENV=/opt/venv tools/gpu_check.sh       # an environment that already has a CUDA build of torch
@@ -60,6 +63,13 @@ PYTHON
 # default torch over a CUDA build installed by hand)
 echo "== 3. the benchmark on $DEVICE"
 "$PY" tools/bench.py --device "$DEVICE" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt" || status=1
+
+echo "== 4. the grader's clock against the standard tools, the GPU's state, a frozen helper ($DEVICE)"
+if [ "$DEVICE" = cuda ] && ! "$PY" -c "import pynvml" 2>/dev/null; then
+    "$PY" -m pip install -q --retries 0 --timeout 10 nvidia-ml-py 2>/dev/null \
+        || echo "(nvidia-ml-py could not be installed: no clocks)"
+fi
+"$PY" tools/gpu_timing.py --device "$DEVICE" --out "$OUT" 2>&1 | tee "$OUT/gpu-timing.txt" || status=1
 
 echo "== done (status $status): see $OUT/"
 exit $status

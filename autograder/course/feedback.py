@@ -124,8 +124,8 @@ def workload_context(name: str, figures: dict, bands: dict) -> dict:
         ("the reference's speedup over the wrapper, same run", f"{figures['reference_speedup']:.2f}x"),
     ]
     spread = figures.get("relative_spread") or {}
-    # Issue 20 adds a confidence interval of the scored figure to results.json; it is shown here when present.
-    interval = figures.get("relative_interval")
+    interval = figures.get("relative_interval")  # the verdict's interval for the median (`grading/verdict.py`)
+    said = (figures.get("verdict") or {}).get("said")
     scored = {
         "label": f"yours divided by the reference's (median of {figures.get('rounds', '?')} rounds)",
         "value": f"{figures['relative']:.2f}",
@@ -133,6 +133,7 @@ def workload_context(name: str, figures: dict, bands: dict) -> dict:
         "interval": f"{interval['low']:.2f} to {interval['high']:.2f} ({interval.get('level', 0.95):.0%} interval)"
         if isinstance(interval, dict) and {"low", "high"} <= set(interval)
         else "",
+        "said": said[:1000] if isinstance(said, str) else "",
         "bar": band_bar(figures["relative"], bands),
         "bands": (
             f"full points from {bands['full_credit_at']:g}, none at {bands['no_credit_at']:g} or below"

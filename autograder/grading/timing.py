@@ -12,23 +12,30 @@ process keeps the two reference workers for its next gradings (`kept_trusted_wor
 How (`measure`):
 
 - Everything that runs inside a worker is treated as hostile, so the clock is the grader's own: wall time
-  around each `forward_many` request. The request carries only seeds; the worker makes each input from its
-  seed (no input exists before its request, and nothing large crosses the pipe while the clock runs) and
-  answers, per token, a random probe of each output. Every answer is compared with the reference's for the
-  same seed, so caching, replaying, returning before the work is done or working on another stream earn
-  nothing but a failure.
-- Warm-up rounds first, then measured rounds. Each round draws fresh seeds, shared by the three targets,
-  and times the wrapper, then the reference and the submission, which take turns at going first.
+  around a timed request's calls (`client.TimedCalls`). The request carries only settings; then the grader
+  sends each call's seed in a frame of its own, the next only once the previous call's answer has come back,
+  and the worker makes the call's input from its seed. So no input exists before its call starts, no call
+  can be batched with or prepared for a later one, and nothing the worker reports is a time (a submission
+  that patches the worker's request loop changes nothing the grader measures). The client's work inside the
+  clock is the same for the three workers: one small frame out, one answer in; the submission's CPU budget
+  is charged between requests. The answer is, per token, a random probe of the output; every answer is
+  compared with the reference's for the same seed, so caching, replaying, returning before the work is done
+  or working on another stream earn nothing but a failure.
+- Warm-up rounds first, then measured rounds in batches (`verdict`): after `min_rounds`, and every
+  `batch_rounds` more, a confidence interval for the median relative speedup is asked whether it settles the
+  credit; the rounds stop when it does, or at `max_rounds`. Each round draws fresh seeds, shared by the three
+  targets, and times the wrapper, then the reference and the submission, which take turns at going first.
 - Only the worker being timed runs: every other worker, with every process it started, is stopped
   (SIGSTOP), so a submission's background threads or processes cannot slow the reference down.
-- Each request is charged its wall time less the time the worker's threads waited for a CPU held by
-  other processes (so a busy machine hurts nobody), but never less than the CPU time of all the worker's
+- Each request is charged its wall time less the time the worker's threads, and the grader's thread that
+  times it, waited for a CPU held by other processes (so a busy machine hurts nobody: with a round trip per
+  call, the grader's own waits for a CPU would otherwise count once per call), but never less than the CPU time of all the worker's
   processes spread over the threads it was given (equal torch threads everywhere): a submission cannot
   win by using more cores than the reference gets, and sleeping or blocking is charged (`charge`).
 
 The statistic (`summarize`): per round, the submission's speedup over the wrapper and the reference's own;
 their ratio (the submission's speedup as a fraction of the reference's) is the score's input, as the median
-over rounds, with the spread kept. Because the wrapper and the reference are measured in the same run on
+over rounds, with its interval, the spread, the rounds taken and why they stopped (`verdict.Verdict`). Because the wrapper and the reference are measured in the same run on
 the same machine, the thresholds hold on any machine.
 
 On CUDA the whole measurement holds a lock file per device, so gradings running in parallel on one GPU never
@@ -53,6 +60,8 @@ from typing import Any, Protocol
 import torch
 
 from autograder.grading import submission as reader
+from autograder.grading import verdict
+from autograder.grading.verdict import Verdict, credit  # noqa: F401  (the speed check scores with timing.credit)
 from autograder.rubric import SpeedSettings
 from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
 
@@ -221,29 +230,44 @@ class Timed(Protocol):
     def thread_waits(self) -> dict[int, int]: ...
 
 
+class Calls(Protocol):
+    """One timed request's calls (`client.TimedCalls` is one): `call(seed)` sends one call's seed and returns
+    its answer, the only thing inside the clock; `finish()` after the last, outside it."""
+
+    def call(self, seed: int) -> Any: ...
+
+    def finish(self) -> None: ...
+
+
 @dataclass
 class Target:
-    """One module to time. `run(seeds, timeout)` sends one `forward_many` request and returns its answers
-    (per call, a (batch, tokens, 3) tensor of probes); `worker` is the process it runs in; `calls` how many
-    forwards it runs per round (the wrapper, many times slower, needs fewer to be timed as well)."""
+    """One module to time. `open(calls, timeout)` opens one timed request of that many calls (the worker
+    gets the settings and says it is ready, untimed) and returns its `Calls`; each answer is a (batch,
+    tokens, 3) tensor of probes. `worker` is the process it runs in; `calls` how many forwards it runs per
+    round (the wrapper, many times slower, needs fewer to be timed as well). `failed(error)` turns a
+    failure of the worker (a `WorkerError`) into what it means: the submission's fault (TimingFailed, or
+    a failed check) or the grader's (CannotTime)."""
 
     name: str
     worker: Timed
-    run: Callable[[list[int], float], list[torch.Tensor]]
+    open: Callable[[int, float], Calls]
     calls: int
+    failed: Callable[[WorkerError], None] = lambda error: None
 
 
 @dataclass
 class Measurement:
     """Per target, per measured round, seconds per forward: `rounds` the charged time (what is scored),
     `walls` the wall time, `cpus` the CPU time of all the worker's processes, `waits` the time its threads
-    spent ready to run but waiting for a CPU."""
+    and the grader's timing thread spent ready to run but waiting for a CPU."""
 
     rounds: dict[str, list[float]]
     walls: dict[str, list[float]] = field(default_factory=dict)
     cpus: dict[str, list[float]] = field(default_factory=dict)
     waits: dict[str, list[float]] = field(default_factory=dict)
     warmup: dict[str, list[float]] = field(default_factory=dict)
+    verdict: Verdict | None = None  # what stopped the rounds (`verdict.decide`)
+    seconds: float = 0.0  # the whole measurement's wall time, warm-up included (what the rounds cost)
 
 
 class Stage:
@@ -291,9 +315,14 @@ def measure(
     verify: Callable[[dict[str, list[torch.Tensor]]], None],
     request_seconds: float,
     clock: Callable[[], float] = time.perf_counter,
+    points: float = 1.0,
+    own_wait: Callable[[], float] | None = None,
 ) -> Measurement:
-    """Warm-up rounds, then `settings.rounds` measured rounds of each target's forwards (see the module's
-    docstring); in a round every target's inputs come from the same new seeds. `verify(answers by target)`
+    """Warm-up rounds, then measured rounds of each target's forwards (see the module's docstring) until
+    the sequential verdict (`verdict.decide`, on the `points` the measurement decides) settles the credit
+    or `settings.max_rounds` are taken; in a round every target's inputs come from the same new seeds.
+    `own_wait()` (`procfs.own_wait`), when given: the seconds this thread has waited for a CPU, which the
+    request is not charged either (its calls are a ping-pong of this thread and the worker's). `verify(answers by target)`
     checks a round's answers (it raises TimingFailed). Raises TimingFailed when the submission's forwards
     fail, or are so slow after warm-up that even its best time is below `give_up_below` of the reference's
     worst."""
@@ -317,11 +346,20 @@ def measure(
                 # far beyond what could still earn anything: stop waiting (a sleeping or hanging forward)
                 slowest = max(result.walls[REFERENCE] or warm[REFERENCE]) * target.calls
                 timeout = min(request_seconds, 1.0 + 2 * slowest / settings.give_up_below)
-            cpu_before, waits_before = target.worker.cpu_seconds(), target.worker.thread_waits()
-            start = clock()
-            answers[name] = target.run(round_seeds[: target.calls], timeout)
-            wall = clock() - start
-            cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, target.worker.thread_waits())
+            try:
+                calls = target.open(target.calls, timeout)
+                cpu_before, waits_before = target.worker.cpu_seconds(), target.worker.thread_waits()
+                mine_before = own_wait() if own_wait else 0.0
+                start = clock()
+                answers[name] = [calls.call(seed) for seed in round_seeds[: target.calls]]
+                wall = clock() - start
+                mine = own_wait() - mine_before if own_wait else 0.0
+                cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, target.worker.thread_waits())
+                wait += mine
+                calls.finish()
+            except WorkerError as exc:
+                target.failed(exc)
+                raise
             charged = charge(wall, cpu, wait, settings.threads) / target.calls
             if counted:
                 for into, value in (
@@ -335,6 +373,7 @@ def measure(
                 warm[name].append(charged)
         verify(answers)
 
+    began = time.perf_counter()
     with Stage([t.worker for t in targets]) as stage:
         for _ in range(settings.warmup_rounds):  # the reference before the submission: its time bounds the wait
             one_round(names, counted=False)
@@ -349,9 +388,23 @@ def measure(
                     f"{1 / settings.give_up_below:.3g} times slower than the reference) cannot get there, so the "
                     "measured rounds were not run"
                 )
-        for index in range(settings.rounds):
+        for index in range(settings.max_rounds):
             one_round(round_order(names, index), counted=True)
+            if verdict.next_look(index, settings) == index + 1:  # a look: do the rounds so far settle it?
+                result.verdict = verdict.decide(relatives(result), settings, points)
+                if result.verdict is not None:
+                    break
+    result.seconds = time.perf_counter() - began
     return result
+
+
+def relatives(measurement: Measurement) -> list[float]:
+    """Per measured round, the submission's speedup over the wrapper as a fraction of the reference's:
+    (wrapper / submission) / (wrapper / reference), the reference's time over the submission's."""
+    charged = measurement.rounds
+    return [
+        (w / s) / (w / r) for w, r, s in zip(charged[WRAPPER], charged[REFERENCE], charged[SUBMISSION], strict=True)
+    ]
 
 
 def round_order(names: list[str], index: int) -> list[str]:
@@ -389,16 +442,6 @@ def check_probes(mine: object, expected: torch.Tensor, rtol: float, atol: float,
 # -- statistics ----------------------------------------------------------------------------------------------
 
 
-def credit(relative: float, no_credit_at: float, full_credit_at: float) -> float:
-    """The fraction of the speed part's points for a speedup that is `relative` of the reference's: none
-    at or below `no_credit_at`, all from `full_credit_at`, linear in between."""
-    if relative >= full_credit_at:
-        return 1.0
-    if relative <= no_credit_at:
-        return 0.0
-    return (relative - no_credit_at) / (full_credit_at - no_credit_at)
-
-
 def quartiles(values: list[float]) -> tuple[float, float, float]:
     if len(values) == 1:
         return values[0], values[0], values[0]
@@ -416,7 +459,7 @@ def summarize(measurement: Measurement) -> dict[str, Any]:
     reference_speedups = [w / r for w, r in zip(wrapper, reference)]
     relatives = [s / r for s, r in zip(speedups, reference_speedups)]
     q1, median, q3 = quartiles(relatives)
-    return {
+    figures: dict[str, Any] = {
         "speedup": statistics.median(speedups),
         "reference_speedup": statistics.median(reference_speedups),
         "relative": median,
@@ -432,7 +475,21 @@ def summarize(measurement: Measurement) -> dict[str, Any]:
             )
         },
         "rounds": len(relatives),
+        "timed_seconds": round(measurement.seconds, 3),
     }
+    if measurement.verdict is not None:
+        v = measurement.verdict
+        figures["relative_interval"] = {"low": v.low, "high": v.high, "level": v.confidence}
+        figures["verdict"] = {
+            "median": v.median,
+            "low": v.low,
+            "high": v.high,
+            "confidence": v.confidence,
+            "rounds": v.rounds,
+            "stopped_because": v.stopped_because,
+            "close": v.close,
+        }
+    return figures
 
 
 def geometric_mean(values: list[float]) -> float:

@@ -467,6 +467,32 @@ class Worker:
             raise SubmissionError(reply.error)
         return reply.value
 
+    def timed_calls(
+        self, calls: int, timeout: float, target: str | None = None, check: CheckBudget | None = None, **settings: Any
+    ) -> TimedCalls:
+        """Open a `forward_many` request for `calls` timed forwards (untimed: the worker gets the settings and
+        says it is ready); the caller then times `TimedCalls.call(seed)`, one per call, and ends with
+        `TimedCalls.finish()`. Raises as `request` does."""
+        what = f"{target} (timed)" if target else "forward_many"
+        self.request(
+            "forward_many",
+            timeout=timeout,
+            target=what,
+            overrun_hint="far slower than the reference's forward, whose time sets this limit",
+            timed=True,
+            check=check,
+            calls=calls,
+            **settings,
+        )
+        return TimedCalls(self, calls, self._deadline(timeout, "far slower than the reference's forward", check), what)
+
+    def forward_many(self, seeds: list[int], timeout: float | None = None, **settings: Any) -> list[Any]:
+        """Every seed's timed forward in one `forward_many` request (untimed here: for tests and tools)."""
+        calls = self.timed_calls(len(seeds), timeout or self.config.request_seconds, **settings)
+        answers = [calls.call(seed) for seed in seeds]
+        calls.finish()
+        return answers
+
     def _deadline(
         self, seconds: float, overrun_hint: str = "an infinite loop?", check: CheckBudget | None = None
     ) -> Deadline:
@@ -508,13 +534,13 @@ class Worker:
             return False
         return int.from_bytes(unread, sys.byteorder, signed=True) > 0
 
-    def _receive(self, op: str, deadline: Deadline, what: str) -> protocol.Reply:
+    def _receive(self, op: str, deadline: Deadline, what: str, charge: bool = True) -> protocol.Reply:
         def read_exact(n: int) -> bytes:
-            return self._read(n, deadline, what)
+            return self._read(n, deadline, what, charge)
 
         def read_into(view: memoryview) -> None:  # a blob, straight into its tensor's memory
             while view:
-                chunk = self._read(min(len(view), 1 << 20), deadline, what)
+                chunk = self._read(min(len(view), 1 << 20), deadline, what, charge)
                 view[: len(chunk)] = chunk
                 view = view[len(chunk) :]
 
@@ -527,11 +553,13 @@ class Worker:
         deadline.check(what)
         return reply
 
-    def _read(self, n: int, deadline: Deadline, what: str) -> bytes:
+    def _read(self, n: int, deadline: Deadline, what: str, charge: bool = True) -> bytes:
+        """`n` bytes from the worker. `charge`: stop once the CPU budget is spent (a walk of the worker's
+        processes per chunk); a timed call does not, so that every timed worker pays the same (`TimedCalls`)."""
         chunks = []
         while n:
             deadline.check(what)
-            if not self._cpu_budget_left():
+            if charge and not self._cpu_budget_left():
                 raise BudgetSpent(
                     f"{what} was stopped: the CPU time budget for the whole submission "
                     f"({self.config.submission_cpu_seconds:g} CPU seconds) is used up"
@@ -561,6 +589,56 @@ class Worker:
                     "(all its processes together)"
                 )
         return WorkerCrashed(f"the process running your code ended while {what}: {detail or describe_exit(code)}")
+
+
+class TimedCalls:
+    """The timed calls of one `forward_many` request: `call(seed)` sends one call's seed and returns its
+    answer, and is the only work inside the caller's clock. It is the same code for every worker, the
+    reference's and the submission's alike: one small frame out, one reply in, within the request's
+    deadline, and no grader work besides (the CPU budget is charged in `finish`, between timed requests).
+    The worker learns a call's seed only when the call starts, so no call can be batched with or prepared
+    for a later one. A failure ends the calls and is handled as `Worker.request` handles it."""
+
+    def __init__(self, worker: Worker, calls: int, deadline: Deadline, what: str):
+        self.worker, self.left, self.deadline, self.what = worker, calls, deadline, what
+
+    def call(self, seed: int) -> Any:
+        worker, what = self.worker, self.what
+        if self.left <= 0:
+            raise ValueError("more timed calls than the request asked for")
+        self.left -= 1
+        try:
+            try:
+                _write_all(worker._running(what), protocol.pack_frame({"seed": seed}, []), self.deadline, what)
+            except (BrokenPipeError, OSError):
+                raise worker._crashed(what) from None
+            reply = worker._receive("forward_call", self.deadline, what, charge=False)
+        except WorkerTimeout as exc:
+            if not isinstance(exc, BudgetSpent):
+                worker.hung[what] = f"{exc} (not tried again in later checks)"
+            worker.events.append(str(exc))
+            worker.kill()
+            raise
+        except WorkerCrashed as exc:
+            worker.events.append(str(exc))
+            worker.crashes.setdefault(what, []).append(str(exc))
+            worker.kill()
+            raise
+        if reply.error is not None:  # the student's code raised: the worker ended the calls
+            self.left = 0
+            raise SubmissionError(reply.error)
+        return reply.value
+
+    def finish(self) -> None:
+        """After the last call: charge the submission's CPU budget (outside every clock)."""
+        if self.left:
+            raise ValueError(f"{self.left} timed calls were not made")
+        if not self.worker._cpu_budget_left():
+            self.worker.kill()
+            raise BudgetSpent(
+                f"{self.what} was stopped: the CPU time budget for the whole submission "
+                f"({self.worker.config.submission_cpu_seconds:g} CPU seconds) is used up"
+            )
 
 
 def describe_exit(code: int | None) -> str:

@@ -562,11 +562,14 @@ def parse_reply(op: str, header: dict[str, Any], decoder: Decoder) -> Reply:
                 y_device,
             ),
         )
-    if op == "forward_many":
-        value = decoder.decode(raw)
-        if not isinstance(value, list):
-            raise ProtocolError(f"{what}: not a list of outputs")
-        return Reply(True, value)
+    if op == "forward_many":  # ready for the timed calls
+        if raw is not None:
+            raise ProtocolError(f"{what}: not a bare acknowledgement")
+        return Reply(True, None)
+    if op == "forward_call":  # one timed call's answer
+        if not (isinstance(raw, dict) and raw.get("$") == "tensor"):
+            raise ProtocolError(f"{what}: not a tensor")
+        return Reply(True, decoder.decode(raw))
     return Reply(True, decoder.decode(raw))
 
 

@@ -24,7 +24,16 @@ import torch
 from autograder.grading import explain
 from autograder.grading.plugin import NotScored
 from autograder.rubric import Rubric
-from autograder.sandbox.client import CheckBudget, LoadFailed, SubmissionError, Worker, WorkerCrashed, WorkerTimeout
+from autograder.sandbox.client import (
+    CheckBudget,
+    LoadFailed,
+    SubmissionError,
+    TimedCalls,
+    Worker,
+    WorkerCrashed,
+    WorkerError,
+    WorkerTimeout,
+)
 from autograder.sandbox.protocol import MISSING, Foreign, ForwardReply, Handle, ModuleInfo
 
 # The cause of every check that cannot load its weights into the student's module (see scoring.name_once).
@@ -91,15 +100,19 @@ class Submission:
         limit = self._timeout() if timeout is None else min(self._timeout(), timeout)
         try:
             return self.worker.request(op, timeout=limit, target=target, check=self._check(), **payload)
-        except LoadFailed as exc:
-            fail(str(exc))
-        except SubmissionError as exc:
+        except WorkerError as exc:
+            self.failed(exc)
+
+    def failed(self, exc: WorkerError) -> NoReturn:
+        """Fail the check for what went wrong in the worker, in the student's terms."""
+        if isinstance(exc, SubmissionError):
             trace = f"\n{exc.traceback}" if exc.traceback else ""
             if exc.type == "NotImplementedError":
                 fail(f"not done yet: this still raises NotImplementedError (a stub left as released?){trace}")
             fail(f"your code raised {exc.type}" + (f": {exc.message}" if exc.message else "") + trace)
-        except (WorkerTimeout, WorkerCrashed) as exc:
+        if isinstance(exc, (LoadFailed, WorkerTimeout, WorkerCrashed)):
             fail(str(exc))
+        raise exc
 
     def value(self, name: str) -> Any:
         answer = self._ask("get", name=name)
@@ -200,28 +213,19 @@ class Submission:
             fail("the worker's answer did not include the input after the forward")
         return answer
 
-    def forward_many(
-        self, module: ModuleInfo, seeds: list[int], *, timeout: float | None = None, **settings: Any
-    ) -> list[torch.Tensor]:
-        """Timed forwards on inputs the worker makes from `seeds` (the worker's `forward_many`): per call, a
-        (batch, tokens, 3) tensor of probes of the output. A forward that hangs here is not held against
-        the untimed checks (its own target)."""
-        answer = self._ask(
-            "forward_many",
-            target=f"{module.cls}.forward (timed)",
-            timeout=timeout,
-            timed=True,
-            overrun_hint="far slower than the reference's forward, whose time sets this limit",
+    def timed_calls(self, module: ModuleInfo, calls: int, timeout: float, **settings: Any) -> TimedCalls:
+        """Open one timed request of `calls` forwards on inputs the worker makes from seeds sent one per call
+        (`client.TimedCalls`): per call, a (batch, tokens, 3) tensor of probes of the output. A forward that
+        hangs here is not held against the untimed checks (its own target). Failures are left to the
+        caller (`failed`), which handles them the same way for every timed worker."""
+        return self.worker.timed_calls(
+            calls,
+            min(self._timeout(), timeout),
+            target=f"{module.cls}.forward",
+            check=self._check(),
             handle=module.handle,
-            seeds=seeds,
             **settings,
         )
-        if not (
-            isinstance(answer, list) and len(answer) == len(seeds) and all(isinstance(a, torch.Tensor) for a in answer)
-        ):
-            fail("the timed forwards did not answer one tensor per call")
-        tensors: list[torch.Tensor] = answer
-        return tensors
 
 
 def _wire(value: Any) -> Any:

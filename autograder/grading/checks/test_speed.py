@@ -12,18 +12,21 @@ over the wrapper as a fraction of the reference's own speedup in the same run (`
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import torch
 
-from autograder.grading import timing
+from autograder.grading import timing, verdict
 from autograder.grading.checks.fixtures import GradingContext
 from autograder.grading.checks.harness import Inputs, ModuleRef, Submission, assert_close, fail, reference_forward
 from autograder.grading.devices import TimingLockError, device_key, timing_lock
+from autograder.grading.verdict import Verdict
 from autograder.rubric import Rubric, SpeedSettings, Workload
+from autograder.sandbox import procfs
 from autograder.sandbox.client import Worker, WorkerError
 from reference import mha as ref
 
@@ -171,9 +174,10 @@ def build_references(
 def timing_targets(
     submission: Submission, module: ModuleRef, reference: Built, wrapper: Built, workload: Workload, threads: int
 ) -> list[timing.Target]:
-    """The three timed modules, each by its `forward_many` request on the workload's inputs."""
+    """The three timed modules, each by its timed `forward_many` requests on the workload's inputs, through
+    the same client code (`client.TimedCalls`): only what a failure means differs."""
     w = workload
-    request_args = dict(
+    request_args: dict[str, Any] = dict(
         shape=list(w.shape),
         dtype=w.dtype,
         out_features=w.d_out,
@@ -181,18 +185,33 @@ def timing_targets(
         flush_bytes=int(w.flush_mib * (1 << 20)),
     )
 
-    def in_reference_worker(built: Built) -> Callable[[list[int], float], list[torch.Tensor]]:
-        return lambda seeds, timeout: trusted(
-            built.worker, "forward_many", timeout=timeout, handle=built.handle, seeds=seeds, **request_args
+    def in_reference_worker(built: Built, cls: str) -> Callable[[int, float], timing.Calls]:
+        return lambda calls, timeout: built.worker.timed_calls(
+            calls, timeout, target=f"the reference's {cls}.forward", handle=built.handle, **request_args
         )
 
-    def in_submission_worker(seeds: list[int], timeout: float) -> list[torch.Tensor]:
-        return submission.forward_many(module, seeds, timeout=timeout, **request_args)
+    def in_submission_worker(calls: int, timeout: float) -> timing.Calls:
+        return submission.timed_calls(module, calls, timeout, **request_args)
+
+    def grader_fault(exc: WorkerError) -> NoReturn:
+        raise timing.CannotTime(f"the reference's timing worker failed (forward_many): {exc}") from None
 
     return [
-        timing.Target(timing.WRAPPER, wrapper.worker, in_reference_worker(wrapper), w.wrapper_calls),
-        timing.Target(timing.REFERENCE, reference.worker, in_reference_worker(reference), w.calls),
-        timing.Target(timing.SUBMISSION, submission.worker, in_submission_worker, w.calls),
+        timing.Target(
+            timing.WRAPPER,
+            wrapper.worker,
+            in_reference_worker(wrapper, "MultiHeadAttentionWrapper"),
+            w.wrapper_calls,
+            grader_fault,
+        ),
+        timing.Target(
+            timing.REFERENCE,
+            reference.worker,
+            in_reference_worker(reference, "MultiHeadAttention"),
+            w.calls,
+            grader_fault,
+        ),
+        timing.Target(timing.SUBMISSION, submission.worker, in_submission_worker, w.calls, submission.failed),
     ]
 
 
@@ -204,8 +223,10 @@ def measure_locked(
     workload: Workload,
     rubric: Rubric,
     device: str,
+    points: float,
+    started: float,
 ) -> timing.Measurement:
-    """The measurement, holding the device's timing lock. Timed forwards that fail, are wrong or are far too
+    """The measurement, holding the device's timing lock (`points`: what it decides, for the verdict). Timed forwards that fail, are wrong or are far too
     slow fail the check here, with what was found recorded."""
     settings = speed_settings(rubric)
     try:
@@ -217,11 +238,14 @@ def measure_locked(
                 iter(inputs.seed_value, None),
                 verifier(workload, rubric),
                 submission.worker.config.request_seconds,
+                points=points,
+                own_wait=procfs.own_wait,
             )
     except TimingLockError as exc:
         raise timing.CannotTime(str(exc)) from None
     except timing.TimingFailed as exc:
-        record(context, workload, {"workload": asdict(workload), "failed": str(exc)})
+        seconds = round(time.perf_counter() - started, 3)
+        record(context, workload, {"workload": asdict(workload), "failed": str(exc), "seconds": seconds})
         fail(f"{describe(workload)}: {exc}" + (LOOP_HINT if isinstance(exc, timing.TooSlow) else ""))
 
 
@@ -257,19 +281,23 @@ def flag_if_implausible(
         )
 
 
-def verdict(workload: Workload, figures: dict[str, Any], earned: float, settings: SpeedSettings) -> None:
-    """Fail with the figures and the fraction of the points earned, unless they are all earned."""
-    if earned >= 1:
+def speed_verdict(measurement: timing.Measurement, settings: SpeedSettings, points: float) -> Verdict:
+    """What stopped the rounds; the rounds taken, should none have (never at `max_rounds`)."""
+    return measurement.verdict or verdict.final(timing.relatives(measurement), settings, points)
+
+
+def explain_verdict(workload: Workload, figures: dict[str, Any], said: Verdict, settings: SpeedSettings) -> None:
+    """Fail with the figures and the verdict in words, unless every point is earned."""
+    if said.credit >= 1:
         return
-    times, spread = figures["ms_per_call"], figures["relative_spread"]
-    hint = LOOP_HINT if figures["relative"] <= settings.no_credit_at else ""
+    times = figures["ms_per_call"]
+    hint = LOOP_HINT if said.median <= settings.no_credit_at else ""
     fail(
         f"{describe(workload)}: your forward took {times[timing.SUBMISSION]:.3g} ms per call, the reference "
         f"MultiHeadAttention {times[timing.REFERENCE]:.3g} ms and the wrapper {times[timing.WRAPPER]:.3g} ms. "
         f"Your speedup over the wrapper is {figures['speedup']:.2f}x, the reference's {figures['reference_speedup']:.2f}x "
-        f"in the same run: yours is {figures['relative']:.2f} of it (median of {figures['rounds']} rounds, "
-        f"middle half {spread['q1']:.2f}-{spread['q3']:.2f}). Full points from {settings.full_credit_at:g}, none at "
-        f"{settings.no_credit_at:g} or below: {earned:.0%} of the points.{hint}"
+        f"in the same run: {verdict.describe(said, settings)}. Full points from {settings.full_credit_at:g}, none "
+        f"at {settings.no_credit_at:g} or below.{hint}"
     )
 
 
@@ -285,7 +313,9 @@ def test_faster_than_the_wrapper(
     request: pytest.FixtureRequest,
 ) -> None:
     """the parallel forward beats the wrapper by about as much as the reference's does"""
+    started = time.perf_counter()
     settings, w = speed_settings(rubric), speed_workload
+    points = rubric.part_points("speed") / max(1, len(settings.workloads_for(device)))
     mha, state, wrapper_state = same_weights(inputs, w, getattr(torch, w.dtype))
     # the submission's grading worker, which no other check has used yet: the speed part runs first
     module = submission.build(
@@ -295,13 +325,14 @@ def test_faster_than_the_wrapper(
     reference, wrapper = build_references(timing_workers, w, state, wrapper_state, device)  # only now: see above
     try:
         targets = timing_targets(submission, module, reference, wrapper, w, settings.threads)
-        measurement = measure_locked(context, submission, targets, inputs, w, rubric, device)
+        measurement = measure_locked(context, submission, targets, inputs, w, rubric, device, points, started)
     finally:
         drop(reference, wrapper)
     figures = figures_of(measurement, w, settings)
-    earned = timing.credit(figures["relative"], settings.no_credit_at, settings.full_credit_at)
-    figures.update(workload=asdict(w), credit=earned)
+    said = speed_verdict(measurement, settings, points)
+    figures.update(workload=asdict(w), credit=said.credit, seconds=round(time.perf_counter() - started, 3))
+    figures.setdefault("verdict", {}).update(said=verdict.describe(said, settings))
     record(context, w, figures)
     flag_if_implausible(context, w, figures, settings)
-    request.node.user_properties.append(("credit", earned))
-    verdict(w, figures, earned, settings)
+    request.node.user_properties.append(("credit", said.credit))
+    explain_verdict(w, figures, said, settings)

@@ -73,9 +73,10 @@ class Channel:
 class Session:
     """The submission's namespace and the objects built for the grader."""
 
-    def __init__(self, library: types.ModuleType, config: dict[str, Any]):
+    def __init__(self, library: types.ModuleType, config: dict[str, Any], channel: Channel):
         self.torch = library  # torch, imported once the jail is in place
         self.config = config
+        self.channel = channel  # for a request that answers in several frames (`op_forward_many`)
         self.contract = tuple(config.get("contract", ()))
         self.codec = protocol.TensorCodec(library)
         self.namespace: dict[str, Any] = {}  # the submission's globals
@@ -332,21 +333,25 @@ class Session:
     def op_forward_many(
         self,
         handle: str,
-        seeds: list[int],
+        calls: int,
         shape: list[int],
         dtype: str,
         out_features: int,
         threads: int | None = None,
         flush_bytes: int = 0,
-    ) -> list[torch.Tensor]:
-        """Forwards for timing (eval mode, no autograd), on inputs made here from the grader's seeds, so
-        no tensor crosses the pipe while the grader's clock runs and no input exists before its request.
+    ) -> Streamed:
+        """Forwards for timing (eval mode, no autograd), one seed at a time. This request carries only the
+        settings: the worker answers that it is ready, then the grader sends one frame per call holding that
+        call's seed, the next only once the previous call's answer has arrived, and times the whole exchange
+        on its own clock. So no input exists before its call starts: no call can be batched with, or
+        prepared for, a later one, whatever the submission does to this code (it runs beside it).
         Per seed: x of `shape` and a probe R of the output's shape, both standard normal from a generator
         seeded with it, on the device; y = module(x); the answer is, per token, (sum y*R, sum |y|, sum y*y)
         over the output's features, in float64. It takes the whole of y, so no call can answer before its
         forward is done; the grader compares it with the reference's answer for the same seed.
         On CUDA a buffer of `flush_bytes` is overwritten before each forward (a cold L2 cache) and the
-        device is synchronised after each one (no forward overlaps the next)."""
+        device is synchronised after each one (no forward overlaps the next). An exception ends the calls:
+        its error reply answers the call (or the request) it happened in."""
         torch = self.torch
         module = self.objects[handle]
         module.eval()
@@ -356,9 +361,14 @@ class Session:
             torch.set_num_threads(threads)
         flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if cuda and flush_bytes else None
         out_shape = (*shape[:-1], out_features)
-        answers = []
+        channel = self.channel
+        channel.send(*self.reply(None))  # ready: the grader's clock starts with the first seed
         with torch.no_grad():
-            for seed in seeds:
+            for _ in range(calls):
+                frame, _blobs = channel.receive()
+                seed = frame.get("seed")
+                if type(seed) is not int:
+                    raise ValueError("a timed call without a seed")
                 generator = torch.Generator(device=device).manual_seed(seed)
                 x = torch.randn(shape, generator=generator, device=device, dtype=getattr(torch, dtype))
                 probe = torch.randn(out_shape, generator=generator, device=device).double()
@@ -371,10 +381,11 @@ class Session:
                         f"shape {tuple(shape)}; expected a tensor of shape {out_shape}"
                     )
                 y = y.double()
-                answers.append(torch.stack([(y * probe).sum(-1), y.abs().sum(-1), (y * y).sum(-1)], -1))
+                answer = torch.stack([(y * probe).sum(-1), y.abs().sum(-1), (y * y).sum(-1)], -1)
                 if cuda:
                     torch.cuda.synchronize()
-        return [answer.cpu() for answer in answers]
+                channel.send(*self.reply(answer.cpu()))
+        return Streamed()
 
     def op_drop(self, handle: str) -> None:
         """Forget a module (a long-lived worker of the reference's frees what each grading built)."""
@@ -387,6 +398,10 @@ class Session:
         if name not in self.namespace:
             raise NameError(f"{name} is not defined in your file")
         return self.namespace[name]
+
+
+class Streamed:
+    """What a request returns that has sent all its replies itself (`op_forward_many`)."""
 
 
 class Raw:
@@ -490,7 +505,7 @@ def main(argv: list[str]) -> None:
 
     torch.set_num_threads(config.get("threads") or torch.get_num_threads())
     channel = Channel(fd_in, fd_out)
-    session = Session(torch, config)
+    session = Session(torch, config, channel)
     channel.send({"ok": True, "value": {"pid": os.getpid(), "cuda": bool(torch.cuda.is_available())}})
     while True:
         try:
@@ -502,7 +517,10 @@ def main(argv: list[str]) -> None:
             if op not in protocol.OPS or op == "ready":
                 raise ValueError(f"unknown request {op!r}")
             kwargs = session.decode(header.get("args", {"$": "dict", "items": []}), blobs)
-            reply, reply_blobs = session.reply(getattr(session, f"op_{op}")(**kwargs))
+            value = getattr(session, f"op_{op}")(**kwargs)
+            if isinstance(value, Streamed):  # every reply already sent
+                continue
+            reply, reply_blobs = session.reply(value)
         except BaseException as exc:
             reply, reply_blobs = (
                 {
