@@ -19,12 +19,13 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: setup test test-fast test-long test-speed lint lock bench release grade merge grade-slurm check preview grade-one student-kit gradescope help
+.PHONY: setup test test-fast test-long test-speed test-pythons lint lock bench release grade merge grade-slurm check preview grade-one student-kit gradescope help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests (all but the long suites)"
 	@echo "make test-fast                 the quick tests only (no whole-submission grading, no CUDA)"
 	@echo "make test-long                 the long suites: hostile and wrong submissions, Slurm, the wheel"
+	@echo "make test-pythons              make setup and the quick tests on every supported Python here (3.10-3.13, the system's)"
 	@echo "make test-speed                the speed part's verdicts, each graded 10 times beside a CPU burner (long)"
 	@echo "make lint                      ruff's checks and formatting (pyflakes, pycodestyle, isort, bugbear, pyupgrade)"
 	@echo "make lock                      regenerate requirements.lock from pyproject.toml"
@@ -49,6 +50,10 @@ test: setup
 
 test-long: setup
 	$(PY) -m pytest -m "long and not cuda"
+	$(MAKE) --no-print-directory test-pythons
+
+test-pythons:
+	@$(PYTHON) tools/test_pythons.py --torch "$(TORCH_SPEC)" --skip-venv "$(VENV)"
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not cuda"
