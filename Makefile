@@ -19,7 +19,7 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: setup test test-fast test-long test-speed test-pythons lint lock bench release grade merge grade-slurm check preview grade-one student-kit gradescope help
+.PHONY: setup test test-fast test-long test-speed test-pythons doctor lint lock bench release grade merge grade-slurm check preview grade-one student-kit gradescope help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests (all but the long suites)"
@@ -27,6 +27,7 @@ help:
 	@echo "make test-long                 the long suites: hostile and wrong submissions, Slurm, the wheel"
 	@echo "make test-pythons              make setup and the quick tests on every supported Python here (3.10-3.13, the system's)"
 	@echo "make test-speed                the speed part's verdicts, each graded 10 times beside a CPU burner (long)"
+	@echo "make doctor                    what this machine allows the grader, and whether its speed part can be trusted"
 	@echo "make lint                      ruff's checks and formatting (pyflakes, pycodestyle, isort, bugbear, pyupgrade)"
 	@echo "make lock                      regenerate requirements.lock from pyproject.toml"
 	@echo "make bench                     time the wrapper, the weight split and fast peers; table, plot, JSON"
@@ -67,6 +68,9 @@ lock:
 
 test-speed: setup
 	SPEED_VERDICTS=1 $(PY) -m pytest tests/test_speed_verdicts.py -s -q -rA
+
+doctor: setup
+	$(PY) -m autograder doctor --device $(DEVICE)
 
 bench: setup
 	$(PY) tools/bench.py --device $(DEVICE) --out bench

@@ -1,4 +1,4 @@
-"""Command line: `python -m autograder grade|check|release|grade-class ...`."""
+"""Command line: `python -m autograder grade|check|release|grade-class|doctor ...`."""
 
 from __future__ import annotations
 
@@ -108,7 +108,18 @@ def main(argv: list[str] | None = None) -> int:
     gradescope = sub.add_parser("gradescope", help="build Gradescope's autograder zip (setup.sh, run_autograder)")
     gradescope.add_argument("--out", type=Path, default=Path("dist"))
 
+    doctor = sub.add_parser(
+        "doctor",
+        help="what this machine allows (sandbox, control groups, CUDA), what grading will have here, "
+        "whether its speed part can be trusted, and the one change that would improve it",
+    )
+    from autograder import doctor as doctor_module
+
+    doctor_module.add_arguments(doctor)
+
     args = parser.parse_args(argv)
+    if args.command == "doctor":
+        return doctor_module.run(args)
     if args.command == "student-kit":
         from autograder.authoring.kit import KitError, build_kit
 

@@ -35,7 +35,7 @@ from autograder.grading.report import print_summary
 from autograder.grading.scoring import score
 from autograder.model import CANNOT_GRADE, GRADED, CellProblem, GradingRun, LoadReport
 from autograder.rubric import Rubric, RubricError, load_rubric
-from autograder.sandbox import protocol
+from autograder.sandbox import machine, protocol
 from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
 
 CHECKS_DIR = Path(__file__).with_name("checks")
@@ -224,6 +224,8 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         visible_only=options.visible_only,
         seed=options.seed,
     )
+    here = machine.survey()
+    run.machine = here.summary()
     try:
         rubric = load_rubric(options.rubric_path)
         unknown = sorted(set(options.parts or ()) - set(rubric.parts))
@@ -235,6 +237,8 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         worker = start_worker(cells, path.name, worker_config(rubric, run.device, hide, options.isolation), options)
     except (RubricError, CannotGrade, WorkerError) as exc:
         run.reason = str(exc)
+        if isinstance(exc, WorkerError) and here.isolation is None and here.advice:
+            run.reason += f". What would fix it here: {here.advice}"
         run.execution_time = time.monotonic() - started
         return run
     if problem:
