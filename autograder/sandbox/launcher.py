@@ -180,8 +180,51 @@ def choose_isolation(wanted: str) -> str:
 
 
 def fresh_uid() -> int:
-    start, count = UID_RANGE
+    """A uid no user has: from UID_RANGE, or, in a user namespace that does not map it (a container's, a
+    Kubernetes pod with `hostUsers: false`, where root is root of 65,536 uids), from the upper half of
+    the largest range it maps, uid and gid alike."""
+    start, count = fresh_uid_range()
     return start + secrets.randbelow(count)
+
+
+@cache
+def fresh_uid_range() -> tuple[int, int]:
+    mapped = _mapped_ids("/proc/self/uid_map") & _mapped_ids("/proc/self/gid_map")
+    start, count = UID_RANGE
+    if mapped.contains(start, count):
+        return UID_RANGE
+    low, size = mapped.largest()
+    upper = low + size // 2
+    return upper, max(1, low + size - upper - 2)  # never the last two (the overflow ids, nobody and nogroup)
+
+
+@dataclass(frozen=True)
+class _IdRanges:
+    ranges: tuple[tuple[int, int], ...]  # (first id, count), as this namespace sees them
+
+    def __and__(self, other: _IdRanges) -> _IdRanges:
+        found = []
+        for a, n in self.ranges:
+            for b, m in other.ranges:
+                low, high = max(a, b), min(a + n, b + m)
+                if high > low:
+                    found.append((low, high - low))
+        return _IdRanges(tuple(found))
+
+    def contains(self, start: int, count: int) -> bool:
+        return any(a <= start and start + count <= a + n for a, n in self.ranges)
+
+    def largest(self) -> tuple[int, int]:
+        return max(self.ranges, key=lambda r: r[1], default=(0, 1))
+
+
+def _mapped_ids(path: str) -> _IdRanges:
+    """The ids a user namespace maps ("inside outside count" lines); everything when unreadable."""
+    try:
+        lines = Path(path).read_text().split("\n")
+    except OSError:
+        return _IdRanges(((0, 1 << 32),))
+    return _IdRanges(tuple((int(f[0]), int(f[2])) for f in (line.split() for line in lines) if len(f) == 3))
 
 
 # -- the allow list ------------------------------------------------------------------------------

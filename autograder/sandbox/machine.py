@@ -330,7 +330,8 @@ def _advice(machine: Machine) -> str:
                 return (
                     "this container's seccomp profile refuses new namespaces, so each worker runs as a fresh "
                     "uid without bubblewrap's allow list; to sandbox it, run the container with a profile that "
-                    "allows them (Docker: `--security-opt seccomp=unconfined --cap-add SYS_ADMIN`)"
+                    "allows them (Docker: `--security-opt seccomp=unconfined --cap-add SYS_ADMIN`; "
+                    "Kubernetes: docs/clusters.md)"
                 )
             return (
                 "in a container as a normal user, nothing can isolate the student's code: run the grader as "
