@@ -157,10 +157,13 @@ def speed_report(runs: list[SpeedRun], trusted: bool, why: str, seconds: float) 
     for name in dict.fromkeys(r.submission for r in runs):
         mine = [r for r in runs if r.submission == name]
         measured = [r.relative for r in mine if r.relative is not None]
+        unmeasured = next((r.said for r in mine if r.relative is None), "")
         figures = (
             f"relative {statistics.median(measured):.2f} (median of {len(measured)}; "
             f"{min(measured):.2f} to {max(measured):.2f})"
             if measured
+            else "not measured: " + unmeasured.splitlines()[0].split(": ", 2)[-1][:200]
+            if unmeasured
             else "not measured"
         )
         points = ", ".join(f"{r.score:g}/{r.max_score:g}" for r in mine)

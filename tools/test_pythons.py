@@ -79,7 +79,11 @@ def run_one(name: str, python: str, torch: str, pytest_args: list[str]) -> tuple
     suite = subprocess.run(
         [str(ROOT / venv / "bin" / "python"), "-m", "pytest", "-q", "-m", QUICK, *pytest_args], cwd=ROOT
     )
-    return "passed", "passed" if suite.returncode == 0 else f"failed (exit {suite.returncode})", time.monotonic() - started
+    return (
+        "passed",
+        "passed" if suite.returncode == 0 else f"failed (exit {suite.returncode})",
+        time.monotonic() - started,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
