@@ -49,7 +49,14 @@ from test_hostile_submissions import (
     with_cells,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.long,
+    pytest.mark.timeout(3600),
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="the emulation runs as root (it makes namespaces, drops to other users)"
+    ),
+]
 
 
 @dataclass(frozen=True)

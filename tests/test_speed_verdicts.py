@@ -6,8 +6,8 @@ with the right values (two of them: the sample class's, and the tightest one, wh
 two attention matmuls), a forward that sleeps 50 ms, a submission that burns the CPU from import on, and
 caching by shape or by input identity must earn none in any.
 
-Long (about half a minute per grading on a loaded 2-core machine): skipped unless SPEED_VERDICTS=1, as
-`make test-speed` sets it. Each test prints the measured figures: per grading, the submission's speedup as a
+Long (about half a minute per grading on a loaded 2-core machine): marked `verdicts`, which only
+`make test-speed` selects. Each test prints the measured figures: per grading, the submission's speedup as a
 fraction of the reference's (`relative`), its median over the gradings, the middle half of the per-round
 ratios, and the worst case (the lowest for the reference, the highest for the others).
 """
@@ -29,13 +29,7 @@ GRADINGS = int(os.environ.get("SPEED_VERDICT_GRADINGS", "10"))
 EARNS_ALL = {"reference"}
 EARNS_NOTHING = set(VARIANTS) - EARNS_ALL
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.long,
-    pytest.mark.skipif(
-        os.environ.get("SPEED_VERDICTS") != "1", reason="long: run by `make test-speed` (SPEED_VERDICTS=1)"
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.verdicts]
 
 
 @pytest.fixture(scope="module")

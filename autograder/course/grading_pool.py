@@ -114,6 +114,7 @@ def serve(stdin=None, replies=None) -> int:
             rubric_path=Path(job["rubric"]),
             quiet=True,
             isolation=job.get("isolation", "auto"),
+            parts=tuple(job["parts"]) if job.get("parts") else None,
             keep_timing_workers=True,
         )
         run = grade_submission(Path(job["submission"]), options)
