@@ -11,7 +11,11 @@ JOBS       ?=
 SHARD      ?=
 FORCE      ?=
 STUDENT    ?=
+SEED       ?=
+RESULTS    ?= $(OUT)
+CHECK      ?=
 RELEASED   ?=
+CANVAS_ASSIGNMENT ?=
 DIST       ?= dist
 
 BIN := $(abspath $(VENV))/bin
@@ -19,7 +23,7 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: setup test test-fast test-long test-speed test-pythons doctor lint lock bench release grade merge grade-slurm check preview grade-one student-kit gradescope help
+.PHONY: explain setup test test-fast test-long test-speed test-pythons doctor lint lock bench release grade merge grade-slurm selfcheck check preview grade-one student-kit gradescope help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests (all but the long suites)"
@@ -29,20 +33,24 @@ help:
 	@echo "make test-pythons              make setup and the quick tests on every supported Python here (3.10-3.13, the system's)"
 	@echo "make test-speed                the speed part's verdicts, each graded 10 times beside a CPU burner (long)"
 	@echo "make doctor                    what this machine allows the grader, and whether its speed part can be trusted"
-	@echo "make lint                      ruff's checks and formatting (pyflakes, pycodestyle, isort, bugbear, pyupgrade)"
+	@echo "make lint                      ruff's checks and formatting, and mypy's type check (strict on the trusted core)"
 	@echo "make lock                      regenerate requirements.lock from pyproject.toml"
 	@echo "make bench                     time the wrapper, the weight split and fast peers; table, plot, JSON"
-	@echo "make grade                     grade every submission in assignments/submitted/ (what changed)"
+	@echo "make grade                     grade every submission in COURSE/submitted/ (what changed; COURSE=assignments)"
+	@echo "     COURSE=path/to/course (a course folder anywhere: submitted/<student>/mha/; outputs go there too)"
 	@echo "     DEVICE=cpu|cuda JOBS=n (default 2 per CPU, 2..8) FORCE=1 (regrade all) STUDENT=name RELEASED=1 (past the due date)"
+	@echo "     CANVAS_ASSIGNMENT='Name (id)' (the Canvas file's column, as a Canvas gradebook export heads it)"
 	@echo "make grade SHARD=K/N           grade shard K of N (K from 0) only; SHARD=auto in a Slurm array task"
-	@echo "make merge                     the class's outputs from every shard's results, grading nothing"
+	@echo "make merge                     the class's outputs from every shard's results, grading nothing (COURSE=...)"
 	@echo "make grade-slurm SHARDS=4      grade on a Slurm cluster: a job array and a merge job (deploy/slurm/)"
-	@echo "make check SUBMISSION=mha.py   the notebook's self-checks, part by part (what students run; runs the file's code)"
-	@echo "make preview SUBMISSION=...    instructors: the grader's visible checks on a file, sandboxed (needs reference/)"
+	@echo "make selfcheck SUBMISSION=...  the notebook's self-checks, part by part: runs the file's code on your machine, UNSANDBOXED"
+	@echo "make check SUBMISSION=...      the same as make selfcheck (the name students know from their kit)"
+	@echo "make preview SUBMISSION=...    instructors: the grader's visible checks on a file; its code runs SANDBOXED (needs reference/)"
 	@echo "make student-kit               what students receive: $(DIST)/mha-student-kit.zip"
 	@echo "make gradescope                Gradescope's autograder: $(DIST)/mha-gradescope.zip"
-	@echo "make grade-one SUBMISSION=...  grade one submission into OUT=results.json"
-	@echo "make release                   regenerate the student release from reference/"
+	@echo "make grade-one SUBMISSION=...  grade one submission into OUT=results.json; SEED=n repeats a run (its extra_data.seed)"
+	@echo "make explain RESULTS=...       a disputed grade: each failed check's hidden inputs, expected and actual values (CHECK=key)"
+	@echo "make release                   regenerate the student release from reference/, and the sample class from it"
 
 setup:
 	@$(PYTHON) tools/setup_venv.py --venv "$(VENV)" --torch "$(TORCH_SPEC)"
@@ -65,6 +73,7 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 lock:
 	@$(PYTHON) tools/lock.py --venv "$(VENV)" --torch "$(TORCH_SPEC)"
@@ -81,27 +90,36 @@ bench: setup
 release: setup
 	$(PY) -m autograder release
 
-check: setup
+# The self-check runs the file's code in this process, unsandboxed: only on files you trust.
+selfcheck: setup
 	$(PY) -m autograder.authoring.selfcheck "$(SUBMISSION)"
 
+check: selfcheck
+
+# The grader's visible checks: the file's code runs only in the sandboxed worker.
 preview: setup
-	$(PY) -m autograder check "$(SUBMISSION)" --device $(DEVICE)
+	$(PY) -m autograder preview "$(SUBMISSION)" --device $(DEVICE)
 
 grade-one: setup
-	$(PY) -m autograder grade "$(SUBMISSION)" --device $(DEVICE) --out "$(OUT)"
+	$(PY) -m autograder grade "$(SUBMISSION)" --device $(DEVICE) --out "$(OUT)" $(if $(SEED),--seed $(SEED))
+
+explain: setup
+	$(PY) -m autograder explain "$(RESULTS)" $(if $(CHECK),--check "$(CHECK)")
 
 grade: setup
 	$(PY) -m autograder grade-class "$(COURSE)" --device $(DEVICE) $(if $(JOBS),--jobs $(JOBS)) $(if $(FORCE),--force) \
-		$(if $(STUDENT),--student "$(STUDENT)") $(if $(RELEASED),--released) $(if $(SHARD),--shard $(SHARD))
+		$(if $(STUDENT),--student "$(STUDENT)") $(if $(RELEASED),--released) $(if $(SHARD),--shard $(SHARD)) \
+		$(if $(CANVAS_ASSIGNMENT),--canvas-assignment "$(CANVAS_ASSIGNMENT)")
 
 merge: setup
-	$(PY) -m autograder grade-class "$(COURSE)" --merge
+	$(PY) -m autograder grade-class "$(COURSE)" --merge $(if $(RELEASED),--released) \
+		$(if $(CANVAS_ASSIGNMENT),--canvas-assignment "$(CANVAS_ASSIGNMENT)")
 
 grade-slurm: setup
 	COURSE="$(COURSE)" VENV="$(VENV)" deploy/slurm/submit.sh
 
 student-kit: setup
-	$(PY) -m autograder student-kit --out "$(DIST)"
+	$(PY) -m autograder student-kit --out "$(DIST)" --torch "$(TORCH_SPEC)"
 
 gradescope: setup
 	$(PY) -m autograder gradescope --out "$(DIST)"

@@ -1,4 +1,9 @@
-"""Command line: `python -m autograder grade|check|release|grade-class|doctor ...`."""
+"""Command line: `python -m autograder grade|preview|grade-class|release|student-kit|gradescope|doctor ...`.
+
+`grade` and `preview` run the student's code only in the sandboxed worker. The notebook's self-check,
+which runs the student's code on this machine unsandboxed, is another command: `make selfcheck`
+(`python -m autograder.authoring.selfcheck`). `doctor` says what this machine allows the grader.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,18 @@ import os
 import sys
 from pathlib import Path
 
+RENAMED_CHECK = (
+    "`check` is now `preview`: the grader's visible checks, the student's code sandboxed. The notebook's "
+    "self-check, which runs the student's code on this machine unsandboxed, is `make selfcheck`."
+)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    grade = sub.add_parser("grade", help="grade one submission (mha.py or mha.ipynb) into results.json")
+    grade_help = "grade one submission (mha.py or mha.ipynb) into results.json; the student's code runs sandboxed"
+    grade = sub.add_parser("grade", help=grade_help, description=grade_help)
     grade.add_argument("submission", type=Path)
     grade.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     grade.add_argument("--out", type=Path, default=Path("results.json"))
@@ -43,11 +54,15 @@ def main(argv: list[str] | None = None) -> int:
         "the others are not run and count for nothing",
     )
 
-    check = sub.add_parser("check", help="the visible checks only, with feedback, for students (exit 1 when one fails)")
-    check.add_argument("submission", type=Path)
-    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    check.add_argument("--rubric", type=Path, default=None)
-    check.add_argument(
+    preview_help = (
+        "the grader's visible checks on one file, with their feedback and no score: the student's code "
+        "runs sandboxed (exit 1 when one fails; needs reference/)"
+    )
+    preview = sub.add_parser("preview", help=preview_help, description=preview_help)
+    preview.add_argument("submission", type=Path)
+    preview.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    preview.add_argument("--rubric", type=Path, default=None)
+    preview.add_argument(
         "--isolation", choices=("auto", "namespace", "process"), default=isolation_default, help=isolation_help
     )
 
@@ -102,9 +117,29 @@ def main(argv: list[str] | None = None) -> int:
     klass.add_argument(
         "--isolation", choices=("auto", "namespace", "process"), default=isolation_default, help=isolation_help
     )
+    klass.add_argument(
+        "--canvas-assignment",
+        default=None,
+        metavar="'NAME (ID)'",
+        help="the Canvas file's column header: the assignment's name and Canvas id as a Canvas gradebook export "
+        "heads its column, so Canvas fills that assignment (default: mha, which Canvas matches by exact name "
+        "only, else it makes a new assignment)",
+    )
+
+    explain = sub.add_parser(
+        "explain",
+        help="a disputed grade: a failed check's hidden inputs, expected and actual values, from the recorded seed",
+    )
+    explain.add_argument("results", type=Path, help="a results.json written by the grader")
+    explain.add_argument(
+        "--check", action="append", default=None, metavar="KEY", help="mha::test_x or mha::test_x[case] (repeatable)"
+    )
+    explain.add_argument("--submission", type=Path, default=None, help="the graded file (default: found from RESULTS)")
+    explain.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: the one it was graded on")
 
     kit = sub.add_parser("student-kit", help="build what students receive (release, self-check, README), no solution")
     kit.add_argument("--out", type=Path, default=Path("dist"))
+    kit.add_argument("--torch", default=None, help="the grader's TORCH_SPEC (default: the Makefile's)")
     gradescope = sub.add_parser("gradescope", help="build Gradescope's autograder zip (setup.sh, run_autograder)")
     gradescope.add_argument("--out", type=Path, default=Path("dist"))
 
@@ -117,14 +152,21 @@ def main(argv: list[str] | None = None) -> int:
 
     doctor_module.add_arguments(doctor)
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["check"]:
+        parser.error(RENAMED_CHECK)
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return doctor_module.run(args)
+    if args.command == "explain":
+        from autograder.grading.explain import explain as explain_run
+
+        return explain_run(args.results, args.check, args.submission, args.device)
     if args.command == "student-kit":
         from autograder.authoring.kit import KitError, build_kit
 
         try:
-            build_kit(args.out)
+            build_kit(args.out, torch_spec=args.torch)
         except KitError as exc:
             print(f"cannot build the kit: {exc}", file=sys.stderr)
             return 2
@@ -138,13 +180,16 @@ def main(argv: list[str] | None = None) -> int:
         return grade_class_command(parser, args)
     if args.command == "release":
         from autograder.authoring.release import release_assignment
+        from autograder.authoring.samples import write_samples
 
         release_assignment(args.root)
+        written = write_samples(args.root)
+        print(f"samples: {', '.join(p.parent.parent.name for p in written)} (the release plus each one's answers)")
         return 0
 
     from autograder.grading.grade import Options, grade_command
 
-    visible_only = args.command == "check"
+    visible_only = args.command == "preview"
     options = Options(
         device=args.device,
         out=None if visible_only else args.out,
@@ -160,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def grade_class_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from autograder.course.grade_class import grade_class, merge_class
+    from autograder.course.roster import ASSIGNMENT
     from autograder.course.shard import ShardError, parse_shard
 
     if not (args.course / "submitted").is_dir():
@@ -167,7 +213,13 @@ def grade_class_command(parser: argparse.ArgumentParser, args: argparse.Namespac
     if args.merge:
         if args.shard or args.force or args.student:
             parser.error("--merge grades nothing, so it takes neither --shard, --force nor --student")
-        return merge_class(args.course, rubric=args.rubric, released=args.released, db_url=args.db)
+        return merge_class(
+            args.course,
+            rubric=args.rubric,
+            released=args.released,
+            db_url=args.db,
+            canvas_assignment=args.canvas_assignment or ASSIGNMENT,
+        )
     if args.jobs is not None and args.jobs < 1:
         parser.error("--jobs must be at least 1")
     try:
@@ -185,6 +237,7 @@ def grade_class_command(parser: argparse.ArgumentParser, args: argparse.Namespac
         db_url=args.db,
         isolation=args.isolation,
         shard=shard,
+        canvas_assignment=args.canvas_assignment or ASSIGNMENT,
     )
 
 

@@ -16,26 +16,40 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autograder.contract import PART_IDS
+from autograder.sandbox.protocol import CellProblem  # the worker's own report, as it crossed the wire
 
 GRADED, CANNOT_GRADE = "graded", "cannot_grade"
-PASSED, FAILED = "passed", "failed"
+# Other words for a run's status that results.json files written elsewhere may hold; read as ours.
+STATUS_ALIASES = {"could_not_grade": CANNOT_GRADE, "could not grade": CANNOT_GRADE, "cannot grade": CANNOT_GRADE}
+# A check's status. NOT_SCORED: it earned nothing because something it rests on is wrong (the message says
+# what, and where that is said in full); it accuses the submission of nothing of its own. Gradescope knows
+# only passed and failed: results.json writes it as failed with the tag "not-scored".
+PASSED, FAILED, NOT_SCORED = "passed", "failed", "not_scored"
+NOT_SCORED_TAG = "not-scored"
 GRADER, WORKER = "grader", "worker"  # who vouches for a check's evidence
 MODEL_VERSION = 1
 
 
 @dataclass
 class CheckResult:
-    """One check (one parametrised case of a check function)."""
+    """One row of the results: a check, or those cases of a parametrised check that came out the same way
+    (the same status and the same diagnosis), so that a mistake met on seven hidden cases is one row."""
 
     key: str  # "module::function", the rubric's key
     part: str
     name: str  # what it checks, for people
-    status: str  # PASSED or FAILED
+    status: str  # PASSED, FAILED or NOT_SCORED
     score: float
     max_score: float
     message: str = ""  # why it failed, for the student
     visibility: str = "visible"
     evidence: str = GRADER  # WORKER: it rests on what the worker reported about itself
+    cases: list[str] = field(default_factory=list)  # the parametrised cases this row stands for (ids)
+    total_cases: int = 1  # how many cases the check has in all
+
+    @property
+    def case_count(self) -> int:
+        return len(self.cases) or 1
 
 
 @dataclass
@@ -50,16 +64,6 @@ class PartResult:
 
 
 @dataclass
-class CellProblem:
-    """A cell of the submission that raised, or was stopped, while the file was loaded."""
-
-    cell: int
-    type: str
-    message: str
-    timed_out: bool = False
-
-
-@dataclass
 class LoadReport:
     problem: str | None = None  # the file could not be read or loaded at all
     cells: list[CellProblem] = field(default_factory=list)
@@ -69,7 +73,10 @@ class LoadReport:
         lines = []
         if self.problem:
             lines.append(f"Your file could not be loaded: {self.problem}")
-        lines += [f"While loading, cell {c.cell} raised {c.type}: {c.message}" for c in self.cells]
+        lines += [
+            f"While loading, cell {c.cell} raised {c.type}" + (f": {c.message}" if c.message else "")
+            for c in self.cells
+        ]
         return lines
 
 
@@ -125,9 +132,12 @@ class GradingRun:
                     title=titles.get(part, part),
                     score=round(sum(c.score for c in checks), 2),
                     max_score=round(sum(c.max_score for c in checks), 2),
-                    passed=sum(c.status == PASSED for c in checks),
-                    total=len(checks),
-                    first_failure=next((c for c in checks if c.status == FAILED), None),
+                    passed=sum(c.case_count for c in checks if c.status == PASSED),
+                    total=sum(c.case_count for c in checks),
+                    first_failure=next(
+                        (c for c in checks if c.status == FAILED),
+                        next((c for c in checks if c.status == NOT_SCORED), None),
+                    ),
                 )
             )
         return results
@@ -150,10 +160,13 @@ class GradingRun:
                 "number": str(number),
                 "score": round(c.score, 6),
                 "max_score": round(c.max_score, 6),
-                "status": c.status,
+                "status": PASSED if c.status == PASSED else FAILED,
                 "output": c.message,
                 "visibility": c.visibility,
-                "tags": [c.part, c.key] + (["worker-reported"] if c.evidence == WORKER else []),
+                "tags": [c.part, c.key]
+                + (["worker-reported"] if c.evidence == WORKER else [])
+                + ([NOT_SCORED_TAG] if c.status == NOT_SCORED else []),
+                **({"extra_data": {"cases": c.cases, "total_cases": c.total_cases}} if c.cases else {}),
             }
             for number, c in enumerate(self.checks, start=1)
         ]
@@ -186,20 +199,25 @@ class GradingRun:
         checks = []
         for test in data.get("tests", []):
             part, key = test["tags"][0], test["tags"][1]
+            cases = test.get("extra_data") or {}
             checks.append(
                 CheckResult(
                     key=key,
                     part=part,
                     name=test["name"].split(": ", 1)[-1],
-                    status=test["status"],
+                    status=NOT_SCORED if NOT_SCORED_TAG in test["tags"] else test["status"],
                     score=float(test["score"]),
                     max_score=float(test["max_score"]),
                     message=test.get("output", ""),
                     visibility=test.get("visibility", "visible"),
                     evidence=WORKER if "worker-reported" in test["tags"] else GRADER,
+                    cases=list(cases.get("cases", [])),
+                    total_cases=int(cases.get("total_cases", 1)),
                 )
             )
         fields = {k: v for k, v in extra.items() if k in cls.__dataclass_fields__ and k not in ("load",)}
+        if "status" in fields:
+            fields["status"] = STATUS_ALIASES.get(fields["status"], fields["status"])
         return cls(
             **fields,
             checks=checks,

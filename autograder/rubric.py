@@ -10,12 +10,14 @@ Check keys in `[tests]` and `[speed] requires` are validated against the checks 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+else:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
 from autograder.contract import PART_IDS
@@ -28,7 +30,8 @@ API_NAMES = ("scaled_dot_product_attention", "nn_multihead_attention", "flex_att
 # [limits]: name -> (type, meaning). Every one is required.
 LIMITS = {
     "load_seconds": (float, "importing the submission and running its cells, in all"),
-    "cell_seconds": (float, "one top-level cell; once one is stopped, later cells get 1 s each"),
+    "cell_seconds": (float, "one top-level cell, until one is stopped"),
+    "later_cell_seconds": (float, "each later top-level cell, once one has been stopped (the file is known to hang)"),
     "request_seconds": (float, "any single request to the worker (a forward, a call)"),
     "hung_request_seconds": (float, "the same, once the submission is known to hang (a cell or a request was stopped)"),
     "check_seconds": (float, "one check, all its requests together"),
@@ -294,7 +297,7 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
 def _speed_settings(table: dict, path: Path) -> SpeedSettings:
     """[speed] and its [[speed.workloads]], every key checked (see SPEED_SETTINGS, WORKLOAD_SETTINGS)."""
     _no_unknown(table, (*SPEED_SETTINGS, "requires", "workloads"), "in [speed]: ", path)
-    values = {}
+    values: dict[str, Any] = {}  # each an int or a float, as SPEED_SETTINGS says (`_number`)
     for name, (kind, minimum, meaning) in SPEED_SETTINGS.items():
         if name not in table:
             raise RubricError(f"{path}: [speed] {name} is missing ({meaning})")

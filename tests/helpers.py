@@ -80,6 +80,12 @@ def part_scores(results: dict) -> dict[str, tuple[float, float]]:
     return {part: (round(s, 2), round(m, 2)) for part, (s, m) in totals.items()}
 
 
+def checks_run(results: dict) -> int:
+    """How many checks (cases of a parametrised check counted one by one) a results.json reports: a row
+    stands for the cases of one check that came out the same way."""
+    return sum(len((t.get("extra_data") or {}).get("cases") or [None]) for t in results["tests"])
+
+
 def failures(results: dict, part: str | None = None) -> list[dict]:
     return [t for t in results["tests"] if t["status"] == "failed" and (part is None or t["tags"][0] == part)]
 

@@ -7,12 +7,13 @@ import json
 import shutil
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
 from autograder.model import CANNOT_GRADE, FAILED, CheckResult
-from autograder.platforms.classroom import runner_result
+from autograder.platforms.classroom import SCALE, runner_result
 from classkit import ROOT, synthetic_run
 from helpers import REFERENCE
 
@@ -78,8 +79,8 @@ def test_the_runner_result_carries_each_parts_points_and_hides_hidden_details():
     mha = next(c for c in run.checks if c.part == "mha")
     mha.visibility, mha.message = "after_due_date", "largest difference 0.25 at hidden input 42"
     result = runner_result(run)
-    assert result["max_score"] == run.max_score == 100
-    assert sum(t["score"] for t in result["tests"]) == run.score  # what the reporter adds up
+    assert result["max_score"] == run.max_score * SCALE == 100 * SCALE
+    assert sum(t["score"] for t in result["tests"]) == run.score * SCALE  # what the reporter adds up
     assert result["status"] == "fail"
     assert "hidden input 42" not in json.dumps(result)
     assert runner_result(synthetic_run("mha.py"))["status"] == "pass"
@@ -131,6 +132,56 @@ def test_grading_a_student_checkout_prints_the_result_the_reporter_reads(tmp_pat
     line = next(line for line in done.stdout.splitlines() if line.startswith("result="))
     result = json.loads(base64.b64decode(line.removeprefix("result=")))
     results = json.loads((tmp_path / "results.json").read_text())
-    assert sum(t["score"] for t in result["tests"]) == results["score"] == 100
-    assert result["max_score"] == results["max_score"] and result["status"] == "pass"
+    assert sum(t["score"] for t in result["tests"]) == results["score"] * SCALE == 100 * SCALE
+    assert result["max_score"] == results["max_score"] * SCALE and result["status"] == "pass"
     assert "Graded my_mha.py" in results["output"]
+
+
+def test_a_checkout_whose_file_links_to_the_reference_is_not_graded(tmp_path, capsys):
+    """Classroom's runner is Gradescope's (platforms/folder.py): a link out of the checkout is refused."""
+    from autograder.platforms.classroom import main
+
+    checkout = tmp_path / "student-repo"
+    checkout.mkdir()
+    (checkout / "mha.py").symlink_to(REFERENCE)
+    assert main([str(checkout), "--out", str(tmp_path / "results.json"), "--device", "cpu"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("result="))
+    result = json.loads(base64.b64decode(line.removeprefix("result=")))
+    assert result["status"] == "error" and sum(t["score"] for t in result["tests"]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["extra_data"]["status"] == "cannot_grade" and "symbolic link out" in results["output"]
+
+
+def reporter_notice(result: dict) -> str:
+    """The "Points X/Y" notice the grading reporter (v1) writes and Classroom records, with its arithmetic:
+    JavaScript numbers (IEEE doubles, as Python's floats) added test by test, printed as JavaScript does."""
+    total = 0.0
+    for test in result["tests"]:
+        total += test["score"]
+    as_js = lambda x: str(int(x)) if float(x).is_integer() else repr(float(x))  # noqa: E731
+    return f"Points {as_js(total)}/{as_js(result['max_score'])}"
+
+
+@pytest.mark.parametrize(
+    "scores",
+    [
+        {"mha": 17.14, "speed": 0.0},  # 87.14 of 100: the sample class's brook
+        {"mha": 14.29, "speed": 3.33},  # 87.62, which the reporter's float sum made 87.61999999999999
+        {"mha": 10 / 3, "fuse": 20 / 3},  # parts whose own rounding would drift from the total's
+    ],
+)
+def test_classroom_records_exactly_our_score_in_whole_hundredths_of_a_point(scores):
+    """The reporter adds the tests' scores as floats and Classroom takes whole points: 87.14 sent as part
+    scores could come out as 87.13999999999999, or be read as a whole number of something else. Sent in
+    hundredths, every number is whole and the notice's fraction is exactly ours."""
+    run = synthetic_run("mha.py", scores)
+    result = runner_result(run)
+    assert all(isinstance(t["score"], int) for t in result["tests"]) and isinstance(result["max_score"], int)
+    points, available = map(int, reporter_notice(result).removeprefix("Points ").split("/"))
+    assert (points, available) == (round(run.score * SCALE), round(run.max_score * SCALE))
+    assert Fraction(points, available) == Fraction(str(round(run.score, 2))) / Fraction(str(run.max_score))
+    if scores == {"mha": 17.14, "speed": 0.0}:
+        assert reporter_notice(result) == "Points 8714/10000" and run.score == 87.14
+    if scores == {"mha": 14.29, "speed": 3.33}:  # as the parts' points, the reporter's notice was off
+        unscaled = dict(result, max_score=100, tests=[dict(t, score=t["score"] / SCALE) for t in result["tests"]])
+        assert reporter_notice(unscaled) == "Points 87.61999999999999/100" and run.score == 87.62

@@ -1,4 +1,4 @@
-"""The commands people type: grade, check and grade-class, including how they fail."""
+"""The commands people type: grade, preview and grade-class, including how they fail."""
 
 import json
 import shutil
@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from helpers import REFERENCE, mutated_reference
+from helpers import REFERENCE, ROOT, mutated_reference
 
 
 def autograder(*args, cwd):
@@ -32,17 +33,19 @@ def test_an_unreadable_notebook_is_graded_zero_with_the_reason(tmp_path):
     assert run.returncode == 0, run.stderr
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["score"] == 0 and results["max_score"] == 100
-    assert all("not a readable Jupyter notebook" in t["output"] for t in results["tests"])
+    assert all("not a readable Jupyter notebook" in t["output"] for t in results["tests"] if t["tags"][0] != "speed")
+    (speed,) = [t for t in results["tests"] if t["tags"][0] == "speed"]  # it rests on the values, and says so
+    assert "not-scored" in speed["tags"] and "counts only once the values" in speed["output"]
 
 
 @pytest.mark.slow  # a whole grading run
-def test_check_runs_only_visible_checks_and_names_the_mistake(tmp_path):
+def test_preview_runs_only_visible_checks_and_names_the_mistake(tmp_path):
     wrong = mutated_reference(tmp_path, "dim1", "return torch.cat(outputs, dim=-1)", "return torch.cat(outputs, dim=1)")
-    run = autograder("check", wrong, cwd=tmp_path)
+    run = autograder("preview", wrong, cwd=tmp_path)
     assert run.returncode == 1, run.stderr  # a visible check failed
     assert "Visible checks" in run.stdout
     assert "concatenated along the token dimension" in " ".join(run.stdout.split())
-    assert not list(tmp_path.glob("**/results.json"))  # check writes no results
+    assert not list(tmp_path.glob("**/results.json"))  # preview writes no results
     assert "points" not in run.stdout  # nor scores
 
 
@@ -151,3 +154,89 @@ def test_a_fault_in_a_check_is_the_graders_not_the_students(tmp_path, monkeypatc
     assert results["score"] == 0 and results["max_score"] == 0 and results["tests"] == []
     assert "the grader itself failed (not your submission's fault)" in results["output"]
     assert "KeyError" in results["extra_data"]["grader_errors"][0]
+
+
+def test_the_names_say_which_command_runs_the_students_code_unsandboxed(tmp_path):
+    """`preview` (sandboxed) replaced the CLI's `check`, which read like the kit's unsandboxed `make check`:
+    the old name says where each went, and the help texts say which runs the code unsandboxed."""
+    old = autograder("check", tmp_path / "mha.py", cwd=tmp_path)
+    assert old.returncode == 2 and "`check` is now `preview`" in old.stderr and "make selfcheck" in old.stderr
+    helped = autograder("--help", cwd=tmp_path)
+    assert "preview" in helped.stdout and "check " not in helped.stdout
+    assert "sandboxed" in " ".join(autograder("preview", "--help", cwd=tmp_path).stdout.split())
+    make = subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "help"], capture_output=True, text=True)
+    lines = {line.split()[1]: line for line in make.stdout.splitlines() if line.startswith("make ")}
+    assert "UNSANDBOXED" in lines["selfcheck"] and "same as make selfcheck" in lines["check"]
+    assert "SANDBOXED" in lines["preview"] and "UNSANDBOXED" not in lines["preview"]
+
+
+# -- disputes: explain a failed hidden check from the recorded seed --------------------------------------------
+
+
+@pytest.mark.slow
+def test_explain_recomputes_a_failed_checks_inputs_and_values_from_the_seed(tmp_path):
+    """A missing transpose, graded with a seed: `explain` regrades only the failed checks with it and shows each
+    one's input, the reference's expected values and the submission's, and says the outcome was reproduced."""
+    from helpers import grade, mutated_reference
+    from reference import mha as ref
+
+    path = mutated_reference(
+        tmp_path,
+        "transpose",
+        "context_vec = (attn_weights @ values).transpose(1, 2)  # (b, T, H, hd)",
+        "context_vec = attn_weights @ values  # (b, H, T, hd)",
+    )
+    results, run = grade(path, tmp_path, "--seed", "12345", "--part", "mha")
+    assert run.returncode == 0 and results["extra_data"]["seed"] == 12345
+    out = tmp_path / "mha-results.json"
+    case = "mha::test_matches_reference[float64-1 head]"
+    done = subprocess.run(
+        [sys.executable, "-m", "autograder", "explain", str(out), "--submission", str(path)]
+        + ["--check", "mha::test_book_example", "--check", case],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert "seed 12345" in text and "again:   failed: output for the book's example" in text
+    torch.manual_seed(123)
+    expected = ref.MultiHeadAttention(3, 2, 6, 0.0, 2)(ref.batch)[0, 0]  # the book's first context vector
+    assert f"[[{expected[0]:.4f}, {expected[1]:.4f}]," in text.replace("tensor(", "")
+    assert "input to MultiHeadAttention.forward: (2, 5, 4) float64" in text  # the "1 head" case: batch 2, 5 tokens
+    assert "largest difference" in text and "NOT what it was graded" not in text
+
+
+def test_explain_says_why_the_speed_part_is_not_reproducible(tmp_path):
+    from autograder.grading.explain import explain_speed
+    from autograder.model import GRADED, GradingRun
+
+    run = GradingRun(
+        GRADED, "mha.py", seed=7, speed={"workloads": {"w": {"relative": 0.93, "rounds": 21, "credit": 1}}}
+    )
+    text = explain_speed(run, "mha.py")
+    assert "not reproducible by seed" in text and "--part speed --seed 7" in text and "0.930" in text
+
+
+def test_make_grade_one_takes_the_seed_to_repeat_a_run():
+    done = subprocess.run(
+        ["make", "-n", "--no-print-directory", "-C", str(ROOT), "grade-one", "SEED=4242", f"VENV={sys.prefix}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "--seed 4242" in done.stdout
+
+
+def test_explain_finds_a_class_members_file_from_the_record(tmp_path):
+    from autograder.grading.explain import submission_of
+
+    record = tmp_path / "course" / "results" / "ada" / "mha" / "results.json"
+    copy = tmp_path / "course" / "autograded" / "ada" / "mha" / "results.json"
+    graded = tmp_path / "course" / "submitted" / "ada" / "mha" / "mha (1).ipynb"
+    for path in (record, copy, graded):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+    assert submission_of(record, "mha (1).ipynb") == graded.resolve()
+    assert submission_of(copy, "mha (1).ipynb") == graded.resolve()
+    assert submission_of(record, "mha.py") is None

@@ -5,17 +5,19 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from autograder.course import grade_class, placement
-from autograder.course.grading_pool import Outcome
+from autograder.course.grading_pool import GradingAttempt
 from autograder.course.placement import DevicePool, NoDevice, placement_for
 from autograder.grading import devices
 from autograder.grading.devices import timing_lock, timing_lock_path, visible_devices
@@ -95,7 +97,7 @@ def test_grade_class_pins_every_grading_process_to_one_device(tmp_path, monkeypa
             run = GradingRun(status="graded", submission="mha.py")
             with open(request["out"], "w") as handle:
                 json.dump(run.to_gradescope(), handle)
-            return Outcome(ok=True)
+            return GradingAttempt(ok=True)
 
         def close(self):
             pass
@@ -126,7 +128,7 @@ HOLDER = textwrap.dedent("""
 
 def try_lock(path) -> bool:
     """Whether the lock at `path` is free now (taken and released at once, without waiting)."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
@@ -137,21 +139,17 @@ def try_lock(path) -> bool:
 
 
 def test_a_timing_lock_is_held_across_processes_per_device_and_freed_when_its_holder_dies(tmp_path, monkeypatch):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this process's temp folder, and the holder's:
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, "cuda-GPU-aaaa"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-    )
+    folder = tmp_path / "locks"
+    monkeypatch.setenv(devices.TIMING_LOCK_FOLDER_VARIABLE, str(folder))  # this process's, and the holder's
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, "cuda-GPU-aaaa"], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "holding"
         held, other = timing_lock_path("cuda-GPU-aaaa"), timing_lock_path("cuda-GPU-bbbb")
-        assert held.parent == tmp_path and held != other
+        assert held.parent == folder and held != other
         assert not try_lock(held)  # the same device: busy
         assert try_lock(other)  # another device: free
         started = time.monotonic()
-        with pytest.raises(devices.TimingLockBusy, match="held by another grading for 0.3 s"):
+        with pytest.raises(devices.TimingLockBusy, match="cannot time now: another grading held .* for 0.3 s"):
             with timing_lock("cuda-GPU-aaaa", seconds=0.3):
                 pass
         assert time.monotonic() - started >= 0.3
@@ -168,6 +166,76 @@ def test_the_timing_lock_file_can_be_named(tmp_path):
     with timing_lock("cpu", environ={devices.TIMING_LOCK_VARIABLE: str(chosen)}) as path:
         assert path == chosen and not try_lock(chosen)
     assert try_lock(chosen)
+
+
+def test_the_timing_locks_live_in_a_folder_only_the_graders_user_can_enter(tmp_path):
+    """Not the machine's shared temp folder, where a worker running as another uid could hold the lock
+    or plant a FIFO at its path: a 0700 folder of the grader's user, lock files 0600."""
+    folder = devices.timing_lock_folder({})
+    assert (
+        folder != Path(tempfile.gettempdir())
+        and folder.parent != Path(tempfile.gettempdir())
+        or (folder.name == f"mha-autograder-{os.geteuid()}")
+    )
+    if os.geteuid() == 0:
+        assert folder == Path("/run/mha-autograder")
+    locks = tmp_path / "locks"
+    locks.mkdir(mode=0o777)
+    os.chmod(locks, 0o777)
+    with timing_lock("cpu", environ={devices.TIMING_LOCK_FOLDER_VARIABLE: str(locks)}) as path:
+        assert stat.S_IMODE(os.stat(locks).st_mode) == 0o700  # ours, left open: closed
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and path.parent == locks
+
+
+def hostile_lock(tmp_path, kind: str) -> dict[str, str]:
+    locks = tmp_path / kind
+    if kind == "folder-link":
+        (tmp_path / "elsewhere").mkdir()
+        locks.symlink_to(tmp_path / "elsewhere")
+        return {devices.TIMING_LOCK_FOLDER_VARIABLE: str(locks)}
+    locks.mkdir(mode=0o700)
+    lock = locks / "timing-cpu.lock"
+    if kind == "fifo":
+        os.mkfifo(lock)
+    elif kind == "link":
+        lock.symlink_to(tmp_path / "target.lock")
+    elif kind == "foreign-folder":
+        os.chown(locks, 12345, 12345)
+    return {devices.TIMING_LOCK_FOLDER_VARIABLE: str(locks)}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "folder-link", "foreign-folder"])
+def test_a_planted_lock_is_refused_at_once_as_cannot_time_now(tmp_path, kind):
+    """A FIFO at the lock's path (it used to block the grader's open), a link in its place, a link as the
+    folder, a folder another uid owns: refused at once, a retryable "cannot time now" (never a hang)."""
+    if kind == "foreign-folder" and os.geteuid() != 0:
+        pytest.skip("giving a folder to another uid needs root")
+    environ = hostile_lock(tmp_path, kind)
+    started = time.monotonic()
+    with pytest.raises(devices.TimingLockError, match="^cannot time now: "):
+        with timing_lock("cpu", seconds=1, environ=environ):
+            pass
+    assert time.monotonic() - started < 30  # (at once; generous for a loaded machine)
+    assert not (tmp_path / "target.lock").exists()  # the link was not followed to create its target
+
+
+def test_the_timing_locks_wait_ends_before_pytest_timeout_would_stop_the_check(monkeypatch):
+    """A busy lock must end as "cannot time now" (retryable), not as pytest-timeout killing the check:
+    the lock's wait and the check's own budget together stay below the checks' pytest-timeout."""
+    from autograder.grading import grade
+    from autograder.rubric import load_rubric
+
+    rubric = load_rubric()
+    seen = {}
+
+    def fake_main(args, plugins):
+        seen["args"] = args
+        return 0
+
+    monkeypatch.setattr(grade.pytest, "main", fake_main)
+    grade.run_checks(None, rubric, visible_only=False)
+    timeout = float(next(a for a in seen["args"] if a.startswith("--timeout=")).split("=", 1)[1])
+    assert rubric.speed.lock_seconds + rubric.limit("check_seconds") < timeout
 
 
 # --- for real, where CUDA is present ---------------------------------------------------------------
@@ -196,3 +264,40 @@ def test_a_class_on_cuda_pins_each_process_to_a_visible_device(tmp_path):
         assert results["extra_data"]["device"] == "cuda" and results["score"] == results["max_score"]
     key = devices.device_key("cuda")
     assert key.startswith("cuda-") and key != "cuda-"
+
+
+def test_a_class_run_grades_again_once_what_could_not_be_timed_now(tmp_path, monkeypatch):
+    """A busy timing lock makes a run "cannot time now" (cannot_grade, never a zero); the class run grades
+    those students again at its end, one at a time, and keeps what that gives."""
+    course = tmp_path / "course"
+    for student in ("ann", "bob", "cat"):
+        folder = course / "submitted" / student / "mha"
+        folder.mkdir(parents=True)
+        (folder / "mha.py").write_text("x = 1\n")
+    attempts: dict[str, int] = {}
+    lock = threading.Lock()
+
+    class BusyOnce:
+        def __init__(self, env=None):
+            pass
+
+        def grade(self, request, timeout):
+            with lock:
+                attempts[request["id"]] = attempts.get(request["id"], 0) + 1
+                busy = request["id"] != "ann" and attempts[request["id"]] == 1
+            reason = f"the grader itself failed: CannotTime: {devices.CANNOT_TIME_NOW}: another grading held it"
+            run = GradingRun(status="cannot_grade", submission="mha.py", reason=reason)
+            if not busy:
+                run = GradingRun(status="graded", submission="mha.py")
+            with open(request["out"], "w") as handle:
+                json.dump(run.to_gradescope(), handle)
+            return GradingAttempt(ok=True)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(grade_class, "Grader", BusyOnce)
+    assert grade_class.grade_class(course, device="cpu", jobs=3) == 0
+    assert attempts == {"ann": 1, "bob": 2, "cat": 2}
+    record = grade_class.Record(course)
+    assert all(record.run(s).graded for s in attempts)

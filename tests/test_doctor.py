@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from autograder import doctor
-from autograder.sandbox import launcher, machine
+from autograder.sandbox import machine, probe
 from autograder.sandbox.machine import Bubblewrap, ControlGroups, Cuda, Machine, Namespaces
 from helpers import ROOT
 
@@ -87,12 +87,12 @@ def test_the_advice_names_the_one_change_and_its_command(changes, says):
 def test_the_survey_agrees_with_what_grading_chooses():
     found = machine.survey()
     try:
-        chosen = launcher.choose_isolation("auto")
+        chosen = probe.choose_isolation("auto")
     except OSError:
         chosen = None
     assert found.isolation == chosen
-    assert found.user == ("root" if launcher.is_root() else f"uid {__import__('os').geteuid()}")
-    assert (found.bubblewrap.problem is None) == launcher.namespace_sandbox_available()
+    assert found.user == ("root" if probe.is_root() else f"uid {__import__('os').geteuid()}")
+    assert (found.bubblewrap.problem is None) == probe.namespace_sandbox_available()
     summary = found.summary()
     assert {"user", "user_namespaces", "bubblewrap", "fresh_uid", "control_groups", "cuda", "isolation"} <= set(summary)
     assert all(isinstance(value, str) for value in summary.values())

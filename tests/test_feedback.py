@@ -12,19 +12,46 @@ from pathlib import Path
 import html5lib
 import pytest
 
-from autograder.course.class_outputs import Row
 from autograder.course.feedback import feedback_path, render, write_feedback
 from autograder.course.roster import read_roster
-from autograder.model import CANNOT_GRADE, FAILED, PASSED, CheckResult, LoadReport
+from autograder.course.rows import Row
+from autograder.model import CANNOT_GRADE, FAILED, NOT_SCORED, PASSED, CheckResult, LoadReport
 from classkit import make_course, synthetic_run
 
-SPEED = {
-    "speedup": 2.51,
-    "reference_speedup": 2.43,
-    "threshold": {"full": 0.8, "none": 0.5},
-    "rounds": [{"student_ms": 1.0 + i / 10, "wrapper_ms": 2.5 + i / 20, "reference_ms": 1.05} for i in range(8)],
-    "ratios": [2.4, 2.5, 2.6, 2.45, 2.55],
-}
+
+def recorded_speed() -> dict:
+    """extra_data.speed as a grading writes it: the speed check's own `record` of `timing.summarize`'s figures
+    for the rubric's CPU workload, and a second workload whose timing failed."""
+    import dataclasses
+    import warnings
+    from types import SimpleNamespace
+
+    from autograder.grading import timing
+    from autograder.rubric import load_rubric
+
+    with warnings.catch_warnings():  # the check module's markers are registered by the grader's plugin
+        warnings.simplefilter("ignore")
+        from autograder.grading.checks.test_speed import record
+
+    rubric = load_rubric()
+    (workload,) = rubric.speed.workloads_for("cpu")
+    rounds = 21
+    seconds = {
+        timing.WRAPPER: [6.3e-3 + i * 1e-5 for i in range(rounds)],
+        timing.REFERENCE: [0.63e-3 + (i % 3) * 1e-5 for i in range(rounds)],
+        timing.SUBMISSION: [0.95e-3 + (i % 5) * 2e-5 for i in range(rounds)],
+    }
+    measurement = timing.Measurement(seconds, seconds, seconds, {k: [0.0] * rounds for k in seconds})
+    figures = timing.summarize(measurement)
+    credit = timing.credit(figures["relative"], rubric.speed.no_credit_at, rubric.speed.full_credit_at)
+    figures.update(workload=dataclasses.asdict(workload), credit=credit)
+    context = SimpleNamespace(measurements={}, device="cpu", rubric=rubric)
+    record(context, workload, figures)
+    record(context, dataclasses.replace(workload, name="a second workload"), {"failed": "TIMING-FAILED: too slow"})
+    return context.measurements["speed"]
+
+
+SPEED = recorded_speed()
 
 
 def marked_run():
@@ -138,15 +165,41 @@ def test_every_page_is_valid_html_and_self_contained(tmp_path, case):
     assert expected in " ".join("".join(tree.itertext()).split())
 
 
-def test_the_speed_part_shows_its_figures_and_a_plot_of_the_rounds(tmp_path):
+def test_the_speed_part_shows_its_figures_beside_the_bands_and_a_plot_of_the_rounds(tmp_path):
+    """On the layout a grading writes (per workload, under `workloads`): the figures in words, the scored
+    figure with the bands that score it, the rule (the give-up rule included) in words, and the plot."""
     tree = parse_strict(render(row_for(tmp_path, marked_run())))
     section = tree.find(".//section[@id='part-speed']")
-    rows = [["".join(td.itertext()).strip() for td in tr.findall("td")] for tr in section.iter("tr")]
-    assert ["speedup", "2.51"] in rows and ["reference speedup", "2.43"] in rows and ["threshold (full)", "0.8"] in rows
+    text = " ".join("".join(section.itertext()).split())
+    figures = SPEED["workloads"][next(iter(SPEED["workloads"]))]
+    rows = [" ".join("".join(td.itertext()).split()) for tr in section.iter("tr") for td in tr.findall("td")]
+    assert f"{figures['speedup']:.2f}x" in rows and f"{figures['reference_speedup']:.2f}x" in rows
+    bands = SPEED["bands"]
+    scored = next(r for r in rows if r.startswith("yours divided by the reference's"))
+    assert f"full points from {bands['full_credit_at']:g}, none at {bands['no_credit_at']:g} or below" in scored
+    value = next(r for r in rows if r.startswith(f"{figures['relative']:.2f}"))
+    assert f"{figures['credit']:.0%} of the speed points" in value
+    bar = section.find(".//div[@class='bar']")
+    mark = next(span for span in bar if span.get("class") == "mark")
+    assert 0 < float(mark.get("style").split("left:")[1].strip(" %")) < 100
+    assert f"more than {1 / bands['give_up_below']:.3g} times slower than the reference" in text
+    assert "Not timed: TIMING-FAILED: too slow" in text
     image = section.find(".//img")
     png = base64.b64decode(image.get("src").removeprefix("data:image/png;base64,"))
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
-    assert "rounds: student ms" in image.get("alt") and "ratios" in image.get("alt")
+    assert "your speedup over the wrapper divided by the reference's" in image.get("alt")
+    assert "test_" not in text and "::" not in text  # no check is named by its key
+
+
+def test_a_gated_check_is_shown_as_not_scored(tmp_path):
+    run = marked_run()
+    run.checks.append(
+        CheckResult("mha::test_loop", "mha", "no loop over heads", NOT_SCORED, 0.0, 5.0, "not scored: GATED-REASON")
+    )
+    tree = parse_strict(render(row_for(tmp_path, run)))
+    rows = [["".join(td.itertext()).strip() for td in tr.findall("td")] for tr in tree.iter("tr")]
+    row = next(r for r in rows if r and r[0].startswith("no loop over heads"))
+    assert row[1] == "not scored" and "GATED-REASON" in row[0]
 
 
 def test_a_page_is_rewritten_only_when_what_it_shows_changed(tmp_path):
@@ -227,3 +280,6 @@ def test_chromium_renders_the_page_and_takes_a_screenshot(chromium, tmp_path):
     assert pixels[..., :3].std() > 0.05  # text, tables and the plot, not a blank page
     dom = headless(chromium, tmp_path / "profile2", "--dump-dom", page.as_uri()).stdout
     assert "Score: 25 / 45" in dom and "VISIBLE-MESSAGE" in dom and "HIDDEN-SECRET" not in dom
+    # the speed part as a browser shows it: the plot of the rounds, the bands beside the scored figure, the rule
+    assert 'src="data:image/png;base64,' in dom and 'class="bar"' in dom
+    assert f"Full points from {SPEED['bands']['full_credit_at']:g}" in dom

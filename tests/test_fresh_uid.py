@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from autograder.sandbox import launcher
+from autograder.sandbox import probe
 from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -20,16 +20,16 @@ def test_mapped_ranges_are_read_and_intersected(tmp_path):
     uid_map, gid_map = tmp_path / "uid_map", tmp_path / "gid_map"
     uid_map.write_text("         0     100000      65536\n")
     gid_map.write_text("         0     100000      65536\n     70000     300000         10\n")
-    mapped = launcher._mapped_ids(str(uid_map)) & launcher._mapped_ids(str(gid_map))
+    mapped = probe._mapped_ids(str(uid_map)) & probe._mapped_ids(str(gid_map))
     assert mapped.ranges == ((0, 65536),)
-    assert not mapped.contains(*launcher.UID_RANGE)  # the usual fresh uids cannot be entered there
-    assert launcher._mapped_ids(str(tmp_path / "missing")).contains(*launcher.UID_RANGE)
+    assert not mapped.contains(*probe.UID_RANGE)  # the usual fresh uids cannot be entered there
+    assert probe._mapped_ids(str(tmp_path / "missing")).contains(*probe.UID_RANGE)
 
 
 def test_here_fresh_uids_come_from_the_usual_range():
-    start, count = launcher.UID_RANGE
-    assert launcher.fresh_uid_range() == launcher.UID_RANGE
-    assert start <= launcher.fresh_uid() < start + count
+    start, count = probe.UID_RANGE
+    assert probe.fresh_uid_range() == probe.UID_RANGE
+    assert start <= probe.fresh_uid() < start + count
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the pod's user namespace is emulated as root")
@@ -38,14 +38,14 @@ def test_root_of_a_pods_user_namespace_can_become_a_fresh_uid():
     change to it; the usual range would fail with EINVAL."""
     code = (
         f"import os, sys; sys.path.insert(0, {str(ROOT)!r})\n"
-        "from autograder.sandbox import launcher\n"
-        "uid = launcher.fresh_uid()\n"
+        "from autograder.sandbox import procfs, probe\n"
+        "uid = probe.fresh_uid()\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
-        "    launcher._become(uid)\n"
+        "    procfs.become_uid(uid)\n"
         "    os._exit(0 if os.getuid() == uid else 1)\n"
         "_, status = os.waitpid(pid, 0)\n"
-        "print(uid, launcher.fresh_uid_range(), os.waitstatus_to_exitcode(status))\n"
+        "print(uid, probe.fresh_uid_range(), os.waitstatus_to_exitcode(status))\n"
     )
     emulate.ensure_tools()
     line = emulate.command_for("kubernetes-userns", [emulate.SYSTEM_PYTHON, "-c", code])

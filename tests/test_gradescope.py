@@ -118,3 +118,69 @@ def test_a_submission_is_graded_into_results_json_with_the_students_code_as_anot
         assert "the grader's own user" not in results["extra_data"]["sandbox"]["user"]
     else:  # not root: no uid change, but still graded, the answer being whatever the file system allows
         assert results["max_score"] == 100
+
+
+# -- links, FIFOs and a grader killed midway (the shared runner, platforms/folder.py) -----------------
+
+
+def test_a_link_to_the_reference_is_never_graded(tmp_path, archive):
+    """A submission that is a symbolic link to the grader's own reference scored 100/100 when it was
+    followed: now it is refused, with a note, and nothing is graded."""
+    root = fake_autograder(tmp_path, archive, {})
+    (root / "submission" / "mha.py").symlink_to(root / "source" / "reference" / "mha.py")
+    (root / "submission" / "answers").symlink_to(root / "source" / "reference", target_is_directory=True)
+    done = run_autograder(root)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert results["score"] == 0 and results["extra_data"]["status"] == "cannot_grade"
+    assert "mha.py is a symbolic link out of the folder, not followed" in results["output"]
+
+
+def test_what_the_runner_finds_and_copies_stays_inside_the_submission_folder(tmp_path):
+    from autograder.platforms.folder import CannotCopy, copy_submission, find_submission
+
+    folder = tmp_path / "submission"
+    (folder / "src").mkdir(parents=True)
+    (folder / "src" / "mine.py").write_text("x = 1\n")
+    (folder / "mha.py").symlink_to("src/mine.py")  # inside: followed
+    (folder / "secret.py").symlink_to(REFERENCE)  # outside: refused
+    os.mkfifo(folder / "fifo.py")  # not a regular file: never opened
+    found = find_submission(folder)
+    assert found.file == folder / "mha.py" and found.refused == [
+        "secret.py is a symbolic link out of the folder, not followed"
+    ]
+    assert "Not graded: secret.py is a symbolic link out" in found.note
+    work = tmp_path / "work"
+    work.mkdir()
+    copy = copy_submission(found.file, folder, work)
+    assert copy == work / "mha.py" and copy.read_text() == "x = 1\n" and not copy.is_symlink()
+    with pytest.raises(CannotCopy, match="symbolic link out of the submission folder"):
+        copy_submission(folder / "secret.py", folder, tmp_path / "work2")
+    assert find_submission(tmp_path / "empty").file is None
+    nested = tmp_path / "repo"
+    (nested / "deep").mkdir(parents=True)
+    (nested / "deep" / "MHA.PY").write_text("y = 2\n")
+    (nested / "deep" / "link.ipynb").symlink_to(tmp_path / "submission" / "src" / "mine.py")
+    found = find_submission(nested)
+    assert found.file == nested / "deep" / "MHA.PY" and "deep/link.ipynb is a symbolic link out" in found.note
+
+
+def test_the_runner_writes_a_placeholder_results_json_before_grading(tmp_path, monkeypatch):
+    """A grader killed while grading (for memory, say) leaves results.json saying so, not nothing."""
+    from autograder.grading import grade
+    from autograder.platforms.folder import UNFINISHED, grade_folder
+
+    (tmp_path / "submission").mkdir()
+    (tmp_path / "submission" / "mha.py").write_text("x = 1\n")
+    out = tmp_path / "results" / "results.json"
+    seen = {}
+
+    def killed(path, options):
+        seen.update(json.loads(out.read_text()))
+        raise MemoryError("the grader ran out of memory")
+
+    monkeypatch.setattr(grade, "grade_submission", killed)
+    with pytest.raises(MemoryError):
+        grade_folder(tmp_path / "submission", out, device="cpu")
+    assert seen["extra_data"]["status"] == "cannot_grade" and UNFINISHED in seen["output"]
+    assert json.loads(out.read_text()) == seen  # what a killed grader leaves behind

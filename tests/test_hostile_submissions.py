@@ -41,8 +41,8 @@ import nbformat
 import pytest
 
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
-from autograder.sandbox.launcher import namespace_sandbox_available
-from helpers import REFERENCE, ROOT, failures, grade, part_scores
+from autograder.sandbox.probe import namespace_sandbox_available
+from helpers import REFERENCE, ROOT, checks_run, failures, grade, part_scores
 
 # Every test grades whole submissions; the first waits for the whole table to be graded (several minutes).
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
@@ -922,8 +922,13 @@ def graded(tmp_path_factory) -> dict[str, Graded]:
         host_socket.close()
 
 
-def check_names(results: dict) -> dict[str, str]:
-    return {test["name"]: test["status"] for test in results["tests"]}
+def check_names(results: dict) -> dict[tuple[str, str], str]:
+    """{(check key, case): status}: every case of every check, whichever row reports it."""
+    return {
+        (test["tags"][1], case): test["status"]
+        for test in results["tests"]
+        for case in ((test.get("extra_data") or {}).get("cases") or [""])
+    }
 
 
 def lost_part_messages(results: dict, parts) -> str:
@@ -1042,7 +1047,7 @@ def test_fake_results_and_conftest_files_change_nothing(graded, reference_result
     # The final results.json is the grader's, written after the worker was killed.
     on_disk = json.loads(context.out_file.read_text())
     assert on_disk["score"] == results["score"] != 1000 and on_disk["output"] != "hacked"
-    assert len(on_disk["tests"]) == len(reference_results["tests"])
+    assert checks_run(on_disk) == checks_run(reference_results)
     wrote = [line.split(" ", 2)[2] for line in results["output"].splitlines() if line.startswith("ESCAPE WROTE ")]
     blocked = [line for line in results["output"].splitlines() if line.startswith("ESCAPE BLOCKED ")]
     assert blocked or wrote, "the escape attempts were not reported: the worker's output was lost"
@@ -1245,7 +1250,7 @@ def test_no_process_of_the_submission_rewrites_results_after_grading(process_iso
     got = process_isolated["rewrite_results_later"]
     assert got.returncode == 0, got.stderr
     assert got.results["output"] != "hacked" and got.results["score"] < 100
-    assert len(got.results["tests"]) == len(reference_results["tests"])
+    assert checks_run(got.results) == checks_run(reference_results)
     assert not processes_with(got.context.marker)
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from autograder.grading.plugin import ResultsPlugin
-from autograder.model import FAILED, PASSED, WORKER
+from autograder.model import FAILED, NOT_SCORED, PASSED, WORKER
 from rubric_text import rubric_file
 
 pytest_plugins = ["pytester"]
@@ -26,6 +26,18 @@ def test_fails_through_fail(n):
 @pytest.mark.evidence("worker")
 def test_structure():
     """a check on what the worker reports"""
+
+@pytest.mark.part("mha")
+def test_property_of_a_wrong_answer():
+    """a check that rests on another"""
+    from autograder.grading.plugin import NotScored
+    raise NotScored("not scored: the output is wrong")
+
+@pytest.mark.part("mha")
+def test_shared_problem():
+    """a check that meets a problem many share"""
+    from autograder.grading.plugin import NotScored
+    raise NotScored("the whole story", cause="a problem many checks share")
 '''
 
 
@@ -52,22 +64,27 @@ def run(pytester, rubric, source, visible_only=False):
 
 def test_outcomes_names_parts_and_evidence(pytester, rubric):
     plugin = run(pytester, rubric, CHECKS)
-    outcomes = {o.name: o for o in plugin.outcomes.values()}
+    outcomes = {(o.name, o.case): o for o in plugin.outcomes.values()}
     assert plugin.grader_errors == []
-    assert outcomes["a check that passes"].status == PASSED
-    assert outcomes["a check the student fails [1]"].status == PASSED
-    failed = outcomes["a check the student fails [2]"]
+    assert outcomes["a check that passes", ""].status == PASSED
+    assert outcomes["a check the student fails", "1"].status == PASSED
+    failed = outcomes["a check the student fails", "2"]
     assert (
         failed.status == FAILED and failed.message == "wrong answer" and failed.key == "quiz::test_fails_through_fail"
     )
-    assert outcomes["a check on what the worker reports"].evidence == WORKER
-    assert outcomes["a check on what the worker reports"].part == "mha"
+    assert outcomes["a check on what the worker reports", ""].evidence == WORKER
+    assert outcomes["a check on what the worker reports", ""].part == "mha"
+    # a check that rests on another is not scored, not failed; a shared problem fails, with its cause
+    gated = outcomes["a check that rests on another", ""]
+    assert gated.status == NOT_SCORED and gated.message == "not scored: the output is wrong"
+    shared = outcomes["a check that meets a problem many share", ""]
+    assert shared.status == FAILED and shared.cause == "a problem many checks share"
 
 
 def test_visible_only_runs_only_visible_checks(pytester, rubric):
     plugin = run(pytester, rubric, CHECKS, visible_only=True)
     assert "a check that passes" not in {o.name for o in plugin.outcomes.values()}
-    assert len(plugin.outcomes) == 3
+    assert len(plugin.outcomes) == 5
 
 
 @pytest.mark.parametrize(

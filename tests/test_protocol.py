@@ -1,6 +1,7 @@
 """The wire protocol, alone: frames and values round-trip; every bound holds before anything is read;
 whatever the worker sends is decoded into typed values or refused with a ProtocolError, never more."""
 
+import collections
 import io
 import json
 import struct
@@ -12,7 +13,7 @@ from autograder.sandbox import protocol
 from autograder.sandbox.protocol import (
     Decoder,
     Encoder,
-    Limits,
+    FrameLimits,
     ModuleInfo,
     ProtocolError,
     TensorCodec,
@@ -37,7 +38,7 @@ class CountingReader:
         return chunk
 
 
-DEFAULT_LIMITS = Limits()
+DEFAULT_LIMITS = FrameLimits()
 
 
 def roundtrip(value, limits=DEFAULT_LIMITS):
@@ -65,12 +66,49 @@ def test_plain_values_keep_their_types():
     assert back["c"] != back["c"] and back["d"] == float("-inf")
 
 
+def test_the_grader_sends_subclasses_of_plain_types_as_those_types_and_nothing_else():
+    """One encoder for both sides. The grader's own values: an OrderedDict state dict goes as a dict, a
+    namedtuple as a tuple; an object of any other kind is a ProtocolError, never a repr."""
+    point = collections.namedtuple("point", "x y")
+    state = collections.OrderedDict(weight=torch.ones(2))
+    back = roundtrip({"state": state, "point": point(1, 2)})
+    assert torch.equal(back["state"]["weight"], torch.ones(2)) and back["point"] == (1, 2)
+    with pytest.raises(ProtocolError, match="type object cannot be sent"):
+        Encoder(CODEC).encode([object()])
+    with pytest.raises(ProtocolError, match="nested too deeply"):
+        Encoder(CODEC, max_depth=2).encode([[[[1]]]])
+
+
+def test_the_worker_sends_what_cannot_be_sent_as_an_object_saying_why():
+    """With a policy for other values (the worker's), bounds and unsendable tensors give an object saying
+    why, and the policy decides the rest; exact plain types never reach it."""
+    seen = []
+
+    def other(value, depth):
+        seen.append(value)
+        return {"$": "object", "class": type(value).__name__, "repr": "other"}
+
+    encoder = Encoder(CODEC, on_other=other, max_items=3, max_depth=2)
+    values = [torch.zeros(2, dtype=torch.complex64), [[[1]]], [1, 2, 3, 4], {1: 2}, "x", 1.5, None]
+    decoder = Decoder(encoder.blobs, FrameLimits(), CODEC.from_wire)
+    decoded = [decoder.decode(encoder.encode(value)) for value in values]
+    assert (decoded[0].cls, decoded[0].text) == (
+        "Tensor",
+        f"(cannot be sent: a tensor of dtype complex64 cannot be sent (allowed: {', '.join(protocol.DTYPES)}))",
+    )
+    assert decoded[1][0][0][0].text == "(nested too deeply)"  # the 1, at depth 3
+    assert seen == [[1, 2, 3, 4], {1: 2}] and decoded[4:] == ["x", 1.5, None]
+    assert Decoder([], FrameLimits(), CODEC.from_wire).decode(Encoder(CODEC).encode(protocol.MISSING)) is (
+        protocol.MISSING
+    )
+
+
 def frame_with(header: dict, blobs=()) -> bytes:
     return pack_frame(header, list(blobs))
 
 
 def test_sizes_are_refused_before_their_bytes_are_read():
-    limits = Limits(header_bytes=1000, blobs=4, blob_bytes=1000)
+    limits = FrameLimits(header_bytes=1000, blobs=4, blob_bytes=1000)
     huge_header = struct.pack(">4sII", b"MHA1", 10**9, 0)
     reader = CountingReader(huge_header)
     with pytest.raises(ProtocolError, match="header of 1,000,000,000 bytes"):
@@ -89,10 +127,10 @@ def test_sizes_are_refused_before_their_bytes_are_read():
 def test_anything_but_a_frame_is_refused():
     pickle_like = struct.pack(">Q", 100) + b"\x80\x04" + b"x" * 100
     with pytest.raises(ProtocolError, match="could not be read safely"):
-        read_frame(CountingReader(pickle_like), Limits())
+        read_frame(CountingReader(pickle_like), FrameLimits())
     not_json = struct.pack(">4sII", b"MHA1", 3, 0) + b"{x}"
     with pytest.raises(ProtocolError, match="not JSON"):
-        read_frame(CountingReader(not_json), Limits())
+        read_frame(CountingReader(not_json), FrameLimits())
 
 
 def decode(tree, blobs=(), limits=DEFAULT_LIMITS):
@@ -131,16 +169,16 @@ def test_nesting_and_node_counts_are_bounded():
         decode(deep)
     wide = {"$": "list", "items": [{"$": "list", "items": [1] * 1000}] * 100}
     with pytest.raises(ProtocolError, match="too many values"):
-        decode(wide, limits=Limits(list_items=5000))
+        decode(wide, limits=FrameLimits(list_items=5000))
     # JSON nested far beyond Python's recursion limit is refused, not a crash
     text = ("[" * 200_000 + "]" * 200_000).encode()
     frame = struct.pack(">4sII", b"MHA1", len(text), 0) + text
     with pytest.raises(ProtocolError):
-        read_frame(CountingReader(frame), Limits())
+        read_frame(CountingReader(frame), FrameLimits())
 
 
 def test_strings_from_the_worker_are_truncated_and_cleaned():
-    limits = Limits(string_chars=50)
+    limits = FrameLimits(string_chars=50)
     text = decode("\ud800 fake \x1b[2J\x1b[32mTotal: 100 / 100\x07" + "x" * 100, limits=limits)
     assert "\x1b" not in text and "\x07" not in text and "\ud800" not in text
     assert text.endswith("more characters]") and len(text) < 100
@@ -149,7 +187,7 @@ def test_strings_from_the_worker_are_truncated_and_cleaned():
 
 
 def reply(op, value):
-    return parse_reply(op, {"ok": True, "value": value}, Decoder([], Limits(), CODEC.from_wire))
+    return parse_reply(op, {"ok": True, "value": value}, Decoder([], FrameLimits(), CODEC.from_wire))
 
 
 @pytest.mark.parametrize(
@@ -173,12 +211,12 @@ def test_an_error_reply_is_typed_and_cleaned():
     answer = parse_reply(
         "call",
         {"ok": False, "error": {"type": "ValueError", "message": "bad\x1b[0m" * 2000}},
-        Decoder([], Limits(), CODEC.from_wire),
+        Decoder([], FrameLimits(), CODEC.from_wire),
     )
     assert not answer.ok and answer.error.type == "ValueError"
     assert "\x1b" not in answer.error.message and len(answer.error.message) < 5000
     with pytest.raises(ProtocolError):
-        parse_reply("call", {"ok": "yes"}, Decoder([], Limits(), CODEC.from_wire))
+        parse_reply("call", {"ok": "yes"}, Decoder([], FrameLimits(), CODEC.from_wire))
 
 
 def test_modules_come_back_as_module_info_with_their_state():
@@ -192,6 +230,9 @@ def test_the_protocol_module_needs_only_the_standard_library():
     import sys
 
     tree = ast.parse(open(protocol.__file__).read())
+    for node in ast.walk(tree):  # imports for the type checker alone never run
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            node.body = []
     imported = {
         alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
     }
@@ -199,3 +240,4 @@ def test_the_protocol_module_needs_only_the_standard_library():
         node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
     }
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    assert "torch" not in vars(protocol)  # torch is passed in, never imported

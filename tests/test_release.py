@@ -287,3 +287,41 @@ def test_no_solution_leaks_into_the_release(path):
     lines = {line.strip() for line in text.splitlines()}
     leaked = sorted(lines & solution_lines())
     assert not leaked, f"solution code in {path}: {leaked}"
+
+
+# -- the sample class: the release plus each student's answers --------------------------------------------------
+
+
+def test_the_sample_class_is_the_release_plus_each_students_answers():
+    """`make release` rewrites assignments/submitted/ from assignments/samples/; a stale sample fails here."""
+    from autograder.authoring.samples import expected_samples, stale_samples
+
+    assert stale_samples() == [], "a sample is not the current release plus its answers: run `make release`"
+    texts = {path.parent.parent.name: text for path, text in expected_samples().items()}
+    assert set(texts) == {"ada", "brook", "casey", "devon", "emery"}
+    release = (ROOT / RELEASE_PY).read_text()
+    assert texts["devon"] == release  # the untouched release
+    ada = nbformat.reads(texts["ada"], as_version=4)
+    assert not any("raise NotImplementedError()" in c.source for c in ada.cells if c.cell_type == "code")  # complete
+    assert "for h in range(self.num_heads):  # one head at a time" in texts["brook"]
+    assert "return torch.cat(outputs, dim=1)" in texts["casey"] and 'HEADS_RUN = "A"' in texts["casey"]
+    assert "while True:  # forgot to stop" in texts["emery"]
+    for name in ("brook", "casey", "emery"):  # everything else as released
+        stubs = [line for line in texts[name].splitlines() if line.strip() == "raise NotImplementedError()"]
+        assert stubs == [], name
+
+
+def test_a_stale_sample_is_found(tmp_path):
+    from autograder.authoring.samples import SampleError, stale_samples, write_samples
+
+    for name in ("assignments/samples", "assignments/release", "assignments/source", "assignments/submitted"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    assert stale_samples(tmp_path) == []
+    casey = tmp_path / "assignments/submitted/casey/mha/mha.py"
+    casey.write_text(casey.read_text().replace("dim=1", "dim=-1"))
+    assert stale_samples(tmp_path) == ["casey"]
+    write_samples(tmp_path)
+    assert stale_samples(tmp_path) == []
+    (tmp_path / "assignments/samples/casey.toml").write_text('file = "mha.py"\n[answers]\n"answer-nope" = "x = 1"\n')
+    with pytest.raises(SampleError, match="no answer cell answer-nope"):
+        stale_samples(tmp_path)

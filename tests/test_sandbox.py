@@ -18,14 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from autograder.sandbox.cgroups import Limits, WorkerGroup
+from autograder.sandbox.bwrap import PROJECT_ROOT, allow_list
+from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
 from autograder.sandbox.client import BudgetSpent, Worker, WorkerConfig, WorkerCrashed
-from autograder.sandbox.launcher import PROJECT_ROOT, allow_list, is_root, namespace_sandbox_available
+from autograder.sandbox.probe import is_root, namespace_sandbox_available
 
 
 @cache
 def cgroups_available() -> bool:
-    group = WorkerGroup.create(Limits(1 << 30, 64, 1.0))
+    group = WorkerGroup.create(ResourceLimits(1 << 30, 64, 1.0))
     try:
         return group.can_kill() and {"memory", "processes", "cpu"} <= set(group.limits_set)
     finally:
@@ -338,7 +339,7 @@ def test_the_worker_dies_with_its_grader(tmp_path, isolation):
         time.sleep(0.1)
     assert not [p for p in worker if alive(p)]
     if cgroups_available():
-        WorkerGroup.create(Limits(None, None, None)).remove()  # the next grader sweeps the dead one's group
+        WorkerGroup.create(ResourceLimits(None, None, None)).remove()  # the next grader sweeps the dead one's group
         deadline = time.monotonic() + 10
         while [p for p in pids if alive(p)] and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -376,11 +377,11 @@ time.sleep(0.5)
 def test_the_scratch_folder_is_mounted_before_the_binds(monkeypatch):
     """A checkout and its virtualenv under /tmp (a CI runner's clone): the worker's empty /tmp must not
     cover the interpreter's binds, so it is mounted before them."""
-    from autograder.sandbox import launcher
+    from autograder.sandbox import bwrap
 
-    allowed = launcher.AllowList(binds=("/tmp/ci/.venv/lib/python3.11/site-packages", "/usr"), links=(), masks=())
-    monkeypatch.setattr(launcher, "allow_list", lambda: allowed)
-    command = launcher._bwrap_command("cpu", 1 << 20)
-    scratch = command.index(launcher.WORKDIR, command.index("--tmpfs"))
+    allowed = bwrap.AllowList(binds=("/tmp/ci/.venv/lib/python3.11/site-packages", "/usr"), links=(), masks=())
+    monkeypatch.setattr(bwrap, "allow_list", lambda: allowed)
+    command = bwrap.command("/usr/bin/bwrap", "cpu", 1 << 20, as_root=False)
+    scratch = command.index(bwrap.WORKDIR, command.index("--tmpfs"))
     assert command[scratch - 1] == "--tmpfs" and scratch < command.index("--ro-bind")
     assert ["--ro-bind", allowed.binds[0], allowed.binds[0]] == command[command.index(allowed.binds[0]) - 1 :][:3]

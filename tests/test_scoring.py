@@ -5,7 +5,7 @@ import torch
 
 from autograder.contract import PART_IDS
 from autograder.grading.scoring import Outcome, allocate_points, score
-from autograder.model import GRADED, GradingRun
+from autograder.model import FAILED, GRADED, NOT_SCORED, PASSED, GradingRun
 from autograder.rubric import load_rubric
 from rubric_text import rubric_file
 
@@ -104,3 +104,88 @@ def test_a_checks_inputs_depend_only_on_the_run_seed_and_its_own_id():
     assert torch.equal(Inputs(check_seed(123, "test_mha.py::test_gradients")).randn(3, 4), first)
     assert not torch.equal(Inputs(check_seed(124, "test_mha.py::test_gradients")).randn(3, 4), first)
     assert not torch.equal(Inputs(check_seed(123, "test_mha.py::test_dropout")).randn(3, 4), first)
+
+
+def test_a_check_resting_on_a_wrong_answer_is_not_scored_and_reads_back(tmp_path):
+    rubric = rubric_file(tmp_path, "[parts.mha]\npoints = 20\n")
+    outcomes = [
+        Outcome("mha::test_values", "mha", "values", "failed", "values differ"),
+        Outcome("mha::test_loop", "mha", "no loop over heads", NOT_SCORED, "not scored: the output is wrong"),
+    ]
+    run = GradingRun(GRADED, "mha.py", checks=score(outcomes, rubric))
+    assert [c.status for c in run.checks] == [FAILED, NOT_SCORED] and run.score == 0
+    data = run.to_gradescope()
+    # Gradescope knows passed and failed only: a check not scored is failed, tagged, and reads back as it was
+    assert data["tests"][1]["status"] == "failed" and "not-scored" in data["tests"][1]["tags"]
+    assert GradingRun.from_gradescope(data) == run
+    assert run.parts()[0].first_failure.name == "values"  # the summary shows the failure, not what rests on it
+
+
+def test_cases_failing_the_same_way_are_one_row(tmp_path):
+    """Seven hidden cases with one diagnosis are one row; a case that fails otherwise, and the passing ones,
+    are rows of their own. Points are those of the cases, and the row names them all (for `explain`)."""
+    rubric = rubric_file(tmp_path, "[parts.columns]\npoints = 10\n")
+    wrong = "head_column_ranges({}, 2) returned {}.\nLikely mistake: inclusive ranges: stop is one past the last column"
+    outcomes = [
+        Outcome("columns::test_r", "columns", "ranges", FAILED, wrong.format(n, [(0, n // 2 - 1)]), case=f"{n}-2")
+        for n in (4, 6, 8, 10, 12, 14, 16)
+    ]
+    outcomes += [
+        Outcome("columns::test_r", "columns", "ranges", PASSED, case="2-2"),
+        Outcome("columns::test_r", "columns", "ranges", FAILED, "raised ValueError: no", case="3-1"),
+    ]
+    rows = score(outcomes, rubric)
+    assert [(r.status, len(r.cases)) for r in rows] == [(FAILED, 7), (PASSED, 1), (FAILED, 1)]
+    assert rows[0].message.startswith("7 of 9 cases: head_column_ranges(4, 2) returned [(0, 1)]")
+    assert rows[0].cases == ["4-2", "6-2", "8-2", "10-2", "12-2", "14-2", "16-2"]
+    assert rows[1].name == "ranges [2-2]" and rows[2].name == "ranges [3-1]"
+    assert sum(r.max_score for r in rows) == pytest.approx(10) and rows[1].score == pytest.approx(10 / 9)
+    data = GradingRun(GRADED, "mha.py", checks=rows).to_gradescope()
+    assert len(data["tests"]) == 3 and data["tests"][0]["extra_data"]["cases"] == rows[0].cases
+    again = GradingRun.from_gradescope(data).checks
+    assert [(c.name, c.status, c.message, c.cases, c.total_cases) for c in again] == [
+        (c.name, c.status, c.message, c.cases, c.total_cases) for c in rows
+    ]
+
+
+def test_a_problem_many_checks_share_is_said_once_by_the_first_visible_one(tmp_path):
+    rubric = rubric_file(
+        tmp_path, '[parts.mha]\npoints = 20\n[parts.fuse]\npoints = 10\n[tests."mha::test_a"]\nvisibility = "hidden"\n'
+    )
+    cause = "your MultiHeadAttention does not keep the given constructor's attributes"
+    outcomes = [
+        Outcome("mha::test_a", "mha", "a hidden check", FAILED, "the whole story", cause=cause),
+        Outcome("mha::test_b", "mha", "the book's example", FAILED, "the whole story", cause=cause),
+        Outcome("fuse::test_c", "fuse", "fused weights", FAILED, "the whole story", cause=cause),
+    ]
+    rows = score(outcomes, rubric)
+    assert [r.status for r in rows] == [NOT_SCORED, FAILED, NOT_SCORED]
+    assert rows[1].message == "the whole story"
+    assert rows[0].message == rows[2].message == f'not scored: {cause} (said in full under "mha: the book\'s example")'
+
+
+def test_a_diagnosis_is_said_in_full_once_and_pointed_to_after(tmp_path):
+    rubric = rubric_file(tmp_path, "[parts.mha]\npoints = 20\n")
+    likely = "Likely mistake: missing transpose before merging the heads"
+    outcomes = [
+        Outcome("mha::test_book", "mha", "the book's example", FAILED, f"output: values differ by 0.4.\n{likely}"),
+        Outcome("mha::test_short", "mha", "short sequences", FAILED, f"3 tokens: values differ by 7.\n{likely}"),
+    ]
+    rows = score(outcomes, rubric)
+    assert rows[0].message.endswith(likely)
+    assert rows[1].message == (
+        '3 tokens: values differ by 7.\nLikely mistake: the same as under "mha: the book\'s example".'
+    )
+
+
+def test_speed_waits_for_right_values_without_naming_a_hidden_check():
+    rubric = load_rubric()  # [speed] requires mha::test_matches_reference, a check shown after the due date
+    assert rubric.visibility("mha::test_matches_reference") != "visible"
+    outcomes = [
+        Outcome("mha::test_matches_reference", "mha", "hidden values", FAILED, "wrong", case="float64-1 head"),
+        Outcome("speed::test_faster_than_the_wrapper", "speed", "faster", FAILED, "1.2 ms per call", credit=0.5),
+    ]
+    speed = score(outcomes, rubric)[-1]
+    assert speed.status == NOT_SCORED and speed.score == 0
+    assert "hidden values" not in speed.message and "1 head" not in speed.message
+    assert f'"{rubric.part_title("mha")}" (mha)' in speed.message and "(measured: 1.2 ms per call)" in speed.message

@@ -165,7 +165,7 @@ def test_a_merge_keeps_a_run_that_could_not_grade_and_refuses_a_foreign_results_
     run = autograder("grade-class", course, "--merge")
     assert run.returncode == 0, run.stdout + run.stderr  # as after a whole-class run: a row that says so
     bob = next(row for row in grades(course) if row[0] == "bob")
-    assert bob[1] == "" and "could_not_grade" in bob and "the checks could not run" in bob[-1]
+    assert bob[1] == "" and "cannot_grade" in bob and "the checks could not run" in bob[-1]
 
     Record(course).results_path("cat").write_text('{"score": 100, "tests": []}')
     run = autograder("grade-class", course, "--merge")

@@ -172,6 +172,22 @@ def test_submit_asks_for_a_gpu_only_where_the_partition_has_one(tmp_path, settin
         assert text not in printed
 
 
+def test_a_dry_run_needs_no_slurm(tmp_path):
+    """DRY_RUN=1 prints what would be submitted on a machine without Slurm (no sinfo on the PATH)."""
+    tools = tmp_path / "bin"  # the tools the script uses, and no Slurm command
+    tools.mkdir()
+    for name in ("dirname", "mkdir", "sed", "grep", "head", "cut"):
+        (tools / name).symlink_to(shutil.which(name))
+    bash = shutil.which("bash")
+    env = {**os.environ, "PATH": str(tools), "DRY_RUN": "1", "VENV": sys.prefix, "LOGS": str(tmp_path / "logs")}
+    run = subprocess.run([bash, str(SUBMIT)], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert "--array=0-3" in run.stderr and "--gres" not in run.stderr and "GPUS=auto is taken as 0" in run.stderr
+    env.pop("DRY_RUN")
+    run = subprocess.run([bash, str(SUBMIT)], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+    assert run.returncode == 2 and "sinfo is not found" in run.stderr
+
+
 @pytest.mark.parametrize(
     "settings, message",
     [

@@ -5,7 +5,15 @@ import time
 import pytest
 import torch
 
-from autograder.sandbox.client import LoadFailed, SubmissionError, Worker, WorkerConfig, WorkerCrashed, WorkerTimeout
+from autograder.sandbox.client import (
+    BudgetSpent,
+    LoadFailed,
+    SubmissionError,
+    Worker,
+    WorkerConfig,
+    WorkerCrashed,
+    WorkerTimeout,
+)
 from autograder.sandbox.protocol import ModuleInfo
 
 
@@ -83,6 +91,16 @@ def test_a_cell_stopped_while_loading_makes_the_submission_known_to_hang(make_wo
     w = make_worker("while True:\n    pass\n", request_seconds=6, hung_request_seconds=1, cell_seconds=1)
     w.start()
     assert w.skipped_cells == [1] and w.known_to_hang() and w.request_limit() == 1
+
+
+@pytest.mark.slow  # waits out cell deadlines
+def test_later_cells_get_the_rubrics_later_cell_limit_once_one_was_stopped(make_worker):
+    """The later-cell limit is the rubric's (sent with the load request), not one built into the worker."""
+    w = make_worker("while True:\n    pass\n", cell_seconds=2, later_cell_seconds=0.5, load_seconds=30)
+    w.cells.append([2, 3, "while True:\n    pass\n"])
+    errors = w.start().errors
+    assert [(e.cell, e.timed_out) for e in errors] == [(1, True), (2, True)]
+    assert "stopped after 2 s" in errors[0].message and "stopped after 0.5 s" in errors[1].message
 
 
 @pytest.mark.slow  # waits out a deadline
@@ -205,6 +223,42 @@ def test_cells_keep_their_line_numbers_in_the_file(make_worker):
         assert 'File "<mha.py, cell 3>", line 41, in f' in info.value.traceback
     finally:
         w.close()
+
+
+# Submissions that stop the worker's request loop: it reads its requests with os.read, which these replace
+# with a call that never returns, at once or after reading one page of the request (which frees room in the
+# pipe for a write that then blocks unless the grader's end of the pipe never blocks).
+STOPS_READING = {
+    "at once": "def never(fd, n):\n    time.sleep(3600)\n",
+    "after a page": (
+        "read, pages = os.read, []\n"
+        "def never(fd, n):\n"
+        "    if not pages:\n"
+        "        pages.append(read(fd, 4096))\n"
+        "    time.sleep(3600)\n"
+    ),
+}
+
+
+@pytest.mark.slow  # waits out a deadline
+@pytest.mark.parametrize("by_budget", [False, True])
+@pytest.mark.parametrize("stops", list(STOPS_READING))
+def test_a_worker_that_stops_reading_is_a_timeout_charged_to_the_submission(make_worker, stops, by_budget):
+    """The grader writes a request far larger than a pipe holds to a worker that no longer reads: the write
+    is stopped at the request's deadline (or the submission's budget) as a timeout of the submission, never a
+    fault of the grader's, and the worker is replaced."""
+    source = "import os, time\n" + STOPS_READING[stops] + "os.read = never\ndef f(x):\n    return 1\n"
+    w = make_worker(source, request_seconds=2)
+    w.start()
+    if by_budget:
+        w.budget_end = time.monotonic() + 2  # as if the submission had used all but 2 s of its budget
+    expected = "the time budget for the whole submission is used up" if by_budget else "the worker stopped reading"
+    started = time.monotonic()
+    with pytest.raises(BudgetSpent if by_budget else WorkerTimeout, match=expected) as info:
+        w.request("call", target="f", fn="f", args=[torch.zeros(1 << 22)], kwargs={})
+    assert by_budget or "did not finish within 2 s" in str(info.value)
+    assert time.monotonic() - started < 20  # cut at the deadline, not left blocked in the write
+    assert w.process is None and str(info.value) in w.events  # killed, to be restarted for the next request
 
 
 @pytest.mark.slow  # waits out a budget or a suspension

@@ -108,6 +108,49 @@ TWO_DIM_ALL = (
     "test_output_is_the_heads_side_by_side",
 )
 PROPERTY_OF_WRONG_ANSWER = "counts only once the output on this check's input is right"
+# MultiHeadAttention with one fused projection for the queries, keys and values: a common design that computes
+# the same, but not with the attributes of the given constructor the grader loads its weights into.
+MHA_CLASS = REFERENCE.read_text().split("# %%\nclass MultiHeadAttention(nn.Module):\n", 1)[1].split("\n# %%", 1)[0]
+QKV_CLASS = '''    """All heads in one batched pass, with one projection for the queries, keys and values."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        self.qkv = nn.Linear(d_in, 3 * d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
+
+    def forward(self, x):
+        b, num_tokens, d_in = x.shape
+        qkv = self.qkv(x).view(b, num_tokens, 3, self.num_heads, self.head_dim)
+        queries, keys, values = qkv.permute(2, 0, 3, 1, 4)  # 3 x (b, H, T, hd)
+        attn_scores = queries @ keys.transpose(2, 3)
+        attn_scores = attn_scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)
+        attn_weights = self.dropout(torch.softmax(attn_scores / self.head_dim ** 0.5, dim=-1))
+        context_vec = (attn_weights @ values).transpose(1, 2).contiguous().view(b, num_tokens, self.d_out)
+        return self.out_proj(context_vec)
+
+'''
+QKV_FUSE = """        d_out = fused.d_out
+        for which, name in enumerate(("W_query", "W_key", "W_value")):  # qkv holds them one after another
+            for (start, stop), head in zip(head_column_ranges(d_out, num_heads), heads):
+                fused.qkv.weight[which * d_out + start : which * d_out + stop] = getattr(head, name).weight
+                if getattr(head, name).bias is not None:
+                    fused.qkv.bias[which * d_out + start : which * d_out + stop] = getattr(head, name).bias
+"""
+FUSE_PLACEMENT = """        for (start, stop), head in zip(head_column_ranges(fused.d_out, num_heads), heads):
+            for name in ("W_query", "W_key", "W_value"):
+                # Head h's W (d_in, head_dim) becomes columns start:stop of the fused W;
+                # nn.Linear keeps W transposed, so those columns are rows of .weight.
+                getattr(fused, name).weight[start:stop] = getattr(head, name).weight
+                if getattr(head, name).bias is not None:
+                    getattr(fused, name).bias[start:stop] = getattr(head, name).bias
+"""
+CONSTRUCTOR_RULE = "the grader loads its hidden weights into W_query, W_key, W_value, out_proj and mask"
 ANSWER_KEY = {"quiz::test_answer"}  # the quiz's answers: right or wrong only after the due date, by design
 
 
@@ -121,6 +164,7 @@ class Mistake:
     # one the summary shows
     says: dict[str, str | tuple[str, ...]]
     more: tuple[tuple[str, str], ...] = ()  # further (old, new) replacements in the same submission
+    diagnoses: int = 1  # how many distinct diagnoses its failures make: each mistake is named once
 
 
 SPEED = ("test_faster_than_the_wrapper",)
@@ -140,6 +184,7 @@ MISTAKES = [
             )
         },
         more=(('OUTPUT_SHAPE_STEP = "C"\n', 'OUTPUT_SHAPE_STEP = "A"\n'),),
+        diagnoses=2,  # two wrong answers
     ),
     Mistake(
         "quiz_lowercase",
@@ -148,6 +193,7 @@ MISTAKES = [
         {},
         {},
         more=(('OUTPUT_SHAPE_STEP = "C"\n', 'OUTPUT_SHAPE_STEP = " c"\n'),),
+        diagnoses=0,
     ),
     # --- combine: charged in combine alone, although the wrapper and the 2-D wrapper call it
     Mistake(
@@ -165,7 +211,6 @@ MISTAKES = [
         {
             "combine": (
                 "Likely mistake: concatenated along the token dimension",
-                "combine joins the heads along dimension 1",
                 common.SHAPE_DRIFT,
             )
         },
@@ -208,6 +253,7 @@ MISTAKES = [
             (WRAPPER_RETURN, "return torch.zeros(*x.shape[:-1], len(outputs) * outputs[0].shape[-1], dtype=x.dtype)"),
             (MHA_RETURN, "return torch.zeros_like(self.out_proj(context_vec))"),
         ),
+        diagnoses=3,  # combine, the wrapper's forward and MultiHeadAttention's forward: each returns zeros
     ),
     # --- wrapper: the 2-D wrapper is built right, so two_dim keeps its points
     Mistake(
@@ -281,7 +327,7 @@ MISTAKES = [
         {
             "columns": "Likely mistake: inclusive ranges",
             "fuse": (
-                "Likely cause: your head_column_ranges",
+                "your head_column_ranges",
                 "which are inclusive ranges",
                 "fix that first (see the columns checks)",
             ),
@@ -347,6 +393,17 @@ MISTAKES = [
         {"mha": "Likely mistake: missing output projection"},
     ),
     Mistake(
+        "mha_one_qkv_projection",
+        MHA_CLASS,
+        QKV_CLASS,
+        {"mha": MHA_ALL, "fuse": FUSE_ALL},
+        {
+            "mha": (CONSTRUCTOR_RULE, "your MultiHeadAttention has qkv instead of W_query, W_key and W_value"),
+            "fuse": "does not keep the given constructor's attributes",
+        },
+        more=((FUSE_PLACEMENT, QKV_FUSE),),
+    ),
+    Mistake(
         "mha_loop_over_heads",
         MHA_ATTENTION,
         "        attn_scores = torch.stack(  # one head at a time\n"
@@ -362,6 +419,7 @@ MISTAKES = [
         "        )  # (b, T, H, hd)\n",
         {"mha": ("test_one_pass_for_all_heads",), "speed": SPEED},
         {"mha": "a loop over heads", "speed": "a Python loop over the heads"},
+        diagnoses=2,  # the structure that loops, and the speed it costs
     ),
     Mistake(
         "mha_loop_with_dropout_per_head",
@@ -375,6 +433,7 @@ MISTAKES = [
         "        context_vec = torch.stack(contexts, dim=2)  # (b, T, H, hd)\n",
         {"mha": ("test_one_pass_for_all_heads",), "speed": SPEED},
         {"mha": "a loop over heads", "speed": "a Python loop over the heads"},
+        diagnoses=2,  # the structure that loops, and the speed it costs
     ),
     Mistake(
         "mha_sdpa",
@@ -525,6 +584,22 @@ def graded(request, tmp_path_factory) -> dict[str, tuple[dict, object, object]]:
         graders.close()
 
 
+LIKELY = re.compile(r"Likely (?:mistake|cause): ([^\n]*)")
+
+
+def diagnoses(results: dict) -> set[tuple[str, str]]:
+    """The distinct diagnoses, by part, of the failures that count against the submission. A check that is
+    not scored (it rests on something wrong elsewhere) accuses nothing, and a failure that points to where
+    its diagnosis is said ("the same as under ...") says nothing new."""
+    said = set()
+    for test in failures(results):
+        if "not-scored" in test["tags"] or "the same as under" in test["output"]:
+            continue
+        found = LIKELY.search(test["output"])
+        said.add((test["tags"][0], re.sub(r"[\d.]+", "#", found.group(1) if found else test["output"])))
+    return said
+
+
 def function_of(test: dict) -> str:
     return test["tags"][1].split("::", 1)[1]
 
@@ -596,6 +671,14 @@ def test_wrong_submission_loses_exactly_its_points(mistake, graded, reference_re
                 assert lost == pytest.approx(share, abs=1e-4), f"{detail}\n{name}: lost {lost} of {share}"
         assert score == pytest.approx(maximum - sum(t["max_score"] - t["score"] for t in tests), abs=0.01)
 
+    said = diagnoses(results)
+    assert len(said) == mistake.diagnoses, f"{mistake.id}: {len(said)} distinct diagnoses:\n" + "\n".join(
+        f"{part}: {text}" for part, text in sorted(said)
+    )
+    for test in failures(results):  # a check that rests on a wrong answer is not scored, and says why
+        if PROPERTY_OF_WRONG_ANSWER in test["output"]:
+            assert "not-scored" in test["tags"] and test["output"].startswith("not scored"), test
+
     for part, says in mistake.says.items():
         says = (says,) if isinstance(says, str) else says
         outputs = "\n---\n".join(t["output"] for t in failures(results, part))
@@ -622,3 +705,23 @@ def test_wrong_submission_loses_exactly_its_points(mistake, graded, reference_re
     assert self_checks <= losing, (
         f"{mistake.id}: the self-checks of {sorted(self_checks - losing)} fail, and the grader takes nothing there"
     )
+
+
+QKV = [m for m in MISTAKES if m.id == "mha_one_qkv_projection"]
+
+
+@pytest.mark.parametrize("mistake", QKV, ids=[m.id for m in QKV])
+def test_a_constructor_the_grader_cannot_load_is_one_diagnosis_in_the_self_checks_words(mistake, graded):
+    """A MultiHeadAttention with one qkv projection: said once, first, in the student's terms (which given
+    names the grader needs, and why), and the notebook's self-check says the same words before submission."""
+    results, _, path = graded[mistake.id]
+    said = [t for t in failures(results) if "not-scored" not in t["tags"]]
+    assert [t["tags"][0] for t in said] == ["mha"], [t["name"] for t in said]
+    words = said[0]["output"]
+    assert words.startswith(CONSTRUCTOR_RULE) and "Keep the given constructor as it is" in words
+    assert not any("your code raised" in t["output"] for t in failures(results))
+    mha_self_check = next(
+        number for number, _line, source in read_cells(path) if re.search(r"^_check_mha\(\)\s*$", source, re.M)
+    )
+    raised = {c["cell"]: c for c in results["extra_data"]["load"]["cells"]}[mha_self_check]
+    assert raised["type"] == "AssertionError" and raised["message"] == words

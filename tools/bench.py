@@ -11,8 +11,12 @@ It prints a table (median time per call, the middle half of the rounds, the rati
 GFLOP/s and its fraction of the matrix-multiply peak measured in the same run) and writes the same figures
 as JSON and as a PNG plot. Timing follows GPU kernel leaderboards: outputs checked first, warm-up, rounds in
 which every module runs in turn, medians; on CUDA, CUDA events around each call, the device synchronised, and
-a buffer larger than the L2 cache overwritten before each call. FLOPs are nominal: 2 per multiply-add of every
-matrix product, the masked half of the attention included; forward+backward counts three times the forward.
+a buffer larger than the L2 cache overwritten before each call. FLOPs are the work the layer needs: 2 per
+multiply-add of every matrix product, and of the attention only the pairs the causal mask keeps (a module that
+also computes the masked half, as all but scaled_dot_product_attention do, spends more than it is credited
+for); forward+backward counts three times the forward. The peak they are compared with is the best rate of
+several matrix products measured in the same run (large squares, and each shape's own projection), so that
+no module can be above 100% of it.
 
     python tools/bench.py [--device auto|cpu|cuda] [--out bench] [--rounds 7] [--threads N] [--quick]
 """
@@ -54,11 +58,11 @@ class Shape:
     dtype: str
 
     def flops(self, wrapper: bool) -> float:
-        """Nominal FLOPs of one forward: the projections (no output projection in the wrapper) and the
-        two attention products."""
+        """FLOPs one forward needs: the projections (no output projection in the wrapper) and the two attention
+        products over the t(t+1)/2 query-key pairs the causal mask keeps."""
         b, t, d = self.batch, self.tokens, self.d_model
         projections = (3 if wrapper else 4) * 2 * b * t * d * d
-        return projections + 2 * 2 * b * t * t * d
+        return projections + 2 * 2 * b * (t * (t + 1) // 2) * d
 
 
 def shapes_for(device: str, quick: bool) -> list[Shape]:
@@ -127,15 +131,20 @@ class Timer:
         return time.perf_counter() - started
 
 
-def matmul_peak(device: str, dtype: torch.dtype, timer: Timer, rounds: int) -> float:
-    """FLOP/s of a large square matrix product at its best: the machine's practical ceiling for this work
-    (a ceiling, so the fastest of the rounds, not their median)."""
-    n = 8192 if device.startswith("cuda") else 1024
-    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
-    for _ in range(2):
-        a @ b
-    times = [timer(lambda: a @ b) for _ in range(max(2 * rounds, 10))]
-    return 2 * n**3 / min(times)
+def matmul_peak(device: str, dtype: torch.dtype, timer: Timer, rounds: int, shapes: list[Shape] = ()) -> float:
+    """FLOP/s of matrix products at their best: the machine's practical ceiling for this work. A ceiling, so
+    the fastest round of the fastest of several products: large squares, and each shape's own projection
+    (batch x tokens rows of d_model), whose sizes may suit the machine's kernels better than a square does."""
+    sizes = [(n, n, n) for n in ((4096, 8192) if device.startswith("cuda") else (512, 1024, 2048))]
+    sizes += [(s.batch * s.tokens, s.d_model, s.d_model) for s in shapes]
+    best = 0.0
+    for m, k, n in dict.fromkeys(sizes):
+        a, b = torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
+        for _ in range(2):
+            a @ b
+        times = [timer(lambda a=a, b=b: a @ b) for _ in range(max(2 * rounds, 10))]
+        best = max(best, 2 * m * k * n / min(times))
+    return best
 
 
 def call(module: torch.nn.Module, x: torch.Tensor, mode: str):
@@ -290,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     timer = Timer(device)
     shapes = shapes_for(device, args.quick)
     peaks = {
-        dtype: matmul_peak(device, getattr(torch, dtype), timer, rounds) / 1e9
+        dtype: matmul_peak(device, getattr(torch, dtype), timer, rounds, [s for s in shapes if s.dtype == dtype]) / 1e9
         for dtype in dict.fromkeys(s.dtype for s in shapes)
     }
     rows = []
@@ -306,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": threads if device == "cpu" else None,
         "rounds": rounds,
         "tf32": False if device == "cuda" else None,
-        "flops": "nominal: 2 per multiply-add, forward+backward = 3 x forward",
+        "flops": "needed: 2 per multiply-add, causal pairs only, forward+backward = 3 x forward",
     }
     print_table(rows, peaks, meta)
     args.out.mkdir(parents=True, exist_ok=True)

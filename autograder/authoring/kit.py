@@ -7,7 +7,8 @@
   solution region replaced by a stub);
 - `selfcheck.py`: runs the notebook's self-checks part by part (`autograder/authoring/selfcheck.py`, standard
   library only), the students' local check;
-- `Makefile` with `make check`, and a short `README.md`.
+- `requirements.txt`: the grader's torch (its TORCH_SPEC, default the Makefile's) and numpy (requirements.lock);
+- `Makefile` with `make setup` and `make check`, and a short `README.md`.
 
 Before anything is written, every file is searched for every line of a solution region of
 reference/mha.py (lines that also occur outside a solution region are not secret); a kit that would
@@ -17,13 +18,13 @@ hold one is refused. The zip is deterministic (sorted names, fixed timestamps).
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 
 from autograder.atomic import write_text_atomically, write_zip_atomically
 from autograder.authoring.release import ASSIGNMENT, SOLUTION_BEGIN, SOLUTION_END, default_root
 from autograder.rubric import load_rubric
-from autograder.sandbox.protocol import LATER_CELL_SECONDS
 
 KIT_NAME = f"{ASSIGNMENT}-student-kit"
 
@@ -34,32 +35,61 @@ Files:
 - `{assignment}.ipynb`: the assignment, to open in Jupyter (or VS Code, or Colab);
 - `{assignment}.py`: the same cells as a plain Python file (`# %%` marks a cell), for an editor;
 - `selfcheck.py`: runs the self-checks, part by part;
-- `Makefile`: `make check` runs `selfcheck.py` on your file.
+- `requirements.txt`: the versions of torch and numpy the grader runs;
+- `Makefile`: `make setup` and `make check`, the steps below in two commands.
+
+## Set up (once)
+
+You need Python 3.10 or newer. Make a virtual environment in this folder and install the grader's
+versions of torch and numpy into it ({torch} and {numpy}; another torch may round differently, and a
+numpy of another series warns on every run):
+
+```sh
+python3 -m venv .venv
+. .venv/bin/activate                      # Windows: .venv\\Scripts\\activate
+python -m pip install -r requirements.txt
+python -m pip install notebook            # only to work in {assignment}.ipynb in Jupyter
+```
+
+(`make setup` makes `.venv` and installs requirements.txt into it.) On Linux without a GPU,
+`python -m pip install -r requirements.txt --index-url https://download.pytorch.org/whl/cpu
+--extra-index-url https://pypi.org/simple` downloads a much smaller torch that computes the same.
 
 ## What to do
 
 1. Work in **one** of the two files. Replace every `raise NotImplementedError()` with your code, and
-   answer the two questions by setting `HEADS_RUN` and `OUTPUT_SHAPE_STEP` to a letter.
+   answer the two questions by setting `HEADS_RUN` and `OUTPUT_SHAPE_STEP` to a letter. Keep the given
+   code as it is, constructors included: the grader loads its weights into the attributes they make.
 2. Each part ends with a self-check cell; leave those cells as they are. Run them in the notebook,
-   or all at once:
+   or all at once, in the virtual environment:
 
    ```sh
-   python selfcheck.py {assignment}.ipynb      # or: python selfcheck.py {assignment}.py, or: make check
+   make check                    # the file you work in (make check SUBMISSION=... for another)
+   python selfcheck.py {assignment}.py    # the same, naming the file
    ```
 
-   A part reads `passed`, `not done yet` (a stub is still there) or `failed` with what went wrong.
-3. Submit that one file, named `{assignment}.ipynb` or `{assignment}.py`.
+   With no file named, it says which file it checks: the one with fewer stubs left (with as many,
+   the one changed last). Each part reads:
 
-You need Python 3.10 or newer and PyTorch (`pip install torch`), plus Jupyter for the notebook.
+   - `passed`;
+   - `waiting`: its code looks right, but its result depends on a part that is not right yet,
+     which the message names;
+   - `answered`: the questions, whose answers only the grader knows;
+   - `not done yet`: a stub is still there;
+   - `failed`, with what went wrong and where: `File "<{assignment}.py, cell 41>", line 187` is cell 41
+     of the file (markdown cells count, from 1) and line 187 of the file (of the cell, in a
+     notebook): the place the grader's feedback names too.
+3. Submit that one file, named `{assignment}.ipynb` or `{assignment}.py`.
 
 ## How it is graded
 
 The grader runs your file in a sandbox and checks each part on inputs and weights you do not see
 (several sizes, head counts and dtypes), that outputs keep the input's shape conventions, dtype and
-device, that gradients flow, that your parallel `MultiHeadAttention` really computes every head in
-one pass, and how much faster it is than the wrapper. The self-checks are a first test, not the
-grade: passing them does not guarantee full marks. Your feedback names the likely mistake for
-each check that fails.
+device, that gradients flow, that nothing is cached between calls, that dropout acts once on the
+attention weights, that your parallel `MultiHeadAttention` really computes every head in one pass,
+and how much faster it is than the wrapper. The self-checks are a first test, not the grade: they
+look at the book's example and a few small cases, and some of these requirements only the grader
+checks. Your feedback names the likely mistake for each check that fails.
 
 Time limits: when the grader loads your file, each top-level cell may run {cell:g} s (once one has
 been stopped, the later ones {later:g} s each), so keep long experiments out of the file you submit.
@@ -69,12 +99,22 @@ milliseconds. Code that does not finish in time earns nothing for that check and
 again.
 """
 
-MAKEFILE = """PYTHON ?= python3
-SUBMISSION ?= $(firstword $(wildcard {assignment}.ipynb) {assignment}.py)
+REQUIREMENTS = """# The versions the grader runs: torch from its TORCH_SPEC, numpy from its requirements.lock.
+{torch}
+{numpy}
+"""
 
-.PHONY: check
+MAKEFILE = """PYTHON ?= $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
+# empty: selfcheck.py checks the one of {assignment}.ipynb and {assignment}.py worked in, and says which
+SUBMISSION ?=
+
+.PHONY: setup check
+setup:
+\tpython3 -m venv .venv
+\t.venv/bin/python -m pip install -r requirements.txt
+
 check:
-\t$(PYTHON) selfcheck.py "$(SUBMISSION)"
+\t$(PYTHON) selfcheck.py $(SUBMISSION)
 """
 
 
@@ -109,7 +149,32 @@ def text_lines(name: str, data: bytes) -> set[str]:
     return lines
 
 
-def kit_files(root: Path) -> dict[str, bytes]:
+def torch_requirement(spec: str) -> str:
+    """TORCH_SPEC ('torch==2.13.0+cpu --index-url URL') as a requirement a student installs: 'torch==2.13.0'."""
+    requirement = next((word for word in shlex.split(spec) if word.startswith("torch")), "")
+    if "==" not in requirement:
+        raise KitError(f"TORCH_SPEC must pin torch with ==, got {spec!r}")
+    return requirement.split("+", 1)[0]
+
+
+def makefile_torch_spec(root: Path) -> str:
+    """The Makefile's default TORCH_SPEC (`TORCH_SPEC ?= ...`), the torch `make setup` installs."""
+    for line in (root / "Makefile").read_text().splitlines():
+        name, _, value = line.partition("?=")
+        if name.strip() == "TORCH_SPEC":
+            return value.strip()
+    raise KitError(f"{root / 'Makefile'} sets no TORCH_SPEC")
+
+
+def locked(root: Path, package: str) -> str:
+    """`package==version` as requirements.lock pins it."""
+    for line in (root / "requirements.lock").read_text().splitlines():
+        if line.lower().startswith(f"{package}=="):
+            return line.strip()
+    raise KitError(f"requirements.lock pins no {package}")
+
+
+def kit_files(root: Path, torch_spec: str | None = None) -> dict[str, bytes]:
     release = root / "assignments" / "release" / ASSIGNMENT
     files = {}
     for name in (f"{ASSIGNMENT}.ipynb", f"{ASSIGNMENT}.py"):
@@ -117,14 +182,19 @@ def kit_files(root: Path) -> dict[str, bytes]:
             raise KitError(f"{release / name} is missing: run `make release` first")
         files[name] = (release / name).read_bytes()
     files["selfcheck.py"] = (Path(__file__).with_name("selfcheck.py")).read_bytes()
+    torch = torch_requirement(torch_spec or makefile_torch_spec(root))
+    numpy = locked(root, "numpy")
     limits = load_rubric().limit
     files["README.md"] = README.format(
         assignment=ASSIGNMENT,
+        torch=torch,
+        numpy=numpy,
         cell=limits("cell_seconds"),
-        later=LATER_CELL_SECONDS,
+        later=limits("later_cell_seconds"),
         request=limits("request_seconds"),
         hung=limits("hung_request_seconds"),
     ).encode()
+    files["requirements.txt"] = REQUIREMENTS.format(torch=torch, numpy=numpy).encode()
     files["Makefile"] = MAKEFILE.format(assignment=ASSIGNMENT).encode()
     return files
 
@@ -137,10 +207,11 @@ def leaks(files: dict[str, bytes], secret: set[str]) -> list[str]:
     return found
 
 
-def build_kit(out: Path, root: Path | None = None) -> Path:
-    """Write the kit folder and its zip under `out`; return the zip's path."""
+def build_kit(out: Path, root: Path | None = None, torch_spec: str | None = None) -> Path:
+    """Write the kit folder and its zip under `out`; return the zip's path. `torch_spec` is the grader's
+    TORCH_SPEC (default: the Makefile's)."""
     root = Path(root) if root else default_root()
-    files = kit_files(root)
+    files = kit_files(root, torch_spec)
     found = leaks(files, solution_lines(root / "reference" / f"{ASSIGNMENT}.py"))
     if found:
         raise KitError(

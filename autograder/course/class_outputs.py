@@ -1,7 +1,7 @@
 """Everything written about the whole class, from the record alone (no grading happens here).
 
 `write_class_outputs` is the one step that writes them, after a class run and after a merge of
-shards alike. Each student of the roster is one `Row`, whatever happened to them, and every output
+shards alike. Each student of the roster is one `Row` (`rows.py`), whatever happened to them, and every output
 has a row per student:
 
 - `autograded/<student>/mha/results.json`: a copy of the record, where nbgrader's layout puts it;
@@ -14,8 +14,7 @@ has a row per student:
 
 from __future__ import annotations
 
-import csv
-import io
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,71 +24,24 @@ from rich.markup import escape
 from rich.table import Table
 
 from autograder.atomic import write_text_atomically
-from autograder.contract import PART_IDS
-from autograder.course.roster import AMBIGUOUS, ASSIGNMENT, Entry
-from autograder.course.store import Record
-from autograder.model import GradingRun
+from autograder.course.clean import clean_text, csv_text
+from autograder.course.feedback import write_feedback
+from autograder.course.gradebook import GradebookError, ensure_configuration, record_grades
+from autograder.course.roster import ASSIGNMENT
+from autograder.course.rows import (
+    AMBIGUOUS,
+    CANNOT_GRADE,
+    NO_SUBMISSION,
+    NOT_GRADED,
+    STATUSES,
+    Row,
+    graded_parts,
+    status_words,
+)
+from autograder.course.store import COURSE_FILE_MODE, Record
 from autograder.rubric import Rubric
 
-GRADED, AMBIGUOUS_STATUS, COULD_NOT_GRADE, NO_SUBMISSION, NOT_GRADED = (
-    "graded",
-    "ambiguous",
-    "could_not_grade",
-    "no_submission",
-    "not_graded",
-)
-STATUS_WORDS = {
-    GRADED: "graded",
-    AMBIGUOUS_STATUS: "graded (ambiguous)",
-    COULD_NOT_GRADE: "could not grade",
-    NO_SUBMISSION: "no submission",
-    NOT_GRADED: "not graded yet",
-}
 BARS = " ▁▂▃▄▅▆▇█"
-
-
-@dataclass
-class Row:
-    entry: Entry
-    run: GradingRun | None  # None: no submission, or not graded (yet)
-
-    @property
-    def student(self) -> str:
-        return self.entry.student
-
-    @property
-    def status(self) -> str:
-        if not self.entry.has_file:
-            return NO_SUBMISSION
-        if self.run is None:
-            return NOT_GRADED
-        if not self.run.graded:
-            return COULD_NOT_GRADE
-        return AMBIGUOUS_STATUS if self.entry.status == AMBIGUOUS else GRADED
-
-    @property
-    def scored(self) -> bool:
-        return self.status in (GRADED, AMBIGUOUS_STATUS)
-
-    def part_scores(self) -> dict[str, float]:
-        return {p.part: p.score for p in self.run.parts()} if self.scored else {}
-
-    def note(self) -> str:
-        """For the instructor: why there is no score, or what to know about the one there is."""
-        notes = []
-        if self.status == COULD_NOT_GRADE:
-            notes.append(self.run.reason)
-        if self.entry.note:
-            notes.append(self.entry.note)
-        if self.scored:
-            notes += self.run.load.lines()[:1] + [f"Worker: {e}" for e in self.run.events[:1]]
-            notes += [f"Flagged: {flag}" for flag in self.run.flags]
-        return "; ".join(n.replace("\n", " ") for n in notes if n)
-
-
-def graded_parts(rubric: Rubric) -> list[str]:
-    """The rubric's parts, in the fixed part order."""
-    return [p for p in PART_IDS if p in rubric.parts] + [p for p in rubric.parts if p not in PART_IDS]
 
 
 # -- grades.csv and the LMS export -----------------------------------------------------------------
@@ -97,11 +49,10 @@ def graded_parts(rubric: Rubric) -> list[str]:
 
 def grades_csv(rows: list[Row], rubric: Rubric) -> str:
     """Per student: total, per-part scores, status, the file graded, a note. A student without a score
-    has empty score cells (could not grade) or zeros (no submission), never a made-up number."""
+    has empty score cells (cannot_grade) or zeros (no submission), never a made-up number. Every cell
+    is cleaned and never read as a formula (`clean.csv_cell`): names and notes are the student's."""
     parts = graded_parts(rubric)
-    handle = io.StringIO()
-    writer = csv.writer(handle, lineterminator="\n")
-    writer.writerow(["student", "score", "max_score", *parts, "status", "file", "note"])
+    lines: list[list[str]] = [["student", "score", "max_score", *parts, "status", "file", "note"]]
     for row in rows:
         if row.scored:
             scores = row.part_scores()
@@ -110,7 +61,7 @@ def grades_csv(rows: list[Row], rubric: Rubric) -> str:
             cells = ["0", *("0" for _ in parts)]
         else:
             cells = ["", *("" for _ in parts)]
-        writer.writerow(
+        lines.append(
             [
                 row.student,
                 cells[0],
@@ -121,22 +72,40 @@ def grades_csv(rows: list[Row], rubric: Rubric) -> str:
                 row.note(),
             ]
         )
-    return handle.getvalue()
+    return csv_text(lines)
 
 
 def canvas_csv(rows: list[Row], rubric: Rubric, assignment: str = ASSIGNMENT) -> str:
     """Canvas's gradebook import: Student, ID, SIS User ID, SIS Login ID, Section, then one column
     per assignment, and a "Points Possible" row first. nbgrader's student id (the folder name) goes
     in SIS Login ID, which Canvas matches students by when ID is empty. A student who could not be
-    graded gets an empty cell (Canvas leaves the grade alone), one with no submission a 0."""
-    handle = io.StringIO()
-    writer = csv.writer(handle, lineterminator="\n")
-    writer.writerow(["Student", "ID", "SIS User ID", "SIS Login ID", "Section", assignment])
-    writer.writerow(["Points Possible", "", "", "", "", _number(rubric.max_score)])
+    graded gets an empty cell (Canvas leaves the grade alone), one with no submission a 0. The
+    assignment's column is headed `assignment`: see `canvas_header_note` for how Canvas reads it."""
+    lines: list[list[str]] = [
+        ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", assignment],
+        ["Points Possible", "", "", "", "", _number(rubric.max_score)],
+    ]
     for row in rows:
         score = _number(row.run.score) if row.scored else ("0" if row.status == NO_SUBMISSION else "")
-        writer.writerow([row.student, "", "", row.student, "", score])
-    return handle.getvalue()
+        lines.append([row.student, "", "", row.student, "", score])
+    return csv_text(lines)
+
+
+# Canvas's importer reads an assignment column's header as "Name (id)" (its Assignment.title_and_id): it
+# matches the assignment with that id; a header without one matches an assignment of exactly that name;
+# anything else creates a new assignment.
+CANVAS_HEADER = re.compile(r"\A(.*)\s\((\d+)\)\Z")
+
+
+def canvas_header_note(header: str) -> str:
+    """What Canvas will do with the Canvas file's assignment column, when it may not be what is meant."""
+    if CANVAS_HEADER.match(header):
+        return ""
+    return (
+        f"grades-canvas.csv heads its column {header!r}: Canvas puts it into an assignment named exactly "
+        f"{header!r}, or makes a new one. To fill an existing assignment, give its column's header as a "
+        "Canvas gradebook export shows it, `Name (id)`: --canvas-assignment, or CANVAS_ASSIGNMENT= for make"
+    )
 
 
 def _number(value: float) -> str:
@@ -197,9 +166,13 @@ def students_table(rows: list[Row]) -> Table:
     table.add_column("note", overflow="fold")
     for row in rows:
         score = f"{row.run.score:g} / {row.run.max_score:g}" if row.scored else "-"
-        style = {COULD_NOT_GRADE: "red", NO_SUBMISSION: "yellow", NOT_GRADED: "yellow", AMBIGUOUS_STATUS: "yellow"}
+        style = {CANNOT_GRADE: "red", NO_SUBMISSION: "yellow", NOT_GRADED: "yellow", AMBIGUOUS: "yellow"}
         table.add_row(
-            escape(row.student), score, STATUS_WORDS[row.status], escape(row.note()[:200]), style=style.get(row.status)
+            escape(clean_text(row.student, newlines=False)),
+            score,
+            status_words(row.status),
+            escape(row.note()[:200]),
+            style=style.get(row.status),
         )
     return table
 
@@ -213,6 +186,7 @@ class OutputOptions:
     db_url: str | None = None  # the gradebook (default: the course's nbgrader configuration)
     gradebook: bool = True
     feedback: bool = True
+    canvas_assignment: str = ASSIGNMENT  # the Canvas file's column header: "Name (id)" of a Canvas assignment
 
 
 def mirror_results(course: Path, record: Record, rows: list[Row]) -> int:
@@ -229,7 +203,7 @@ def mirror_results(course: Path, record: Record, rows: list[Row]) -> int:
         except OSError:
             same = False
         if not same:
-            write_text_atomically(target, data.decode("utf-8"))
+            write_text_atomically(target, data.decode("utf-8"), COURSE_FILE_MODE)
             copied += 1
     return copied
 
@@ -247,25 +221,28 @@ def write_class_outputs(
     where["results (the record)"] = f"{course / record.root.name}/<student>/{ASSIGNMENT}/results.json"
     where["results (nbgrader's layout)"] = f"{course}/autograded/<student>/{ASSIGNMENT}/results.json"
     if options.feedback:
-        from autograder.course.feedback import write_feedback
-
         written = write_feedback(course, rows, released=options.released)
         where["feedback"] = f"{course}/feedback/<student>/{ASSIGNMENT}/feedback.html ({written} written)"
     if options.gradebook:
-        from autograder.course.gradebook import GradebookError, record_grades
-
+        told = ensure_configuration(course)
+        if told:
+            console.print(told, style="yellow", markup=False)
         try:
             where["gradebook"] = record_grades(course, rows, rubric, db_url=options.db_url)
         except GradebookError as exc:
             console.print(f"gradebook not updated: {exc}", style="red", markup=False)
-    write_text_atomically(course / "grades.csv", grades_csv(rows, rubric))
+    write_text_atomically(course / "grades.csv", grades_csv(rows, rubric), COURSE_FILE_MODE)
     where["grades.csv"] = str(course / "grades.csv")
-    write_text_atomically(course / "grades-canvas.csv", canvas_csv(rows, rubric))
-    where["Canvas import"] = str(course / "grades-canvas.csv")
+    write_text_atomically(
+        course / "grades-canvas.csv", canvas_csv(rows, rubric, options.canvas_assignment), COURSE_FILE_MODE
+    )
+    where["Canvas import"] = f"{course / 'grades-canvas.csv'} (column {options.canvas_assignment!r})"
     console.print(students_table(rows))
     console.print(class_table(rows, rubric))
-    counts = {status: sum(r.status == status for r in rows) for status in STATUS_WORDS}
-    console.print(", ".join(f"{n} {STATUS_WORDS[s]}" for s, n in counts.items() if n))
+    counts = {status: sum(r.status == status for r in rows) for status in STATUSES}
+    console.print(", ".join(f"{n} {status_words(s)}" for s, n in counts.items() if n))
     for name, path in where.items():
         console.print(f"{name}: {path}", markup=False)
+    if note := canvas_header_note(options.canvas_assignment):
+        console.print(note, style="yellow", markup=False)
     return where

@@ -1,8 +1,9 @@
 """Feedback a student can read: `feedback/<student>/mha/feedback.html`, one self-contained file.
 
-Made from the grading model alone (a `class_outputs.Row`): the score, per part the checks with what
-failed and the diagnosis, and the speed figures with a plot of the per-round measurements when the
-speed part ran. Everything is HTML-escaped (Jinja2's autoescape); the CSS is inline and the plot is
+Made from the grading model alone (a `rows.Row`): the score, per part the checks (a row per check,
+or per group of cases that came out the same way) with what failed and the diagnosis, or why a check was
+not scored; and when the speed part ran, its figures in words, the scored figure beside the bands that
+score it, how it is scored, and a plot of the rounds. Everything is HTML-escaped (Jinja2's autoescape); the CSS is inline and the plot is
 an inline PNG, so the file can be mailed, uploaded to an LMS or opened offline.
 
 What a check shows follows its visibility in the rubric:
@@ -33,12 +34,15 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from autograder.atomic import write_text_atomically
-from autograder.course.class_outputs import Row
+from autograder.course.clean import clean_text
 from autograder.course.roster import ASSIGNMENT
-from autograder.model import CheckResult, GradingRun
+from autograder.course.rows import Row
+from autograder.course.store import COURSE_FILE_MODE
+from autograder.model import FAILED, NOT_SCORED, PASSED, CheckResult, GradingRun
 
 TEMPLATES = Path(__file__).with_name("templates")
 TEMPLATE = "feedback.html.j2"
+STATUS_WORDS = {PASSED: "passed", FAILED: "failed", NOT_SCORED: "not scored"}
 SHOWN_BEFORE = {"visible"}
 SHOWN_AFTER = {"visible", "after_due_date", "after_published"}
 _FINGERPRINT = re.compile(rb'<meta name="mha-feedback-fingerprint" content="([0-9a-f]+)">')
@@ -70,58 +74,141 @@ def withheld_text(count: int, never: int, released: bool) -> str:
 
 
 # -- speed ----------------------------------------------------------------------------------------
+# `run.speed` is results.json's extra_data.speed: `bands` (the rubric's full_credit_at, no_credit_at and
+# give_up_below, as graded), and per workload (`workloads`) the figures of timing.summarize, or `failed`.
+ROLES = (("submission", "your forward"), ("reference", "the reference MultiHeadAttention"), ("wrapper", "the wrapper"))
+SHOWN_UP_TO = 1.2  # the band bar runs from 0 to this fraction of the reference's speedup (or the figure, if more)
 
 
-def speed_figures(speed: dict) -> list[tuple[str, str]]:
-    """The speed part's scalar measurements, as (name, value) rows; nested dicts one level deep."""
-    rows = []
-    for key, value in speed.items():
-        items = value.items() if isinstance(value, dict) else [(None, value)]
-        for sub, item in items:
-            name = key.replace("_", " ") + (f" ({sub.replace('_', ' ')})" if sub else "")
-            if isinstance(item, bool) or isinstance(item, str):
-                rows.append((name, str(item)))
-            elif isinstance(item, (int, float)):
-                rows.append((name, f"{item:.4g}"))
-    return rows
+def speed_rule(bands: dict) -> str:
+    """How the speed part scores, in words, from the bands the run was graded with."""
+    if not {"full_credit_at", "no_credit_at"} <= set(bands):
+        return ""
+    full, none = bands["full_credit_at"], bands["no_credit_at"]
+    text = (
+        "Your forward and the reference's are timed against the same wrapper in the same run, so the machine "
+        "cancels out: your speedup over the wrapper divided by the reference's is the figure that is scored. "
+        f"Full points from {full:g}, none at {none:g} or below, in proportion in between."
+    )
+    give_up = bands.get("give_up_below")
+    if give_up:
+        text += (
+            f" A forward that, after the warm-up rounds, runs at less than {give_up:g} of the reference's speed "
+            f"even at its best (more than {1 / give_up:.3g} times slower than the reference) could not reach "
+            f"{none:g}, so it is not timed further and earns no speed points."
+        )
+    return text
 
 
-def speed_series(speed: dict) -> dict[str, list[float]]:
-    """Per-round measurements: any list of numbers, or list of dicts of numbers, in `speed`."""
-    series: dict[str, list[float]] = {}
-    for key, value in speed.items():
-        if not isinstance(value, list) or len(value) < 2:
-            continue
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-            series[key.replace("_", " ")] = [float(v) for v in value]
-        elif all(isinstance(v, dict) for v in value):
-            names = {k for v in value for k, x in v.items() if isinstance(x, (int, float)) and not isinstance(x, bool)}
-            for name in sorted(names):
-                points = [v.get(name) for v in value]
-                if all(isinstance(p, (int, float)) for p in points):
-                    series[f"{key.replace('_', ' ')}: {name.replace('_', ' ')}"] = [float(p) for p in points]
+def band_bar(relative: float, bands: dict) -> dict | None:
+    """Widths (percent) of the none / in proportion / full bands on a bar from 0, and where `relative` is."""
+    if not {"full_credit_at", "no_credit_at"} <= set(bands):
+        return None
+    top = max(SHOWN_UP_TO, relative * 1.05)
+    none, full = bands["no_credit_at"] / top * 100, bands["full_credit_at"] / top * 100
+    return {
+        "none": round(none, 2),
+        "partial": round(full - none, 2),
+        "full": round(100 - full, 2),
+        "mark": round(min(relative / top * 100, 100), 2),
+    }
+
+
+def workload_context(name: str, figures: dict, bands: dict) -> dict:
+    """One timed workload: its figures as rows for people, the scored figure with the bands beside it."""
+    if "relative" not in figures:
+        return {"name": name, "failed": figures.get("failed", "not timed"), "rows": [], "scored": None}
+    rows = [(f"{label}, per call", f"{figures['ms_per_call'][role]:.3g} ms") for role, label in ROLES]
+    rows += [
+        ("your speedup over the wrapper", f"{figures['speedup']:.2f}x"),
+        ("the reference's speedup over the wrapper, same run", f"{figures['reference_speedup']:.2f}x"),
+    ]
+    spread = figures.get("relative_spread") or {}
+    # Issue 20 adds a confidence interval of the scored figure to results.json; it is shown here when present.
+    interval = figures.get("relative_interval")
+    scored = {
+        "label": f"yours divided by the reference's (median of {figures.get('rounds', '?')} rounds)",
+        "value": f"{figures['relative']:.2f}",
+        "spread": f"middle half of the rounds {spread['q1']:.2f} to {spread['q3']:.2f}" if spread else "",
+        "interval": f"{interval['low']:.2f} to {interval['high']:.2f} ({interval.get('level', 0.95):.0%} interval)"
+        if isinstance(interval, dict) and {"low", "high"} <= set(interval)
+        else "",
+        "bar": band_bar(figures["relative"], bands),
+        "bands": (
+            f"full points from {bands['full_credit_at']:g}, none at {bands['no_credit_at']:g} or below"
+            if {"full_credit_at", "no_credit_at"} <= set(bands)
+            else ""
+        ),
+        "credit": f"{figures['credit']:.0%} of the speed points"
+        if isinstance(figures.get("credit"), (int, float))
+        else "",
+    }
+    return {"name": name, "failed": "", "rows": rows, "scored": scored}
+
+
+def speed_series(speed: dict) -> dict[str, dict[str, list[float]]]:
+    """Per workload, the per-round charged times (ms per call) of the three timed forwards."""
+    series = {}
+    for name, figures in (speed.get("workloads") or {}).items():
+        charged = ((figures.get("per_round_ms") or {}).get("charged")) or {}
+        rounds = {role: charged.get(role) or [] for role, _ in ROLES}
+        if all(len(values) >= 2 and len(values) == len(rounds["submission"]) for values in rounds.values()):
+            series[name] = rounds
     return series
 
 
-def speed_plot(series: dict[str, list[float]]) -> str:
-    """A PNG of the per-round series (one line each), base64 for a data: URI."""
+def speed_plot(series: dict[str, dict[str, list[float]]], bands: dict) -> str:
+    """A PNG, base64 for a data: URI: per workload, each round's time per call of the three (left), and
+    each round's scored figure (the reference's time over yours: your speedup over the wrapper divided by
+    the reference's) with the bands that score it (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter
 
-    figure = Figure(figsize=(7, 3.2), dpi=100)
-    axes = figure.add_subplot()
-    for name, values in series.items():
-        axes.plot(range(1, len(values) + 1), values, marker="o", markersize=3, label=name)
-    axes.set_xlabel("round")
-    axes.set_title("Speed: per-round measurements")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
+    figure = Figure(figsize=(9, 3.0 * len(series)), dpi=100)
+    axes = figure.subplots(len(series), 2, squeeze=False)
+    for (name, rounds), (times, scored) in zip(series.items(), axes):
+        x = range(1, len(rounds["submission"]) + 1)
+        for role, label in ROLES:
+            times.plot(x, rounds[role], marker="o", markersize=3, label=label)
+        times.set_yscale("log")
+        times.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        times.yaxis.set_minor_formatter(NullFormatter())
+        times.set_ylabel("ms per call")
+        times.set_title(name, fontsize=9)
+        times.legend(fontsize=7)
+        relative = [r / s for r, s in zip(rounds["reference"], rounds["submission"])]
+        if {"full_credit_at", "no_credit_at"} <= set(bands):
+            top = max(SHOWN_UP_TO, max(relative) * 1.05)
+            scored.axhspan(0, bands["no_credit_at"], color="#ffcecb", label="no points")
+            scored.axhspan(bands["no_credit_at"], bands["full_credit_at"], color="#fae17d", label="in proportion")
+            scored.axhspan(bands["full_credit_at"], top, color="#aceebb", label="full points")
+            scored.set_ylim(0, top)
+        scored.plot(x, relative, marker="o", markersize=3, color="#1f2328", label="yours / reference's")
+        scored.set_ylabel("speedup, yours / reference's")
+        scored.legend(fontsize=7, loc="lower right")
+        for axis in (times, scored):
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+            axis.set_xlabel("round")
+            axis.grid(alpha=0.3)
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", metadata={"Software": None})
     return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def speed_context(speed: dict) -> dict:
+    bands = speed.get("bands") or {}
+    series = speed_series(speed)
+    return {
+        "rule": speed_rule(bands),
+        "workloads": [workload_context(n, f, bands) for n, f in (speed.get("workloads") or {}).items()],
+        "plot": speed_plot(series, bands) if series else "",
+        "plot_alt": "per round, the time per call of your forward, the reference's and the wrapper's, and your "
+        "speedup over the wrapper divided by the reference's, with the bands that score it: " + ", ".join(series),
+    }
 
 
 # -- the page --------------------------------------------------------------------------------------
@@ -130,13 +217,13 @@ def speed_plot(series: dict[str, list[float]]) -> str:
 def page_context(row: Row, released: bool) -> dict:
     run: GradingRun | None = row.run
     entry = row.entry
-    context = {
+    context = {  # names and notes are the student's: cleaned as worker strings are, then HTML-escaped
         "assignment": ASSIGNMENT,
-        "student": entry.student,
+        "student": clean_text(entry.student, newlines=False),
         "submitted": entry.has_file,
-        "file": entry.file.name if entry.file else "",
-        "file_note": entry.note if entry.has_file else "",
-        "file_note_missing": entry.note,
+        "file": clean_text(entry.file.name, newlines=False) if entry.file else "",
+        "file_note": clean_text(entry.note) if entry.has_file else "",
+        "file_note_missing": clean_text(entry.note),
         "graded": bool(run and run.graded),
         "reason": run.reason if run else "it has not been graded yet",
         "visibility_note": (
@@ -165,7 +252,15 @@ def page_context(row: Row, released: bool) -> dict:
                 "title": part.title,
                 "score": f"{part.score:.4g}",
                 "max_score": f"{part.max_score:.4g}",
-                "checks": [{"name": c.name, "status": c.status, "message": c.message} for c in visible],
+                "checks": [
+                    {
+                        "name": c.name,
+                        "status": c.status,
+                        "label": STATUS_WORDS.get(c.status, c.status),
+                        "message": c.message,
+                    }
+                    for c in visible
+                ],
                 "withheld": withheld_text(later, never, released),
                 "speed": None,
             }
@@ -183,12 +278,7 @@ def page_context(row: Row, released: bool) -> dict:
                 "speed": None,
             }
             context["parts"].append(speed_part)
-        series = speed_series(run.speed)
-        speed_part["speed"] = {
-            "figures": speed_figures(run.speed),
-            "plot": speed_plot(series) if series else "",
-            "plot_alt": "per-round measurements: " + ", ".join(series),
-        }
+        speed_part["speed"] = speed_context(run.speed)
     return context
 
 
@@ -234,6 +324,6 @@ def write_feedback(course: Path, rows: list[Row], released: bool = False) -> int
             match = None
         if match and match.group(1).decode() == value:
             continue
-        write_text_atomically(path, render(row, released, value))
+        write_text_atomically(path, render(row, released, value), COURSE_FILE_MODE)
         written += 1
     return written

@@ -8,7 +8,7 @@ The steps:
    `force` regrades everyone asked for, `students` limits grading to those students;
 3. grade them, `jobs` at a time, in long-lived grading processes (`grading_pool.Grader`), each
    submission with its own fresh worker; a submission whose grading process hangs or dies gets a
-   "could not grade" run and is retried next time, and the others go on;
+   `cannot_grade` run and is graded again next time, and the others go on;
 4. write every class output from the record (`class_outputs.write_class_outputs`).
 
 A class can be split into shards graded on many machines that share the course folder (`--shard K/N`,
@@ -32,14 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from autograder.course.class_outputs import OutputOptions, Row, write_class_outputs
+from autograder.course.class_outputs import OutputOptions, write_class_outputs
+from autograder.course.clean import clean_text
 from autograder.course.grading_pool import Grader
 from autograder.course.placement import NoDevice, Placement, placement_for
-from autograder.course.roster import Entry, read_roster
+from autograder.course.roster import ASSIGNMENT, Entry, read_roster
+from autograder.course.rows import Row, status_words
 from autograder.course.shard import Shard, engine_index_in
-from autograder.course.store import ClassInputs, Record
+from autograder.course.store import ClassInputs, Record, close_to_others
+from autograder.grading.devices import CANNOT_TIME_NOW
 from autograder.model import CANNOT_GRADE, GradingRun
 from autograder.rubric import DEFAULT_RUBRIC, Rubric, RubricError, load_rubric
 
@@ -60,18 +64,50 @@ class Job:
 
 
 def plan(
-    roster: list[Entry], record: Record, class_inputs: ClassInputs, force: bool, students: list[str] | None
+    roster: list[Entry],
+    record: Record,
+    class_inputs: ClassInputs,
+    force: bool,
+    students: list[str] | None,
+    unfinished: dict[str, str] | None = None,
 ) -> list[Job]:
-    """The students to grade now, each with the reason."""
+    """The students to grade now, each with the reason. `unfinished`: the students a forced regrade
+    that was stopped has not regraded yet, with its token (they are forced still)."""
+    unfinished = unfinished or {}
     jobs = []
     for entry in roster:
         if not entry.has_file or (students is not None and entry.student not in students):
             continue
         inputs = class_inputs.for_file(entry.file)
-        reason = "forced" if force else record.why_regrade(entry.student, inputs)
+        if force:
+            reason: str | None = "forced"
+        elif entry.student in unfinished:
+            reason = "forced (the last forced run stopped before it)"
+            inputs = {**inputs, "forced": unfinished[entry.student]}
+        else:
+            reason = record.why_regrade(entry.student, inputs)
         if reason is not None:
             jobs.append(Job(entry, inputs, reason))
     return jobs
+
+
+def unfinished_forced(record: Record, roster: list[Entry]) -> dict[str, str]:
+    """Every student a stopped forced regrade has not regraded yet, with that regrade's token."""
+    submitted = {e.student for e in roster if e.has_file}
+    return {s: run.token for run in record.forced_runs() for s in record.still_forced(run, submitted)}
+
+
+def close_finished_forced(record: Record, roster: list[Entry]) -> list[str]:
+    """Forget every forced regrade that is done; return the students still to be regraded by force."""
+    submitted = {e.student for e in roster if e.has_file}
+    left = []
+    for run in record.forced_runs():
+        still = record.still_forced(run, submitted)
+        if still:
+            left += still
+        else:
+            run.path.unlink(missing_ok=True)
+    return sorted(set(left))
 
 
 class Slots:
@@ -126,6 +162,11 @@ def grade_job(
     return run
 
 
+def could_not_time(run: GradingRun | None) -> bool:
+    """Whether a run could not grade only because the device's timing lock was busy: worth retrying."""
+    return run is not None and not run.graded and CANNOT_TIME_NOW in run.reason
+
+
 def class_rows(roster: list[Entry], record: Record) -> list[Row]:
     """Every student of the roster with their stored run (None: no submission, or not graded yet):
     what the class outputs are written from, after grading or when merging runs graded elsewhere."""
@@ -144,6 +185,11 @@ def hold_course(course: Path, console: Console, shard: Shard | None = None):
         console.print("another grading run holds this course; waiting for it to finish")
         fcntl.flock(handle, fcntl.LOCK_EX)
     return handle
+
+
+def counted(number: int, noun: str) -> str:
+    """'1 submission', '3 submissions'."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def default_jobs() -> int:
@@ -174,6 +220,7 @@ def grade_class(
     db_url: str | None = None,
     isolation: str | None = None,
     shard: Shard | None = None,
+    canvas_assignment: str = ASSIGNMENT,
 ) -> int:
     console = Console(highlight=False)
     course = Path(course)
@@ -193,7 +240,11 @@ def grade_class(
     known = {e.student for e in roster}
     if students is not None and set(students) - known:
         missing = ", ".join(sorted(set(students) - known))
-        console.print(f"cannot grade: no folder submitted/<student>/ for {missing}", style="red", markup=False)
+        console.print(
+            clean_text(f"cannot grade: no folder submitted/<student>/ for {missing}", newlines=False),
+            style="red",
+            markup=False,
+        )
         return EXIT_CANNOT_GRADE
     if shard is not None:
         mine = shard.select([entry.student for entry in roster])  # split over every student folder
@@ -213,32 +264,68 @@ def grade_class(
             f"{', '.join(placement.devices)}, each grading process on one",
             markup=False,
         )
+    if close_to_others(course):
+        console.print(f"closed {course} to other users (chmod o-rwx): a worker may run as another uid", markup=False)
     lock = hold_course(course, console, shard)
     try:
         record = Record(course)
         for entry in roster:
             if entry.note and (students is None or entry.student in students):
-                console.print(f"{entry.student}: {entry.note}", style="yellow", markup=False)
-        todo = plan(roster, record, ClassInputs.compute(rubric_path, device), force, students)
+                console.print(
+                    clean_text(f"{entry.student}: {entry.note}", newlines=False), style="yellow", markup=False
+                )
+        unfinished = {} if force else unfinished_forced(record, roster)
+        if unfinished:
+            console.print(
+                f"the last forced run stopped before it regraded {len(unfinished)} students: "
+                "they are regraded now, forced",
+                style="yellow",
+                markup=False,
+            )
+        todo = plan(roster, record, ClassInputs.compute(rubric_path, device), force, students, unfinished)
+        if force:  # recorded first: a forced run killed halfway is finished by the next run, forced or not
+            forced = record.start_forced([j.student for j in todo])
+            for job in todo:
+                job.inputs["forced"] = forced.token
         submitted = [e for e in roster if e.has_file and (students is None or e.student in students)]
         reasons: dict[str, int] = {}
         for job in todo:
             reasons[job.reason] = reasons.get(job.reason, 0) + 1
         why = f" ({', '.join(f'{n} {r}' for r, n in reasons.items())})" if reasons else ""
         console.print(
-            f"{len(submitted)} submissions: {len(todo)} to grade, {len(submitted) - len(todo)} already graded{why}",
+            f"{counted(len(submitted), 'submission')}: {len(todo)} to grade, {len(submitted) - len(todo)} already "
+            f"graded{why}",
             markup=False,
         )
         interrupted = not grade_all(
             todo, record, placement, rubric_path, loaded.limit("class_seconds"), jobs, isolation, console
         )
+        untimed = [job for job in todo if not interrupted and could_not_time(record.run(job.student))]
+        if untimed:  # the device's timing lock stayed busy (other gradings' timing): once more, one at a time
+            console.print(
+                f"{len(untimed)} could not be timed now (the device's timing lock was busy): "
+                "grading them again, one at a time",
+                markup=False,
+            )
+            interrupted = not grade_all(
+                untimed, record, placement, rubric_path, loaded.limit("class_seconds"), 1, isolation, console
+            )
+        left = close_finished_forced(record, roster)
         if shard is None:
             rows = class_rows(roster, record)
-            write_class_outputs(course, rows, loaded, OutputOptions(released=released, db_url=db_url), console)
+            options = OutputOptions(released=released, db_url=db_url, canvas_assignment=canvas_assignment)
+            write_class_outputs(course, rows, loaded, options, console)
     finally:
         lock.close()
     if interrupted:
         console.print("interrupted: what was graded is kept; run again to grade the rest")
+        if left:
+            console.print(
+                f"the forced regrade is half done ({len(left)} students not regraded yet): "
+                "the next run regrades them, forced, with or without FORCE",
+                style="yellow",
+                markup=False,
+            )
         return EXIT_INTERRUPTED
     if shard is not None:
         console.print(
@@ -248,7 +335,13 @@ def grade_class(
     return EXIT_DONE
 
 
-def merge_class(course: Path, rubric: Path | None = None, released: bool = False, db_url: str | None = None) -> int:
+def merge_class(
+    course: Path,
+    rubric: Path | None = None,
+    released: bool = False,
+    db_url: str | None = None,
+    canvas_assignment: str = ASSIGNMENT,
+) -> int:
     """Write the class's outputs from the runs already recorded (by shards or earlier runs), grading
     nothing. A run that could not grade counts as it does after a whole-class run. When a student with
     a submission has no run up to date with their submission, the rubric, the grader and the reference,
@@ -262,6 +355,7 @@ def merge_class(course: Path, rubric: Path | None = None, released: bool = False
     except RubricError as exc:
         console.print(f"cannot merge: {exc}", style="red", markup=False)
         return EXIT_CANNOT_GRADE
+    close_to_others(course)
     roster = read_roster(course)
     record = Record(course)
     class_inputs = ClassInputs.compute(rubric_path, device="")
@@ -273,6 +367,8 @@ def merge_class(course: Path, rubric: Path | None = None, released: bool = False
         why = record.why_stale(entry.student, wanted)  # a run that could not grade is merged as it is
         if why is not None:
             missing[entry.student] = why
+    for student in unfinished_forced(record, roster):
+        missing.setdefault(student, "a forced regrade stopped before it regraded this student")
     submitted = sum(entry.has_file for entry in roster)
     if missing:
         console.print(
@@ -281,7 +377,7 @@ def merge_class(course: Path, rubric: Path | None = None, released: bool = False
             markup=False,
         )
         for student, why in sorted(missing.items()):
-            console.print(f"  {student}: {why}", markup=False)
+            console.print(clean_text(f"  {student}: {why}", newlines=False), markup=False)
         console.print(
             f"grade them (their shard again, or `grade-class {course}`, which grades only what is "
             "missing) and merge again",
@@ -290,7 +386,11 @@ def merge_class(course: Path, rubric: Path | None = None, released: bool = False
         return EXIT_MERGE_INCOMPLETE
     console.print(f"merged the results of {submitted} students", markup=False)
     write_class_outputs(
-        course, class_rows(roster, record), loaded, OutputOptions(released=released, db_url=db_url), console
+        course,
+        class_rows(roster, record),
+        loaded,
+        OutputOptions(released=released, db_url=db_url, canvas_assignment=canvas_assignment),
+        console,
     )
     return EXIT_DONE
 
@@ -330,8 +430,9 @@ def grade_all(
                 progress.update(
                     task,
                     advance=1,
-                    description=f"{futures[future].student}: "
-                    + (f"{run.score:g}/{run.max_score:g}" if run.graded else "could not grade"),
+                    description=escape(clean_text(futures[future].student, newlines=False))
+                    + ": "
+                    + (f"{run.score:g}/{run.max_score:g}" if run.graded else status_words(CANNOT_GRADE)),
                 )
         return True
     except KeyboardInterrupt:

@@ -26,16 +26,37 @@ import json
 import logging
 import os
 import sys
-from datetime import datetime
 from pathlib import Path
 
 from autograder.atomic import write_text_atomically
-from autograder.course.class_outputs import Row, graded_parts
 from autograder.course.roster import ASSIGNMENT
-from autograder.course.store import Record, sha256_file
+from autograder.course.rows import Row, graded_parts
+from autograder.course.store import COURSE_FILE_MODE, Record, sha256_file
 from autograder.rubric import Rubric
 
 CONFIG_FILE = "nbgrader_config.py"
+EXPORT_FILE = "nbgrader-grades.csv"
+# What `grade-class` writes into a course folder that has no nbgrader configuration of its own.
+CONFIG_TEMPLATE = f'''"""nbgrader's configuration for this course folder (written by `grade-class`, which found none).
+
+`grade-class` writes grades.csv here (per-part scores and each student's status); `nbgrader export`
+would overwrite it by default, so its CSV goes to a file of its own, {EXPORT_FILE}.
+"""
+import os
+
+c = get_config()  # noqa: F821 (nbgrader provides get_config when it loads this file)
+
+# The course directory is the folder of this file, wherever nbgrader is started from.
+c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(c.CourseDirectory.root, "gradebook.db")
+c.ExportPlugin.to = os.path.join(c.CourseDirectory.root, "{EXPORT_FILE}")
+try:  # nbgrader's CSV export with every cell cleaned (no formulas), where the grader is installed
+    import autograder.course.nbgrader_export  # noqa: F401
+
+    c.ExportApp.plugin_class = "autograder.course.nbgrader_export.SafeCsvExportPlugin"
+except ImportError:
+    pass
+'''
 
 
 class GradebookError(RuntimeError):
@@ -58,14 +79,29 @@ def course_settings(course: Path) -> tuple[str, str]:
     return db_url, settings.get("course_id", "")
 
 
-def submission_time(folder: Path) -> datetime | None:
-    """nbgrader's submission timestamp (`timestamp.txt`, written by `nbgrader collect`), if any."""
-    from nbgrader.utils import parse_utc
+def ensure_configuration(course: Path) -> str:
+    """Make `nbgrader export` in the course folder harmless to grades.csv: write an nbgrader_config.py
+    where there is none (its export goes to nbgrader-grades.csv); where there is one that leaves the
+    export at its default (grades.csv), say so. Returns what to tell the instructor ("" if nothing)."""
+    course = Path(course)
+    path = course / CONFIG_FILE
+    if not path.exists():
+        write_text_atomically(path, CONFIG_TEMPLATE, COURSE_FILE_MODE)
+        return (
+            f"wrote {path}: nbgrader's commands use this course's gradebook, and `nbgrader export` writes {EXPORT_FILE}"
+        )
+    from traitlets.config.loader import PyFileConfigLoader
 
     try:
-        return parse_utc((folder / "timestamp.txt").read_text().strip())
-    except (OSError, ValueError, TypeError):
-        return None
+        target = PyFileConfigLoader(CONFIG_FILE, path=str(course)).load_config().get("ExportPlugin", {}).get("to")
+    except Exception as exc:  # a configuration nbgrader itself could not load: say so, change nothing
+        return f"{path} could not be read ({type(exc).__name__}: {exc}); nbgrader's commands will fail there too"
+    if not target or Path(course, target).resolve() == (course / "grades.csv").resolve():
+        return (
+            f"{path} leaves `nbgrader export` writing grades.csv, over ours: add "
+            f'c.ExportPlugin.to = "{EXPORT_FILE}" to it'
+        )
+    return ""
 
 
 def sqlite_path(db_url: str) -> Path | None:
@@ -74,7 +110,10 @@ def sqlite_path(db_url: str) -> Path | None:
 
 def state(db_url: str, rows: list[Row], rubric: Rubric) -> dict:
     """What the gradebook was last written from, and the SQLite file's hash after writing it."""
-    scores = [[r.student, r.status, r.entry.file.name if r.entry.file else None, r.part_scores()] for r in rows]
+    scores = [
+        [r.student, r.status, r.entry.file.name if r.entry.file else None, r.part_scores(), str(r.entry.timestamp)]
+        for r in rows
+    ]
     digest = hashlib.sha256(
         json.dumps([db_url, scores, {p: rubric.part_points(p) for p in rubric.parts}], sort_keys=True).encode()
     ).hexdigest()
@@ -104,7 +143,7 @@ def record_grades(
     if before["database"] is not None and last == before:
         return db_url
     write_grades(db_url, course_id, rows, rubric, assignment)
-    write_text_atomically(stamp_path, json.dumps(state(db_url, rows, rubric), sort_keys=True) + "\n")
+    write_text_atomically(stamp_path, json.dumps(state(db_url, rows, rubric), sort_keys=True) + "\n", COURSE_FILE_MODE)
     return db_url
 
 
@@ -134,7 +173,7 @@ def write_grades(db_url: str, course_id: str, rows: list[Row], rubric: Rubric, a
                     gradebook.add_student(row.student)
                 if not row.entry.has_file:
                     continue
-                stamp = submission_time(row.entry.file.parent)
+                stamp = row.entry.timestamp  # read by the roster, bounded (`roster.read_timestamp`)
                 submission = gradebook.update_or_create_submission(
                     assignment, row.student, **({"timestamp": stamp} if stamp else {})
                 )

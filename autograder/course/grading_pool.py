@@ -21,7 +21,7 @@ no grader behind.
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import json
 import os
 import select
@@ -30,71 +30,28 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import IO, Any, TextIO
 
-PR_SET_PDEATHSIG = 1
+from autograder.sandbox import procfs
+
 PARENT_VARIABLE = "AUTOGRADER_POOL_PARENT"
-
-
-# -- both sides ----------------------------------------------------------------------------------
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of `pid` (through /proc's parent links), deepest last."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat") as handle:
-                    text = handle.read()
-            except OSError:
-                continue
-            ppid = int(text[text.rfind(")") + 2 :].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], list(children.get(pid, []))
-    while todo:
-        child = todo.pop(0)
-        found.append(child)
-        todo.extend(children.get(child, []))
-    return found
-
-
-def kill_tree(pid: int, include_self: bool = True):
-    """SIGKILL `pid`'s descendants and their process groups (a worker leads its own session), then `pid`."""
-    for child in descendants(pid):
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(child, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    if include_self:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def die_with_parent(signum: int = signal.SIGTERM):
-    """Ask the kernel to send `signum` to this process when its parent dies (Linux)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 # -- the grading process --------------------------------------------------------------------------
 
 
-def serve(stdin=None, replies=None) -> int:
+def serve(stdin: Iterable[str] | None = None, replies: TextIO | None = None) -> int:
     """Grade the jobs read from stdin, one JSON object a line; answer each with one line."""
     replies = replies or os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything else printed goes to stderr, never into the answers
     sys.stdout = sys.stderr
 
-    def on_term(signum, frame):
-        kill_tree(os.getpid(), include_self=False)
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        procfs.kill_tree(procfs.tree_of(os.getpid(), include_self=False))
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
@@ -108,9 +65,10 @@ def serve(stdin=None, replies=None) -> int:
     for line in stdin or sys.stdin:
         job = json.loads(line)
         started = time.monotonic()
+        out = Path(job["out"])
         options = Options(
             device=job["device"],
-            out=Path(job["out"]),
+            out=out,
             rubric_path=Path(job["rubric"]),
             quiet=True,
             isolation=job.get("isolation", "auto"),
@@ -118,7 +76,7 @@ def serve(stdin=None, replies=None) -> int:
             keep_timing_workers=True,
         )
         run = grade_submission(Path(job["submission"]), options)
-        write_results(options.out, run)
+        write_results(out, run)
         replies.write(
             json.dumps({"id": job["id"], "status": run.status, "seconds": round(time.monotonic() - started, 3)}) + "\n"
         )
@@ -129,7 +87,9 @@ def serve(stdin=None, replies=None) -> int:
 
 
 @dataclass
-class Outcome:
+class GradingAttempt:
+    """One job sent to a grading process: whether it answered, and if not, why."""
+
     ok: bool  # the process answered (results.json was written)
     problem: str = ""  # why not
     seconds: float = 0.0
@@ -141,13 +101,13 @@ class Grader:
     def __init__(self, env: dict[str, str] | None = None, jobs_per_process: int = 25):
         self.env = dict(os.environ if env is None else env)
         self.jobs_per_process = jobs_per_process
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.log = tempfile.TemporaryFile()
         self.buffer = b""
         self.done = 0
         self.starts = 0
 
-    def _start(self):
+    def _start(self) -> subprocess.Popen[bytes]:
         env = dict(self.env)
         env[PARENT_VARIABLE] = str(os.getpid())
         # Idle OpenMP threads sleep rather than spin while the grader waits for its worker: spinning
@@ -161,38 +121,40 @@ class Grader:
             stdout=subprocess.PIPE,
             stderr=self.log,
             env=env,
-            preexec_fn=die_with_parent,
+            preexec_fn=functools.partial(procfs.die_with_parent, signal.SIGTERM),  # dies with the class run
         )
         self.buffer, self.done = b"", 0
         self.starts += 1
+        return self.process
 
-    def grade(self, job: dict, timeout: float) -> Outcome:
-        if self.process is None or self.process.poll() is not None or self.done >= self.jobs_per_process:
+    def grade(self, job: dict[str, Any], timeout: float) -> GradingAttempt:
+        process = self.process
+        if process is None or process.poll() is not None or self.done >= self.jobs_per_process:
             self.close()
-            self._start()
+            process = self._start()
         started = time.monotonic()
         try:
-            self.process.stdin.write((json.dumps(job) + "\n").encode())
-            self.process.stdin.flush()
-            line = self._read_line(started + timeout)
+            stdin = _pipe(process.stdin)
+            stdin.write((json.dumps(job) + "\n").encode())
+            stdin.flush()
+            line = self._read_line(_pipe(process.stdout).fileno(), started + timeout)
         except (BrokenPipeError, OSError):
             line = None
         seconds = time.monotonic() - started
         if line is None:
-            if self.process.poll() is None:
+            if process.poll() is None:
                 problem = f"grading took more than {timeout:g} s and was stopped"
             else:
-                problem = f"the grading process ended unexpectedly (exit status {self.process.returncode})"
+                problem = f"the grading process ended unexpectedly (exit status {process.returncode})"
                 tail = self._log_tail()
                 if tail:
                     problem += f": {tail}"
             self.close()
-            return Outcome(False, problem, seconds)
+            return GradingAttempt(False, problem, seconds)
         self.done += 1
-        return Outcome(True, "", seconds)
+        return GradingAttempt(True, "", seconds)
 
-    def _read_line(self, deadline: float) -> bytes | None:
-        fd = self.process.stdout.fileno()
+    def _read_line(self, fd: int, deadline: float) -> bytes | None:
         while b"\n" not in self.buffer:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -211,20 +173,27 @@ class Grader:
         lines = self.log.read()[-4000:].decode("utf-8", "replace").strip().splitlines()
         return lines[-1][:300] if lines else ""
 
-    def close(self):
+    def close(self) -> None:
         if self.process is None:
             return
         if self.process.poll() is None:
-            kill_tree(self.process.pid)
+            procfs.kill_tree(procfs.tree_of(self.process.pid))  # stopped whole, then killed
         else:
-            kill_tree(self.process.pid, include_self=False)
+            procfs.kill_tree(procfs.tree_of(self.process.pid, include_self=False))
         self.process.wait()
         for stream in (self.process.stdin, self.process.stdout):
             try:
-                stream.close()
+                if stream is not None:
+                    stream.close()
             except OSError:
                 pass
         self.process = None
+
+
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    if stream is None:  # never: `_start` pipes both
+        raise OSError("the grading process has no pipe")
+    return stream
 
 
 if __name__ == "__main__":

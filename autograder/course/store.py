@@ -19,6 +19,9 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import os
+import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +30,9 @@ from autograder.course.roster import ASSIGNMENT
 from autograder.model import GradingRun
 
 RECORD_DIR = "results"
+# Every file a class run writes: the grader's user reads and writes, its group (TAs) reads, no one else.
+# The course folder itself is closed to other users too (`close_to_others`).
+COURSE_FILE_MODE = 0o640
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # What decides a score: the package's top-level modules (contract, rubric, model, ...) and these folders.
 # The class workflow (course/), the platform adapters (platforms/) and the authoring tools (authoring/)
@@ -120,6 +126,17 @@ class ClassInputs:
         }
 
 
+@dataclass(frozen=True)
+class ForcedRun:
+    """A forced regrade under way (`--force`, `make grade FORCE=1`): who it regrades, and the token each
+    of their runs records in inputs.json once regraded. Its file stays until every one of them has been,
+    so a forced run killed halfway is finished by the next run, forced or not."""
+
+    path: Path
+    token: str
+    students: tuple[str, ...]
+
+
 class Record:
     """`course/results/<student>/mha/`: read and written by student."""
 
@@ -167,17 +184,61 @@ class Record:
     def why_regrade(self, student: str, inputs: dict[str, str]) -> str | None:
         """None when the stored run is up to date and graded; else the reason to grade again."""
         run, stale = self._compare(student, inputs)
-        if stale is None and not run.graded:
+        if stale is None and run is not None and not run.graded:
             return "its last run could not grade"
         return stale
 
+    # -- forced regrades ----------------------------------------------------------------------------
+
+    def forced_runs(self) -> list[ForcedRun]:
+        """Every forced regrade not finished yet (one per shard that was forced, or the whole class)."""
+        runs = []
+        for path in sorted(self.root.glob(".forced*.json")):
+            try:
+                data = json.loads(path.read_text())
+                runs.append(ForcedRun(path, str(data["token"]), tuple(str(s) for s in data["students"])))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return runs
+
+    def start_forced(self, students: list[str]) -> ForcedRun:
+        """Record that `students` are being regraded by force (each forced run has a file of its own)."""
+        token = secrets.token_hex(8)
+        run = ForcedRun(self.root / f".forced-{token}.json", token, tuple(students))
+        write_text_atomically(
+            run.path, json.dumps({"token": run.token, "students": run.students}) + "\n", COURSE_FILE_MODE
+        )
+        return run
+
+    def still_forced(self, run: ForcedRun, submitted: set[str]) -> list[str]:
+        """The students of a forced regrade not regraded by it yet (of those who still have a submission)."""
+        return [s for s in run.students if s in submitted and (self.inputs(s) or {}).get("forced") != run.token]
+
     def save_inputs(self, student: str, inputs: dict[str, str]):
-        write_text_atomically(self.inputs_path(student), json.dumps(inputs, indent=2, sort_keys=True) + "\n")
+        write_text_atomically(
+            self.inputs_path(student), json.dumps(inputs, indent=2, sort_keys=True) + "\n", COURSE_FILE_MODE
+        )
 
     def save_run(self, student: str, run: GradingRun):
         write_text_atomically(
-            self.results_path(student), json.dumps(run.to_gradescope(), indent=2, ensure_ascii=False) + "\n"
+            self.results_path(student),
+            json.dumps(run.to_gradescope(), indent=2, ensure_ascii=False) + "\n",
+            COURSE_FILE_MODE,
         )
+
+
+def close_to_others(course: Path) -> bool:
+    """Close the course folder to other users (`chmod o-rwx`, group kept) when it is ours and open: a
+    worker under process isolation runs as another uid, and must not read classmates' submissions,
+    results.json (hidden checks' messages) or the gradebook. True when it was changed."""
+    try:
+        info = os.stat(course)
+        if info.st_uid != os.geteuid() or not info.st_mode & 0o007:
+            return False
+        os.chmod(course, stat.S_IMODE(info.st_mode) & ~0o007)
+    except OSError:
+        return False
+    return True
 
 
 def read_run(path: Path) -> GradingRun | None:

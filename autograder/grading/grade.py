@@ -21,6 +21,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 import pytest
 import torch
@@ -33,10 +35,10 @@ from autograder.grading.checks.harness import Submission, new_run_seed
 from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.report import print_summary
 from autograder.grading.scoring import score
-from autograder.model import CANNOT_GRADE, GRADED, CellProblem, GradingRun, LoadReport
+from autograder.model import CANNOT_GRADE, GRADED, GradingRun, LoadReport
 from autograder.rubric import Rubric, RubricError, load_rubric
 from autograder.sandbox import machine, protocol
-from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
+from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
 
 CHECKS_DIR = Path(__file__).with_name("checks")
 EXIT_GRADED, EXIT_CHECKS_FAILED, EXIT_CANNOT_GRADE = 0, 1, 2
@@ -56,6 +58,7 @@ class Options:
     isolation: str = "auto"
     seed: int | None = None
     parts: tuple[str, ...] | None = None  # grade only these parts (None: all)
+    checks: tuple[str, ...] | None = None  # run only these checks, "module::function[case]" (explain; None: all)
     keep_timing_workers: bool = False  # a long-lived grading process keeps the reference's timing workers
 
 
@@ -72,7 +75,7 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def read_submission(path: Path) -> tuple[list[tuple[int, int, str]], str | None]:
+def read_submission(path: Path) -> tuple[list[WireCell], str | None]:
     """The file's code cells as [number, first line, source], or no cells and why the file cannot be
     loaded (the student's problem: graded, 0 points). A path that is not a submission file at all
     (missing, a directory) cannot be graded."""
@@ -82,7 +85,7 @@ def read_submission(path: Path) -> tuple[list[tuple[int, int, str]], str | None]
         return [], str(exc)
     except reader.NotASubmission as exc:
         raise CannotGrade(str(exc)) from None
-    return [tuple(cell) for cell in cells], None
+    return [(cell.number, cell.line, cell.source) for cell in cells], None
 
 
 def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) -> WorkerConfig:
@@ -91,6 +94,7 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
         memory_bytes=int(rubric.limit("memory_gib") * (1 << 30)),
         load_seconds=rubric.limit("load_seconds"),
         cell_seconds=rubric.limit("cell_seconds"),
+        later_cell_seconds=rubric.limit("later_cell_seconds"),
         request_seconds=rubric.limit("request_seconds"),
         hung_request_seconds=rubric.limit("hung_request_seconds"),
         submission_seconds=rubric.limit("submission_seconds"),
@@ -102,7 +106,7 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
         isolation=isolation,
         hide=hide,
         threads=int(rubric.limit("worker_threads")),
-        limits=protocol.Limits(blob_bytes=int(rubric.limit("reply_mib") * (1 << 20))),
+        limits=protocol.FrameLimits(blob_bytes=int(rubric.limit("reply_mib") * (1 << 20))),
         contract=CONTRACT_NAMES,
     )
 
@@ -113,10 +117,11 @@ def run_checks(
     visible_only: bool,
     verbose: bool = False,
     parts: tuple[str, ...] | None = None,
+    checks: tuple[str, ...] | None = None,
 ) -> ResultsPlugin:
     """Run the pytest checks in this (trusted) process, with the grader's own configuration only."""
     timeout = rubric.limit("check_seconds") + rubric.limit("request_seconds") + 30
-    plugin = ResultsPlugin(rubric, visible_only, parts)
+    plugin = ResultsPlugin(rubric, visible_only, parts, checks)
     args = [
         str(CHECKS_DIR),
         "-c",
@@ -157,7 +162,7 @@ def run_checks(
     return plugin
 
 
-def start_worker(cells, filename: str, config: WorkerConfig, options: Options) -> Worker:
+def start_worker(cells: list[WireCell], filename: str, config: WorkerConfig, options: Options) -> Worker:
     """The submission's worker. Without any sandbox on this machine, `grade` refuses unless process
     isolation was asked for explicitly; `check` (a student running the visible checks on their own
     code) goes on without one, and says so."""
@@ -186,13 +191,13 @@ def resources(worker: Worker) -> dict[str, float]:
 
 def load_report(worker: Worker, problem: str | None) -> LoadReport:
     report = worker.load_report
-    cells = [CellProblem(e.cell, e.type, e.message, e.timed_out) for e in report.errors] if report else []
+    cells = list(report.errors) if report else []
     return LoadReport(
         problem=problem or worker.load_failure, cells=cells, defined=dict(report.defined) if report else {}
     )
 
 
-def write_results(out: Path, run: GradingRun):
+def write_results(out: Path, run: GradingRun) -> None:
     """results.json, atomically (a temp file renamed over the old one), readable by feedback tools."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -253,7 +258,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         context.timing_workers = start(worker.config)
     plugin = None
     try:
-        plugin = run_checks(context, rubric, options.visible_only, parts=options.parts)
+        plugin = run_checks(context, rubric, options.visible_only, parts=options.parts, checks=options.checks)
     finally:
         worker.close()  # every process of the submission is gone before anything is written
         for timing_worker in context.timing_workers.values():
@@ -294,7 +299,7 @@ class Stopped(KeyboardInterrupt):
 _stopped: list[int] = []  # the signal that stopped this process, once one has
 
 
-def _stop(signum, frame):
+def _stop(signum: int, frame: FrameType | None) -> NoReturn:
     _stopped.append(signum)
     raise Stopped()
 

@@ -6,20 +6,21 @@ of its points (the speed part) says how much with `request.node.user_properties.
 f between 0 and 1, before it fails. Which checks exist is
 the checks' business, how outcomes become points is `scoring.score`'s.
 
-Only a check's own failure (`harness.fail`, i.e. `pytest.fail`) counts against the submission. Any
-other exception in a check, in its setup or teardown, or pytest-timeout stopping a check, is the
-grader's fault: it is recorded in `grader_errors`, and the run cannot grade.
+Only a check's own failure (`harness.fail`, i.e. `pytest.fail`, or `NotScored`) counts against the
+submission. Any other exception in a check, in its setup or teardown, or pytest-timeout stopping a check,
+is the grader's fault: it is recorded in `grader_errors`, and the run cannot grade.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
 
 from autograder.grading.scoring import Outcome
-from autograder.model import FAILED, GRADER, PASSED, WORKER
+from autograder.model import FAILED, GRADER, NOT_SCORED, PASSED, WORKER
 from autograder.rubric import Rubric, RubricError
 
 # How pytest-timeout fails a test (its whole message; no message of a check's own looks like it)
@@ -30,7 +31,25 @@ PYTEST_TIMEOUT = re.compile(r"Timeout \(>[0-9.]+s\) from pytest-timeout\.")
 def check_key(item: pytest.Item) -> str:
     """The rubric's key for a check: "<module without test_>::<function>", e.g. "mha::test_values"."""
     module = Path(str(item.fspath)).stem.removeprefix("test_")
-    return f"{module}::{item.originalname}"
+    return f"{module}::{_function_name(item)}"
+
+
+def _function_name(item: pytest.Item) -> str:
+    """The check function's name, without its parameters' ids."""
+    name: str = getattr(item, "originalname", item.name)
+    return name
+
+
+class NotScored(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # pytest's Failed
+    """A check that earns nothing because something it rests on is wrong, and accuses nothing of its own:
+    a property of a wrong output, speed before the values are right. With a `cause` (a problem many checks
+    share, such as a constructor the grader cannot load weights into), the first check in the results that
+    meets it fails with the whole message and the others are not scored, pointing to it
+    (`scoring.name_once`)."""
+
+    def __init__(self, message: str, cause: str = ""):
+        super().__init__(message, pytrace=False)
+        self.cause = cause
 
 
 MESSAGE_CHARS = 2500  # one check's message in results.json: every check failing at once stays small
@@ -43,23 +62,30 @@ def _bounded(message: str) -> str:
 
 
 class ResultsPlugin:
-    def __init__(self, rubric: Rubric, visible_only: bool, parts: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        rubric: Rubric,
+        visible_only: bool,
+        parts: tuple[str, ...] | None = None,
+        checks: tuple[str, ...] | None = None,
+    ):
         self.rubric, self.visible_only = rubric, visible_only
         self.parts = parts  # only these parts' checks run (None: every part)
+        self.checks = checks  # only these checks run: "module::function", or with one case "...[case]" (None: all)
         self.outcomes: dict[str, Outcome] = {}
         self.grader_errors: list[str] = []
 
-    def pytest_configure(self, config):
+    def pytest_configure(self, config: pytest.Config) -> None:
         config.addinivalue_line("markers", "part(id): the rubric part a check belongs to")
         config.addinivalue_line("markers", "evidence(who): 'worker' when a check rests on what the worker reports")
 
-    def pytest_collectreport(self, report):
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.grader_errors.append(
                 f"the check module {report.nodeid} could not be collected:\n{report.longreprtext[-2000:]}"
             )
 
-    def pytest_collection_modifyitems(self, config, items):
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         if not self.grader_errors:
             try:
                 self.rubric.check_test_keys({check_key(i) for i in items})
@@ -70,6 +96,7 @@ class ResultsPlugin:
             for i in items
             if (not self.visible_only or self.rubric.visibility(check_key(i)) == "visible")
             and (self.parts is None or part_of(i) in self.parts)
+            and (self.checks is None or selected(i, self.checks))
         ]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
@@ -79,27 +106,31 @@ class ResultsPlugin:
                 self.grader_errors.append(f"{item.nodeid}: no @pytest.mark.part(...) naming a part of the rubric")
                 continue
             evidence = item.get_closest_marker("evidence")
-            doc = (item.function.__doc__ or item.originalname).strip().splitlines()[0]
+            function = getattr(item, "function", None)
+            doc = (getattr(function, "__doc__", None) or _function_name(item)).strip().splitlines()[0]
             param = getattr(item, "callspec", None)
             self.outcomes[item.nodeid] = Outcome(
                 key=check_key(item),
                 part=part,
-                name=f"{doc} [{param.id}]" if param else doc,
+                name=doc,
                 evidence=WORKER if evidence and evidence.args[0] == WORKER else GRADER,
+                case=param.id if param else "",
             )
         if self.grader_errors:
             items[:] = []
 
     @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item, call):
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
         yield
         outcome = self.outcomes.get(item.nodeid)
         if outcome is None:
             return
         if call.when == "call":
             credits = [value for name, value in item.user_properties if name == CREDIT]
-            if credits:
+            if credits and isinstance(credits[-1], (int, float)):
                 outcome.credit = min(1.0, max(0.0, float(credits[-1])))
+            elif credits:
+                self.grader_errors.append(f"{item.nodeid}: a credit that is not a number: {credits[-1]!r:.100}")
         excinfo = call.excinfo
         if excinfo is None:
             if call.when == "call" and outcome.status is None:
@@ -107,7 +138,9 @@ class ResultsPlugin:
             return
         error = excinfo.value
         if isinstance(error, pytest.fail.Exception) and not PYTEST_TIMEOUT.fullmatch(str(error.msg)):
-            outcome.status = FAILED
+            cause = getattr(error, "cause", "")
+            outcome.status = NOT_SCORED if isinstance(error, NotScored) and not cause else FAILED
+            outcome.cause = cause
             outcome.message = outcome.message or _bounded(str(error.msg))
             return
         # anything else is the grader's own trouble, never the student's
@@ -117,6 +150,13 @@ class ResultsPlugin:
         self.grader_errors.append(f"{where}: {excinfo.typename}: {str(error)[:500]}\n{text}")
 
 
+def selected(item: pytest.Item, checks: tuple[str, ...]) -> bool:
+    """Whether a check, or this case of it, is one of `checks` ("module::function" or "module::function[case]")."""
+    key, param = check_key(item), getattr(item, "callspec", None)
+    return key in checks or (param is not None and f"{key}[{param.id}]" in checks)
+
+
 def part_of(item: pytest.Item) -> str | None:
     marker = item.get_closest_marker("part")
-    return marker.args[0] if marker and marker.args else None
+    part: str | None = marker.args[0] if marker and marker.args else None
+    return part

@@ -9,7 +9,7 @@ from rich.table import Table
 from autograder.model import GradingRun
 
 
-def print_summary(run: GradingRun, visible_only: bool = False, console: Console | None = None):
+def print_summary(run: GradingRun, visible_only: bool = False, console: Console | None = None) -> None:
     console = console or Console(highlight=False)
     table = Table(title="Visible checks" if visible_only else "Score by part", show_lines=False)
     table.add_column("part")

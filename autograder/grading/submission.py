@@ -63,16 +63,25 @@ class NotASubmission(OSError):
     """The path given to the grader is not a readable submission file; nothing can be graded."""
 
 
+def submission_suffix(name: str) -> str | None:
+    """What kind of submission a file's name says it is: ".py" or ".ipynb", whatever the case of its
+    suffix (`MHA.PY` is a .py file), else None. The one file-name rule: the class roster, the platform
+    adapters and this reader all use it."""
+    suffix = os.path.splitext(name)[1].lower()
+    return suffix if suffix in SUFFIXES else None
+
+
 def read_cells(path: Path) -> list[Cell]:
     """The code cells of the submission at `path`, magics neutralised."""
     path = Path(path)
     data = _read_bytes(path)
-    if path.suffix not in SUFFIXES:
+    kind = submission_suffix(path.name)
+    if kind is None:
         raise SubmissionFormatError(f"{path.name}: a submission is a .py or .ipynb file")
     if not data.strip():
         raise SubmissionFormatError(f"{path.name} is empty" + (" (only whitespace)" if data else ""))
     text = _decode(data, path.name)
-    cells = notebook_cells(text, path.name) if path.suffix == ".ipynb" else python_cells(text)
+    cells = notebook_cells(text, path.name) if kind == ".ipynb" else python_cells(text)
     if not any(_has_code(cell.source) for cell in cells):
         raise SubmissionFormatError(
             f"{path.name} has no code (only blank lines, comments or markdown): there is nothing to grade"
@@ -126,7 +135,7 @@ def _read_bytes(path: Path) -> bytes:
     finally:
         os.close(fd)
     if size > MAX_BYTES:
-        hint = " Clear the notebook's outputs before saving it." if path.suffix == ".ipynb" else ""
+        hint = " Clear the notebook's outputs before saving it." if submission_suffix(path.name) == ".ipynb" else ""
         raise SubmissionFormatError(f"{path.name} is over the size limit of {MAX_BYTES:,} bytes.{hint}")
     return b"".join(chunks)
 
@@ -155,7 +164,7 @@ def _has_code(source: str) -> bool:
     return any(line.strip() and not line.lstrip().startswith("#") for line in source.split("\n"))
 
 
-def _quote(value) -> str:
+def _quote(value: object) -> str:
     text = repr(value)
     return text if len(text) <= MAX_DETAIL else text[:MAX_DETAIL] + "..."
 
@@ -188,7 +197,11 @@ def notebook_cells(text: str, name: str = "notebook") -> list[Cell]:
         with warnings.catch_warnings():  # a missing cell id is only a warning, and Jupyter accepts it
             warnings.simplefilter("ignore")
             nbformat.validate(data)
-        notebook = nbformat.convert(nbformat.from_dict(data), 4) if version != 4 else data
+        notebook = (
+            nbformat.convert(nbformat.from_dict(data), 4)  # type: ignore[no-untyped-call]  # nbformat has no types
+            if version != 4
+            else data
+        )
     except nbformat.ValidationError as exc:
         raise SubmissionFormatError(f"{name} is not a valid Jupyter notebook: {_where(exc)}") from None
     except Exception as exc:  # nbformat raises several kinds for a version it does not know
@@ -207,7 +220,7 @@ def notebook_cells(text: str, name: str = "notebook") -> list[Cell]:
     return cells
 
 
-def _cell_text(source, number: int, name: str) -> str:
+def _cell_text(source: object, number: int, name: str) -> str:
     """A cell's source as one string (the schema allows a string or a list of strings)."""
     if isinstance(source, list) and all(isinstance(part, str) for part in source):
         source = "".join(source)
@@ -224,7 +237,7 @@ def _cell_text(source, number: int, name: str) -> str:
     return source
 
 
-def _where(error) -> str:
+def _where(error: Exception) -> str:
     """A validation error as 'cell 3, source: <message>', short."""
     path = list(getattr(error, "absolute_path", None) or getattr(error, "path", None) or [])
     place = []
@@ -253,7 +266,8 @@ def python_cells(text: str) -> list[Cell]:
             spans.append((0, stop, ""))
     for k, start in enumerate(markers):
         stop = markers[k + 1] if k + 1 < len(markers) else len(lines)
-        spans.append((start + 1, stop, _CELL_MARKER.match(lines[start]).group(1)))
+        marker = _CELL_MARKER.match(lines[start])
+        spans.append((start + 1, stop, marker.group(1) if marker else ""))
     cells = []
     for number, (start, stop, header) in enumerate(spans, start=1):
         if any(tag in header for tag in _NOT_CODE):

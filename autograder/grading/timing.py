@@ -48,13 +48,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
 from autograder.grading import submission as reader
 from autograder.rubric import SpeedSettings
-from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
-from autograder.sandbox.launcher import thread_schedstats
+from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
 
 REFERENCE_SOURCE = Path(__file__).resolve().parents[2] / "reference" / "mha.py"
 WRAPPER, REFERENCE, SUBMISSION = "wrapper", "reference", "submission"
@@ -83,7 +83,7 @@ class BackgroundWorker:
     The starting thread lives until `close()`: the worker asks the kernel to kill it when the thread that
     started it ends (PR_SET_PDEATHSIG belongs to the thread, not the process)."""
 
-    def __init__(self, cells, filename: str, config: WorkerConfig):
+    def __init__(self, cells: list[WireCell], filename: str, config: WorkerConfig):
         self.worker = Worker(cells, filename, config)
         self.kept = False  # one of a grading process's kept workers (`kept_trusted_workers`)
         self.error: str | None = None
@@ -92,7 +92,7 @@ class BackgroundWorker:
         self.thread = threading.Thread(target=self._start, name=f"timing-worker-{filename}", daemon=True)
         self.thread.start()
 
-    def _start(self):
+    def _start(self) -> None:
         try:
             loaded = self.worker.start()
             if loaded.errors:
@@ -122,7 +122,7 @@ class BackgroundWorker:
             return False
         return True
 
-    def close(self):
+    def close(self) -> None:
         self.started.wait()
         self.worker.close()
         self.closing.set()
@@ -148,7 +148,15 @@ def start_trusted_workers(config: WorkerConfig) -> dict[str, BackgroundWorker]:
     }
 
 
-_kept: dict = {"config": None, "workers": {}}  # this process's kept trusted workers, and their settings
+@dataclass
+class _Kept:
+    """This process's kept trusted workers, and the settings they were started for."""
+
+    config: WorkerConfig | None = None
+    workers: dict[str, BackgroundWorker] = field(default_factory=dict)
+
+
+_kept = _Kept()
 _kept_lock = threading.Lock()
 
 
@@ -160,23 +168,23 @@ def kept_trusted_workers(config: WorkerConfig) -> dict[str, BackgroundWorker]:
     worker leaves closing it to `forget_trusted_workers`."""
     wanted = trusted_config(config)
     with _kept_lock:
-        workers = _kept["workers"]
-        if not (workers and _kept["config"] == wanted and all(w.healthy() for w in workers.values())):
+        workers = _kept.workers
+        if not (workers and _kept.config == wanted and all(w.healthy() for w in workers.values())):
             for worker in workers.values():
                 worker.close()
             workers = start_trusted_workers(config)
             for worker in workers.values():
                 worker.kept = True
-            _kept.update(config=wanted, workers=workers)
+            _kept.config, _kept.workers = wanted, workers
         return dict(workers)
 
 
-def forget_trusted_workers():
+def forget_trusted_workers() -> None:
     """Close this process's kept trusted workers (after any trouble in a grading, and when the process ends)."""
     with _kept_lock:
-        for worker in _kept["workers"].values():
+        for worker in _kept.workers.values():
             worker.close()
-        _kept.update(config=None, workers={})
+        _kept.config, _kept.workers = None, {}
 
 
 atexit.register(forget_trusted_workers)
@@ -200,6 +208,19 @@ def reference_cells(path: Path = REFERENCE_SOURCE) -> list[tuple[int, int, str]]
 # -- what is timed -------------------------------------------------------------------------------------------
 
 
+class Timed(Protocol):
+    """What timing needs of a worker (`client.Worker` has it): to stop and resume every process it started,
+    their CPU time, and the nanoseconds each of their live threads waited for a CPU, by thread id."""
+
+    def suspend(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def cpu_seconds(self) -> float: ...
+
+    def thread_waits(self) -> dict[int, int]: ...
+
+
 @dataclass
 class Target:
     """One module to time. `run(seeds, timeout)` sends one `forward_many` request and returns its answers
@@ -207,8 +228,8 @@ class Target:
     forwards it runs per round (the wrapper, many times slower, needs fewer to be timed as well)."""
 
     name: str
-    worker: Worker  # or anything with suspend(), resume() and cpu_seconds()
-    run: Callable[[list[int], float], list]
+    worker: Timed
+    run: Callable[[list[int], float], list[torch.Tensor]]
     calls: int
 
 
@@ -228,23 +249,23 @@ class Measurement:
 class Stage:
     """Lets one worker run at a time: every other one is stopped, with all its processes."""
 
-    def __init__(self, workers):
+    def __init__(self, workers: list[Timed]):
         self.workers = list({id(w): w for w in workers}.values())
-        self.running = None
+        self.running: Timed | None = None
 
-    def __enter__(self):
+    def __enter__(self) -> Stage:
         for worker in self.workers:
             worker.suspend()
         return self
 
-    def run(self, worker):
+    def run(self, worker: Timed) -> None:
         if self.running is not worker:
             if self.running is not None:
                 self.running.suspend()
             worker.resume()
             self.running = worker
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for worker in self.workers:
             worker.resume()
 
@@ -257,20 +278,9 @@ def charge(wall: float, cpu: float, wait: float, threads: int) -> float:
     return max(cpu / threads, wall - wait)
 
 
-def task_waits(worker) -> dict[int, int]:
-    """Nanoseconds each live thread of the worker has spent ready to run but waiting for a CPU (the second
-    field of /proc/PID/task/TID/schedstat), by thread id."""
-    process = getattr(worker, "process", None)
-    return {
-        tid: waited
-        for pid in (process.pids() if process is not None else ())
-        for tid, (_ran, waited) in thread_schedstats(pid).items()
-    }
-
-
 def waited(before: dict[int, int], after: dict[int, int]) -> float:
-    """Seconds waited for a CPU between two `task_waits`, by the threads alive at both (a thread that ended
-    takes its waits with it, which can only raise the charge)."""
+    """Seconds waited for a CPU between two of a worker's `thread_waits()`, by the threads alive at both (a
+    thread that ended takes its waits with it, which can only raise the charge)."""
     return sum(after[tid] - before[tid] for tid in after.keys() & before.keys()) / 1e9
 
 
@@ -278,7 +288,7 @@ def measure(
     targets: list[Target],
     settings: SpeedSettings,
     seeds: Iterator[int],
-    verify: Callable[[dict[str, list]], None],
+    verify: Callable[[dict[str, list[torch.Tensor]]], None],
     request_seconds: float,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Measurement:
@@ -290,9 +300,13 @@ def measure(
     by_name = {t.name: t for t in targets}
     names = [t.name for t in targets]
     warm: dict[str, list[float]] = {name: [] for name in names}
-    result = Measurement(*({name: [] for name in names} for _ in range(4)), warmup=warm)
 
-    def one_round(order: list[str], counted: bool):
+    def per_target() -> dict[str, list[float]]:
+        return {name: [] for name in names}
+
+    result = Measurement(per_target(), per_target(), per_target(), per_target(), warmup=warm)
+
+    def one_round(order: list[str], counted: bool) -> None:
         round_seeds = [next(seeds) for _ in range(max(t.calls for t in targets))]
         answers = {}
         for name in order:
@@ -303,11 +317,11 @@ def measure(
                 # far beyond what could still earn anything: stop waiting (a sleeping or hanging forward)
                 slowest = max(result.walls[REFERENCE] or warm[REFERENCE]) * target.calls
                 timeout = min(request_seconds, 1.0 + 2 * slowest / settings.give_up_below)
-            cpu_before, waits_before = target.worker.cpu_seconds(), task_waits(target.worker)
+            cpu_before, waits_before = target.worker.cpu_seconds(), target.worker.thread_waits()
             start = clock()
             answers[name] = target.run(round_seeds[: target.calls], timeout)
             wall = clock() - start
-            cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, task_waits(target.worker))
+            cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, target.worker.thread_waits())
             charged = charge(wall, cpu, wait, settings.threads) / target.calls
             if counted:
                 for into, value in (
@@ -329,8 +343,11 @@ def measure(
             if best < settings.give_up_below:
                 raise TooSlow(
                     f"your forward took {min(warm[SUBMISSION]) * 1e3:.3g} ms per call at best, the reference's "
-                    f"{max(warm[REFERENCE]) * 1e3:.3g} ms at worst in the same run: more than {1 / settings.give_up_below:.3g} times "
-                    "slower, so the measured rounds were not run"
+                    f"{max(warm[REFERENCE]) * 1e3:.3g} ms at worst in the same run: even so, yours runs at {best:.2f} "
+                    f"of the reference's speed, and the speed points start above {settings.no_credit_at:g} of it. "
+                    f"A forward below {settings.give_up_below:g} after the warm-up rounds (more than "
+                    f"{1 / settings.give_up_below:.3g} times slower than the reference) cannot get there, so the "
+                    "measured rounds were not run"
                 )
         for index in range(settings.rounds):
             one_round(round_order(names, index), counted=True)
@@ -344,7 +361,7 @@ def round_order(names: list[str], index: int) -> list[str]:
     return [first] + (rest if index % 2 == 0 else rest[::-1])
 
 
-def check_probes(mine, expected, rtol: float, atol: float, sigmas: float, features: int):
+def check_probes(mine: object, expected: torch.Tensor, rtol: float, atol: float, sigmas: float, features: int) -> None:
     """Compare one timed call's answer (per token: sum y*R, sum |y|, sum y*y over the output's features,
     R standard normal) with the reference's for the same seed. For an output y' = y + e, the first column
     differs by sum e*R, normal with standard deviation sqrt(sum e^2); an output within the dtype's tolerance
@@ -389,7 +406,7 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
-def summarize(measurement: Measurement) -> dict:
+def summarize(measurement: Measurement) -> dict[str, Any]:
     """The figures of one workload: median times, per-round speedups over the wrapper, the submission's
     speedup as a fraction of the reference's (`relative`, the median of the per-round ratios) and its
     spread. Times are charged times (`charge`); the wall, CPU and waiting times are kept beside them."""

@@ -2,12 +2,20 @@
 
     python -m autograder.platforms.classroom SUBMISSION_DIR --out results.json >> "$GITHUB_OUTPUT"
 
-finds the submission in the student's checkout (the same rule as Gradescope's: `mha.ipynb` or `mha.py`,
-else the one notebook or .py file), grades it exactly as `python -m autograder grade` does, writes
-results.json, and prints `result=<base64 JSON>`: the runner result that GitHub Classroom's grading
+finds the submission in the student's checkout and grades it into results.json exactly as
+Gradescope's adapter does (`platforms.folder.grade_folder`: `mha.ipynb` or `mha.py`, else the one
+notebook or .py file, never through a link out of the checkout), and prints `result=<base64 JSON>`: the runner result that GitHub Classroom's grading
 reporter (`classroom-resources/autograding-grading-reporter`) reads from the environment and turns
 into the check run's "Points X/Y", which is what Classroom records. One test per part, with the
 part's score, so students see where their points went.
+
+Points in hundredths (`SCALE`): the reporter (v1) adds the tests' scores as JavaScript numbers and
+prints the sum in its "Points X/Y" notice, so 87.14 of 100 made of parts such as 17.14 can come out as
+87.13999999999999, and Classroom has only ever been sent whole points ("Points 87/100"). Its log's
+table and "Total points" line count passed tests instead (for 87.14 with 6 of 8 parts passed it shows
+75/100). So every score in the runner result is a whole number of hundredths of a point: Classroom
+records "Points 8714/10000" for 87.14 of 100, exactly our fraction, and the parts add up to the
+total exactly. This runner prints the score in points to the log itself.
 
 The workflow that runs it is `deploy/github-classroom/.github/workflows/classroom.yml` (documented in
 docs/github-classroom.md): it checks the grader out of the instructor's private repository with a
@@ -19,17 +27,30 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from autograder.model import GradingRun
+from autograder.platforms.folder import grade_folder
+
+SCALE = 100  # Classroom's points are hundredths of ours: whole numbers, with nothing rounded away
+
+
+def scaled_part_scores(run: GradingRun) -> list[int]:
+    """Each part's score in hundredths, adding up exactly to the run's score in hundredths (a part's
+    rounding is given back to the largest part)."""
+    parts = run.parts()
+    scaled = [round(part.score * SCALE) for part in parts]
+    if scaled:
+        largest = max(range(len(parts)), key=lambda i: parts[i].score)
+        scaled[largest] += round(run.score * SCALE) - sum(scaled)
+    return scaled
 
 
 def runner_result(run: GradingRun) -> dict:
-    """The grading reporter's runner result: status, max_score, and one test per part with its score."""
+    """The grading reporter's runner result: status, max_score, and one test per part with its score,
+    all in hundredths of a point (`SCALE`). A run that could not grade reports no points at all (the
+    reporter then records nothing in Classroom: never a zero that is the grader's fault)."""
     if not run.graded:
         return {
             "version": 1,
@@ -47,7 +68,7 @@ def runner_result(run: GradingRun) -> dict:
             ],
         }
     tests = []
-    for part in run.parts():
+    for part, points in zip(run.parts(), scaled_part_scores(run)):
         failure = part.first_failure
         message = (
             ""
@@ -56,16 +77,16 @@ def runner_result(run: GradingRun) -> dict:
         )
         tests.append(
             {
-                "name": part.title,
+                "name": f"{part.title}: {part.score:g} of {part.max_score:g} points",
                 "status": "pass" if failure is None else "fail",
-                "score": part.score,
+                "score": points,
                 "message": message,
                 "line_no": 0,
                 "execution_time": "",
             }
         )
     status = "pass" if all(t["status"] == "pass" for t in tests) else "fail"
-    return {"version": 1, "status": status, "max_score": run.max_score, "tests": tests}
+    return {"version": 1, "status": status, "max_score": round(run.max_score * SCALE), "tests": tests}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,32 +98,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     args = parser.parse_args(argv)
 
-    from autograder.grading.grade import Options, grade_submission, write_results
-    from autograder.model import CANNOT_GRADE
-    from autograder.platforms.gradescope import find_submission
-
-    file, note = find_submission(args.submission)
-    if file is None:
-        run = GradingRun(status=CANNOT_GRADE, submission="", reason=note)
-    else:
-        with tempfile.TemporaryDirectory(prefix="mha-classroom-") as work:  # the worker never sees the checkout
-            copy = Path(work) / f"mha{file.suffix}"
-            shutil.copyfile(file, copy)
-            run = grade_submission(
-                copy,
-                Options(
-                    device=args.device,
-                    out=args.out,
-                    quiet=True,
-                    isolation=os.environ.get("AUTOGRADER_ISOLATION", "auto"),
-                ),
-            )
-        if note:
-            run.events.insert(0, note)
-    write_results(args.out, run)
+    run = grade_folder(args.submission, args.out, device=args.device)
     encoded = base64.b64encode(json.dumps(runner_result(run)).encode()).decode()
     print(f"result={encoded}")
-    print(f"{run.score:g} / {run.max_score:g}" if run.graded else f"could not grade: {run.reason}", file=sys.stderr)
+    if run.graded:
+        print(
+            f"Score: {run.score:g} of {run.max_score:g} points (Classroom shows it in hundredths: "
+            f"Points {round(run.score * SCALE)}/{round(run.max_score * SCALE)})",
+            file=sys.stderr,
+        )
+    else:
+        print(f"cannot grade: {run.reason}", file=sys.stderr)
     return 0
 
 

@@ -8,14 +8,19 @@ makes a virtualenv with torch and exactly the locked dependencies, and closes th
 other users. For each submission it runs `run_autograder`, which runs
 `python -m autograder.platforms.gradescope run`:
 
-1. find the submission in `/autograder/submission/` (the same rule as `make grade`: `mha.ipynb` or
-   `mha.py`, else the one .ipynb/.py file, else the best of several, said in the output);
-2. grade it exactly as `python -m autograder grade` does: the trusted grader in this process, the
+1. write a placeholder `/autograder/results/results.json` ("grading did not finish"), so a grader
+   killed for memory or time leaves one;
+2. find the submission in `/autograder/submission/` (the same rule as `make grade`: `mha.ipynb` or
+   `mha.py`, else the one .ipynb/.py file, else the best of several, said in the output), never
+   through a link out of that folder, and copy it out of the student's reach;
+3. grade it exactly as `python -m autograder grade` does: the trusted grader in this process, the
    student's code in a fresh worker, in the bubblewrap sandbox where the container allows it, else
    as a separate process; either way, under a root grader, as a fresh unprivileged uid (the
    sandbox's `launcher`), which cannot read the grader's source;
-3. write `/autograder/results/results.json` (Gradescope's format, always, also when nothing could be
+4. write `/autograder/results/results.json` (Gradescope's format, always, also when nothing could be
    graded).
+
+Steps 1 to 4 are `platforms.folder.grade_folder`, which GitHub Classroom's adapter runs as well.
 
 Every path comes from `--root` (default `$AUTOGRADER_ROOT`, else `/autograder`), so the same script
 runs against a fake tree in a test.
@@ -25,13 +30,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from pathlib import Path
 
 from autograder.atomic import write_zip_atomically
 from autograder.authoring.release import ASSIGNMENT, default_root
-from autograder.course.roster import candidates_in, choose
+from autograder.platforms.folder import grade_folder
 
 ZIP_NAME = f"{ASSIGNMENT}-gradescope.zip"
 
@@ -69,54 +73,12 @@ def build_zip(out: Path, root: Path | None = None) -> Path:
     return archive
 
 
-def find_submission(folder: Path) -> tuple[Path | None, str]:
-    """The file to grade in Gradescope's submission folder, and a note when its name is not the usual."""
-    files = candidates_in(folder)
-    if not files:  # uploaded as a folder (or a GitHub repository): look one level deeper, then anywhere
-        files = sorted(
-            p
-            for p in folder.rglob("*")
-            if p.is_file()
-            and p.suffix in (".py", ".ipynb")
-            and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-        )
-    if not files:
-        return None, f"no {ASSIGNMENT}.ipynb or {ASSIGNMENT}.py was submitted"
-    if len(files) == 1:
-        file = files[0]
-        return file, "" if file.name in (f"{ASSIGNMENT}.ipynb", f"{ASSIGNMENT}.py") else f"Graded {file.name}."
-    file, why = choose(files)
-    return file, f"{len(files)} files were submitted: graded {file.relative_to(folder)} because {why}."
-
-
 def run(root: Path) -> int:
-    from autograder.grading.grade import Options, grade_submission, write_results
-    from autograder.model import CANNOT_GRADE, GradingRun
-
-    out = root / "results" / "results.json"
-    file, note = find_submission(root / "submission")
-    if file is None:
-        run = GradingRun(status=CANNOT_GRADE, submission="", reason=note)
-        write_results(out, run)
-        return 0
-    work = root / "work"  # the file graded, outside the submission folder (which the worker must not see)
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    copy = work / (f"{ASSIGNMENT}{file.suffix}" if file.suffix in (".py", ".ipynb") else file.name)
-    shutil.copyfile(file, copy)
-    run = grade_submission(
-        copy,
-        Options(
-            device=os.environ.get("AUTOGRADER_DEVICE", "auto"),
-            out=out,
-            quiet=True,
-            isolation=os.environ.get("AUTOGRADER_ISOLATION", "auto"),
-        ),
+    """Grade ROOT/submission/ into ROOT/results/results.json (`folder.grade_folder`); exit 0 whenever
+    results.json was written, as Gradescope expects."""
+    grade_folder(
+        root / "submission", root / "results" / "results.json", device=os.environ.get("AUTOGRADER_DEVICE", "auto")
     )
-    if note:
-        run.events.insert(0, note)
-    write_results(out, run)
     return 0
 
 

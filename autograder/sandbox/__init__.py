@@ -1,7 +1,10 @@
 """The trust boundary. Student code runs only in the worker process.
 
-Trusted, in the grader's process:  client.py (requests, deadlines, restarts), launcher.py (starting
-                                   the worker in its sandbox, holding its process tree)
+Trusted, in the grader's process:  client.py (requests, deadlines, restarts), launcher.py (a worker's
+                                   lifecycle: starting it in its sandbox, holding its process tree),
+                                   probe.py (what the machine offers, the isolation chosen), bwrap.py
+                                   (the namespace sandbox's allow list and command), procfs.py (process
+                                   control: find, stop, kill, reap, account), cgroups.py (control groups)
 Untrusted, inside the worker:      server.py (the request loop beside student code), jail.py (shuts
                                    the worker in before any student code runs)
 Both sides:                        protocol.py (standard library only: frames, values, typed replies)

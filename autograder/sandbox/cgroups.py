@@ -24,6 +24,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +34,7 @@ GROUP_NAME = re.compile(r"mha-worker-(\d+)-[0-9a-f]{8}")  # mha-worker-<the grad
 
 
 @dataclass
-class Limits:
+class ResourceLimits:
     memory_bytes: int | None
     processes: int | None  # processes and threads together
     cpus: float | None  # a CPU quota, in cores
@@ -41,7 +42,7 @@ class Limits:
 
 def _own_paths() -> dict[str, str]:
     """This process's cgroup in each hierarchy: {"memory": "/a/b", ..., "": "/x"} ("" is v2)."""
-    paths = {}
+    paths: dict[str, str] = {}
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -86,7 +87,7 @@ class WorkerGroup:
 
     # -- making and removing
     @classmethod
-    def create(cls, limits: Limits) -> WorkerGroup:
+    def create(cls, limits: ResourceLimits) -> WorkerGroup:
         _sweep()
         group = cls(f"mha-worker-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         own = _own_paths()
@@ -129,11 +130,15 @@ class WorkerGroup:
         group._apply(limits)
         return group
 
-    def _apply(self, limits: Limits):
+    def _apply(self, limits: ResourceLimits) -> None:
         v2 = self.dirs.get("v2")
+
+        def v2_set(controller: str, name: str, value: str) -> bool:
+            return v2 is not None and controller in self.v2_controllers and _write(v2 / name, value)
+
         if limits.memory_bytes:
-            if "memory" in self.v2_controllers and _write(v2 / "memory.max", str(limits.memory_bytes)):
-                _write(v2 / "memory.swap.max", "0")
+            if v2_set("memory", "memory.max", str(limits.memory_bytes)):
+                v2_set("memory", "memory.swap.max", "0")
                 self.limits_set["memory"] = f"{limits.memory_bytes / (1 << 30):g} GiB for all processes (cgroup v2)"
             elif "memory" in self.dirs and _write(
                 self.dirs["memory"] / "memory.limit_in_bytes", str(limits.memory_bytes)
@@ -141,14 +146,14 @@ class WorkerGroup:
                 _write(self.dirs["memory"] / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
                 self.limits_set["memory"] = f"{limits.memory_bytes / (1 << 30):g} GiB for all processes (cgroup v1)"
         if limits.processes:
-            if "pids" in self.v2_controllers and _write(v2 / "pids.max", str(limits.processes)):
+            if v2_set("pids", "pids.max", str(limits.processes)):
                 self.limits_set["processes"] = f"{limits.processes} processes and threads (cgroup v2)"
             elif "pids" in self.dirs and _write(self.dirs["pids"] / "pids.max", str(limits.processes)):
                 self.limits_set["processes"] = f"{limits.processes} processes and threads (cgroup v1)"
         if limits.cpus:
             period = 100_000
             quota = max(1000, int(limits.cpus * period))
-            if "cpu" in self.v2_controllers and _write(v2 / "cpu.max", f"{quota} {period}"):
+            if v2_set("cpu", "cpu.max", f"{quota} {period}"):
                 self.limits_set["cpu"] = f"{limits.cpus:g} cores, weighted like every other worker (cgroup v2)"
             elif (
                 "cpu" in self.dirs
@@ -167,7 +172,7 @@ class WorkerGroup:
     def can_kill(self) -> bool:
         return bool(self.dirs)
 
-    def attach_self(self):
+    def attach_self(self) -> None:
         """Move the calling process into every group (called in the child, between fork and exec)."""
         pid = str(os.getpid()).encode()
         for folder in dict.fromkeys(self.dirs.values()):
@@ -177,7 +182,7 @@ class WorkerGroup:
             finally:
                 os.close(fd)
 
-    def remove(self):
+    def remove(self) -> None:
         """Kill what is left and remove every group (a group with processes cannot be removed)."""
         self.kill()
         for folder in dict.fromkeys(self.dirs.values()):
@@ -216,7 +221,7 @@ class WorkerGroup:
         return False
 
     @staticmethod
-    def _wait_frozen(frozen: bool, is_frozen) -> bool:
+    def _wait_frozen(frozen: bool, is_frozen: Callable[[], bool]) -> bool:
         if not frozen:
             return True
         for _ in range(200):  # a few seconds at most; freezing takes microseconds unless tasks are in D state
@@ -260,7 +265,7 @@ class WorkerGroup:
                 return int(value)
         return 0
 
-    def kill(self):
+    def kill(self) -> None:
         """SIGKILL every process of the group, and wait until the group is empty."""
         if not self.dirs:
             return
@@ -287,7 +292,7 @@ class WorkerGroup:
             self.freeze(False)
         self._wait_empty()
 
-    def _wait_empty(self, seconds: float = 5.0):
+    def _wait_empty(self, seconds: float = 5.0) -> None:
         end = time.monotonic() + seconds
         while self.pids() and time.monotonic() < end:
             time.sleep(0.01)
@@ -306,7 +311,7 @@ def _parents() -> list[Path]:
     return found
 
 
-def _sweep():
+def _sweep() -> None:
     """Remove the groups of graders that were killed before they could (their worker died with them,
     but a process it started may not have): kill what is left in them, then remove them. Only groups
     named by this scheme whose grader's pid is not alive are touched."""

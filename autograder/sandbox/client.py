@@ -2,7 +2,7 @@
 
 `Worker` starts the worker (through `launcher`), loads the submission, sends requests and reads
 replies with deadlines, and kills and replaces the worker after a hang or a crash. Every reply is
-read within its deadline, bounded by `protocol.Limits` before anything is materialised, and checked
+read within its deadline, bounded by `protocol.FrameLimits` before anything is materialised, and checked
 against the protocol's schema; a reply that breaks it is the worker's fault (`WorkerCrashed`).
 Nothing from the worker is ever unpickled.
 
@@ -20,8 +20,9 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import IO, Any
 
-from autograder.sandbox import launcher, protocol
+from autograder.sandbox import launcher, probe, protocol
 from autograder.sandbox.protocol import Loaded, ProtocolError, Ready, StudentError
 
 
@@ -53,12 +54,46 @@ class BudgetSpent(WorkerTimeout):
     """The submission's whole time budget is used up."""
 
 
+@dataclass(frozen=True)
+class Deadline:
+    """When one request must be answered by (`end`, on `time.monotonic()`'s clock): `seconds` is what it
+    stands for; `by_budget` says the submission's whole time budget ends first, and then is what limits
+    it; `hint` is what to suggest to the student when it is overrun."""
+
+    end: float
+    seconds: float
+    by_budget: bool
+    hint: str = "an infinite loop?"
+
+    @classmethod
+    def within(cls, seconds: float, budget_end: float, hint: str = "an infinite loop?") -> Deadline:
+        """A deadline `seconds` from now, or at the budget's end when that comes first."""
+        now = time.monotonic()
+        if now + seconds <= budget_end:
+            return cls(now + seconds, seconds, False, hint)
+        return cls(budget_end, seconds, True, hint)
+
+    def left(self) -> float:
+        """Seconds left, never below zero."""
+        return max(0.0, self.end - time.monotonic())
+
+    def check(self, what: str, why: str | None = None) -> None:
+        """Raise once the deadline has passed: BudgetSpent when the submission's budget is what ended it,
+        else WorkerTimeout, saying `what` did not finish and `why` (else the deadline's hint)."""
+        if time.monotonic() < self.end:
+            return
+        if self.by_budget:
+            raise BudgetSpent(f"{what} was stopped: the time budget for the whole submission is used up")
+        raise WorkerTimeout(f"{what} did not finish within {self.seconds:g} s ({why or self.hint})")
+
+
 @dataclass
 class WorkerConfig:
     device: str = "cpu"
     memory_bytes: int | None = 4 << 30
     load_seconds: float = 60.0
     cell_seconds: float = 3.0
+    later_cell_seconds: float = 1.0  # each later cell, once one was stopped while loading
     request_seconds: float = 10.0
     hung_request_seconds: float | None = None  # once the submission is known to hang; None: request_seconds
     submission_seconds: float = 600.0
@@ -71,21 +106,21 @@ class WorkerConfig:
     isolation: str = "auto"  # "auto", "namespace" or "process"
     hide: list[str] = field(default_factory=list)
     threads: int = 1
-    limits: protocol.Limits = field(default_factory=protocol.Limits)
+    limits: protocol.FrameLimits = field(default_factory=protocol.FrameLimits)
     contract: tuple[str, ...] = ()
 
 
 class OutputCapture(threading.Thread):
     """Drains the worker's stdout/stderr so a flood cannot block it; keeps the first `limit` bytes."""
 
-    def __init__(self, stream, limit: int):
+    def __init__(self, stream: IO[bytes], limit: int):
         super().__init__(daemon=True)
         self.stream, self.limit = stream, limit
         self.head = bytearray()
         self.total = 0
 
-    def run(self):
-        while chunk := self.stream.read1(1 << 16):
+    def run(self) -> None:
+        while chunk := os.read(self.stream.fileno(), 1 << 16):
             self.total += len(chunk)
             room = self.limit - len(self.head)
             if room > 0:
@@ -98,15 +133,15 @@ class OutputCapture(threading.Thread):
         return text
 
 
-# Wire cells: [number, first line in the file, source]
-Cell = tuple[int, int, str]
+# Cells as they cross the wire: [number, first line in the file, source]
+WireCell = tuple[int, int, str]
 
 
 class Worker:
     """One submission's worker. `request()` restarts it after a crash or a timeout; a submission
     whose loading fails or hangs is not restarted again and again: its failure is remembered."""
 
-    def __init__(self, cells: list[Cell], filename: str, config: WorkerConfig):
+    def __init__(self, cells: list[WireCell], filename: str, config: WorkerConfig):
         self.cells, self.filename, self.config = [list(c) for c in cells], filename, config
         self.process: launcher.WorkerProcess | None = None
         self.capture: OutputCapture | None = None
@@ -119,18 +154,18 @@ class Worker:
         self.starts = 0
         self.events: list[str] = []
         self.outputs: list[str] = []
-        self.codec = None  # a protocol.TensorCodec, made on first use (torch is imported lazily)
-        self.in_force: dict[str, str] = {}  # what held the worker in (launcher.describe_isolation)
+        self.codec: protocol.TensorCodec | None = None  # made on first use (torch is imported lazily)
+        self.in_force: dict[str, str] = {}  # what held the worker in (probe.describe_isolation)
         self.cpu_spent = 0.0  # CPU seconds of workers already ended
         self.memory_peak: int | None = None  # the most memory the worker's processes used together
         try:
-            self.isolation = launcher.choose_isolation(config.isolation)
+            self.isolation = probe.choose_isolation(config.isolation)
         except (OSError, ValueError) as exc:
             raise WorkerError(str(exc)) from None
         self.budget_end = time.monotonic() + config.submission_seconds
 
     # -- lifecycle
-    def _spawn(self):
+    def _spawn(self) -> None:
         self.starts += 1
         self.process = launcher.launch(
             launcher.LaunchSettings(
@@ -147,7 +182,7 @@ class Worker:
             )
         )
         self.in_force = dict(self.process.in_force)
-        self.capture = OutputCapture(self.process.process.stdout, self.config.output_bytes)
+        self.capture = OutputCapture(self.process.output, self.config.output_bytes)
         self.capture.start()
 
     def start(self) -> Loaded:
@@ -173,6 +208,7 @@ class Worker:
                     "cells": self.cells,
                     "filename": self.filename,
                     "cell_seconds": self.config.cell_seconds,
+                    "later_cell_seconds": self.config.later_cell_seconds,
                     "skip": self.skipped_cells,
                 },
                 self._deadline(self.config.load_seconds),
@@ -206,7 +242,7 @@ class Worker:
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
 
-    def kill(self):
+    def kill(self) -> None:
         if self.process is None:
             return
         self.process.kill()
@@ -229,17 +265,22 @@ class Worker:
         return "\n".join(t for t in texts if t)
 
     # -- process control, for timing
-    def suspend(self):
+    def suspend(self) -> None:
         if self.process is not None:
             self.process.suspend()
 
-    def resume(self):
+    def resume(self) -> None:
         if self.process is not None:
             self.process.resume()
 
     def cpu_seconds(self) -> float:
         """CPU time of the running worker's processes (see `cpu_spent` for the ones already ended)."""
         return self.process.cpu_seconds() if self.process is not None else 0.0
+
+    def thread_waits(self) -> dict[int, int]:
+        """Nanoseconds each live thread of the running worker has spent ready to run but waiting for a CPU
+        (held by other processes), by thread id."""
+        return self.process.thread_waits() if self.process is not None else {}
 
     def _cpu_budget_left(self) -> bool:
         limit = self.config.submission_cpu_seconds
@@ -267,8 +308,8 @@ class Worker:
         target: str | None = None,
         overrun_hint: str = "an infinite loop?",
         timed: bool = False,
-        **args,
-    ):
+        **args: Any,
+    ) -> Any:
         """Send one request and return its decoded value. Raises SubmissionError when the student's code
         raised, WorkerTimeout / WorkerCrashed when the worker had to be killed (it is restarted next
         time), LoadFailed when the file cannot be loaded at all. A `timed` request (the speed part's) has
@@ -286,10 +327,10 @@ class Worker:
             )
         if target and target in self.hung:
             raise WorkerTimeout(self.hung[target])
-        limit = self.config.crashes_before_giving_up
-        if target and len(self.crashes.get(target, ())) >= limit:
+        tries = self.config.crashes_before_giving_up
+        if target and len(self.crashes.get(target, ())) >= tries:
             raise WorkerCrashed(
-                f"{self.crashes[target][-1]} (this happened {limit} times; not tried again in later checks)"
+                f"{self.crashes[target][-1]} (this happened {tries} times; not tried again in later checks)"
             )
         if not self.alive():
             self.start()
@@ -318,17 +359,12 @@ class Worker:
                 self.crashes.setdefault(target, []).append(str(exc))
             self.kill()
             raise
-        if not reply.ok:
+        if reply.error is not None:  # not ok: the student's code raised
             raise SubmissionError(reply.error)
         return reply.value
 
-    def _deadline(self, seconds: float, overrun_hint: str = "an infinite loop?") -> tuple[float, float, bool, str]:
-        """(deadline, the seconds it stands for, whether the submission's budget is what limits it, what to
-        suggest when it is overrun)."""
-        now = time.monotonic()
-        if now + seconds <= self.budget_end:
-            return now + seconds, seconds, False, overrun_hint
-        return self.budget_end, seconds, True, overrun_hint
+    def _deadline(self, seconds: float, overrun_hint: str = "an infinite loop?") -> Deadline:
+        return Deadline.within(seconds, self.budget_end, overrun_hint)
 
     def _codec(self) -> protocol.TensorCodec:
         if self.codec is None:
@@ -337,16 +373,21 @@ class Worker:
             self.codec = protocol.TensorCodec(torch)
         return self.codec
 
-    def _exchange(self, op: str, args: dict, deadline, what: str) -> protocol.Reply:
+    def _running(self, what: str) -> launcher.WorkerProcess:
+        if self.process is None:
+            raise self._crashed(what)
+        return self.process
+
+    def _exchange(self, op: str, args: dict[str, Any], deadline: Deadline, what: str) -> protocol.Reply:
         encoder = protocol.Encoder(self._codec())
         frame = protocol.pack_frame({"op": op, "args": encoder.encode(args)}, encoder.blobs)
         try:
-            _write_all(self.process, frame, deadline, what)
+            _write_all(self._running(what), frame, deadline, what)
         except (BrokenPipeError, OSError):
             raise self._crashed(what) from None
         return self._receive(op, deadline, what)
 
-    def _receive(self, op: str, deadline, what: str) -> protocol.Reply:
+    def _receive(self, op: str, deadline: Deadline, what: str) -> protocol.Reply:
         def read_exact(n: int) -> bytes:
             return self._read(n, deadline, what)
 
@@ -356,24 +397,23 @@ class Worker:
             reply = protocol.parse_reply(op, header, decoder)
         except ProtocolError as exc:
             raise WorkerCrashed(f"the worker's answer while {what} could not be read safely: {exc}") from None
-        _check_deadline(deadline, what)
+        deadline.check(what)
         return reply
 
-    def _read(self, n: int, deadline, what: str) -> bytes:
+    def _read(self, n: int, deadline: Deadline, what: str) -> bytes:
         chunks = []
         while n:
-            _check_deadline(deadline, what)
+            deadline.check(what)
             if not self._cpu_budget_left():
                 raise BudgetSpent(
                     f"{what} was stopped: the CPU time budget for the whole submission "
                     f"({self.config.submission_cpu_seconds:g} CPU seconds) is used up"
                 )
-            ready, _, _ = select.select(
-                [self.process.from_worker], [], [], max(0.0, min(deadline[0] - time.monotonic(), 0.5))
-            )
+            from_worker = self._running(what).from_worker
+            ready, _, _ = select.select([from_worker], [], [], min(deadline.left(), 0.5))
             if not ready:
                 continue
-            chunk = os.read(self.process.from_worker, min(n, 1 << 20))
+            chunk = os.read(from_worker, min(n, 1 << 20))
             if not chunk:
                 raise self._crashed(what)
             chunks.append(chunk)
@@ -396,14 +436,6 @@ class Worker:
         return WorkerCrashed(f"the process running your code ended while {what}: {detail or describe_exit(code)}")
 
 
-def _check_deadline(deadline, what: str):
-    end, seconds, budget, hint = deadline
-    if time.monotonic() >= end:
-        if budget:
-            raise BudgetSpent(f"{what} was stopped: the time budget for the whole submission is used up")
-        raise WorkerTimeout(f"{what} did not finish within {seconds:g} s ({hint})")
-
-
 def describe_exit(code: int | None) -> str:
     if code is None:
         return "it stopped answering"
@@ -422,16 +454,15 @@ def describe_exit(code: int | None) -> str:
     return f"it exited with status {code} (does your code call exit() or os._exit()?)"
 
 
-def _write_all(process: launcher.WorkerProcess, data: bytes, deadline, what: str):
+def _write_all(process: launcher.WorkerProcess, data: bytes, deadline: Deadline, what: str) -> None:
     view = memoryview(data)
     while view:
-        if time.monotonic() > deadline[0]:
-            end, seconds, budget = deadline
-            if budget:
-                raise BudgetSpent(f"{what} was stopped: the time budget for the whole submission is used up")
-            raise WorkerTimeout(f"{what} did not finish within {seconds:g} s (the worker stopped reading)")
-        _, ready, _ = select.select([], [process.to_worker], [], 0.5)
+        deadline.check(what, why="the worker stopped reading")
+        _, ready, _ = select.select([], [process.to_worker], [], min(deadline.left(), 0.5))
         if ready:
-            view = view[os.write(process.to_worker, view[: 1 << 16]) :]
+            try:  # the pipe does not block (see `launch`): a worker that read a little and stopped cannot hold us
+                view = view[os.write(process.to_worker, view[: 1 << 16]) :]
+            except BlockingIOError:
+                continue
         elif not process.alive():
             raise BrokenPipeError

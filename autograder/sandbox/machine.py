@@ -10,7 +10,7 @@ which controllers the grader may use: a real group is made and removed); CUDA an
 those it derives what grading will have here (`isolation`, `guarantees`) and the one change that
 would improve it most (`advice`).
 
-The isolation itself is chosen by the launcher's own probe (`launcher.choose_isolation`,
+The isolation itself is chosen by the launcher's own probe (`probe.choose_isolation`,
 `namespace_sandbox_problem`, `separate_uid_available`); this module only reads it, so the doctor, the
 refusal message and results.json (`extra_data.machine`, from `summary()`) can never disagree with
 what grading does. Standard library only, but for torch's view of CUDA.
@@ -24,10 +24,11 @@ import sys
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
-from autograder.sandbox import launcher
+from autograder.sandbox import probe
 from autograder.sandbox.cgroups import ROOT as CGROUP_ROOT
-from autograder.sandbox.cgroups import Limits, WorkerGroup
+from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -39,7 +40,7 @@ SYSCTLS = (
     "kernel.apparmor_restrict_unprivileged_userns",  # Ubuntu 23.10 and later: 1 restricts unprivileged users
 )
 SECCOMP_MODES = {"0": "none", "1": "strict", "2": "a filter"}
-PROBE_LIMITS = Limits(memory_bytes=1 << 30, processes=64, cpus=1.0)
+PROBE_LIMITS = ResourceLimits(memory_bytes=1 << 30, processes=64, cpus=1.0)
 
 
 @dataclass
@@ -93,7 +94,7 @@ class Machine:
     guarantees: dict[str, str]  # limits, control and timing, in words
     advice: str  # the one change that would improve grading here most, with its command ("" if none)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, str]:
         """What results.json carries (`extra_data.machine`): short, one line per fact."""
         return {
             "user": self.user,
@@ -107,7 +108,7 @@ class Machine:
             "advice": self.advice,
         }
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -187,7 +188,7 @@ def _refused_by(found: Namespaces, root: bool) -> str:
 
 
 def bubblewrap() -> Bubblewrap:
-    path = launcher.bwrap_path()
+    path = probe.bwrap_path()
     version = ""
     if path:
         try:
@@ -195,7 +196,7 @@ def bubblewrap() -> Bubblewrap:
         except (OSError, subprocess.SubprocessError):
             version = "unknown"
         version = version.removeprefix("bubblewrap ").strip()
-    return Bubblewrap(path, version, launcher.namespace_sandbox_problem())
+    return Bubblewrap(path, version, probe.namespace_sandbox_problem())
 
 
 def _mounted_cgroups() -> list[str]:
@@ -211,7 +212,7 @@ def _mounted_cgroups() -> list[str]:
     return found
 
 
-def _scandir(path: Path) -> list[os.DirEntry]:
+def _scandir(path: Path) -> list[os.DirEntry[str]]:
     try:
         return list(os.scandir(path))
     except OSError:
@@ -362,12 +363,12 @@ def _advice(machine: Machine) -> str:
 @cache
 def survey() -> Machine:
     """Everything above, found once per process."""
-    root = launcher.is_root()
+    root = probe.is_root()
     try:
-        isolation, refusal = launcher.choose_isolation("auto"), ""
+        isolation, refusal = probe.choose_isolation("auto"), ""
     except (OSError, ValueError) as exc:
         isolation, refusal = None, str(exc)
-    fresh = launcher.separate_uid_available()
+    fresh = probe.separate_uid_available()
     groups = control_groups()
     machine = Machine(
         user="root" if root else f"uid {os.geteuid()}",

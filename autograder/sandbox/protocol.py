@@ -11,7 +11,7 @@ A frame is
 The header is UTF-8 JSON; blobs are the raw bytes of contiguous tensors, referred to from the header
 by index. No pickle, on either side: a tensor is a dtype name, a shape and exactly
 `numel * itemsize` bytes, so there is nothing to execute, nothing compressed, no shared storage and
-no strides to fake. Every size is checked against `Limits` before it is read, and every string the
+no strides to fake. Every size is checked against `FrameLimits` before it is read, and every string the
 worker sends is truncated and cleaned of control characters and lone surrogates when it is decoded.
 
 Values (what a request's arguments and a reply's answer are made of) are JSON scalars, or objects
@@ -28,9 +28,15 @@ import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
-MAGIC = b"MHA1"
+if TYPE_CHECKING:
+    import torch  # for annotations only: torch is passed in (`TensorCodec`), never imported here
+
+T = TypeVar("T")
+
+FRAME_MAGIC = b"MHA1"
 _PREFIX = struct.Struct(">4sII")
 _BLOB_LENGTH = struct.Struct(">Q")
 
@@ -54,7 +60,7 @@ class ProtocolError(Exception):
 
 
 @dataclass(frozen=True)
-class Limits:
+class FrameLimits:
     """Bounds on one frame, checked before anything is materialised."""
 
     header_bytes: int = 16 << 20
@@ -80,16 +86,16 @@ def clean_text(text: Any, limit: int) -> str:
 # Frames
 
 
-def pack_frame(header: dict, blobs: list[bytes]) -> bytes:
+def pack_frame(header: dict[str, Any], blobs: list[bytes]) -> bytes:
     body = json.dumps(header, separators=(",", ":"), allow_nan=True).encode()
     lengths = b"".join(_BLOB_LENGTH.pack(len(b)) for b in blobs)
-    return _PREFIX.pack(MAGIC, len(body), len(blobs)) + lengths + body + b"".join(blobs)
+    return _PREFIX.pack(FRAME_MAGIC, len(body), len(blobs)) + lengths + body + b"".join(blobs)
 
 
-def read_frame(read_exact: Callable[[int], bytes], limits: Limits) -> tuple[dict, list[bytes]]:
+def read_frame(read_exact: Callable[[int], bytes], limits: FrameLimits) -> tuple[dict[str, Any], list[bytes]]:
     """Read one frame with `read_exact(n)`; sizes are checked before their bytes are read."""
     magic, header_length, count = _PREFIX.unpack(read_exact(_PREFIX.size))
-    if magic != MAGIC:
+    if magic != FRAME_MAGIC:
         raise ProtocolError("the answer could not be read safely: it is not a frame of this protocol")
     if header_length > limits.header_bytes:
         raise ProtocolError(f"an answer header of {header_length:,} bytes (the limit is {limits.header_bytes:,})")
@@ -130,12 +136,12 @@ class Foreign:
     cls: str
     text: str
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{self.cls} {self.text}>"
 
 
 class _Missing:
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<missing>"
 
 
@@ -163,35 +169,59 @@ class WireTensor:
 class TensorCodec:
     """Conversions between torch tensors and `WireTensor`, with the torch module passed in."""
 
-    def __init__(self, torch):
+    def __init__(self, torch: ModuleType):
         self.torch = torch
 
-    def to_wire(self, tensor) -> WireTensor:
-        torch = self.torch
+    def to_wire(self, tensor: torch.Tensor) -> WireTensor:
+        library = self.torch
         name = str(tensor.dtype).removeprefix("torch.")
         if name not in DTYPES:
             raise ProtocolError(f"a tensor of dtype {name} cannot be sent (allowed: {', '.join(DTYPES)})")
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-        data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        data = flat.view(library.uint8).numpy().tobytes() if flat.numel() else b""
         return WireTensor(name, tuple(tensor.shape), data, str(tensor.device), bool(tensor.requires_grad))
 
-    def from_wire(self, wire: WireTensor):
-        torch = self.torch
-        dtype = getattr(torch, wire.dtype)
+    def from_wire(self, wire: WireTensor) -> torch.Tensor:
+        library = self.torch
+        dtype = getattr(library, wire.dtype)
+        tensor: torch.Tensor
         if not wire.data:
-            return torch.empty(wire.shape, dtype=dtype)
-        return torch.frombuffer(bytearray(wire.data), dtype=dtype).reshape(wire.shape)
+            tensor = library.empty(wire.shape, dtype=dtype)
+        else:
+            tensor = library.frombuffer(bytearray(wire.data), dtype=dtype).reshape(wire.shape)
+        return tensor
+
+
+# What a subclass of a plain type is sent as, on the grader's side (`Encoder`)
+PLAIN_TYPES: tuple[type[Any], ...] = (bool, int, float, str, list, tuple, dict)
 
 
 class Encoder:
-    """Turns a value into a JSON-able tree, collecting tensors as blobs. `on_other(value)` says what to
-    send for anything else (the worker sends modules as handles and other objects as their repr)."""
+    """Turns a value into a JSON-able tree, collecting tensors as blobs. The same rules on both sides:
 
-    def __init__(self, codec: TensorCodec | None, on_other: Callable[[Any, int], Any] | None = None):
+    - None, and values of exactly bool, int, str or float, as they are (a float that is not finite tagged);
+    - tensors (a `WireTensor`, or a torch tensor through the codec) as blobs; `Handle`, `ModuleInfo` and
+      `MISSING` as their tagged objects;
+    - lists, tuples and dicts with string keys, of exactly those types, item by item: at most `max_items`
+      items each and nested at most `max_depth` deep, when these are set;
+    - anything else is `on_other(value, depth)`'s to send (the worker sends modules as handles and other
+      objects as their class and repr). Without `on_other` (the grader, sending its own values), a subclass
+      of a plain type is sent as that type (an OrderedDict state dict as a dict) and anything else is a
+      ProtocolError. With it, a value that cannot be sent (nested too deeply, a tensor the codec refuses) is
+      sent as an object saying why."""
+
+    def __init__(
+        self,
+        codec: TensorCodec | None,
+        on_other: Callable[[Any, int], Any] | None = None,
+        max_items: int | None = None,
+        max_depth: int | None = None,
+    ):
         self.codec, self.on_other = codec, on_other
+        self.max_items, self.max_depth = max_items, max_depth
         self.blobs: list[bytes] = []
 
-    def tensor(self, wire: WireTensor) -> dict:
+    def tensor(self, wire: WireTensor) -> dict[str, Any]:
         self.blobs.append(wire.data)
         return {
             "$": "tensor",
@@ -203,14 +233,20 @@ class Encoder:
         }
 
     def encode(self, value: Any, depth: int = 0) -> Any:
-        if value is None or isinstance(value, (bool, int, str)):
+        if self.max_depth is not None and depth > self.max_depth:
+            return self.unsendable(value, "nested too deeply")
+        if value is None or type(value) in (bool, int, str):
             return value
-        if isinstance(value, float):
+        if type(value) is float:
             return value if math.isfinite(value) else {"$": "float", "repr": repr(value)}
         if isinstance(value, WireTensor):
             return self.tensor(value)
         if self.codec is not None and isinstance(value, self.codec.torch.Tensor):
-            return self.tensor(self.codec.to_wire(value))
+            try:
+                wire = self.codec.to_wire(value)
+            except Exception as exc:  # an unsupported dtype, a hostile subclass
+                return self.unsendable(value, f"cannot be sent: {_safe_str(exc)[:200]}")
+            return self.tensor(wire)
         if isinstance(value, Handle):
             return {"$": "handle", "handle": value.handle}
         if isinstance(value, ModuleInfo):
@@ -223,16 +259,37 @@ class Encoder:
                 "training": value.training,
                 "state": state,
             }
-        if isinstance(value, (list, tuple)):
-            return {
-                "$": "tuple" if isinstance(value, tuple) else "list",
-                "items": [self.encode(v, depth + 1) for v in value],
-            }
-        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        if value is MISSING:
+            return {"$": "missing"}
+        if type(value) in (list, tuple) and self._fits(value):
+            return {"$": type(value).__name__, "items": [self.encode(v, depth + 1) for v in value]}
+        if type(value) is dict and self._fits(value) and all(isinstance(k, str) for k in value):
             return {"$": "dict", "items": [[k, self.encode(v, depth + 1)] for k, v in value.items()]}
         if self.on_other is not None:
             return self.on_other(value, depth)
+        plain = next((kind for kind in PLAIN_TYPES if isinstance(value, kind)), None)
+        if plain is not None and type(value) is not plain:
+            return self.encode(plain(value), depth)
         raise ProtocolError(f"a value of type {type(value).__name__} cannot be sent")
+
+    def _fits(self, items: list[Any] | tuple[Any, ...] | dict[Any, Any]) -> bool:
+        return self.max_items is None or len(items) <= self.max_items
+
+    def unsendable(self, value: Any, why: str) -> dict[str, str]:
+        """What is sent for a value that cannot be: an object saying why (or, on the grader's side, where
+        there is no `on_other`, a ProtocolError)."""
+        if self.on_other is None:
+            raise ProtocolError(f"a value of type {type(value).__name__} cannot be sent: {why}")
+        tensor = self.codec is not None and isinstance(value, self.codec.torch.Tensor)
+        return {"$": "object", "class": "Tensor" if tensor else type(value).__name__[:200], "repr": f"({why})"}
+
+
+def _safe_str(exc: BaseException) -> str:
+    """An exception's message, even when printing it raises (a hostile `__str__`)."""
+    try:
+        return str(exc)
+    except Exception:
+        return "(the exception could not be printed)"
 
 
 class Decoder:
@@ -240,7 +297,7 @@ class Decoder:
     truncated; tensors must have an allowed dtype and exactly the bytes their shape needs;
     `make_tensor(WireTensor)` makes the final object (a torch tensor, on either side)."""
 
-    def __init__(self, blobs: list[bytes], limits: Limits, make_tensor: Callable[[WireTensor], Any]):
+    def __init__(self, blobs: list[bytes], limits: FrameLimits, make_tensor: Callable[[WireTensor], Any]):
         self.blobs, self.limits, self.make_tensor = blobs, limits, make_tensor
         self.nodes = 0
         self.used: set[int] = set()
@@ -304,13 +361,13 @@ class Decoder:
             return float(text)
         raise ProtocolError(f"an answer with an unknown kind of value: {self.text(str(kind))[:40]}")
 
-    def items(self, node: dict) -> list:
+    def items(self, node: dict[str, Any]) -> list[Any]:
         items = node.get("items")
         if not isinstance(items, list) or len(items) > self.limits.list_items:
             raise ProtocolError("a list that is missing or too long")
         return items
 
-    def tensor(self, node: dict) -> WireTensor:
+    def tensor(self, node: dict[str, Any]) -> WireTensor:
         dtype, shape, index = node.get("dtype"), node.get("shape"), node.get("blob")
         if dtype not in DTYPES:
             raise ProtocolError(f"a tensor of a dtype that is not allowed: {self.text(str(dtype))[:40]}")
@@ -338,9 +395,6 @@ class Decoder:
 # ----------------------------------------------------------------------------------------------
 # Requests and replies
 
-# Once a top-level cell has been stopped while loading, each later cell gets this many seconds.
-LATER_CELL_SECONDS = 1.0
-
 OPS = ("ready", "load", "get", "call", "build", "describe", "to", "forward", "forward_many", "drop", "ping")
 
 
@@ -354,13 +408,13 @@ class StudentError:
 
 
 @dataclass
-class CellError:
-    """A cell of the submission that raised, or was stopped, while the file was loaded."""
+class CellProblem:
+    """A cell of the submission that raised, or was stopped, while the file was loaded (in a load reply, and
+    in the grading model's load report)."""
 
     cell: int
     type: str
     message: str
-    traceback: str
     timed_out: bool = False
 
 
@@ -372,26 +426,29 @@ class Ready:
 
 @dataclass
 class Loaded:
-    errors: list[CellError]
+    errors: list[CellProblem]
     defined: dict[str, str]  # contract name -> the type of what the file defines under it
 
 
 @dataclass
-class HeadCallReport:
+class HeadCall:
     """One call of a wrapper head, seen by a forward hook inside the worker (worker-reported)."""
 
     index: int
-    same_values: bool
-    output: Any  # a tensor, or None
+    same_values: bool  # the head received the wrapper's input unchanged
+    output: Any  # the head's output, a tensor, or None when it was not one
 
 
 @dataclass
 class ForwardReply:
+    """The answer to a forward: the output, the input after it (to see whether it was modified), what the
+    worker saw of the wrapper's heads, its trace, and the gradients when asked for."""
+
     y: Any
     x_after: Any
-    head_calls: list[HeadCallReport] = field(default_factory=list)
+    head_calls: list[HeadCall] = field(default_factory=list)
     ops: list[str] | None = None  # worker-reported trace
-    python_calls: list[str] | None = None
+    python_calls: list[str] | None = None  # worker-reported
     grads: dict[str, Any] | None = None
     grad_problem: str | None = None
     y_device: str | None = None  # where y was in the worker, when it is a tensor
@@ -404,20 +461,15 @@ class Reply:
     error: StudentError | None = None
 
 
-def _field(obj: dict, name: str, kinds, what: str, optional: bool = False):
+def _field(obj: dict[str, Any], name: str, kind: type[T], what: str) -> T:
+    """`obj[name]`, which must be a `kind` (a bool is not an int here)."""
     value = obj.get(name)
-    if value is None and optional:
-        return None
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _as_tuple(kinds)):
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise ProtocolError(f"{what}: field {name!r} is missing or of the wrong type")
     return value
 
 
-def _as_tuple(kinds):
-    return kinds if isinstance(kinds, tuple) else (kinds,)
-
-
-def parse_reply(op: str, header: dict, decoder: Decoder) -> Reply:
+def parse_reply(op: str, header: dict[str, Any], decoder: Decoder) -> Reply:
     """Check a reply against the schema of `op` and decode it into typed values."""
     ok = header.get("ok")
     if ok is False:
@@ -444,11 +496,10 @@ def parse_reply(op: str, header: dict, decoder: Decoder) -> Reply:
             if not isinstance(item, dict):
                 raise ProtocolError(f"{what}: a cell error that is not an object")
             errors.append(
-                CellError(
+                CellProblem(
                     _field(item, "cell", int, what),
                     decoder.text(_field(item, "type", str, what)),
                     decoder.text(_field(item, "message", str, what)),
-                    decoder.text(_field(item, "traceback", str, what)),
                     bool(item.get("timed_out") is True),
                 )
             )
@@ -463,11 +514,12 @@ def parse_reply(op: str, header: dict, decoder: Decoder) -> Reply:
             if not isinstance(item, dict):
                 raise ProtocolError(f"{what}: a head call that is not an object")
             output = item.get("output")
+            decoded = None if output is None else decoder.decode(output)
             calls.append(
-                HeadCallReport(
+                HeadCall(
                     _field(item, "index", int, what),
                     bool(item.get("same_values") is True),
-                    None if output is None else decoder.decode(output),
+                    decoded if isinstance(output, dict) and output.get("$") == "tensor" else None,
                 )
             )
         ops = _strings(raw.get("ops"), decoder, what)
@@ -501,7 +553,7 @@ def parse_reply(op: str, header: dict, decoder: Decoder) -> Reply:
     return Reply(True, decoder.decode(raw))
 
 
-def _strings(value, decoder: Decoder, what: str) -> list[str] | None:
+def _strings(value: Any, decoder: Decoder, what: str) -> list[str] | None:
     if value is None:
         return None
     value = decoder.decode(value)

@@ -20,7 +20,8 @@
 #   VENV         the project's virtualenv (default .venv)
 #   SBATCH_ARGS  more sbatch arguments for both jobs, e.g. "--account=course --qos=normal"
 #   WAIT=1       wait for the merge job: exit 0 when it completed, 1 when it failed
-#   DRY_RUN=1    print the sbatch commands instead of running them
+#   DRY_RUN=1    print the sbatch commands instead of running them; works without Slurm (then, unless
+#                PARTITION and GPUS are given, the default partition and no GPU are assumed)
 #
 # Why afterany and not afterok: with afterok, one failed or timed-out task leaves the merge job
 # pending forever (its dependency can never be satisfied) and nobody is told who is missing. With
@@ -54,7 +55,16 @@ positive JOBS "$JOBS"
 [[ -x "$VENV/bin/python" ]] || fail "no virtualenv at $VENV: run 'make setup' first (on a filesystem the nodes share)"
 [[ -d "$COURSE/submitted" ]] || fail "$COURSE is not a course folder: it has no submitted/ folder"
 
-if [[ -z "$PARTITION" ]]; then
+have_sinfo=1
+if ! command -v sinfo >/dev/null; then
+    [[ -n "${DRY_RUN:-}" ]] || fail "sinfo is not found: run this on a login node of a Slurm cluster (or try DRY_RUN=1)"
+    have_sinfo=""
+    if [[ "$GPUS" == auto ]]; then
+        echo "submit.sh: no Slurm here (a dry run): GPUS=auto is taken as 0; set GPUS to see a GPU request" >&2
+        GPUS=0
+    fi
+fi
+if [[ -z "$PARTITION" && -n "$have_sinfo" ]]; then
     # sinfo marks the default partition with a '*'
     PARTITION="$(sinfo --noheader --format=%P | sed -n 's/\*$//p' | head -n 1)"
 fi

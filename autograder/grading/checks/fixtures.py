@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from autograder.grading.checks.harness import Inputs, Submission, check_seed, dtypes_for
 from autograder.grading.plugin import part_of
+from autograder.grading.timing import BackgroundWorker
 from autograder.rubric import Rubric
 
 
@@ -17,9 +19,10 @@ class GradingContext:
     rubric: Rubric
     device: str
     run_seed: int
-    measurements: dict = field(default_factory=dict)  # what checks measured for the model (e.g. speed)
+    measurements: dict[str, Any] = field(default_factory=dict)  # what checks measured for the model (e.g. speed)
     flags: list[str] = field(default_factory=list)  # what checks flag for the instructor
-    timing_workers: dict = field(default_factory=dict)  # the reference's timing workers by target, started early
+    # the reference's timing workers by target, started early
+    timing_workers: dict[str, BackgroundWorker] = field(default_factory=dict)
 
 
 class GradingFixtures:
@@ -27,7 +30,7 @@ class GradingFixtures:
         self._context = context
 
     @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, items):
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         """The speed part's checks run first: the submission's module is timed in a worker that has only
         loaded its file, like the reference's (a worker that has run every other check is slower)."""
         items.sort(key=lambda item: part_of(item) != "speed")
@@ -49,15 +52,15 @@ class GradingFixtures:
         return self._context
 
     @pytest.fixture
-    def inputs(self, request) -> Inputs:
+    def inputs(self, request: pytest.FixtureRequest) -> Inputs:
         """Hidden inputs drawn from (the run's seed, this check's id) alone."""
         return Inputs(check_seed(self._context.run_seed, request.node.nodeid))
 
     @pytest.fixture(autouse=True)
-    def _check_budget(self):
+    def _check_budget(self) -> None:
         self._context.submission.begin_check()
 
-    def pytest_generate_tests(self, metafunc):
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """Checks that take `dtype_name` run once per dtype of the device: fp64 and fp32 on the CPU,
         fp32, bf16 and fp16 on CUDA; checks that take `speed_workload` once per workload of the device."""
         if "dtype_name" in metafunc.fixturenames:

@@ -4,8 +4,9 @@ Checks never see the student's objects, only what the worker answers: decoded te
 (`protocol.ModuleInfo` for a module living in the worker, `protocol.Foreign` for anything else).
 Everything a check compares against is computed here, in the trusted process, by `reference/`.
 
-A check fails the student only through `fail()`. Any other exception in a check is the grader's own
-fault: the run then cannot grade rather than charge the student.
+A check fails the student only through `fail()` (or `NotScored`, when what it rests on is wrong). Any
+other exception in a check is the grader's own fault: the run then cannot grade rather than charge the
+student.
 """
 
 from __future__ import annotations
@@ -13,21 +14,30 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import pytest
 import torch
 
+from autograder.grading import explain
+from autograder.grading.plugin import NotScored
 from autograder.rubric import Rubric
 from autograder.sandbox.client import LoadFailed, SubmissionError, Worker, WorkerCrashed, WorkerTimeout
-from autograder.sandbox.protocol import MISSING, Foreign, Handle, ModuleInfo
+from autograder.sandbox.protocol import MISSING, Foreign, ForwardReply, Handle, ModuleInfo
 
+# The cause of every check that cannot load its weights into the student's module (see scoring.name_once).
+CONSTRUCTOR_CAUSE = "your {} does not keep the given constructor's attributes, so the grader cannot load its weights"
 MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "mv", "dot", "addmv", "linear", "_addmm_activation"}
 ModuleRef = ModuleInfo  # a module living in the worker, known by its handle
-__all__ = ["Foreign", "ModuleRef"]
+P = ParamSpec("P")
+R = TypeVar("R")
+M = TypeVar("M", bound=torch.nn.Module)
+__all__ = ["Foreign", "ForwardReply", "ModuleRef", "NotScored"]
 
 
-def fail(message: str):
+def fail(message: str) -> NoReturn:
     """Fail the current check with a message for the student (no Python traceback of ours)."""
     pytest.fail(message, pytrace=False)
 
@@ -40,33 +50,6 @@ class Raised:
     message: str
 
 
-@dataclass
-class TensorInfo:
-    device: str
-    requires_grad: bool
-
-
-@dataclass
-class HeadCall:
-    """One call of a wrapper head, seen by a forward hook in the worker (reported by the worker)."""
-
-    index: int
-    same_values: bool  # the head received the wrapper's input unchanged
-    output: torch.Tensor | None
-
-
-@dataclass
-class Forward:
-    y: object
-    y_info: TensorInfo | None
-    x_after: torch.Tensor
-    head_calls: list[HeadCall] = field(default_factory=list)
-    ops: list[str] | None = None  # reported by the worker
-    python_calls: list[str] | None = None  # reported by the worker
-    grads: dict[str, torch.Tensor | None] | None = None
-    grad_problem: str | None = None
-
-
 class Submission:
     """The checks' one door into the student's code (which runs in the worker).
 
@@ -77,7 +60,7 @@ class Submission:
         self.worker, self.device, self.check_seconds = worker, device, check_seconds
         self.check_end = time.monotonic() + check_seconds
 
-    def begin_check(self):
+    def begin_check(self) -> None:
         self.check_end = time.monotonic() + self.check_seconds
 
     def _timeout(self) -> float:
@@ -86,7 +69,7 @@ class Submission:
             fail(f"this check used up its time budget ({self.check_seconds:g} s) waiting for your code")
         return min(left, self.worker.config.request_seconds)
 
-    def _ask(self, op, target=None, timeout=None, **payload):
+    def _ask(self, op: str, target: str | None = None, timeout: float | None = None, **payload: Any) -> Any:
         limit = self._timeout() if timeout is None else min(self._timeout(), timeout)
         try:
             return self.worker.request(op, timeout=limit, target=target, **payload)
@@ -96,21 +79,23 @@ class Submission:
             trace = f"\n{exc.traceback}" if exc.traceback else ""
             if exc.type == "NotImplementedError":
                 fail(f"not done yet: this still raises NotImplementedError (a stub left as released?){trace}")
-            fail(f"your code raised {exc.type}: {exc.message}{trace}")
+            fail(f"your code raised {exc.type}" + (f": {exc.message}" if exc.message else "") + trace)
         except (WorkerTimeout, WorkerCrashed) as exc:
             fail(str(exc))
 
-    def value(self, name: str):
+    def value(self, name: str) -> Any:
         answer = self._ask("get", name=name)
         if answer is MISSING:
             fail(f"`{name}` is not defined in your file")
         return answer
 
-    def call(self, fn: str, *args, target: str | None = None, **kwargs):
+    def call(self, fn: str, *args: Any, target: str | None = None, **kwargs: Any) -> Any:
+        explain.note("call", what=fn, args=list(args))
         return self._ask("call", target=target or fn, fn=fn, args=_wire(list(args)), kwargs=_wire(kwargs))
 
-    def try_call(self, fn: str, *args, target: str | None = None):
+    def try_call(self, fn: str, *args: Any, target: str | None = None) -> Any:
         """Like call, but when the student's code raises, return that exception as a `Raised`."""
+        explain.note("call", what=fn, args=list(args))
         try:
             return self.worker.request(
                 "call", timeout=self._timeout(), target=target or fn, fn=fn, args=_wire(list(args)), kwargs={}
@@ -120,18 +105,30 @@ class Submission:
         except (LoadFailed, WorkerTimeout, WorkerCrashed) as exc:
             fail(str(exc))
 
-    def build(self, cls: str, *args, state_dict=None, dtype: torch.dtype | None = None, **kwargs) -> ModuleInfo:
+    def build(
+        self,
+        cls: str,
+        *args: Any,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        dtype: torch.dtype | None = None,
+        **kwargs: Any,
+    ) -> ModuleInfo:
+        """The student's `cls(*args, **kwargs)`, holding `state_dict` (the hidden weights) when given. A
+        module the grader cannot load them into (its constructor makes other attributes than the given
+        one) is one problem, said once (`NotScored` with a cause), in the student's terms."""
         dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else None
-        answer = self._ask(
-            "build",
-            target=f"{cls}.__init__",
-            cls=cls,
-            args=list(args),
-            kwargs=kwargs,
-            state_dict=state_dict,
-            dtype=dtype_name,
-            device=self.device,
+        request: dict[str, Any] = dict(
+            target=f"{cls}.__init__", cls=cls, args=list(args), kwargs=kwargs, device=self.device
         )
+        answer, problem = attempt(self._ask, "build", state_dict=state_dict, dtype=dtype_name, **request)
+        if problem is not None:
+            if state_dict is not None and "Error(s) in loading state_dict" in problem:
+                unloaded, _ = attempt(self._ask, "build", state_dict=None, dtype=dtype_name, **request)
+                if isinstance(unloaded, ModuleInfo) and unloaded.state_dict is not None:
+                    words = constructor_problem(cls, state_dict, unloaded.state_dict)
+                    if words:
+                        raise NotScored(words, cause=CONSTRUCTOR_CAUSE.format(cls))
+            fail(problem)
         if not isinstance(answer, ModuleInfo):
             fail(f"building {cls} did not give a module")
         return answer
@@ -153,8 +150,17 @@ class Submission:
         return answer
 
     def forward(
-        self, module: ModuleInfo, x: torch.Tensor, *, train=False, seed=0, grad_out=None, trace=False, hooks=False
-    ) -> Forward:
+        self,
+        module: ModuleInfo,
+        x: torch.Tensor,
+        *,
+        train: bool = False,
+        seed: int = 0,
+        grad_out: torch.Tensor | None = None,
+        trace: bool = False,
+        hooks: bool = False,
+    ) -> ForwardReply:
+        explain.note("input", what=f"{module.cls}.forward" + (" (training mode)" if train else ""), value=x)
         answer = self._ask(
             "forward",
             target=f"{module.cls}.forward",
@@ -166,26 +172,12 @@ class Submission:
             trace=trace,
             hooks=hooks,
         )
-        if not isinstance(answer.x_after, torch.Tensor):
+        if not (isinstance(answer, ForwardReply) and isinstance(answer.x_after, torch.Tensor)):
             fail("the worker's answer did not include the input after the forward")
-        info = TensorInfo(answer.y_device or "cpu", False) if isinstance(answer.y, torch.Tensor) else None
-        calls = [
-            HeadCall(c.index, c.same_values, c.output if isinstance(c.output, torch.Tensor) else None)
-            for c in answer.head_calls
-        ]
-        return Forward(
-            y=answer.y,
-            y_info=info,
-            x_after=answer.x_after,
-            head_calls=calls,
-            ops=answer.ops,
-            python_calls=answer.python_calls,
-            grads=answer.grads,
-            grad_problem=answer.grad_problem,
-        )
+        return answer
 
     def forward_many(
-        self, module: ModuleInfo, seeds: list[int], *, timeout: float | None = None, **settings
+        self, module: ModuleInfo, seeds: list[int], *, timeout: float | None = None, **settings: Any
     ) -> list[torch.Tensor]:
         """Timed forwards on inputs the worker makes from `seeds` (the worker's `forward_many`): per call, a
         (batch, tokens, 3) tensor of probes of the output. A forward that hangs here is not held against
@@ -204,10 +196,12 @@ class Submission:
             isinstance(answer, list) and len(answer) == len(seeds) and all(isinstance(a, torch.Tensor) for a in answer)
         ):
             fail("the timed forwards did not answer one tensor per call")
-        return answer
+        tensors: list[torch.Tensor] = answer
+        return tensors
 
 
-def _wire(value):
+def _wire(value: Any) -> Any:
+    """The grader's arguments for a request: a module living in the worker as its handle."""
     if isinstance(value, ModuleInfo):
         return Handle(value.handle)
     if isinstance(value, (list, tuple)):
@@ -235,13 +229,13 @@ class Inputs:
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
 
-    def randn(self, *shape, dtype=torch.float64) -> torch.Tensor:
+    def randn(self, *shape: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         return torch.randn(*shape, generator=self.generator, dtype=torch.float64).to(dtype)
 
     def seed_value(self) -> int:
         return int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
 
-    def state_dict(self, module: torch.nn.Module, dtype=torch.float64) -> dict[str, torch.Tensor]:
+    def state_dict(self, module: torch.nn.Module, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
         """Random weights for `module` (overwritten in place, returned as a state dict): every
         parameter, biases included, at a scale where attention is neither uniform nor one-hot."""
         with torch.no_grad():
@@ -252,9 +246,21 @@ class Inputs:
         return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def assert_close(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric, what: str, diagnose=None):
+DTYPE_NOT_KEPT = "the output does not keep the input's dtype (a hard-coded .float(), or a torch.float32 tensor?)"
+Diagnose = Callable[[torch.Tensor], "str | None"]  # names the likely mistake behind a wrong output
+
+
+def assert_close(
+    actual: object,
+    expected: torch.Tensor,
+    dtype_name: str,
+    rubric: Rubric,
+    what: str,
+    diagnose: Diagnose | None = None,
+) -> None:
     """Fail unless `actual` is a tensor of `expected`'s shape and dtype, close within the rubric's
     tolerance. `diagnose(actual)` may name the likely mistake."""
+    explain.note("compared", what=what, expected=expected, actual=actual)
     if not isinstance(actual, torch.Tensor):
         fail(f"{what}: expected a tensor, got {type(actual).__name__} {actual!r:.80}")
     hint = diagnose(actual) if diagnose else None
@@ -264,7 +270,7 @@ def assert_close(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric
             + (f"\nLikely mistake: {hint}" if hint else "")
         )
     if actual.dtype != expected.dtype:
-        fail(f"{what}: dtype {actual.dtype}, expected {expected.dtype} (keep the input's dtype)")
+        fail(f"{what}: dtype {actual.dtype}, expected {expected.dtype}.\nLikely mistake: {DTYPE_NOT_KEPT}")
     rtol, atol = rubric.tolerance(dtype_name)
     if not torch.allclose(actual.double(), expected.double(), rtol=rtol, atol=atol, equal_nan=False):
         diff = (actual.double() - expected.double()).abs()
@@ -277,7 +283,7 @@ def assert_close(actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric
         fail(f"{what}: values differ from the reference; {detail}." + (f"\nLikely mistake: {hint}" if hint else ""))
 
 
-def matches(actual, candidate: torch.Tensor, atol=1e-6) -> bool:
+def matches(actual: object, candidate: torch.Tensor, atol: float = 1e-6) -> bool:
     return (
         isinstance(actual, torch.Tensor)
         and tuple(actual.shape) == tuple(candidate.shape)
@@ -285,7 +291,10 @@ def matches(actual, candidate: torch.Tensor, atol=1e-6) -> bool:
     )
 
 
-def first_match(actual, variants: dict) -> str | None:
+Variants = dict[str, "torch.Tensor | Callable[[], torch.Tensor]"]  # known wrong answers, by description
+
+
+def first_match(actual: object, variants: Mapping[str, torch.Tensor | Callable[[], torch.Tensor]]) -> str | None:
     """The description of the first known wrong variant that `actual` equals, if any. A variant is a
     tensor or a function making one; a variant that cannot be computed for this input is skipped."""
     for description, candidate in variants.items():
@@ -302,25 +311,33 @@ def count_matmuls(ops: list[str]) -> int:
     return sum(op in MATMUL_OPS for op in ops)
 
 
-def build_pair(submission: Submission, inputs: Inputs, cls: str, *args, dtype=torch.float64, device="cpu", **kwargs):
-    """The reference module with hidden random weights, and the student's class built with the
-    same arguments and loaded with the same weights. The reference is in eval mode."""
-    from reference import mha as ref
-
-    reference = getattr(ref, cls)(*args, **kwargs)
+def build_pair(
+    submission: Submission,
+    inputs: Inputs,
+    reference_class: type[M],
+    *args: Any,
+    dtype: torch.dtype = torch.float64,
+    device: str = "cpu",
+    **kwargs: Any,
+) -> tuple[M, ModuleInfo]:
+    """The reference module (of a class of reference/) with hidden random weights, and the student's class
+    of the same name built with the same arguments and loaded with the same weights. The reference is in
+    eval mode."""
+    reference = reference_class(*args, **kwargs)
     state = inputs.state_dict(reference, dtype)
     reference = reference.to(device).eval()
-    return reference, submission.build(cls, *args, state_dict=state, dtype=dtype, **kwargs)
+    module = submission.build(reference_class.__name__, *args, state_dict=state, dtype=dtype, **kwargs)
+    return reference, module
 
 
-def reference_forward(module: torch.nn.Module, x: torch.Tensor, *, train=False, seed=0) -> torch.Tensor:
+def reference_forward(module: torch.nn.Module, x: torch.Tensor, *, train: bool = False, seed: int = 0) -> torch.Tensor:
     """The reference's output on x, on the module's device; in training mode, dropout drawn from `seed`.
     A dropout draw matches the worker's only on the same device: CPU and CUDA generators seeded alike
     draw different masks (a check in training mode keeps its reference on the grading device)."""
     module.train(train)
     torch.manual_seed(seed)
     with torch.no_grad():
-        y = module(x)
+        y: torch.Tensor = module(x)
     module.eval()
     return y
 
@@ -333,21 +350,22 @@ def book_batch() -> torch.Tensor:
     """The book's running example, "Your journey starts with one step" as six 3-D embeddings, twice."""
     from reference import mha as ref
 
-    return ref.batch.clone()  # (2, 6, 3)
+    batch: torch.Tensor = ref.batch.clone()  # (2, 6, 3)
+    return batch
 
 
-def book_pair(submission: Submission, cls: str, *args):
+def book_pair(submission: Submission, reference_class: type[M], *args: Any) -> tuple[M, ModuleInfo, torch.Tensor]:
     """The book's setting: the reference built right after torch.manual_seed(123), the student's
-    class given the same weights (float32), and the book's batch."""
-    from reference import mha as ref
-
+    class of the same name given the same weights (float32), and the book's batch."""
     torch.manual_seed(123)
-    reference = getattr(ref, cls)(*args).eval()
-    module = submission.build(cls, *args, state_dict=reference.state_dict(), dtype=torch.float32)
+    reference = reference_class(*args).eval()
+    module = submission.build(reference_class.__name__, *args, state_dict=reference.state_dict(), dtype=torch.float32)
     return reference, module, book_batch()
 
 
-def check_gradients(answer: Forward, expected: dict, rubric: Rubric, dtype_name: str = "float64"):
+def check_gradients(
+    answer: ForwardReply, expected: Mapping[str, torch.Tensor | None], rubric: Rubric, dtype_name: str = "float64"
+) -> None:
     """Compare the worker's gradients (keys "x" and "param:<name>") with the reference's."""
     if answer.grad_problem:
         fail(answer.grad_problem)
@@ -359,6 +377,8 @@ def check_gradients(answer: Forward, expected: dict, rubric: Rubric, dtype_name:
         mine = got.get(name)
         if mine is None:
             fail(f"no gradient reached {label}: is it used in the computation, without .detach() or torch.no_grad()?")
+        if grad is None:  # the grader's own fault: the run cannot grade
+            raise RuntimeError(f"the reference has no gradient for {label}")
         assert_close(mine, grad, dtype_name, rubric, f"gradient of {label}")
 
 
@@ -371,17 +391,25 @@ def check_gradients(answer: Forward, expected: dict, rubric: Rubric, dtype_name:
 import re  # noqa: E402  (kept with the helpers that use it)
 
 
-def attempt(request, *args, **kwargs):
+def attempt(request: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> tuple[R | None, str | None]:
     """Run one Submission request: (its answer, None), or (None, the message the check would have failed
-    with), so that a check can explain a failure before reporting it."""
+    with), so that a check can explain a failure before reporting it. A check that cannot be scored at all
+    (`NotScored`) stays so."""
     try:
         return request(*args, **kwargs), None
+    except NotScored:
+        raise
     except pytest.fail.Exception as exc:
         return None, str(exc.msg)
 
 
 def value_problem(
-    actual, expected: torch.Tensor, dtype_name: str, rubric: Rubric, what: str, diagnose=None
+    actual: object,
+    expected: torch.Tensor,
+    dtype_name: str,
+    rubric: Rubric,
+    what: str,
+    diagnose: Diagnose | None = None,
 ) -> str | None:
     """The message `assert_close` would fail with, or None when `actual` is right."""
     try:
@@ -391,12 +419,60 @@ def value_problem(
     return None
 
 
-def values_first(problem: str | None, what: str):
-    """Fail a property check whose case's output is wrong: a property of a wrong answer earns nothing."""
+def values_first(problem: str | None, what: str) -> None:
+    """A property check whose case's output is wrong is not scored: a property of a wrong answer earns
+    nothing, and the check accuses the code of nothing of its own (its name may say "no loop over heads"
+    of code that has no loop). The reason keeps what is wrong with the output, not the likely mistake,
+    which the value checks name."""
     if problem is not None:
-        fail(f"{what} counts only once the output on this check's input is right, and it is not:\n{problem}")
+        wrong = problem.split("\nLikely mistake:")[0]
+        raise NotScored(
+            f"not scored: {what[:1].lower()}{what[1:]} counts only once the output on this check's input is right, "
+            f"and it is not yet ({wrong})"
+        )
 
 
+def join_names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def attribute_names(state: dict[str, Any]) -> list[str]:
+    """The attributes a state dict's keys live in: submodules first (W_query, ..., out_proj), then the
+    module's own tensors (mask), each in the order the constructor made them."""
+    names = dict.fromkeys(key.split(".")[0] for key in state)
+    return [n for n in names if any(k.startswith(f"{n}.") for k in state)] + [n for n in names if n in state]
+
+
+def constructor_problem(cls: str, given: dict[str, Any], yours: dict[str, Any]) -> str | None:
+    """Why the grader's weights (`given`, the state dict of the reference's given constructor) cannot be
+    loaded into the student's module (`yours`, its own state dict), in the student's terms; None when the
+    names and shapes agree. The notebook's self-check of part 6 says the same words."""
+    given_names, your_names = attribute_names(given), attribute_names(yours)
+    missing = [n for n in given_names if n not in your_names]
+    extra = [n for n in your_names if n not in given_names]
+    rule = (
+        f"the grader loads its hidden weights into {join_names(given_names)}, the attributes the given "
+        f"constructor makes, so that your {cls} and the reference compute with the same weights"
+    )
+    if extra and missing:
+        found = f"your {cls} has {join_names(extra)} instead of {join_names(missing)}"
+    elif missing:
+        found = f"your {cls} has no {join_names(missing)}"
+    elif extra:
+        found = f"your {cls} also has {join_names(extra)}, which the grader cannot fill"
+    else:
+        shapes = [
+            f"{key} is {tuple(yours[key].shape)} in yours, {tuple(value.shape)} in the given constructor"
+            for key, value in given.items()
+            if key in yours and tuple(getattr(yours[key], "shape", ())) != tuple(value.shape)
+        ]
+        if not shapes:
+            return None
+        found = f"the shapes differ: {'; '.join(shapes)}"
+    return f"{rule}; {found}. Keep the given constructor as it is and write only forward."
+
+
+IN_PLACE = "{function} changes a tensor in place that gradients need (its input x?): work on new tensors instead"
 _SIZE_ERROR = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
 _INTERNAL_ERRORS = (
     (
@@ -428,7 +504,7 @@ _INTERNAL_ERRORS = (
             r"modified by an inplace operation",
             re.I,
         ),
-        "{function} changes a tensor in place that gradients need (its input x?): work on new tensors instead",
+        IN_PLACE,
     ),
     (
         "view",
@@ -472,14 +548,14 @@ def forward_checked(
     *,
     function: str,
     context_length: int | None = None,
-    **kwargs,
-) -> Forward:
+    **kwargs: Any,
+) -> ForwardReply:
     """`submission.forward`, failing with internal errors put in the student's terms."""
     answer, problem = attempt(submission.forward, module, x, **kwargs)
-    if problem is not None:
+    if answer is None:
         fail(
             in_student_terms(
-                problem, function, tokens=x.shape[1] if x.dim() == 3 else None, context_length=context_length
+                problem or "", function, tokens=x.shape[1] if x.dim() == 3 else None, context_length=context_length
             )
         )
     return answer

@@ -6,8 +6,13 @@ the student's answer with every variant; the first that matches is the diagnosis
 
 from __future__ import annotations
 
+import functools
+import operator
+from typing import Any, cast
+
 import torch
 
+from autograder.grading.checks.harness import Variants
 from reference import mha as ref
 
 # The five common mistakes the notebook warns about (its "Common mistakes" section uses the same names),
@@ -25,17 +30,25 @@ def named(description: str, common_mistake: str) -> str:
     return f"{description} ({common_mistake})"
 
 
-def combine_variants(outputs: list[torch.Tensor]) -> dict:
+# Joining the heads along another dimension than the last, as combine's checks name it whether the heads'
+# widths are equal (a wrong shape) or not (torch.cat refuses them).
+WRONG_DIMENSION: dict[int, str] = {
+    0: named(
+        "concatenated along the batch dimension (dim=0); the heads' features belong side by side in the "
+        "last dimension: torch.cat(outputs, dim=-1)",
+        SHAPE_DRIFT,
+    ),
+    1: named(
+        "concatenated along the token dimension (dim=1); concatenate along the last dimension, dim=-1", SHAPE_DRIFT
+    ),
+}
+
+
+def combine_variants(outputs: list[torch.Tensor]) -> Variants:
     """Functions, not tensors: some variants only exist for some inputs (first_match skips those)."""
-    variants = {
-        named(
-            "concatenated along the batch dimension (dim=0); the heads' features belong side by side in the "
-            "last dimension: torch.cat(outputs, dim=-1)",
-            SHAPE_DRIFT,
-        ): lambda: torch.cat(outputs, dim=0),
-        named(
-            "concatenated along the token dimension (dim=1); concatenate along the last dimension, dim=-1", SHAPE_DRIFT
-        ): lambda: torch.cat(outputs, dim=1),
+    variants: Variants = {
+        WRONG_DIMENSION[0]: lambda: torch.cat(outputs, dim=0),
+        WRONG_DIMENSION[1]: lambda: torch.cat(outputs, dim=1),
         named("heads in the wrong order (reversed); head 0's columns come first", INCONSISTENT_ORDER): lambda: (
             torch.cat(outputs[::-1], dim=-1)
         ),
@@ -50,10 +63,10 @@ def combine_variants(outputs: list[torch.Tensor]) -> dict:
             named(
                 "heads summed instead of concatenated; the width must grow to the sum of the heads' widths", SHAPE_DRIFT
             )
-        ] = lambda: sum(outputs)
+        ] = lambda: functools.reduce(operator.add, outputs)
         variants[
             named("heads averaged instead of concatenated; concatenate them along the last dimension", SHAPE_DRIFT)
-        ] = lambda: sum(outputs) / len(outputs)
+        ] = lambda: functools.reduce(operator.add, outputs) / len(outputs)
         variants[
             named(
                 "columns interleaved (stacked then flattened); each head's columns must stay together",
@@ -81,6 +94,12 @@ def column_range_variants(num_columns: int, num_heads: int) -> dict[str, list[tu
     }
 
 
+ROWS_INSTEAD_OF_COLUMNS = (
+    "rows instead of columns: W is (d_in, d_out) as in x @ W, so a head owns columns W[:, start:stop], not rows "
+    "W[start:stop]"
+)
+
+
 def split_variants(W: torch.Tensor, num_heads: int) -> dict[str, list[torch.Tensor]]:
     d_in, d_out = W.shape
     width = d_out // num_heads
@@ -91,20 +110,19 @@ def split_variants(W: torch.Tensor, num_heads: int) -> dict[str, list[torch.Tens
     }
     if d_in % num_heads == 0:
         rows = d_in // num_heads
-        variants[
-            "rows instead of columns: W is (d_in, d_out) as in x @ W, so a head owns columns "
-            "W[:, start:stop], not rows W[start:stop]"
-        ] = [W[h * rows : (h + 1) * rows] for h in range(num_heads)]
+        variants[ROWS_INSTEAD_OF_COLUMNS] = [W[h * rows : (h + 1) * rows] for h in range(num_heads)]
     return variants
 
 
-def wrapper_variants(head_outputs: list[torch.Tensor]) -> dict:
+HEADS_REVERSED = named(
+    "the heads' outputs are combined in the wrong order; run the heads in self.heads order and keep head 0 first",
+    INCONSISTENT_ORDER,
+)
+
+
+def wrapper_variants(head_outputs: list[torch.Tensor]) -> Variants:
     return {
-        named(
-            "the heads' outputs are combined in the wrong order; run the heads in self.heads order and "
-            "keep head 0 first",
-            INCONSISTENT_ORDER,
-        ): lambda: torch.cat(head_outputs[::-1], dim=-1),
+        HEADS_REVERSED: lambda: torch.cat(head_outputs[::-1], dim=-1),
         **{
             f"the wrapper returns the wrong combination: {k}": v
             for k, v in combine_variants(head_outputs).items()
@@ -117,15 +135,15 @@ def mha_forward(
     module: ref.MultiHeadAttention,
     x: torch.Tensor,
     *,
-    scale="head_dim",
-    mask=True,
-    transpose_before_merge=True,
-    merge=True,
-    out_proj=True,
-    split="view_transpose",
-    softmax_dim=-1,
-    dropout="weights",
-):
+    scale: str = "head_dim",
+    mask: bool = True,
+    transpose_before_merge: bool = True,
+    merge: bool = True,
+    out_proj: bool = True,
+    split: str = "view_transpose",
+    softmax_dim: int = -1,
+    dropout: str | tuple[str, ...] = "weights",
+) -> torch.Tensor:
     """The reference's parallel forward with one step done wrongly (or not at all). `dropout` says where
     module.dropout is applied: "weights" (right), "weights_per_head" (right, but drawn one head at a time,
     as a loop over heads draws it), "context" (b, H, T, hd), "merged" (b, T, d_out), "output" (after
@@ -133,7 +151,7 @@ def mha_forward(
     b, T, _ = x.shape
     H, hd = module.num_heads, module.head_dim
 
-    def heads(t):
+    def heads(t: torch.Tensor) -> torch.Tensor:
         if split == "view_direct":
             return t.reshape(b, H, T, hd)  # splits tokens, not columns
         return t.view(b, T, H, hd).transpose(1, 2)
@@ -141,12 +159,13 @@ def mha_forward(
     q, k, v = heads(module.W_query(x)), heads(module.W_key(x)), heads(module.W_value(x))
     scores = q @ k.transpose(2, 3)
     if mask:
-        scores = scores.masked_fill(module.mask.bool()[:T, :T], -torch.inf)
+        scores = scores.masked_fill(module.get_buffer("mask").bool()[:T, :T], -torch.inf)
     divisor = {"head_dim": hd**0.5, "d_out": module.d_out**0.5, "none": 1.0}[scale]
     places = dropout if isinstance(dropout, tuple) else (dropout,)
 
-    def drop(where, t):
-        return module.dropout(t) if where in places else t
+    def drop(where: str, t: torch.Tensor) -> torch.Tensor:
+        dropped: torch.Tensor = cast(torch.nn.Dropout, module.dropout)(t) if where in places else t
+        return dropped
 
     weights = drop("weights", torch.softmax(scores / divisor, dim=softmax_dim))
     if "weights_per_head" in places:
@@ -156,12 +175,13 @@ def mha_forward(
         return context
     context = (context.transpose(1, 2) if transpose_before_merge else context).reshape(b, T, module.d_out)
     context = drop("merged", context)
-    return drop("output", module.out_proj(context) if out_proj else context)
+    projected: torch.Tensor = module.out_proj(context) if out_proj else context
+    return drop("output", projected)
 
 
 def mha_variants(module: ref.MultiHeadAttention, x: torch.Tensor) -> dict[str, torch.Tensor]:
     with torch.no_grad():
-        candidates = {
+        candidates: dict[str, dict[str, Any]] = {
             "scores scaled by sqrt(d_out) instead of sqrt(head_dim); each head's dot products run over "
             "head_dim numbers": dict(scale="d_out"),
             "scores not scaled; divide by sqrt(head_dim) before the softmax": dict(scale="none"),
@@ -184,7 +204,7 @@ def mha_variants(module: ref.MultiHeadAttention, x: torch.Tensor) -> dict[str, t
             ): dict(split="view_direct"),
             "softmax over the wrong dimension; normalise over the keys (dim=-1)": dict(softmax_dim=-2),
         }
-        variants = {}
+        variants: dict[str, torch.Tensor] = {}
         for description, flags in candidates.items():
             try:
                 variants[description] = mha_forward(module, x, **flags)
@@ -197,7 +217,7 @@ def mha_dropout_variants(module: ref.MultiHeadAttention, x: torch.Tensor, seed: 
     """Training-mode outputs with dropout in the wrong place, each drawn from the same seed as the check's
     reference, so a submission that drops elsewhere matches its variant exactly."""
     fix = "apply self.dropout to attn_weights right after the softmax, before multiplying by the values"
-    candidates = {
+    candidates: dict[str, str | tuple[str, ...]] = {
         f"dropout applied to the context vectors instead of the attention weights; {fix}": "context",
         f"dropout applied to the context vectors (after merging the heads) instead of the attention weights; {fix}": "merged",
         f"dropout applied to the output of out_proj instead of the attention weights; {fix}": "output",
@@ -210,7 +230,9 @@ def mha_dropout_variants(module: ref.MultiHeadAttention, x: torch.Tensor, seed: 
     return {description: mha_train_forward(module, x, seed, where) for description, where in candidates.items()}
 
 
-def mha_train_forward(module: ref.MultiHeadAttention, x: torch.Tensor, seed: int, dropout="weights") -> torch.Tensor:
+def mha_train_forward(
+    module: ref.MultiHeadAttention, x: torch.Tensor, seed: int, dropout: str | tuple[str, ...] = "weights"
+) -> torch.Tensor:
     """A training-mode forward with dropout drawn from `seed` and applied where `dropout` says."""
     module.train(True)
     try:
@@ -224,7 +246,7 @@ def mha_train_forward(module: ref.MultiHeadAttention, x: torch.Tensor, seed: int
 def fuse_variants(wrapper: ref.MultiHeadAttentionWrapper, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """Outputs of fused modules built wrongly, evaluated with the reference forward."""
 
-    def fused(reverse=False, biases=True):
+    def fused(reverse: bool = False, biases: bool = True) -> torch.Tensor:
         module = ref.fuse_heads(wrapper)
         heads = list(wrapper.heads)[::-1] if reverse else list(wrapper.heads)
         with torch.no_grad():
@@ -234,7 +256,8 @@ def fuse_variants(wrapper: ref.MultiHeadAttentionWrapper, x: torch.Tensor) -> di
                     getattr(module, name).bias.copy_(
                         torch.cat([getattr(h, name).bias for h in heads]) if biases else 0.0
                     )
-        return module.eval()(x)
+        output: torch.Tensor = module.eval()(x)
+        return output
 
     variants = {
         named(

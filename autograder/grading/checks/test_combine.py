@@ -4,17 +4,28 @@ The checks run in this order, so the first failure shown is the most telling: th
 (visible), hidden cases, then the dtype (which counts only when the values are right).
 """
 
+from __future__ import annotations
+
 import re
 
 import pytest
 import torch
 
-from autograder.grading.checks.harness import assert_close, attempt, book_batch, fail, first_match
-from autograder.grading.checks.mistakes import SHAPE_DRIFT, combine_variants
+from autograder.grading.checks.harness import (
+    Inputs,
+    Submission,
+    assert_close,
+    attempt,
+    book_batch,
+    fail,
+    first_match,
+)
+from autograder.grading.checks.mistakes import WRONG_DIMENSION, combine_variants
+from autograder.rubric import Rubric
 from reference import mha as ref
 
 # (batch, tokens, widths of the heads)
-CASES = {
+CASES: dict[str, tuple[int, int, list[int]]] = {
     "2 heads": (2, 6, [2, 2]),
     "4 heads": (3, 5, [3, 3, 3, 3]),
     "12 heads": (1, 7, [4] * 12),
@@ -23,19 +34,32 @@ CASES = {
 }
 
 
-def head_outputs(inputs, batch, tokens, widths, dtype=torch.float64):
+def head_outputs(
+    inputs: Inputs, batch: int, tokens: int, widths: list[int], dtype: torch.dtype = torch.float64
+) -> list[torch.Tensor]:
     return [inputs.randn(batch, tokens, width, dtype=dtype) for width in widths]
 
 
-def check_combine(submission, rubric, outputs, dtype_name, what):
+def check_combine(
+    submission: Submission, rubric: Rubric, outputs: list[torch.Tensor], dtype_name: str, what: str
+) -> None:
     got, problem = attempt(submission.call, "combine", outputs)
     if problem:
+        widths = [o.shape[-1] for o in outputs]
+        if len(set(widths)) > 1:  # the same combine on heads of one width may show what it does
+            equal = [o[..., : min(widths)] for o in outputs]
+            same, failed = attempt(submission.call, "combine", equal)
+            hint = first_match(same, combine_variants(equal)) if failed is None else None
+            if hint:
+                fail(
+                    f"{what}: combine fails on heads of different widths {widths}; on heads of one width it "
+                    f"returns what this mistake gives.\n{problem}\nLikely mistake: {hint}"
+                )
         joined = re.search(r"Sizes of tensors must match except in dimension (\d+)", problem)
-        if joined and joined.group(1) != "2":
+        if joined and int(joined.group(1)) in WRONG_DIMENSION:
             fail(
-                f"{what}: Likely mistake: combine joins the heads along dimension {joined.group(1)}, where "
-                "heads of different widths do not line up; only the last dimension may differ between heads, "
-                f"so concatenate along it, torch.cat(outputs, dim=-1) ({SHAPE_DRIFT}).\n{problem}"
+                f"{what}: heads of different widths do not line up along dimension {joined.group(1)}; only the last "
+                f"dimension may differ between heads.\n{problem}\nLikely mistake: {WRONG_DIMENSION[int(joined.group(1))]}"
             )
         fail(problem)
     assert_close(
@@ -49,7 +73,7 @@ def check_combine(submission, rubric, outputs, dtype_name, what):
 
 
 @pytest.mark.part("combine")
-def test_book_example(submission, rubric):
+def test_book_example(submission: Submission, rubric: Rubric) -> None:
     """combine gathers the book's two heads into (2, 6, 4) context vectors"""
     batch = book_batch()
     torch.manual_seed(123)
@@ -61,13 +85,13 @@ def test_book_example(submission, rubric):
 
 @pytest.mark.part("combine")
 @pytest.mark.parametrize("case", list(CASES))
-def test_concatenates_heads(submission, inputs, rubric, case):
+def test_concatenates_heads(submission: Submission, inputs: Inputs, rubric: Rubric, case: str) -> None:
     """combine puts the heads side by side in the last dimension, head 0 first"""
     check_combine(submission, rubric, head_outputs(inputs, *CASES[case]), "float64", f"combine of {case}")
 
 
 @pytest.mark.part("combine")
-def test_keeps_dtype(submission, inputs, rubric):
+def test_keeps_dtype(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
     """combine keeps the heads' dtype (float32 in, float32 out)"""
     outputs = head_outputs(inputs, 2, 3, [2, 2], dtype=torch.float32)
     check_combine(submission, rubric, outputs, "float32", "combine of float32 heads")

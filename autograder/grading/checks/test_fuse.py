@@ -8,14 +8,23 @@ only when the weights are right on their own case. When fuse_heads fails and the
 head_column_ranges is wrong, the message says so: fuse_heads may use it.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import pytest
 import torch
 
 from autograder.grading.checks.harness import (
+    CONSTRUCTOR_CAUSE,
+    Inputs,
     ModuleRef,
+    NotScored,
+    Submission,
     assert_close,
     attempt,
     build_pair,
+    constructor_problem,
     fail,
     first_match,
     in_student_terms,
@@ -25,40 +34,47 @@ from autograder.grading.checks.harness import (
     wrong_ranges,
 )
 from autograder.grading.checks.mistakes import describe_module_mistake, fuse_variants
+from autograder.rubric import Rubric
 from reference import mha as ref
 
 # (d_in, head width, context_length, heads, qkv_bias)
-CASES = {
+CASES: dict[str, tuple[int, int, int, int, bool]] = {
     "2 heads": (3, 2, 6, 2, False),
     "3 heads, bias": (5, 4, 8, 3, True),
     "1 head": (4, 3, 5, 1, False),
     "6 heads, bias": (6, 2, 7, 6, True),
 }
-DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+NAME_OF_DTYPE = {
+    torch.float64: "float64",
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+}
 DTYPE_HINT = (
     "fuse_heads' module does not have the wrapper's dtype: MultiHeadAttention(...) is created in the "
     "default dtype (float32) on the CPU; move it to the wrapper's, e.g. .to(wrapper.heads[0].W_query.weight)"
 )
 
 
-def fused_pair(submission, inputs, case):
+def fused_pair(
+    submission: Submission, inputs: Inputs, case: str
+) -> tuple[ref.MultiHeadAttentionWrapper, ModuleRef, ModuleRef]:
     """The reference wrapper, the student's wrapper with the same weights, and fuse_heads of the latter."""
     d_in, width, context, heads, bias = CASES[case]
     wrapper_ref, wrapper = build_pair(
-        submission, inputs, "MultiHeadAttentionWrapper", d_in, width, context, 0.0, heads, qkv_bias=bias
+        submission, inputs, ref.MultiHeadAttentionWrapper, d_in, width, context, 0.0, heads, qkv_bias=bias
     )
     fused, problem = attempt(submission.call, "fuse_heads", wrapper)
     if problem:
+        if "object has no attribute" in problem:  # fuse_heads may use what the given constructor makes
+            constructor_kept(submission, d_in, width * heads, context, heads, bias)
         note = wrong_ranges(submission, width * heads, heads)
-        fail(
-            (
-                f"Likely cause: {note}. If fuse_heads places each head's weights with head_column_ranges, fix "
-                "that first (see the columns checks).\n"
-                if note
-                else ""
+        if note:
+            raise NotScored(
+                f"not scored: fuse_heads raised an error, and {note}: if fuse_heads places each head's weights "
+                f"with head_column_ranges, fix that first (see the columns checks).\n{problem}"
             )
-            + problem
-        )
+        fail(problem)
     if not isinstance(fused, ModuleRef):
         fail(f"fuse_heads returned {fused!r:.80}; it must return a MultiHeadAttention")
     if "MultiHeadAttention" not in fused.instance_of:
@@ -66,12 +82,41 @@ def fused_pair(submission, inputs, case):
     return wrapper_ref, wrapper, fused
 
 
-def placement_problem(submission, inputs, rubric, case, wrapper_ref, fused) -> str | None:
+def attributes(state: dict[str, Any]) -> set[str]:
+    return {key.split(".")[0] for key in state}
+
+
+def constructor_kept(submission: Submission, d_in: int, d_out: int, context: int, heads: int, bias: bool) -> None:
+    """Not scored, pointing to the mha part's diagnosis, when the student's MultiHeadAttention does not make
+    the attributes of the given constructor (which fuse_heads fills)."""
+    expected = ref.MultiHeadAttention(d_in, d_out, context, 0.0, heads, qkv_bias=bias).state_dict()
+    built, _ = attempt(submission.build, "MultiHeadAttention", d_in, d_out, context, 0.0, heads, qkv_bias=bias)
+    state = getattr(built, "state_dict", None)
+    if state is not None and attributes(state) != attributes(expected):
+        raise NotScored(
+            constructor_problem("MultiHeadAttention", expected, state) or "its attributes differ from the given ones",
+            cause=CONSTRUCTOR_CAUSE.format("MultiHeadAttention"),
+        )
+
+
+def placement_problem(
+    submission: Submission,
+    inputs: Inputs,
+    rubric: Rubric,
+    case: str,
+    wrapper_ref: ref.MultiHeadAttentionWrapper,
+    fused: ModuleRef,
+) -> str | None:
     """None when the fused weights, run through the reference forward, reproduce the wrapper."""
     d_in, width, context, heads, bias = CASES[case]
     state = fused.state_dict or {}
     module = ref.MultiHeadAttention(d_in, width * heads, context, 0.0, heads, qkv_bias=bias)
     expected = module.state_dict()
+    if attributes(state) != attributes(expected):  # the student's MultiHeadAttention is made otherwise
+        raise NotScored(
+            constructor_problem("MultiHeadAttention", expected, state) or "its attributes differ from the given ones",
+            cause=CONSTRUCTOR_CAUSE.format("MultiHeadAttention"),
+        )
     for name, tensor in expected.items():
         if name not in state or not isinstance(state[name], torch.Tensor) or state[name].shape != tensor.shape:
             got = tuple(state[name].shape) if isinstance(state.get(name), torch.Tensor) else "nothing"
@@ -89,7 +134,7 @@ def placement_problem(submission, inputs, rubric, case, wrapper_ref, fused) -> s
     module = module.double().eval()
     x = inputs.randn(2, context, d_in)
     # the weights' own precision: a float32 copy of float64 weights is a dtype mistake, charged in its own check
-    dtype_name = DTYPE_NAMES.get(state["W_query.weight"].dtype, "float64")
+    dtype_name = NAME_OF_DTYPE.get(state["W_query.weight"].dtype, "float64")
     problem = value_problem(
         reference_forward(module, x),
         reference_forward(wrapper_ref, x),
@@ -111,7 +156,7 @@ def placement_problem(submission, inputs, rubric, case, wrapper_ref, fused) -> s
 
 @pytest.mark.part("fuse")
 @pytest.mark.parametrize("case", list(CASES))
-def test_weights_placed_per_head(submission, inputs, rubric, case):
+def test_weights_placed_per_head(submission: Submission, inputs: Inputs, rubric: Rubric, case: str) -> None:
     """head h's weights become head h's columns, out_proj is the identity (checked with the reference forward)"""
     wrapper_ref, _, fused = fused_pair(submission, inputs, case)
     problem = placement_problem(submission, inputs, rubric, case, wrapper_ref, fused)
@@ -120,7 +165,7 @@ def test_weights_placed_per_head(submission, inputs, rubric, case):
 
 
 @pytest.mark.part("fuse")
-def test_keeps_dtype_and_device(submission, inputs, rubric, device):
+def test_keeps_dtype_and_device(submission: Submission, inputs: Inputs, rubric: Rubric, device: str) -> None:
     """the fused module has the wrapper's dtype (float64 here) and device"""
     case = "3 heads, bias"
     wrapper_ref, _, fused = fused_pair(submission, inputs, case)
@@ -146,27 +191,29 @@ def test_keeps_dtype_and_device(submission, inputs, rubric, device):
 
 @pytest.mark.part("fuse")
 @pytest.mark.parametrize("case", list(CASES))
-def test_fused_output_equals_wrapper(submission, inputs, rubric, device, case):
+def test_fused_output_equals_wrapper(
+    submission: Submission, inputs: Inputs, rubric: Rubric, device: str, case: str
+) -> None:
     """your fused module's own forward computes what your MultiHeadAttention computes with the wrapper's weights"""
     wrapper_ref, _, fused = fused_pair(submission, inputs, case)
     values_first(placement_problem(submission, inputs, rubric, case, wrapper_ref, fused), "The fused module's forward")
     d_in, width, context, heads, bias = CASES[case]
     state = fused.state_dict or {}
     dtype = state["W_query.weight"].dtype  # a dtype mistake is charged in test_keeps_dtype_and_device alone
-    dtype_name = DTYPE_NAMES.get(dtype, "float64")
+    dtype_name = NAME_OF_DTYPE.get(dtype, "float64")
     right = {k: v.detach().cpu().to(dtype) for k, v in ref.fuse_heads(wrapper_ref).state_dict().items()}
     own = submission.build(
         "MultiHeadAttention", d_in, width * heads, context, 0.0, heads, qkv_bias=bias, state_dict=right, dtype=dtype
     )
     x = inputs.randn(3, context - 1, d_in, dtype=dtype)
-    mine, own_problem = attempt(submission.forward, own, x)
-    if own_problem is not None:
+    mine, _ = attempt(submission.forward, own, x)
+    if mine is None:
         return  # your MultiHeadAttention.forward fails on its own (see mha): nothing here to compare with
     answer, problem = attempt(submission.forward, fused, x)
-    if problem is not None:
-        if device != "cpu" and "device" in problem:
+    if answer is None:
+        if device != "cpu" and "device" in (problem or ""):
             return  # charged in test_keeps_dtype_and_device
-        fail(in_student_terms(problem, "the fused module's forward"))
+        fail(in_student_terms(problem or "", "the fused module's forward"))
     assert_close(
         answer.y,
         mine.y,
@@ -178,7 +225,7 @@ def test_fused_output_equals_wrapper(submission, inputs, rubric, device, case):
 
 
 @pytest.mark.part("fuse")
-def test_wrapper_left_unchanged(submission, inputs, rubric):
+def test_wrapper_left_unchanged(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
     """fusing leaves the wrapper's own weights as they were"""
     case = "3 heads, bias"
     wrapper_ref, wrapper, fused = fused_pair(submission, inputs, case)

@@ -6,10 +6,21 @@ for all heads, no ready-made attention, dropout). A property counts only when th
 property's own case is right: a forward returning zeros earns nothing here.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 
 from autograder.grading.checks.harness import (
+    DTYPE_NOT_KEPT,
+    IN_PLACE,
+    ForwardReply,
+    Inputs,
+    ModuleRef,
+    Submission,
     attempt,
     book_pair,
     build_pair,
@@ -24,11 +35,13 @@ from autograder.grading.checks.harness import (
     values_first,
 )
 from autograder.grading.checks.mistakes import mha_dropout_variants, mha_train_forward, mha_variants
+from autograder.rubric import Rubric
+from reference import mha as ref
 
 FORWARD = "MultiHeadAttention.forward"
 
 # (batch, tokens, d_in, d_out, context_length, heads, qkv_bias)
-CASES = {
+CASES: dict[str, tuple[int, int, int, int, int, int, bool]] = {
     "book sizes": (2, 6, 3, 2, 6, 2, False),
     "d_in != d_out, bias": (3, 7, 10, 8, 7, 4, True),
     "short sequence": (4, 3, 6, 12, 9, 3, False),
@@ -39,7 +52,8 @@ CASES = {
 SDPA_OPS = ("scaled_dot_product", "_flash_attention", "_efficient_attention", "_cudnn_attention")
 MHA_OPS = ("_native_multi_head_attention", "_transformer_encoder_layer")
 MHA_CALLS = ("nn.MultiheadAttention", "F.multi_head_attention_forward")
-FORBIDDEN = {
+# API name -> whether a trace (the ATen ops, the Python calls) shows it used
+FORBIDDEN: dict[str, Callable[[list[str], list[str]], bool]] = {
     "scaled_dot_product_attention": lambda ops, calls: any(name in op for op in ops for name in SDPA_OPS),
     "nn_multihead_attention": lambda ops, calls: (
         any(call in MHA_CALLS for call in calls) or any(name in op for op in ops for name in MHA_OPS)
@@ -48,12 +62,19 @@ FORBIDDEN = {
 }
 
 
-def pair(submission, inputs, case, dtype=torch.float64, device="cpu", dropout=0.0):
+def pair(
+    submission: Submission,
+    inputs: Inputs,
+    case: str,
+    dtype: torch.dtype = torch.float64,
+    device: str = "cpu",
+    dropout: float = 0.0,
+) -> tuple[ref.MultiHeadAttention, ModuleRef, tuple[int, int, int]]:
     batch, tokens, d_in, d_out, context, heads, bias = CASES[case]
     reference, module = build_pair(
         submission,
         inputs,
-        "MultiHeadAttention",
+        ref.MultiHeadAttention,
         d_in,
         d_out,
         context,
@@ -66,14 +87,19 @@ def pair(submission, inputs, case, dtype=torch.float64, device="cpu", dropout=0.
     return reference, module, (batch, tokens, d_in)
 
 
-def run(submission, reference, module, x, **kwargs):
+def run(
+    submission: Submission, reference: ref.MultiHeadAttention, module: ModuleRef, x: torch.Tensor, **kwargs: Any
+) -> ForwardReply:
     """The student's forward, with PyTorch's internal errors explained (a mask not cut to T x T, ...)."""
-    return forward_checked(submission, module, x, function=FORWARD, context_length=reference.mask.shape[0], **kwargs)
+    context_length = reference.get_buffer("mask").shape[0]
+    return forward_checked(submission, module, x, function=FORWARD, context_length=context_length, **kwargs)
 
 
-def output_problem(reference, x, y, dtype_name, rubric, what) -> str | None:
+def output_problem(
+    reference: ref.MultiHeadAttention, x: torch.Tensor, y: object, dtype_name: str, rubric: Rubric, what: str
+) -> str | None:
     """None when y is the reference's output on x, else the failure message with a diagnosis."""
-    x = x.to(reference.mask.device)
+    x = x.to(reference.get_buffer("mask").device)
     return value_problem(
         y,
         reference_forward(reference, x).cpu(),
@@ -85,9 +111,9 @@ def output_problem(reference, x, y, dtype_name, rubric, what) -> str | None:
 
 
 @pytest.mark.part("mha")
-def test_book_example(submission, rubric):
+def test_book_example(submission: Submission, rubric: Rubric) -> None:
     """the book's example: MultiHeadAttention(3, 2, 6, 0.0, num_heads=2) gives (2, 6, 2)"""
-    reference, module, x = book_pair(submission, "MultiHeadAttention", 3, 2, 6, 0.0, 2)
+    reference, module, x = book_pair(submission, ref.MultiHeadAttention, 3, 2, 6, 0.0, 2)
     problem = output_problem(
         reference, x, run(submission, reference, module, x).y, "float32", rubric, "output for the book's example"
     )
@@ -96,7 +122,7 @@ def test_book_example(submission, rubric):
 
 
 @pytest.mark.part("mha")
-def test_shorter_sequences(submission, inputs, rubric):
+def test_shorter_sequences(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
     """sequences shorter than context_length work (3 tokens and 1 token with context_length 9)"""
     reference, module, _ = pair(submission, inputs, "short sequence")
     for tokens in (3, 1):
@@ -115,7 +141,9 @@ def test_shorter_sequences(submission, inputs, rubric):
 
 @pytest.mark.part("mha")
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_reference(submission, inputs, rubric, device, dtype_name, case):
+def test_matches_reference(
+    submission: Submission, inputs: Inputs, rubric: Rubric, device: str, dtype_name: str, case: str
+) -> None:
     """the parallel forward equals the reference's on hidden weights and inputs"""
     dtype = getattr(torch, dtype_name)
     reference, module, shape = pair(submission, inputs, case, dtype, device)
@@ -124,12 +152,12 @@ def test_matches_reference(submission, inputs, rubric, device, dtype_name, case)
     problem = output_problem(reference, x, answer.y, dtype_name, rubric, f"output ({case})")
     if problem:
         fail(problem)
-    if answer.y_info.device != str(x.to(device).device):
-        fail(f"the output is on {answer.y_info.device}, the input on {device}: keep the input's device")
+    if answer.y_device != str(x.to(device).device):
+        fail(f"the output is on {answer.y_device}, the input on {device}: keep the input's device")
 
 
 @pytest.mark.part("mha")
-def test_keeps_dtype(submission, inputs, rubric, device):
+def test_keeps_dtype(submission: Submission, inputs: Inputs, rubric: Rubric, device: str) -> None:
     """a float32 input gives a float32 output, a float64 input a float64 output, on the input's device"""
     for dtype in (torch.float32, torch.float64):
         reference, module, shape = pair(submission, inputs, "book sizes", dtype, device)
@@ -137,12 +165,9 @@ def test_keeps_dtype(submission, inputs, rubric, device):
         answer = run(submission, reference, module, x)
         y = answer.y
         if not isinstance(y, torch.Tensor) or y.dtype != dtype:
-            fail(
-                f"a {dtype} input gave {getattr(y, 'dtype', type(y).__name__)}: keep the input's dtype "
-                "(no hard-coded .float() or torch.float32 tensors)"
-            )
-        if answer.y_info.device != str(x.to(device).device):
-            fail(f"the output is on {answer.y_info.device}, the input on {device}: keep the input's device")
+            fail(f"a {dtype} input gave {getattr(y, 'dtype', type(y).__name__)}.\nLikely mistake: {DTYPE_NOT_KEPT}")
+        if answer.y_device != str(x.to(device).device):
+            fail(f"the output is on {answer.y_device}, the input on {device}: keep the input's device")
         values_first(
             output_problem(reference, x, y, str(dtype).removeprefix("torch."), rubric, f"{dtype} output"),
             "Keeping the dtype",
@@ -151,18 +176,18 @@ def test_keeps_dtype(submission, inputs, rubric, device):
 
 @pytest.mark.part("mha")
 @pytest.mark.evidence("worker")
-def test_input_not_modified(submission, inputs, rubric):
+def test_input_not_modified(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
     """the forward leaves its input unchanged"""
     reference, module, shape = pair(submission, inputs, "d_in != d_out, bias")
     x = inputs.randn(*shape)
     answer = run(submission, reference, module, x)
     if not torch.equal(answer.x_after, x):
-        fail("the forward modified its input x in place; work on new tensors instead")
+        fail(f"the forward modified its input x in place.\nLikely mistake: {IN_PLACE.format(function=FORWARD)}.")
     values_first(output_problem(reference, x, answer.y, "float64", rubric, "output"), "Leaving the input unchanged")
 
 
 @pytest.mark.part("mha")
-def test_new_inputs_new_answers(submission, inputs, rubric):
+def test_new_inputs_new_answers(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
     """the same module gives the right answer for new inputs of the same shape (no caching)"""
     reference, module, shape = pair(submission, inputs, "d_in != d_out, bias")
     for attempt_number in range(3):
@@ -180,18 +205,18 @@ def test_new_inputs_new_answers(submission, inputs, rubric):
 
 
 @pytest.mark.part("mha")
-def test_gradients(submission, inputs, rubric):
+def test_gradients(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
     """gradients reach the input and every weight, equal to the reference's"""
     reference, module, shape = pair(submission, inputs, "d_in != d_out, bias")
     x = inputs.randn(*shape)
     grad_out = inputs.randn(*shape[:2], reference.d_out)
     answer, problem = attempt(submission.forward, module, x, grad_out=grad_out)
-    if problem:  # the values first: a forward whose backward fails may be wrong already
+    if answer is None:  # the values first: a forward whose backward fails may be wrong already
         values_first(
             output_problem(reference, x, run(submission, reference, module, x).y, "float64", rubric, "output"),
             "The gradient check",
         )
-        fail(in_student_terms(problem, FORWARD))
+        fail(in_student_terms(problem or "", FORWARD))
     values_first(output_problem(reference, x, answer.y, "float64", rubric, "output"), "The gradient check")
     x_ref = x.clone().requires_grad_(True)
     reference.zero_grad(set_to_none=True)
@@ -201,11 +226,11 @@ def test_gradients(submission, inputs, rubric):
     )
 
 
-def traced(submission, inputs, rubric, heads):
+def traced(submission: Submission, inputs: Inputs, rubric: Rubric, heads: int) -> ForwardReply:
     """The trace of a forward with `heads` heads. The trace is the worker's word, so what the traced forward
     computed must be right, and the same as an untraced forward of the same module and input: a forward
     that behaves differently when observed gains nothing."""
-    reference, module = build_pair(submission, inputs, "MultiHeadAttention", 12, 24, 6, 0.0, heads)
+    reference, module = build_pair(submission, inputs, ref.MultiHeadAttention, 12, 24, 6, 0.0, heads)
     x = inputs.randn(2, 6, 12)
     answer = run(submission, reference, module, x, trace=True)
     values_first(
@@ -223,7 +248,7 @@ def traced(submission, inputs, rubric, heads):
 
 @pytest.mark.part("mha")
 @pytest.mark.evidence("worker")
-def test_one_pass_for_all_heads(submission, inputs, rubric):
+def test_one_pass_for_all_heads(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
     """the forward issues as many matrix multiplies for 12 heads as for 2 (no loop over heads)"""
     two = count_matmuls(traced(submission, inputs, rubric, 2).ops or [])
     twelve = count_matmuls(traced(submission, inputs, rubric, 12).ops or [])
@@ -240,7 +265,7 @@ def test_one_pass_for_all_heads(submission, inputs, rubric):
 
 @pytest.mark.part("mha")
 @pytest.mark.evidence("worker")
-def test_no_ready_made_attention(submission, inputs, rubric):
+def test_no_ready_made_attention(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
     """the forward writes the attention itself (no scaled_dot_product_attention, nn.MultiheadAttention, flex)"""
     answer = traced(submission, inputs, rubric, 4)
     used = [
@@ -256,7 +281,7 @@ def test_no_ready_made_attention(submission, inputs, rubric):
 
 
 @pytest.mark.part("mha")
-def test_dropout(submission, inputs, rubric, device):
+def test_dropout(submission: Submission, inputs: Inputs, rubric: Rubric, device: str) -> None:
     """dropout acts on the attention weights in training mode, and not at all in eval mode"""
     # the reference on the grading device: CPU and CUDA draw different dropout masks from one seed
     reference, module, shape = pair(submission, inputs, "d_in != d_out, bias", device=device, dropout=0.5)
@@ -275,7 +300,10 @@ def test_dropout(submission, inputs, rubric, device):
     y = run(submission, reference, module, x, train=True, seed=seed).y
     what = "training-mode output with dropout=0.5 (apply self.dropout once, to the attention weights)"
     x = x.to(device)
-    variants = lambda: {k: v.cpu() for k, v in mha_dropout_variants(reference, x, seed).items()}  # noqa: E731
+
+    def variants() -> dict[str, torch.Tensor]:
+        return {k: v.cpu() for k, v in mha_dropout_variants(reference, x, seed).items()}
+
     problem = value_problem(
         y,
         reference_forward(reference, x, train=True, seed=seed).cpu(),

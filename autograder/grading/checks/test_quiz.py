@@ -1,8 +1,10 @@
 """The two multiple-choice questions."""
 
+from __future__ import annotations
+
 import pytest
 
-from autograder.grading.checks.harness import fail
+from autograder.grading.checks.harness import Submission, fail
 from reference import mha as ref
 
 CHOICES = {"HEADS_RUN": ("A", "B"), "OUTPUT_SHAPE_STEP": ("A", "B", "C", "D")}
@@ -19,7 +21,7 @@ WHY = {
 }
 
 
-def answer(submission, name):
+def answer(submission: Submission, name: str) -> str:
     value = submission.value(name)
     if value is None:
         fail(f"{name} is still None: set it to one of {', '.join(map(repr, CHOICES[name]))}")
@@ -30,14 +32,14 @@ def answer(submission, name):
 
 @pytest.mark.part("quiz")
 @pytest.mark.parametrize("name", list(CHOICES))
-def test_answer_is_a_choice(submission, name):
+def test_answer_is_a_choice(submission: Submission, name: str) -> None:
     """the answer is one of the letters offered"""
     answer(submission, name)
 
 
 @pytest.mark.part("quiz")
 @pytest.mark.parametrize("name", list(CHOICES))
-def test_answer(submission, name):
+def test_answer(submission: Submission, name: str) -> None:
     """the answer is right"""
     given = answer(submission, name)
     if given != getattr(ref, name):

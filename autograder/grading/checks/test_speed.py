@@ -12,15 +12,20 @@ over the wrapper as a fraction of the reference's own speedup in the same run (`
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import pytest
 import torch
 
 from autograder.grading import timing
-from autograder.grading.checks.harness import assert_close, fail, reference_forward
-from autograder.grading.devices import TimingLockBusy, device_key, timing_lock
+from autograder.grading.checks.fixtures import GradingContext
+from autograder.grading.checks.harness import Inputs, ModuleRef, Submission, assert_close, fail, reference_forward
+from autograder.grading.devices import TimingLockError, device_key, timing_lock
+from autograder.rubric import Rubric, SpeedSettings, Workload
 from autograder.sandbox.client import Worker, WorkerError
+from reference import mha as ref
 
 LOOP_HINT = (
     "\nCompute every head in one batched pass: project once, view the result as (b, T, H, head_dim), "
@@ -30,7 +35,7 @@ LOOP_HINT = (
 
 
 @pytest.fixture(scope="module")
-def timing_workers(context) -> dict[str, timing.BackgroundWorker]:
+def timing_workers(context: GradingContext) -> Iterator[dict[str, timing.BackgroundWorker]]:
     """The wrapper's and the reference's timing workers, running only the reference's code (the grading run
     starts them in the background when it starts; here otherwise)."""
     started = context.timing_workers or timing.start_trusted_workers(context.submission.worker.config)
@@ -40,7 +45,7 @@ def timing_workers(context) -> dict[str, timing.BackgroundWorker]:
             worker.close()
 
 
-def trusted(worker: Worker, op: str, **args):
+def trusted(worker: Worker, op: str, **args: Any) -> Any:
     """A request to the reference's worker: a failure there is the grader's, never the student's."""
     try:
         return worker.request(op, **args)
@@ -48,35 +53,43 @@ def trusted(worker: Worker, op: str, **args):
         raise timing.CannotTime(f"the reference's timing worker failed ({op}): {exc}") from None
 
 
-def same_weights(inputs, workload, dtype):
+def speed_settings(rubric: Rubric) -> SpeedSettings:
+    """The rubric's [speed]; a speed check without one is the grader's fault."""
+    if rubric.speed is None:
+        raise RuntimeError("the speed part's check ran without [speed] in the rubric")
+    return rubric.speed
+
+
+def same_weights(
+    inputs: Inputs, workload: Workload, dtype: torch.dtype
+) -> tuple[ref.MultiHeadAttention, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The reference MultiHeadAttention with hidden weights, and the wrapper whose head h holds head h's
     columns of them (so the three modules timed do the same projections)."""
-    from reference import mha as ref
-
     w = workload
     mha = ref.MultiHeadAttention(w.d_in, w.d_out, w.tokens, 0.0, w.heads)
     state = inputs.state_dict(mha, dtype)
     width = w.d_out // w.heads
     wrapper = ref.MultiHeadAttentionWrapper(w.d_in, width, w.tokens, 0.0, w.heads).to(dtype)
     with torch.no_grad():
-        for h, head in enumerate(wrapper.heads):
+        for h, head in enumerate(wrapper.get_submodule("heads").children()):
             for name in ("W_query", "W_key", "W_value"):
                 getattr(head, name).weight.copy_(getattr(mha, name).weight[h * width : (h + 1) * width])
     return mha.eval(), state, wrapper.state_dict()
 
 
-def verifier(workload, rubric):
+def verifier(workload: Workload, rubric: Rubric) -> Callable[[dict[str, list[torch.Tensor]]], None]:
     """Checks a round's answers: every probe of the submission's outputs against the reference's."""
     rtol, atol = rubric.tolerance(workload.dtype)
+    sigmas = speed_settings(rubric).probe_sigmas
 
-    def verify(answers):
+    def verify(answers: dict[str, list[torch.Tensor]]) -> None:
         for mine, expected in zip(answers[timing.SUBMISSION], answers[timing.REFERENCE]):
-            timing.check_probes(mine, expected, rtol, atol, rubric.speed.probe_sigmas, workload.d_out)
+            timing.check_probes(mine, expected, rtol, atol, sigmas, workload.d_out)
 
     return verify
 
 
-def describe(workload) -> str:
+def describe(workload: Workload) -> str:
     w = workload
     return (
         f"{w.name}: batch {w.batch}, {w.tokens} tokens, {w.d_in} -> {w.d_out} features, {w.heads} heads "
@@ -84,11 +97,13 @@ def describe(workload) -> str:
     )
 
 
-def record(context, workload, figures):
+def record(context: GradingContext, workload: Workload, figures: dict[str, Any]) -> None:
     """The workload's figures into the run's measurements; the headline figures are the geometric means
-    over the workloads measured (one on the CPU)."""
+    over the workloads measured (one on the CPU); `bands` are the rubric's, for the feedback to explain."""
+    settings = speed_settings(context.rubric)
+    bands = {key: getattr(settings, key) for key in ("full_credit_at", "no_credit_at", "give_up_below")}
     speed = context.measurements.setdefault(
-        "speed", {"device": context.device, "threads": context.rubric.speed.threads, "workloads": {}}
+        "speed", {"device": context.device, "threads": settings.threads, "bands": bands, "workloads": {}}
     )
     speed["workloads"][workload.name] = figures
     measured = [f for f in speed["workloads"].values() if "relative" in f]
@@ -96,118 +111,197 @@ def record(context, workload, figures):
         speed[key] = timing.geometric_mean([f[key] for f in measured]) if measured else None
 
 
-@pytest.mark.part("speed")
-def test_faster_than_the_wrapper(context, submission, inputs, rubric, device, speed_workload, timing_workers, request):
-    """the parallel forward beats the wrapper by about as much as the reference's does"""
-    settings, w = rubric.speed, speed_workload
-    dtype = getattr(torch, w.dtype)
-    mha, state, wrapper_state = same_weights(inputs, w, dtype)
-    args = [w.d_in, w.d_out, w.tokens, 0.0, w.heads]
-    mine = submission  # its grading worker, which no other check has used yet: the speed part runs first
-    module = mine.build("MultiHeadAttention", *args, state_dict=state, dtype=dtype)
+@dataclass
+class Built:
+    """A module built in one of the reference's timing workers."""
 
-    # the values first, on this very workload: a timing of something wrong would mean nothing
-    x = inputs.randn(*w.shape, dtype=dtype)
+    worker: Worker
+    handle: str
+
+
+def check_values_first(
+    submission: Submission,
+    module: ModuleRef,
+    mha: ref.MultiHeadAttention,
+    inputs: Inputs,
+    workload: Workload,
+    rubric: Rubric,
+    device: str,
+) -> None:
+    """The submission's output on this very workload, before any timing: a timing of something wrong
+    would mean nothing."""
+    x = inputs.randn(*workload.shape, dtype=getattr(torch, workload.dtype))
     assert_close(
-        mine.forward(module, x).y,
+        submission.forward(module, x).y,
         reference_forward(mha.to(device), x.to(device)).cpu(),
-        w.dtype,
+        workload.dtype,
         rubric,
-        f"output on the speed workload ({describe(w)})",
+        f"output on the speed workload ({describe(workload)})",
     )
 
-    # only now: a wrong forward does not wait for the reference's workers
-    wrapper_worker, reference_worker = timing_workers[timing.WRAPPER].get(), timing_workers[timing.REFERENCE].get()
-    reference = trusted(
-        reference_worker,
-        "build",
-        cls="MultiHeadAttention",
-        args=args,
-        kwargs={},
-        state_dict=state,
-        dtype=w.dtype,
-        device=device,
-    )
-    wrapper = trusted(
-        wrapper_worker,
-        "build",
-        cls="MultiHeadAttentionWrapper",
-        args=[w.d_in, w.d_out // w.heads, w.tokens, 0.0, w.heads],
-        kwargs={},
-        state_dict=wrapper_state,
-        dtype=w.dtype,
-        device=device,
-    )
+
+def build_references(
+    timing_workers: dict[str, timing.BackgroundWorker],
+    workload: Workload,
+    state: dict[str, torch.Tensor],
+    wrapper_state: dict[str, torch.Tensor],
+    device: str,
+) -> tuple[Built, Built]:
+    """The reference MultiHeadAttention and the wrapper, with the same weights, each in its timing worker."""
+    w = workload
+    built = []
+    weights: dict[str, torch.Tensor]
+    for name, cls, args, weights in (
+        (timing.REFERENCE, "MultiHeadAttention", [w.d_in, w.d_out, w.tokens, 0.0, w.heads], state),
+        (
+            timing.WRAPPER,
+            "MultiHeadAttentionWrapper",
+            [w.d_in, w.d_out // w.heads, w.tokens, 0.0, w.heads],
+            wrapper_state,
+        ),
+    ):
+        worker = timing_workers[name].get()
+        module = trusted(
+            worker, "build", cls=cls, args=args, kwargs={}, state_dict=weights, dtype=w.dtype, device=device
+        )
+        built.append(Built(worker, module.handle))
+    return built[0], built[1]
+
+
+def timing_targets(
+    submission: Submission, module: ModuleRef, reference: Built, wrapper: Built, workload: Workload, threads: int
+) -> list[timing.Target]:
+    """The three timed modules, each by its `forward_many` request on the workload's inputs."""
+    w = workload
     request_args = dict(
         shape=list(w.shape),
         dtype=w.dtype,
         out_features=w.d_out,
-        threads=settings.threads,
+        threads=threads,
         flush_bytes=int(w.flush_mib * (1 << 20)),
     )
 
-    def in_reference_worker(worker, handle):
+    def in_reference_worker(built: Built) -> Callable[[list[int], float], list[torch.Tensor]]:
         return lambda seeds, timeout: trusted(
-            worker, "forward_many", timeout=timeout, handle=handle, seeds=seeds, **request_args
+            built.worker, "forward_many", timeout=timeout, handle=built.handle, seeds=seeds, **request_args
         )
 
-    targets = [
-        timing.Target(
-            timing.WRAPPER, wrapper_worker, in_reference_worker(wrapper_worker, wrapper.handle), w.wrapper_calls
-        ),
-        timing.Target(
-            timing.REFERENCE, reference_worker, in_reference_worker(reference_worker, reference.handle), w.calls
-        ),
-        timing.Target(
-            timing.SUBMISSION,
-            mine.worker,
-            lambda seeds, timeout: mine.forward_many(module, seeds, timeout=timeout, **request_args),
-            w.calls,
-        ),
+    def in_submission_worker(seeds: list[int], timeout: float) -> list[torch.Tensor]:
+        return submission.forward_many(module, seeds, timeout=timeout, **request_args)
+
+    return [
+        timing.Target(timing.WRAPPER, wrapper.worker, in_reference_worker(wrapper), w.wrapper_calls),
+        timing.Target(timing.REFERENCE, reference.worker, in_reference_worker(reference), w.calls),
+        timing.Target(timing.SUBMISSION, submission.worker, in_submission_worker, w.calls),
     ]
-    seeds = iter(inputs.seed_value, None)
+
+
+def measure_locked(
+    context: GradingContext,
+    submission: Submission,
+    targets: list[timing.Target],
+    inputs: Inputs,
+    workload: Workload,
+    rubric: Rubric,
+    device: str,
+) -> timing.Measurement:
+    """The measurement, holding the device's timing lock. Timed forwards that fail, are wrong or are far too
+    slow fail the check here, with what was found recorded."""
+    settings = speed_settings(rubric)
     try:
         with timing_lock(device_key(device), settings.lock_seconds):
-            mine.begin_check()  # the wait for the lock is not the submission's time
-            measurement = timing.measure(
-                targets, settings, seeds, verifier(w, rubric), mine.worker.config.request_seconds
+            submission.begin_check()  # the wait for the lock is not the submission's time
+            return timing.measure(
+                targets,
+                settings,
+                iter(inputs.seed_value, None),
+                verifier(workload, rubric),
+                submission.worker.config.request_seconds,
             )
-    except TimingLockBusy as exc:
+    except TimingLockError as exc:
         raise timing.CannotTime(str(exc)) from None
     except timing.TimingFailed as exc:
-        record(context, w, {"workload": dataclasses.asdict(w), "failed": str(exc)})
-        fail(f"{describe(w)}: {exc}" + (LOOP_HINT if isinstance(exc, timing.TooSlow) else ""))
-    finally:  # kept reference workers serve later gradings: they forget what this one built
-        for worker, built in ((reference_worker, reference), (wrapper_worker, wrapper)):
-            with contextlib.suppress(WorkerError):
-                worker.request("drop", handle=built.handle)
+        record(context, workload, {"workload": asdict(workload), "failed": str(exc)})
+        fail(f"{describe(workload)}: {exc}" + (LOOP_HINT if isinstance(exc, timing.TooSlow) else ""))
 
+
+def drop(*built: Built) -> None:
+    """Kept reference workers serve later gradings: they forget what this one built."""
+    for module in built:
+        with contextlib.suppress(WorkerError):
+            module.worker.request("drop", handle=module.handle)
+
+
+def figures_of(measurement: timing.Measurement, workload: Workload, settings: SpeedSettings) -> dict[str, Any]:
+    """The measurement's figures, once the run is known to tell a parallel forward from a sequential one."""
     figures = timing.summarize(measurement)
     if figures["reference_speedup"] < settings.min_reference_speedup:
         raise timing.CannotTime(
             f"in this run the reference was only {figures['reference_speedup']:.2f} times faster than the wrapper "
-            f"on {describe(w)} (at least {settings.min_reference_speedup:g} is needed to tell a parallel forward "
+            f"on {describe(workload)} (at least {settings.min_reference_speedup:g} is needed to tell a parallel forward "
             "from a sequential one): choose a workload in [speed] where the weight split matters on this machine"
         )
-    earned = timing.credit(figures["relative"], settings.no_credit_at, settings.full_credit_at)
-    figures.update(workload=dataclasses.asdict(w), credit=earned)
-    record(context, w, figures)
+    return figures
+
+
+def flag_if_implausible(
+    context: GradingContext, workload: Workload, figures: dict[str, Any], settings: SpeedSettings
+) -> None:
+    """A speedup far beyond the reference's, for the same computation, is for the instructor to look at."""
     if figures["relative"] > settings.flag_above:
         context.flags.append(
-            f"speed ({w.name}): a speedup over the wrapper of {figures['speedup']:.2f}x is {figures['relative']:.2f} "
-            f"times the reference's {figures['reference_speedup']:.2f}x in the same run, implausibly fast for the "
-            "same computation: look for caching, timing tricks or work done outside the timed forward"
+            f"speed ({workload.name}): a speedup over the wrapper of {figures['speedup']:.2f}x is "
+            f"{figures['relative']:.2f} times the reference's {figures['reference_speedup']:.2f}x in the same run, "
+            "implausibly fast for the same computation: look for caching, timing tricks or work done outside the "
+            "timed forward"
         )
+
+
+def verdict(workload: Workload, figures: dict[str, Any], earned: float, settings: SpeedSettings) -> None:
+    """Fail with the figures and the fraction of the points earned, unless they are all earned."""
+    if earned >= 1:
+        return
+    times, spread = figures["ms_per_call"], figures["relative_spread"]
+    hint = LOOP_HINT if figures["relative"] <= settings.no_credit_at else ""
+    fail(
+        f"{describe(workload)}: your forward took {times[timing.SUBMISSION]:.3g} ms per call, the reference "
+        f"MultiHeadAttention {times[timing.REFERENCE]:.3g} ms and the wrapper {times[timing.WRAPPER]:.3g} ms. "
+        f"Your speedup over the wrapper is {figures['speedup']:.2f}x, the reference's {figures['reference_speedup']:.2f}x "
+        f"in the same run: yours is {figures['relative']:.2f} of it (median of {figures['rounds']} rounds, "
+        f"middle half {spread['q1']:.2f}-{spread['q3']:.2f}). Full points from {settings.full_credit_at:g}, none at "
+        f"{settings.no_credit_at:g} or below: {earned:.0%} of the points.{hint}"
+    )
+
+
+@pytest.mark.part("speed")
+def test_faster_than_the_wrapper(
+    context: GradingContext,
+    submission: Submission,
+    inputs: Inputs,
+    rubric: Rubric,
+    device: str,
+    speed_workload: Workload,
+    timing_workers: dict[str, timing.BackgroundWorker],
+    request: pytest.FixtureRequest,
+) -> None:
+    """the parallel forward beats the wrapper by about as much as the reference's does"""
+    settings, w = speed_settings(rubric), speed_workload
+    mha, state, wrapper_state = same_weights(inputs, w, getattr(torch, w.dtype))
+    # the submission's grading worker, which no other check has used yet: the speed part runs first
+    module = submission.build(
+        "MultiHeadAttention", w.d_in, w.d_out, w.tokens, 0.0, w.heads, state_dict=state, dtype=getattr(torch, w.dtype)
+    )
+    check_values_first(submission, module, mha, inputs, w, rubric, device)
+    reference, wrapper = build_references(timing_workers, w, state, wrapper_state, device)  # only now: see above
+    try:
+        targets = timing_targets(submission, module, reference, wrapper, w, settings.threads)
+        measurement = measure_locked(context, submission, targets, inputs, w, rubric, device)
+    finally:
+        drop(reference, wrapper)
+    figures = figures_of(measurement, w, settings)
+    earned = timing.credit(figures["relative"], settings.no_credit_at, settings.full_credit_at)
+    figures.update(workload=asdict(w), credit=earned)
+    record(context, w, figures)
+    flag_if_implausible(context, w, figures, settings)
     request.node.user_properties.append(("credit", earned))
-    if earned < 1:
-        times = figures["ms_per_call"]
-        spread = figures["relative_spread"]
-        hint = LOOP_HINT if figures["relative"] <= settings.no_credit_at else ""
-        fail(
-            f"{describe(w)}: your forward took {times[timing.SUBMISSION]:.3g} ms per call, the reference "
-            f"MultiHeadAttention {times[timing.REFERENCE]:.3g} ms and the wrapper {times[timing.WRAPPER]:.3g} ms. "
-            f"Your speedup over the wrapper is {figures['speedup']:.2f}x, the reference's {figures['reference_speedup']:.2f}x "
-            f"in the same run: yours is {figures['relative']:.2f} of it (median of {figures['rounds']} rounds, "
-            f"middle half {spread['q1']:.2f}-{spread['q3']:.2f}). Full points from {settings.full_credit_at:g}, none at "
-            f"{settings.no_credit_at:g} or below: {earned:.0%} of the points.{hint}"
-        )
+    verdict(w, figures, earned, settings)

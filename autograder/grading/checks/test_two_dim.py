@@ -6,11 +6,18 @@ with the same weights: a mistake in the wrapper's forward or in combine is charg
 The checks run structure first, then the book's example, then dropout and bias, then hidden cases.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import pytest
 import torch
 
 from autograder.grading.checks.harness import (
+    Inputs,
     ModuleRef,
+    NotScored,
+    Submission,
     attempt,
     book_batch,
     fail,
@@ -21,6 +28,7 @@ from autograder.grading.checks.harness import (
     values_first,
 )
 from autograder.grading.checks.mistakes import HEAD_CHANGED, describe_changed_heads, named, wrapper_variants
+from autograder.rubric import Rubric
 from reference import mha as ref
 
 # d_in, context_length, tokens
@@ -28,7 +36,7 @@ VISIBLE_CASES = {"d_in 3": (3, 6, 6), "d_in 8, short sequence": (8, 7, 5)}
 HIDDEN_CASES = {"d_in 5": (5, 4, 4), "d_in 16, 2 of 9 tokens": (16, 9, 2)}
 
 
-def built(submission, d_in, context, **kwargs) -> ModuleRef:
+def built(submission: Submission, d_in: int, context: int, **kwargs: Any) -> ModuleRef:
     call = f"make_2d_wrapper({d_in}, {context}{''.join(f', {k}={v!r}' for k, v in kwargs.items())})"
     module = submission.call("make_2d_wrapper", d_in, context, **kwargs)
     if not isinstance(module, ModuleRef):
@@ -36,9 +44,9 @@ def built(submission, d_in, context, **kwargs) -> ModuleRef:
     return submission.to_device(module, "make_2d_wrapper")
 
 
-def head_layout(state) -> list[tuple[int, int]]:
+def head_layout(state: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
     """[(d_out, d_in) of each head's W_query.weight], read off the state dict."""
-    shapes = {}
+    shapes: dict[int, tuple[int, ...]] = {}
     for name, tensor in state.items():
         parts = name.split(".")
         if len(parts) == 4 and parts[0] == "heads" and parts[1].isdigit() and parts[2:] == ["W_query", "weight"]:
@@ -92,26 +100,39 @@ def layout_problem(module: ModuleRef, d_in: int, context: int, bias: bool) -> st
     return None
 
 
-def reference_for(module: ModuleRef, d_in, context, bias, dropout=0.0):
+def reference_for(
+    module: ModuleRef, d_in: int, context: int, bias: bool, dropout: float = 0.0
+) -> ref.MultiHeadAttentionWrapper:
     reference = ref.MultiHeadAttentionWrapper(d_in, 1, context, dropout, 2, qkv_bias=bias)
+    state = module.state_dict or {}
     try:
-        reference.load_state_dict(module.state_dict)
+        reference.load_state_dict(state)
     except (RuntimeError, TypeError) as exc:  # layout_problem has looked already; this is a last resort
         fail(f"the weights of make_2d_wrapper's wrapper do not fit 2 heads of width 1 ({str(exc)[:200]})")
-    return reference.to(next(iter(module.state_dict.values())).dtype).eval()
+    return reference.to(next(iter(state.values())).dtype).eval()
 
 
 def output_problem(
-    submission, module, d_in, context, bias, x, rubric, what, dropout=0.0, train=False, seed=0
+    submission: Submission,
+    module: ModuleRef,
+    d_in: int,
+    context: int,
+    bias: bool,
+    x: torch.Tensor,
+    rubric: Rubric,
+    what: str,
+    dropout: float = 0.0,
+    train: bool = False,
+    seed: int = 0,
 ) -> str | None:
     """None when the 2-D wrapper's output is right: the reference's, or that of the student's own
     MultiHeadAttentionWrapper built with d_out=1 and 2 heads (same weights, same dropout draw)."""
     reference = reference_for(module, d_in, context, bias, dropout).to(submission.device)
-    x = x.to(reference.heads[0].W_query.weight.dtype)
+    x = x.to(reference.get_parameter("heads.0.W_query.weight").dtype)
     on_device = x.to(submission.device)  # a dropout draw is the worker's only on its device
-    heads = [reference_forward(head, on_device).cpu() for head in reference.heads]
+    heads = [reference_forward(head, on_device).cpu() for head in reference.get_submodule("heads").children()]
     answer, problem = attempt(submission.forward, module, x, train=train, seed=seed, hooks=not train)
-    if problem is None:
+    if answer is not None:
         for call in answer.head_calls:
             if 0 <= call.index < 2 and (
                 call.output is None or value_problem(call.output, heads[call.index], "float32", rubric, "") is not None
@@ -141,12 +162,12 @@ def output_problem(
         return None  # what your own wrapper computes: its forward and combine are graded in their parts
     if answer is None and own_problem is not None and module.cls == "MultiHeadAttentionWrapper":
         return None  # your own wrapper class, built right; its forward fails the same way (see wrapper)
-    return in_student_terms(problem, "the 2-D wrapper's forward (MultiHeadAttentionWrapper.forward)")
+    return in_student_terms(problem or "", "the 2-D wrapper's forward (MultiHeadAttentionWrapper.forward)")
 
 
 @pytest.mark.part("two_dim")
 @pytest.mark.parametrize("case", list(VISIBLE_CASES))
-def test_two_heads_of_width_one(submission, inputs, rubric, case):
+def test_two_heads_of_width_one(submission: Submission, inputs: Inputs, rubric: Rubric, case: str) -> None:
     """make_2d_wrapper keeps 2 heads and gives each a 1-dimensional output"""
     d_in, context, tokens = VISIBLE_CASES[case]
     module = built(submission, d_in, context)
@@ -161,7 +182,7 @@ def test_two_heads_of_width_one(submission, inputs, rubric, case):
 
 
 @pytest.mark.part("two_dim")
-def test_book_example(submission, rubric):
+def test_book_example(submission: Submission, rubric: Rubric) -> None:
     """the book's example gives (2, 6, 2) context vectors"""
     module = built(submission, 3, 6)
     problem = layout_problem(module, 3, 6, bias=False)
@@ -175,7 +196,7 @@ def test_book_example(submission, rubric):
 
 
 @pytest.mark.part("two_dim")
-def test_passes_dropout_and_bias_on(submission, inputs, rubric):
+def test_passes_dropout_and_bias_on(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
     """make_2d_wrapper passes dropout and qkv_bias on to the wrapper"""
     d_in, context = 5, 6
     module = built(submission, d_in, context, dropout=0.5, qkv_bias=True)
@@ -202,12 +223,14 @@ def test_passes_dropout_and_bias_on(submission, inputs, rubric):
 
 @pytest.mark.part("two_dim")
 @pytest.mark.parametrize("case", list(HIDDEN_CASES))
-def test_output_is_the_heads_side_by_side(submission, inputs, rubric, case):
+def test_output_is_the_heads_side_by_side(submission: Submission, inputs: Inputs, rubric: Rubric, case: str) -> None:
     """the 2-D output is the concatenation of the two unchanged heads' outputs"""
     d_in, context, tokens = HIDDEN_CASES[case]
     module = built(submission, d_in, context)
     if layout_problem(module, d_in, context, bias=False):
-        fail("make_2d_wrapper must build 2 heads of width 1 (see the checks above) before its output can be checked")
+        raise NotScored(
+            "not scored: the output is checked once make_2d_wrapper builds 2 heads of width 1 (see the checks above)"
+        )
     x = inputs.randn(3, tokens, d_in, dtype=torch.float32)
     problem = output_problem(submission, module, d_in, context, False, x, rubric, f"2-D wrapper output ({case})")
     if problem:

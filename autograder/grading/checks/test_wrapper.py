@@ -7,11 +7,19 @@ most telling to the most specific: the book's example, the heads' calls, hidden 
 properties (input unchanged, gradients, dropout), which count only when the output is right.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import pytest
 import torch
 
 from autograder.grading.checks.harness import (
+    ForwardReply,
+    Inputs,
+    ModuleRef,
     Raised,
+    Submission,
     attempt,
     book_pair,
     build_pair,
@@ -22,13 +30,14 @@ from autograder.grading.checks.harness import (
     value_problem,
     values_first,
 )
-from autograder.grading.checks.mistakes import wrapper_variants
+from autograder.grading.checks.mistakes import HEADS_REVERSED, wrapper_variants
+from autograder.rubric import Rubric
 from reference import mha as ref
 
 FORWARD = "MultiHeadAttentionWrapper.forward"
 
 # (batch, tokens, d_in, d_out per head, context_length, heads, qkv_bias)
-CASES = {
+CASES: dict[str, tuple[int, int, int, int, int, int, bool]] = {
     "2 heads": (2, 6, 3, 2, 6, 2, False),
     "4 heads, bias": (3, 5, 8, 3, 8, 4, True),
     "1 head": (1, 4, 5, 4, 4, 1, False),
@@ -36,23 +45,25 @@ CASES = {
 }
 
 
-def case_args(case):
+def case_args(case: str) -> tuple[tuple[int, int, int], tuple[int, int, int, float, int], dict[str, bool]]:
     batch, tokens, d_in, d_out, context, heads, bias = CASES[case]
     return (batch, tokens, d_in), (d_in, d_out, context, 0.0, heads), {"qkv_bias": bias}
 
 
-def reference_heads(reference, x, train=False, seed=0) -> list[torch.Tensor]:
+def reference_heads(
+    reference: ref.MultiHeadAttentionWrapper, x: torch.Tensor, train: bool = False, seed: int = 0
+) -> list[torch.Tensor]:
     """Each reference head's output on x, in order, dropout drawn from `seed` as the wrapper draws it."""
     x = x.to(next(reference.parameters()).device)
     reference.train(train)
     torch.manual_seed(seed)
     with torch.no_grad():
-        outputs = [head(x).cpu() for head in reference.heads]
+        outputs = [head(x).cpu() for head in reference.get_submodule("heads").children()]
     reference.eval()
     return outputs
 
 
-def own_combine(submission, inputs, heads) -> torch.Tensor | None:
+def own_combine(submission: Submission, inputs: Inputs, heads: list[torch.Tensor]) -> torch.Tensor | None:
     """The student's own combine of these head outputs, when it depends on them. None when it raises, or
     when it gives the same answer for other heads' outputs: then it says nothing about the wrapper."""
     own = submission.try_call("combine", heads)
@@ -64,7 +75,18 @@ def own_combine(submission, inputs, heads) -> torch.Tensor | None:
     return own
 
 
-def output_problem(submission, inputs, rubric, reference, x, y, dtype_name, what, train=False, seed=0) -> str | None:
+def output_problem(
+    submission: Submission,
+    inputs: Inputs,
+    rubric: Rubric,
+    reference: ref.MultiHeadAttentionWrapper,
+    x: torch.Tensor,
+    y: object,
+    dtype_name: str,
+    what: str,
+    train: bool = False,
+    seed: int = 0,
+) -> str | None:
     """None when the wrapper's output y is right (see the module's docstring), else the failure message."""
     heads = reference_heads(reference, x, train, seed)
     problem = value_problem(
@@ -78,10 +100,16 @@ def output_problem(submission, inputs, rubric, reference, x, y, dtype_name, what
     return problem
 
 
-def run_wrapper(submission, reference, module, x, **kwargs):
+def run_wrapper(
+    submission: Submission,
+    reference: ref.MultiHeadAttentionWrapper,
+    module: ModuleRef,
+    x: torch.Tensor,
+    **kwargs: Any,
+) -> ForwardReply:
     """The wrapper's forward; when it fails because combine does, the message says so."""
     answer, problem = attempt(submission.forward, module, x, **kwargs)
-    if problem is None:
+    if answer is not None:
         return answer
     raised = submission.try_call("combine", reference_heads(reference, x))
     if isinstance(raised, Raised):
@@ -92,13 +120,13 @@ def run_wrapper(submission, reference, module, x, **kwargs):
             f"the wrapper's forward calls combine, and your combine {state}: fix combine first "
             f"(see the combine checks).\n{problem}"
         )
-    fail(in_student_terms(problem, FORWARD))
+    fail(in_student_terms(problem or "", FORWARD))
 
 
 @pytest.mark.part("wrapper")
-def test_book_example(submission, inputs, rubric):
+def test_book_example(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
     """the wrapper reproduces the book's (2, 6, 4) context vectors"""
-    reference, module, x = book_pair(submission, "MultiHeadAttentionWrapper", 3, 2, 6, 0.0, 2)
+    reference, module, x = book_pair(submission, ref.MultiHeadAttentionWrapper, 3, 2, 6, 0.0, 2)
     y = run_wrapper(submission, reference, module, x).y
     problem = output_problem(
         submission, inputs, rubric, reference, x, y, "float32", "wrapper output for the book's example"
@@ -109,16 +137,17 @@ def test_book_example(submission, inputs, rubric):
 
 @pytest.mark.part("wrapper")
 @pytest.mark.evidence("worker")
-def test_heads_run_once_in_order_on_same_input(submission, inputs, rubric):
+def test_heads_run_once_in_order_on_same_input(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
     """each head is called once, in order, on the same input x"""
-    reference, module = build_pair(submission, inputs, "MultiHeadAttentionWrapper", 4, 2, 5, 0.0, 4)
+    reference, module = build_pair(submission, inputs, ref.MultiHeadAttentionWrapper, 4, 2, 5, 0.0, 4)
     x = inputs.randn(2, 5, 4)
     answer = run_wrapper(submission, reference, module, x, hooks=True)
     order = [c.index for c in answer.head_calls]
     if order != [0, 1, 2, 3]:
+        likely = f"\nLikely mistake: {HEADS_REVERSED}" if order == [3, 2, 1, 0] else ""
         fail(
             f"the heads ran in the order {order}; the wrapper must call every head of self.heads once, "
-            "in order (head 0 first): [head(x) for head in self.heads]"
+            f"in order (head 0 first): [head(x) for head in self.heads]{likely}"
         )
     changed = [c.index for c in answer.head_calls if not c.same_values]
     if changed:
@@ -131,12 +160,14 @@ def test_heads_run_once_in_order_on_same_input(submission, inputs, rubric):
 
 @pytest.mark.part("wrapper")
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_reference(submission, inputs, rubric, device, dtype_name, case):
+def test_matches_reference(
+    submission: Submission, inputs: Inputs, rubric: Rubric, device: str, dtype_name: str, case: str
+) -> None:
     """the wrapper's output equals the reference's on hidden weights and inputs"""
     dtype = getattr(torch, dtype_name)
     shape, args, kwargs = case_args(case)
     reference, module = build_pair(
-        submission, inputs, "MultiHeadAttentionWrapper", *args, dtype=dtype, device=device, **kwargs
+        submission, inputs, ref.MultiHeadAttentionWrapper, *args, dtype=dtype, device=device, **kwargs
     )
     x = inputs.randn(*shape, dtype=dtype)
     y = run_wrapper(submission, reference, module, x).y
@@ -149,9 +180,9 @@ def test_matches_reference(submission, inputs, rubric, device, dtype_name, case)
 
 @pytest.mark.part("wrapper")
 @pytest.mark.evidence("worker")
-def test_input_not_modified(submission, inputs, rubric):
+def test_input_not_modified(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
     """the forward leaves its input unchanged"""
-    reference, module = build_pair(submission, inputs, "MultiHeadAttentionWrapper", 4, 2, 5, 0.0, 2)
+    reference, module = build_pair(submission, inputs, ref.MultiHeadAttentionWrapper, 4, 2, 5, 0.0, 2)
     x = inputs.randn(2, 5, 4)
     answer = run_wrapper(submission, reference, module, x)
     if not torch.equal(answer.x_after, x):
@@ -163,9 +194,9 @@ def test_input_not_modified(submission, inputs, rubric):
 
 
 @pytest.mark.part("wrapper")
-def test_gradients(submission, inputs, rubric):
+def test_gradients(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
     """gradients reach the input and every head's weights, equal to the reference's"""
-    reference, module = build_pair(submission, inputs, "MultiHeadAttentionWrapper", 5, 3, 6, 0.0, 3, qkv_bias=True)
+    reference, module = build_pair(submission, inputs, ref.MultiHeadAttentionWrapper, 5, 3, 6, 0.0, 3, qkv_bias=True)
     x = inputs.randn(2, 6, 5)
     y = run_wrapper(submission, reference, module, x).y
     right = value_problem(y, ref.combine(reference_heads(reference, x)), "float64", rubric, "") is None
@@ -198,10 +229,10 @@ def test_gradients(submission, inputs, rubric):
 
 
 @pytest.mark.part("wrapper")
-def test_dropout(submission, inputs, rubric, device):
+def test_dropout(submission: Submission, inputs: Inputs, rubric: Rubric, device: str) -> None:
     """dropout acts on the attention weights in training mode, and not at all in eval mode"""
     # the reference on the grading device: CPU and CUDA draw different dropout masks from one seed
-    reference, module = build_pair(submission, inputs, "MultiHeadAttentionWrapper", 4, 3, 6, 0.5, 2, device=device)
+    reference, module = build_pair(submission, inputs, ref.MultiHeadAttentionWrapper, 4, 3, 6, 0.5, 2, device=device)
     x = inputs.randn(2, 6, 4)
     y = run_wrapper(submission, reference, module, x).y
     problem = output_problem(

@@ -13,6 +13,8 @@ control group) are built by the grader's launcher, with bubblewrap; what is left
   where the files may be readable.
 """
 
+from __future__ import annotations
+
 import ctypes
 import os
 import sys
@@ -20,7 +22,7 @@ import sys
 PR_SET_NO_NEW_PRIVS = 38
 
 
-def drop_privileges(uid):
+def drop_privileges(uid: int) -> None:
     if os.getuid() == 0 or os.geteuid() == 0:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
@@ -33,7 +35,7 @@ def drop_privileges(uid):
         raise SystemExit("the worker still holds capabilities after changing uid")
 
 
-def no_new_privileges():
+def no_new_privileges() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise SystemExit("the worker could not set no_new_privs")
@@ -42,14 +44,14 @@ def no_new_privileges():
 class GraderPackageBlocker:
     BLOCKED = ("reference", "autograder")
 
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
         if name.split(".")[0] in self.BLOCKED:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 
 
-def hide_grader_packages(hidden, keep):
-    def inside(path, parents):
+def hide_grader_packages(hidden: list[str], keep: list[str]) -> None:
+    def inside(path: str, parents: list[str]) -> bool:
         path = os.path.abspath(path or ".")
         return any(path == p or path.startswith(p.rstrip("/") + "/") for p in parents)
 

@@ -10,6 +10,8 @@ Nothing said here is trusted: the grader validates every reply against the proto
 compares every value with its own reference computation.
 """
 
+from __future__ import annotations
+
 import ast
 import json
 import linecache
@@ -18,11 +20,23 @@ import signal
 import sys
 import traceback
 import types
+from typing import TYPE_CHECKING, Any
 
-from . import jail, protocol
+if TYPE_CHECKING:  # the same modules, as the grader's package names them; no worker imports this
+    import torch
 
+    from autograder.sandbox import protocol
+    from autograder.sandbox.inside import jail
+else:
+    from . import jail, protocol
+
+# What the worker sends: lists, tuples and dicts of at most this many items, nested at most this deep
+# (beyond: the object's class and repr).
+MAX_ITEMS, MAX_DEPTH = 4096, 6
 # The grader's frames are trusted; these bounds only stop a runaway request.
-REQUEST_LIMITS = protocol.Limits(header_bytes=256 << 20, blob_bytes=4 << 30, string_chars=1 << 24, list_items=1 << 20)
+REQUEST_LIMITS = protocol.FrameLimits(
+    header_bytes=256 << 20, blob_bytes=4 << 30, string_chars=1 << 24, list_items=1 << 20
+)
 
 
 class CellTimeout(BaseException):
@@ -30,10 +44,10 @@ class CellTimeout(BaseException):
 
 
 class Channel:
-    def __init__(self, fd_in, fd_out):
+    def __init__(self, fd_in: int, fd_out: int):
         self.fd_in, self.fd_out = fd_in, fd_out
 
-    def read_exact(self, n):
+    def read_exact(self, n: int) -> bytes:
         chunks = []
         while n:
             chunk = os.read(self.fd_in, min(n, 1 << 20))
@@ -43,10 +57,10 @@ class Channel:
             n -= len(chunk)
         return b"".join(chunks)
 
-    def receive(self):
+    def receive(self) -> tuple[dict[str, Any], list[bytes]]:
         return protocol.read_frame(self.read_exact, REQUEST_LIMITS)
 
-    def send(self, header, blobs=()):
+    def send(self, header: dict[str, Any], blobs: list[bytes] | tuple[()] = ()) -> None:
         view = memoryview(protocol.pack_frame(header, list(blobs)))
         while view:
             view = view[os.write(self.fd_out, view) :]
@@ -55,70 +69,51 @@ class Channel:
 class Session:
     """The submission's namespace and the objects built for the grader."""
 
-    def __init__(self, torch, config):
-        self.torch = torch
+    def __init__(self, library: types.ModuleType, config: dict[str, Any]):
+        self.torch = library  # torch, imported once the jail is in place
         self.config = config
         self.contract = tuple(config.get("contract", ()))
-        self.codec = protocol.TensorCodec(torch)
-        self.namespace = {}
-        self.objects = {}
+        self.codec = protocol.TensorCodec(library)
+        self.namespace: dict[str, Any] = {}  # the submission's globals
+        self.objects: dict[str, torch.nn.Module] = {}  # handle -> a module built or returned for the grader
         self.built = 0  # handles are never reused, even after a drop
+        self._current = self.encoder()
 
     # -- values
-    def encoder(self):
-        return protocol.Encoder(self.codec, on_other=self.other)
+    def encoder(self) -> protocol.Encoder:
+        return protocol.Encoder(self.codec, on_other=self.other, max_items=MAX_ITEMS, max_depth=MAX_DEPTH)
 
-    def other(self, value, depth):
+    def other(self, value: Any, depth: int) -> Any:
+        """What the encoder sends for anything but plain data and tensors: a module as a handle (registered
+        for later requests), a list or tuple subclass as a list, anything else as its class and repr."""
         torch = self.torch
         if isinstance(value, torch.nn.Module):
             return self._current.encode(self.register(value))
         if isinstance(value, (list, tuple)):  # subclasses of list and tuple: their items, as a list
-            if len(value) <= 4096 and depth < 6:
-                return {"$": "list", "items": [self.encode_value(v, depth + 1) for v in list(value)]}
+            if len(value) <= MAX_ITEMS and depth < MAX_DEPTH:
+                return {"$": "list", "items": [self._current.encode(v, depth + 1) for v in list(value)]}
         return {"$": "object", "class": type(value).__name__[:200], "repr": safe_repr(value)}
 
-    def encode_value(self, value, depth=0):
-        encoder = self._current
-        if depth > 6:
-            return {"$": "object", "class": type(value).__name__[:200], "repr": "(nested too deeply)"}
-        if isinstance(value, self.torch.Tensor):
-            try:
-                return encoder.tensor(self.codec.to_wire(value))
-            except Exception as exc:  # an unsupported dtype, a hostile subclass
-                return {"$": "object", "class": "Tensor", "repr": f"(cannot be sent: {safe_str(exc)[:200]})"}
-        if type(value) in (list, tuple) and len(value) <= 4096:
-            return {"$": type(value).__name__, "items": [self.encode_value(v, depth + 1) for v in value]}
-        if type(value) is dict and len(value) <= 4096 and all(isinstance(k, str) for k in value):
-            return {"$": "dict", "items": [[k, self.encode_value(v, depth + 1)] for k, v in value.items()]}
-        if value is None or type(value) in (bool, int, str):
-            return value
-        if isinstance(value, protocol.ModuleInfo):
-            return encoder.encode(value)
-        if type(value) is float:
-            return encoder.encode(value)
-        return self.other(value, depth)
-
-    def reply(self, value):
+    def reply(self, value: Any) -> tuple[dict[str, Any], list[bytes]]:
         """Encode `value` for the ok-reply; returns (header, blobs)."""
         self._current = self.encoder()
+        tree: Any
         if isinstance(value, Raw):  # a typed reply: named fields, lists of field records, values
             tree = {
-                key: [{k: self.encode_value(v) for k, v in item.items()} for item in field]
+                key: [{k: self._current.encode(v) for k, v in item.items()} for item in field]
                 if isinstance(field, RawList)
-                else self.encode_value(field)
+                else self._current.encode(field)
                 for key, field in value.value.items()
             }
-        elif value is MISSING:
-            tree = {"$": "missing"}
         else:
-            tree = self.encode_value(value)
+            tree = self._current.encode(value)
         return {"ok": True, "value": tree}, self._current.blobs
 
-    def decode(self, tree, blobs):
+    def decode(self, tree: Any, blobs: list[bytes]) -> Any:
         decoder = protocol.Decoder(blobs, REQUEST_LIMITS, self.codec.from_wire)
         return self.resolve(decoder.decode(tree))
 
-    def resolve(self, value):
+    def resolve(self, value: Any) -> Any:
         if isinstance(value, protocol.Handle):
             return self.objects[value.handle]
         if isinstance(value, list):
@@ -129,13 +124,13 @@ class Session:
             return {k: self.resolve(v) for k, v in value.items()}
         return value
 
-    def register(self, module, state=True):
+    def register(self, module: torch.nn.Module, state: bool = True) -> protocol.ModuleInfo:
         handle = f"h{self.built}"
         self.built += 1
         self.objects[handle] = module
         return self.describe(handle, state)
 
-    def describe(self, handle, state=True):
+    def describe(self, handle: str, state: bool = True) -> protocol.ModuleInfo:
         module = self.objects[handle]
         instance_of = [
             name
@@ -148,20 +143,28 @@ class Session:
         return protocol.ModuleInfo(handle, type(module).__name__[:200], instance_of, bool(module.training), state_dict)
 
     # -- requests
-    def op_load(self, cells, filename, cell_seconds=None, skip=()):
+    def op_load(
+        self,
+        cells: list[list[Any]],
+        filename: str,
+        cell_seconds: float | None = None,
+        later_cell_seconds: float | None = None,
+        skip: list[int] | tuple[()] = (),
+    ) -> Raw:
         """Run the cells in order. A cell that raises is recorded and the next one runs; a cell still
         running after `cell_seconds` is stopped (SIGALRM), and once one has been, later cells get
-        `protocol.LATER_CELL_SECONDS` (1 s): the file is known to hang. Cells in `skip` (stopped in an earlier load) are not run again.
+        `later_cell_seconds` each (the rubric's): the file is known to hang. Cells in `skip` (stopped in an
+        earlier load) are not run again.
         Each cell is compiled with its line numbers shifted to where it starts in the file, so
         tracebacks point at the student's own lines."""
         module = types.ModuleType("submission")
         module.__file__ = filename
         sys.modules["submission"] = module
         self.namespace = module.__dict__
-        errors = []
+        errors: list[dict[str, Any]] = []
         budget = cell_seconds
 
-        def stop(signum, frame):
+        def stop(signum: int, frame: types.FrameType | None) -> None:
             raise CellTimeout()
 
         signal.signal(signal.SIGALRM, stop)
@@ -172,7 +175,6 @@ class Session:
                         "cell": number,
                         "type": "TimeLimit",
                         "timed_out": True,
-                        "traceback": "",
                         "message": "not run again: it did not finish in an earlier attempt",
                     }
                 )
@@ -189,17 +191,17 @@ class Session:
                     exec(compile(tree, name, "exec"), self.namespace)
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
-            except CellTimeout as exc:
+            except CellTimeout:
                 errors.append(
                     {
                         "cell": number,
                         "type": "TimeLimit",
                         "timed_out": True,
                         "message": f"stopped after {budget:g} s (an infinite loop?); the cells after it were still run",
-                        "traceback": student_traceback(exc, filename),
                     }
                 )
-                budget = min(budget, protocol.LATER_CELL_SECONDS)
+                if budget is not None and later_cell_seconds is not None:
+                    budget = min(budget, later_cell_seconds)
             except SyntaxError as exc:
                 if exc.lineno is not None:
                     exc.lineno += line - 1
@@ -208,7 +210,6 @@ class Session:
                         "cell": number,
                         "type": "SyntaxError",
                         "message": safe_str(exc),
-                        "traceback": "".join(traceback.format_exception_only(SyntaxError, exc))[-4000:],
                     }
                 )
             except BaseException as exc:  # SystemExit too: a cell that exits does not end the load
@@ -217,20 +218,28 @@ class Session:
                         "cell": number,
                         "type": type(exc).__name__,
                         "message": safe_str(exc),
-                        "traceback": student_traceback(exc, filename),
                     }
                 )
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         defined = {name: type(self.namespace[name]).__name__ for name in self.contract if name in self.namespace}
         return Raw({"errors": RawList(errors), "defined": defined})
 
-    def op_get(self, name):
-        return self.namespace.get(name, MISSING)
+    def op_get(self, name: str) -> Any:
+        return self.namespace.get(name, protocol.MISSING)
 
-    def op_call(self, fn, args=(), kwargs=None):
+    def op_call(self, fn: str, args: list[Any] | tuple[()] = (), kwargs: dict[str, Any] | None = None) -> Any:
         return self.lookup(fn)(*args, **(kwargs or {}))
 
-    def op_build(self, cls, args=(), kwargs=None, state_dict=None, dtype=None, device="cpu", seed=0):
+    def op_build(
+        self,
+        cls: str,
+        args: list[Any] | tuple[()] = (),
+        kwargs: dict[str, Any] | None = None,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        dtype: str | None = None,
+        device: str = "cpu",
+        seed: int = 0,
+    ) -> protocol.ModuleInfo:
         torch = self.torch
         torch.manual_seed(seed)
         module = self.lookup(cls)(*args, **(kwargs or {}))
@@ -239,16 +248,25 @@ class Session:
         module = module.to(device=device, dtype=getattr(torch, dtype) if dtype else None)
         return self.register(module, state=state_dict is None)
 
-    def op_describe(self, handle):
+    def op_describe(self, handle: str) -> protocol.ModuleInfo:
         return self.describe(handle)
 
-    def op_to(self, handle, device):
+    def op_to(self, handle: str, device: str) -> protocol.ModuleInfo:
         """Move a module the student's code made (make_2d_wrapper's) to the grading device, as `build`
         does with the modules the grader builds."""
         self.objects[handle] = self.objects[handle].to(device)
         return self.describe(handle)
 
-    def op_forward(self, handle, x, train=False, seed=0, grad_out=None, trace=False, hooks=False):
+    def op_forward(
+        self,
+        handle: str,
+        x: torch.Tensor,
+        train: bool = False,
+        seed: int = 0,
+        grad_out: torch.Tensor | None = None,
+        trace: bool = False,
+        hooks: bool = False,
+    ) -> Raw:
         torch = self.torch
         module = self.objects[handle]
         module.train(train)
@@ -256,12 +274,13 @@ class Session:
         sent = x.clone()
         if grad_out is not None:
             x.requires_grad_(True)
-        head_calls = []
+        head_calls: list[dict[str, Any]] = []
         removers = []
-        if hooks and isinstance(getattr(module, "heads", None), torch.nn.ModuleList):
-            for index, head in enumerate(module.heads):
+        heads: Any = getattr(module, "heads", None)
+        if hooks and isinstance(heads, torch.nn.ModuleList):
+            for index, head in enumerate(heads):
 
-                def record(mod, args, output, index=index):
+                def record(mod: object, args: tuple[Any, ...], output: object, index: int = index) -> None:
                     first = args[0] if args else None
                     head_calls.append(
                         {
@@ -302,7 +321,16 @@ class Session:
             answer["grads"] = {k: None if g is None else g.detach().cpu().clone() for k, g in grads.items()}
         return Raw(answer)
 
-    def op_forward_many(self, handle, seeds, shape, dtype, out_features, threads=None, flush_bytes=0):
+    def op_forward_many(
+        self,
+        handle: str,
+        seeds: list[int],
+        shape: list[int],
+        dtype: str,
+        out_features: int,
+        threads: int | None = None,
+        flush_bytes: int = 0,
+    ) -> list[torch.Tensor]:
         """Forwards for timing (eval mode, no autograd), on inputs made here from the grader's seeds, so
         no tensor crosses the pipe while the grader's clock runs and no input exists before its request.
         Per seed: x of `shape` and a probe R of the output's shape, both standard normal from a generator
@@ -340,30 +368,27 @@ class Session:
                     torch.cuda.synchronize()
         return [answer.cpu() for answer in answers]
 
-    def op_drop(self, handle):
+    def op_drop(self, handle: str) -> None:
         """Forget a module (a long-lived worker of the reference's frees what each grading built)."""
         self.objects.pop(handle, None)
 
-    def op_ping(self):
+    def op_ping(self) -> dict[str, int]:
         return {"pid": os.getpid()}
 
-    def lookup(self, name):
+    def lookup(self, name: str) -> Any:
         if name not in self.namespace:
             raise NameError(f"{name} is not defined in your file")
         return self.namespace[name]
 
 
-MISSING = object()  # a name the submission does not define
-
-
 class Raw:
     """A reply whose top level is a dict of named fields, not a single value."""
 
-    def __init__(self, value):
+    def __init__(self, value: dict[str, Any]):
         self.value = value
 
 
-class RawList(list):
+class RawList(list[dict[str, Any]]):
     """A list of records (dicts of named fields) inside a Raw reply."""
 
 
@@ -371,63 +396,70 @@ class OpRecorder:
     """Records every ATen op a forward issues (whatever Python name it was called by), plus calls of
     nn.MultiheadAttention and F.multi_head_attention_forward, which are not single ATen ops."""
 
-    def __init__(self, torch):
+    def __init__(self, library: types.ModuleType):
         from torch.utils._python_dispatch import TorchDispatchMode
 
         recorder = self
-        self.ops, self.python_calls = [], []
+        self.ops: list[str] = []
+        self.python_calls: list[str] = []
 
-        class Mode(TorchDispatchMode):
+        class Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch declares no types for it
             supports_higher_order_operators = True
 
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            def __torch_dispatch__(
+                self,
+                func: Any,
+                types: Any,
+                args: tuple[Any, ...] = (),
+                kwargs: dict[str, Any] | None = None,
+            ) -> Any:
                 name = getattr(getattr(func, "overloadpacket", None), "__name__", None) or getattr(
                     func, "_name", str(func)
                 )
                 recorder.ops.append(str(name))
                 return func(*args, **(kwargs or {}))
 
-        self.mode = Mode()
-        self.torch = torch
-        self.patched = [
-            (torch.nn.MultiheadAttention, "forward", "nn.MultiheadAttention"),
-            (torch.nn.functional, "multi_head_attention_forward", "F.multi_head_attention_forward"),
+        self.mode = Mode()  # type: ignore[no-untyped-call]  # torch declares no types for it
+        self.torch = library
+        self.patched: list[tuple[Any, str, str]] = [
+            (library.nn.MultiheadAttention, "forward", "nn.MultiheadAttention"),
+            (library.nn.functional, "multi_head_attention_forward", "F.multi_head_attention_forward"),
         ]
         self.originals = [getattr(owner, name) for owner, name, _ in self.patched]
 
-    def __enter__(self):
+    def __enter__(self) -> OpRecorder:
         recorder = self
         for (owner, name, label), original in zip(self.patched, self.originals):
 
-            def counting(*args, _original=original, _label=label, **kwargs):
+            def counting(*args: Any, _original: Any = original, _label: str = label, **kwargs: Any) -> Any:
                 recorder.python_calls.append(_label)
                 return _original(*args, **kwargs)
 
             setattr(owner, name, counting)
-        self.mode.__enter__()
+        self.mode.__enter__()  # type: ignore[no-untyped-call]  # torch declares no types for it
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for (owner, name, _), original in zip(self.patched, self.originals):
             setattr(owner, name, original)
-        return self.mode.__exit__(*exc)
+        self.mode.__exit__(*exc)  # type: ignore[no-untyped-call]  # torch declares no types for it
 
 
-def safe_str(exc):
+def safe_str(exc: BaseException) -> str:
     try:
         return str(exc)[:2000]
     except Exception:
         return "(the exception could not be printed)"
 
 
-def safe_repr(value):
+def safe_repr(value: object) -> str:
     try:
         return repr(value)[:200]
     except Exception:  # a hostile __repr__
         return "(unprintable)"
 
 
-def student_traceback(exc, filename):
+def student_traceback(exc: BaseException, filename: str) -> str:
     """The traceback's frames that are in the student's file, most recent last."""
     try:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(f"<{filename}")]
@@ -437,7 +469,7 @@ def student_traceback(exc, filename):
         return ""
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
     fd_in, fd_out = int(argv[0]), int(argv[1])
     config = json.loads(argv[2])
     del sys.argv[1:]  # the sources of the sandbox modules; nothing the submission needs

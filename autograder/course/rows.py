@@ -1,0 +1,83 @@
+"""One row per student of the roster, whatever happened to them: what every class output is made from.
+
+A `Row` joins a roster entry (`roster.Entry`: the file graded, or why there is none) with the
+student's stored grading run (`model.GradingRun`). `class_outputs`, `feedback` and `gradebook` all
+read rows; none of them imports another for it.
+
+A row's status is one of the class's status words (`STATUSES`), the same in grades.csv, the terminal
+tables (with spaces for underscores), results.json (`graded`, `cannot_grade`: the model's own words)
+and the documentation:
+
+| status | meaning |
+| --- | --- |
+| `graded` | one file was graded |
+| `ambiguous` | several candidate files: one was graded, and the note says which and why |
+| `cannot_grade` | the grader could not grade it (its own fault, never the student's): no score, graded again next run |
+| `no_submission` | no file to grade; the note says why |
+| `not_graded` | a file, but no stored run yet (a run limited to other students) |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autograder.contract import PART_IDS
+from autograder.course.clean import clean_text
+from autograder.course.roster import AMBIGUOUS, NO_SUBMISSION, Entry
+from autograder.model import CANNOT_GRADE, GRADED, GradingRun
+from autograder.rubric import Rubric
+
+NOT_GRADED = "not_graded"
+STATUSES = (GRADED, AMBIGUOUS, CANNOT_GRADE, NO_SUBMISSION, NOT_GRADED)
+
+
+def status_words(status: str) -> str:
+    """A status as the terminal shows it: the same word, spaces for underscores ("cannot grade")."""
+    return status.replace("_", " ")
+
+
+@dataclass
+class Row:
+    entry: Entry
+    run: GradingRun | None  # None: no submission, or not graded (yet)
+
+    @property
+    def student(self) -> str:
+        return self.entry.student
+
+    @property
+    def status(self) -> str:
+        if not self.entry.has_file:
+            return NO_SUBMISSION
+        if self.run is None:
+            return NOT_GRADED
+        if not self.run.graded:
+            return CANNOT_GRADE
+        return AMBIGUOUS if self.entry.status == AMBIGUOUS else GRADED
+
+    @property
+    def scored(self) -> bool:
+        return self.status in (GRADED, AMBIGUOUS)
+
+    def part_scores(self) -> dict[str, float]:
+        return {p.part: p.score for p in self.run.parts()} if self.scored else {}
+
+    def note(self) -> str:
+        """For the instructor: why there is no score, or what to know about the one there is; cleaned
+        (`clean.clean_text`) and on one line, since it quotes file names the student chose."""
+        notes = []
+        if self.status == CANNOT_GRADE:
+            notes.append(self.run.reason)
+        if self.entry.note:
+            notes.append(self.entry.note)
+        if self.entry.timestamp_note:
+            notes.append(self.entry.timestamp_note)
+        if self.scored:
+            notes += self.run.load.lines()[:1] + [f"Worker: {e}" for e in self.run.events[:1]]
+            notes += [f"Flagged: {flag}" for flag in self.run.flags]
+        return "; ".join(clean_text(n, newlines=False) for n in notes if n)
+
+
+def graded_parts(rubric: Rubric) -> list[str]:
+    """The rubric's parts, in the fixed part order."""
+    return [p for p in PART_IDS if p in rubric.parts] + [p for p in rubric.parts if p not in PART_IDS]
