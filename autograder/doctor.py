@@ -152,6 +152,17 @@ def machine_report(machine: Machine) -> str:
     return f"{allows}\n\n{grading}"
 
 
+def _sentences(text: str, limit: int) -> str:
+    """The whole sentences of `text` that fit in `limit` characters (at least the first, cut)."""
+    kept = ""
+    for sentence in text.split(". "):
+        longer = f"{kept}. {sentence}" if kept else sentence
+        if kept and len(longer) > limit:
+            return kept.rstrip(".") + "."
+        kept = longer
+    return kept if len(kept) <= limit else kept[: limit - 3] + "..."
+
+
 def speed_report(runs: list[SpeedRun], trusted: bool, why: str, seconds: float) -> str:
     rows = []
     for name in dict.fromkeys(r.submission for r in runs):
@@ -162,7 +173,7 @@ def speed_report(runs: list[SpeedRun], trusted: bool, why: str, seconds: float) 
             f"relative {statistics.median(measured):.2f} (median of {len(measured)}; "
             f"{min(measured):.2f} to {max(measured):.2f})"
             if measured
-            else "not measured: " + unmeasured.splitlines()[0].split(": ", 2)[-1][:200]
+            else "not measured: " + _sentences(unmeasured.splitlines()[0].split(": ", 2)[-1], 200)
             if unmeasured
             else "not measured"
         )
