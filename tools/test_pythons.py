@@ -55,6 +55,20 @@ def find_pythons() -> dict[str, str | None]:
     return found
 
 
+def real_interpreter(python: str) -> str | None:
+    """The real path of the interpreter `python` runs (through a pyenv shim or a link)."""
+    try:
+        run = subprocess.run(
+            [python, "-c", "import os, sys; print(os.path.realpath(sys.executable))"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return run.stdout.strip() or None
+
+
 def base_of(venv: Path) -> str | None:
     """The real path of the interpreter `venv` was made from."""
     python = venv / "bin" / "python"
@@ -105,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if python is None:
             rows.append((name, "not on this machine", "", "", 0.0))
             continue
-        if default and os.path.realpath(python) == default:
+        if default and real_interpreter(python) == default:
             rows.append((name, f"{python} ({version_of(python)})", "the default", "make test: the full suite", 0.0))
             continue
         print(f"\n== Python {name}: {python} ({version_of(python)})", flush=True)
