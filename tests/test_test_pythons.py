@@ -16,7 +16,15 @@ def test_a_shim_is_resolved_to_the_interpreter_it_runs(tmp_path):
     shim = tmp_path / "python3.x"
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     shim.chmod(0o755)
-    real = os.path.realpath(sys.executable)
+    real = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
     assert os.path.realpath(shim) != real  # what the comparison used to see: a duplicate run
     assert test_pythons.real_interpreter(str(shim)) == real
     assert test_pythons.real_interpreter(str(tmp_path / "missing")) is None
+
+
+def test_a_virtualenvs_interpreter_is_the_python_it_was_made_from():
+    """`make test-pythons` runs with .venv/bin first on PATH: its python3.X (a copy, or a link) is the
+    default Python, which `make test` already covers."""
+    venv_python = ROOT / ".venv" / "bin" / "python"
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    assert test_pythons.real_interpreter(str(venv_python)) == base == test_pythons.base_of(ROOT / ".venv")

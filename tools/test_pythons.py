@@ -56,10 +56,11 @@ def find_pythons() -> dict[str, str | None]:
 
 
 def real_interpreter(python: str) -> str | None:
-    """The real path of the interpreter `python` runs (through a pyenv shim or a link)."""
+    """The real path of the interpreter `python` runs: through a pyenv shim or a link, and a virtualenv's
+    own copy (`make` puts .venv/bin first on PATH) resolved to the Python it was made from."""
     try:
         run = subprocess.run(
-            [python, "-c", "import os, sys; print(os.path.realpath(sys.executable))"],
+            [python, "-c", "import os, sys; print(os.path.realpath(getattr(sys, '_base_executable', sys.executable)))"],
             capture_output=True,
             text=True,
             timeout=30,
