@@ -9,6 +9,8 @@ The public names below are stable (tools that report on a machine's readiness bu
 - `separate_uid_available()`: whether a process-isolated worker can run as a fresh unprivileged uid.
 - `choose_isolation(wanted)`: the isolation a worker gets for `auto`, `namespace` or `process`, or an
   `OSError` saying why none is available.
+- `fresh_uid()`: a uid no user has, for one worker; inside a user namespace that maps only a few uids (a
+  Kubernetes pod with `hostUsers: false`), one of those (`fresh_uid_range()`).
 - `describe_isolation(...)`: what holds a worker in, in words (results.json's `sandbox`).
 
 Two isolations exist. `namespace`: bubblewrap's allow list and namespaces (`bwrap`). `process`: a separate
