@@ -23,13 +23,16 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: explain setup test test-fast test-long test-speed lint lock bench release grade merge grade-slurm selfcheck check preview grade-one student-kit gradescope help
+.PHONY: explain setup test test-fast test-long test-speed test-pythons doctor lint lock bench release grade merge grade-slurm selfcheck check preview grade-one student-kit gradescope help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests (all but the long suites)"
 	@echo "make test-fast                 the quick tests only (no whole-submission grading, no CUDA)"
-	@echo "make test-long                 the long suites: hostile and wrong submissions, Slurm, the wheel"
+	@echo "make test-long                 the long suites: hostile and wrong submissions, Slurm, the wheel, the"
+	@echo "                               environment matrix (Docker, Slurm, Kubernetes emulated), then test-pythons"
+	@echo "make test-pythons              make setup and the quick tests on every supported Python here (3.10-3.13, the system's)"
 	@echo "make test-speed                the speed part's verdicts, each graded 10 times beside a CPU burner (long)"
+	@echo "make doctor                    what this machine allows the grader, and whether its speed part can be trusted"
 	@echo "make lint                      ruff's checks and formatting, and mypy's type check (strict on the trusted core)"
 	@echo "make lock                      regenerate requirements.lock from pyproject.toml"
 	@echo "make bench                     time the wrapper, the weight split and fast peers; table, plot, JSON"
@@ -52,14 +55,20 @@ help:
 setup:
 	@$(PYTHON) tools/setup_venv.py --venv "$(VENV)" --torch "$(TORCH_SPEC)"
 
+# One marker scheme selects every suite: `slow` (more than a few seconds), `long` (minutes: whole suites of
+# gradings, a cluster, the environment matrix), `verdicts` (the speed verdicts, also long), `cuda`.
 test: setup
 	$(PY) -m pytest -m "not long"
 
 test-long: setup
-	$(PY) -m pytest -m "long and not cuda"
+	$(PY) -m pytest -m "long and not verdicts and not cuda"
+	$(MAKE) --no-print-directory test-pythons
+
+test-pythons:
+	@$(PYTHON) tools/test_pythons.py --torch "$(TORCH_SPEC)" --skip-venv "$(VENV)"
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow and not cuda"
+	$(PY) -m pytest -m "not slow and not long and not cuda"
 
 lint: setup
 	$(BIN)/ruff check .
@@ -70,7 +79,10 @@ lock:
 	@$(PYTHON) tools/lock.py --venv "$(VENV)" --torch "$(TORCH_SPEC)"
 
 test-speed: setup
-	SPEED_VERDICTS=1 $(PY) -m pytest tests/test_speed_verdicts.py -s -q -rA
+	$(PY) -m pytest -m "verdicts and not cuda" -s -q -rA
+
+doctor: setup
+	$(PY) -m autograder doctor --device $(DEVICE)
 
 bench: setup
 	$(PY) tools/bench.py --device $(DEVICE) --out bench

@@ -1,8 +1,8 @@
-"""Command line: `python -m autograder grade|preview|grade-class|release|student-kit|gradescope ...`.
+"""Command line: `python -m autograder grade|preview|grade-class|release|student-kit|gradescope|doctor ...`.
 
 `grade` and `preview` run the student's code only in the sandboxed worker. The notebook's self-check,
 which runs the student's code on this machine unsandboxed, is another command: `make selfcheck`
-(`python -m autograder.authoring.selfcheck`).
+(`python -m autograder.authoring.selfcheck`). `doctor` says what this machine allows the grader.
 """
 
 from __future__ import annotations
@@ -143,10 +143,21 @@ def main(argv: list[str] | None = None) -> int:
     gradescope = sub.add_parser("gradescope", help="build Gradescope's autograder zip (setup.sh, run_autograder)")
     gradescope.add_argument("--out", type=Path, default=Path("dist"))
 
+    doctor = sub.add_parser(
+        "doctor",
+        help="what this machine allows (sandbox, control groups, CUDA), what grading will have here, "
+        "whether its speed part can be trusted, and the one change that would improve it",
+    )
+    from autograder import doctor as doctor_module
+
+    doctor_module.add_arguments(doctor)
+
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["check"]:
         parser.error(RENAMED_CHECK)
     args = parser.parse_args(argv)
+    if args.command == "doctor":
+        return doctor_module.run(args)
     if args.command == "explain":
         from autograder.grading.explain import explain as explain_run
 

@@ -102,6 +102,7 @@ class GradingRun:
     flags: list[str] = field(default_factory=list)  # for the instructor: e.g. an implausible speedup
     grader_errors: list[str] = field(default_factory=list)  # why the grader failed (never the student's)
     titles: dict[str, str] = field(default_factory=dict)  # part id -> the rubric's title
+    machine: dict[str, str] = field(default_factory=dict)  # what this machine allows (sandbox.machine.survey)
 
     @property
     def graded(self) -> bool:

@@ -6,7 +6,11 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
+
+from autograder.course.grading_pool import Grader, GradingAttempt
+from autograder.rubric import DEFAULT_RUBRIC
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "reference" / "mha.py"
@@ -25,6 +29,45 @@ def grade(path: Path, out_dir: Path, *extra: str, timeout: float = 300) -> tuple
     )
     assert out.exists(), f"no results.json was written\nstdout: {run.stdout}\nstderr: {run.stderr}"
     return json.loads(out.read_text()), run
+
+
+class GradingPool:
+    """Grades many files in long-lived grading processes (`autograder.course.grading_pool`, as grade-class
+    does), one per thread that uses it: Python, torch, pytest and the reference's timing workers are started
+    once per process instead of once per submission. Every submission still gets fresh workers."""
+
+    def __init__(self):
+        self.local = threading.local()
+        self.graders: list[Grader] = []
+
+    def grade(
+        self,
+        path: Path,
+        out_dir: Path,
+        parts: list[str] | None = None,
+        rubric: Path | None = None,
+        timeout: float = 600,
+    ) -> tuple[dict, GradingAttempt]:
+        grader = getattr(self.local, "grader", None)
+        if grader is None:
+            grader = self.local.grader = Grader()
+            self.graders.append(grader)
+        out = out_dir / f"{Path(path).stem}-results.json"
+        job = {
+            "id": str(path),
+            "submission": str(path),
+            "out": str(out),
+            "device": "auto",
+            "rubric": str(rubric or DEFAULT_RUBRIC),
+            "parts": parts,
+        }
+        outcome = grader.grade(job, timeout)
+        assert out.exists(), f"no results.json was written: {outcome.problem}"
+        return json.loads(out.read_text()), outcome
+
+    def close(self):
+        for grader in self.graders:
+            grader.close()
 
 
 def part_scores(results: dict) -> dict[str, tuple[float, float]]:

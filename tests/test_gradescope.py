@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -30,18 +31,24 @@ def archive(tmp_path_factory):
 
 
 def fake_autograder(tmp_path, archive, files: dict[str, str]):
-    """/autograder as Gradescope lays it out: the zip unpacked in source/... (here: its top level), the
-    student's files in submission/, an empty results/."""
+    """/autograder as Gradescope lays it out: the zip unpacked in source/, run_autograder copied beside
+    it, the student's files in submission/, an empty results/."""
     root = tmp_path / "autograder"
-    with zipfile.ZipFile(archive) as bundle:
-        bundle.extractall(root)
-        for info in bundle.infolist():
-            os.chmod(root / info.filename, info.external_attr >> 16)
+    unpack(archive, root)
     (root / "submission").mkdir()
     (root / "results").mkdir()
     for name, text in files.items():
         (root / "submission" / name).write_text(text)
     return root
+
+
+def unpack(archive, root):
+    """What Gradescope does with the zip: unpacked in ROOT/source/, run_autograder copied to ROOT/."""
+    with zipfile.ZipFile(archive) as bundle:
+        bundle.extractall(root / "source")
+        for info in bundle.infolist():
+            os.chmod(root / "source" / info.filename, info.external_attr >> 16)
+    shutil.copy2(root / "source" / "run_autograder", root / "run_autograder")
 
 
 def run_autograder(root, **env):
@@ -54,17 +61,29 @@ def test_the_zip_has_gradescopes_two_scripts_and_the_grader(archive):
         names = set(bundle.namelist())
         modes = {i.filename: i.external_attr >> 16 for i in bundle.infolist()}
         setup = bundle.read("setup.sh").decode()
+        requirements = bundle.read("requirements.txt").decode()
+        shipped = {name: bundle.read(name) for name in ("setup.sh", "run_autograder", "requirements.lock")}
     assert {
         "setup.sh",
         "run_autograder",
-        "source/autograder/grading/grade.py",
-        "source/autograder/rubric.toml",
-        "source/reference/mha.py",
-        "source/pyproject.toml",
+        "requirements.txt",
+        "requirements.lock",
+        "autograder/grading/grade.py",
+        "autograder/rubric.toml",
+        "reference/mha.py",
+        "pyproject.toml",
     } <= names
     assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
-    assert not [n for n in names if "__pycache__" in n or n.startswith("source/tests/")]
-    assert "bubblewrap" in setup and "chmod -R go-rwx" in setup  # the worker's uid cannot read the grader
+    assert not [n for n in names if "__pycache__" in n or n.startswith(("tests/", "source/"))]
+    # the scripts as shipped in deploy/gradescope/, the lock as the project's
+    for name, text in shipped.items():
+        assert (
+            text
+            == (ROOT / ("requirements.lock" if name.endswith(".lock") else f"deploy/gradescope/{name}")).read_bytes()
+        )
+    assert "bubblewrap" in setup and 'chmod -R go-rwx "$SOURCE"' in setup  # the worker's uid cannot read the grader
+    assert "--constraint" in setup and "requirements.lock" in setup  # exactly the locked versions
+    assert "nbgrader==0.9.6; python_version >= '3.11'" in requirements.splitlines()
 
 
 def test_nothing_submitted_still_gives_results_json(tmp_path, archive):

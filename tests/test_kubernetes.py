@@ -62,3 +62,19 @@ def test_the_grading_job_gives_each_pod_one_shard_and_one_gpu():
     merge = documents(ROOT / "deploy" / "kubernetes" / "merge-job.yaml")[0]
     assert merge["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["/course", "--merge"]
     assert "nvidia.com/gpu" not in str(merge)  # merging grades nothing: no GPU
+
+
+def test_the_pods_grade_as_root_of_a_user_namespace_of_their_own():
+    """Root in the pod's own user namespace gives each worker a fresh uid (tests/test_environments.py grades
+    a class so, emulated); as a normal user without user namespaces nothing could isolate the student's code
+    and grading would refuse. The image closes the grader's source to the workers' uids."""
+    for name in ("grade-class-job.yaml", "merge-job.yaml"):
+        pod = documents(ROOT / "deploy" / "kubernetes" / name)[0]["spec"]["template"]["spec"]
+        assert pod["hostUsers"] is False, name
+        assert pod["securityContext"]["runAsUser"] == 0, name
+    command = documents(ROOT / "deploy" / "kubernetes" / "grade-class-job.yaml")[0]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["command"]
+    assert "--isolation" not in command  # auto: a fresh uid per worker, or bubblewrap where the pod allows it
+    dockerfile = (ROOT / "deploy" / "kubernetes" / "Dockerfile").read_text()
+    assert "chmod -R go-rwx" in dockerfile and "bubblewrap" in dockerfile and "USER 1000" not in dockerfile

@@ -1,37 +1,76 @@
-"""requirements.lock: every package pinned, torch left to TORCH_SPEC, in step with pyproject.toml."""
+"""requirements.lock: every package pinned, torch left to TORCH_SPEC, in step with pyproject.toml, for
+every Python that pyproject.toml's requires-python admits."""
 
 import re
 import sys
-import tomllib
 
+import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
+from autograder.rubric import tomllib
 from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
 import lock  # noqa: E402  (tools/ is not a package)
 
-PIN = re.compile(r"^([A-Za-z0-9][\w.-]*)==([^\s;]+)", re.MULTILINE)
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+# The Pythons a course may have: the oldest and newest of each supported minor version that matters here,
+# Debian 12's (3.11.2, older than some releases allow) and Ubuntu 22.04's and 24.04's (3.10, 3.12).
+PYTHONS = ["3.10.0", "3.10.12", "3.11.2", "3.11.7", "3.12.3", "3.13.0"]
 
 
 def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def locked() -> dict[str, str]:
-    return {canonical(name): version for name, version in PIN.findall((ROOT / "requirements.lock").read_text())}
+def environment(python: str) -> dict[str, str]:
+    return {
+        "python_version": ".".join(python.split(".")[:2]),
+        "python_full_version": python,
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "os_name": "posix",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+    }
 
 
-def test_every_pin_in_pyproject_is_in_the_lock_at_the_same_version():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = project["dependencies"] + [r for extra in lock.EXTRAS for r in project["optional-dependencies"][extra]]
-    pins = locked()
-    stale = [
-        r
-        for r in wanted
-        if pins.get(canonical(Requirement(r).name)) != str(Requirement(r).specifier).removeprefix("==")
+def locked(python: str = "3.11.7") -> dict[str, str]:
+    """The lock's pins that apply on Linux under `python` (a pin behind a marker applies only where it holds)."""
+    pins = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if re.match(r"[A-Za-z0-9]", line):
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate(environment(python)):
+                assert canonical(requirement.name) not in pins, f"{requirement.name} pinned twice for {python}"
+                pins[canonical(requirement.name)] = str(requirement.specifier).removeprefix("==")
+    return pins
+
+
+def wanted(python: str) -> list[Requirement]:
+    requirements = PROJECT["dependencies"] + [
+        r for extra in lock.EXTRAS for r in PROJECT["optional-dependencies"][extra]
     ]
-    assert not stale, f"requirements.lock is out of date for {stale}: run `make lock`"
+    return [r for r in map(Requirement, requirements) if r.marker is None or r.marker.evaluate(environment(python))]
+
+
+def test_requires_python_admits_every_python_the_lock_is_checked_for():
+    assert all(SpecifierSet(PROJECT["requires-python"]).contains(python) for python in PYTHONS)
+    assert not SpecifierSet(PROJECT["requires-python"]).contains("3.9.18")
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_every_pin_in_pyproject_is_in_the_lock_at_the_same_version(python):
+    pins = locked(python)
+    stale = [str(r) for r in wanted(python) if pins.get(canonical(r.name)) != str(r.specifier).removeprefix("==")]
+    assert not stale, f"requirements.lock is out of date for {stale} on Python {python}: run `make lock`"
+
+
+def test_debians_python_gets_a_soupsieve_it_can_install():
+    """soupsieve 4.1.4 needs Python 3.11.5: Debian 12's 3.11.2 gets an older release from the same lock."""
+    assert locked("3.11.2")["soupsieve"] != locked("3.11.7")["soupsieve"] == "4.1.4"
 
 
 def test_the_lock_leaves_torch_and_its_cuda_runtime_to_torch_spec():

@@ -9,8 +9,8 @@ callers' frames, or by patching the worker's timed request) must earn none in an
 the reference slowed to about 0.55, 0.65 and 0.75 of its speed must get a credit within wide bounds in
 every grading; the spread of their credit is reported.
 
-Long (about half a minute per grading on a loaded 2-core machine): skipped unless SPEED_VERDICTS=1, as
-`make test-speed` sets it. Each test prints the measured figures: per grading, the submission's speedup as a
+Long (about half a minute per grading on a loaded 2-core machine): marked `verdicts`, which only
+`make test-speed` selects. Each test prints the measured figures: per grading, the submission's speedup as a
 fraction of the reference's (`relative`), its median over the gradings, the middle half of the per-round
 ratios, the worst case (the lowest for the reference, the highest for the others), the credit's spread, and
 the rounds each grading took and why they stopped.
@@ -33,13 +33,7 @@ GRADINGS = int(os.environ.get("SPEED_VERDICT_GRADINGS", "10"))
 EARNS_ALL = {"reference"}
 EARNS_NOTHING = set(VARIANTS) - EARNS_ALL
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.long,
-    pytest.mark.skipif(
-        os.environ.get("SPEED_VERDICTS") != "1", reason="long: run by `make test-speed` (SPEED_VERDICTS=1)"
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.verdicts]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,10 @@ Two rules tie the grader to the notebook's self-checks, for every submission in 
   inputs, never requirements); the one exception is the answer key of the quiz;
 - a self-check that fails belongs to a part that loses points (the self-checks are not stricter).
 
-All submissions are graded once per session, two at a time.
+All submissions are graded once per session, two at a time, in two long-lived grading processes (as
+grade-class grades a class). The speed part, the slowest by far, is graded only where the mistake is about
+speed (it names what the speed part must say), and for one mistake that loses the speed points because its
+values are wrong (the rubric's `[speed] requires`); every other submission is graded without it (`--part`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import pytest
 from autograder.grading.checks import mistakes as common
 from autograder.grading.submission import read_cells
 from autograder.rubric import load_rubric
-from helpers import REFERENCE, failures, grade, mutated_reference, part_scores
+from helpers import REFERENCE, GradingPool, failures, mutated_reference, part_scores
 
 # Every test grades whole submissions; the first waits for the whole table to be graded (several minutes).
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
@@ -521,6 +524,15 @@ def speed_lost_with_wrong_values(mistake: Mistake) -> Mistake:
 
 
 MISTAKES = [speed_lost_with_wrong_values(m) for m in MISTAKES]
+# The one mistake graded with the speed part for the rule above (the first that the rule gives speed to).
+SPEED_BY_RULE = next(m.id for m in MISTAKES if "speed" in m.fails and "speed" not in m.says)
+
+
+def grades_speed(mistake: Mistake) -> bool:
+    """Whether this mistake's submission is graded with the speed part: it is about speed, or shows the rule."""
+    return "speed" in mistake.says or mistake.id == SPEED_BY_RULE
+
+
 COMMON_MISTAKES = (
     common.HEAD_CHANGED,
     common.OTHER_QUANTITY,
@@ -542,10 +554,10 @@ def build(root, mistake: Mistake):
 
 @pytest.fixture(scope="session")
 def graded(request, tmp_path_factory) -> dict[str, tuple[dict, object, object]]:
-    """{mistake id: (results.json, the grading run, the submission's path)} for the mistakes whose tests were
-    selected (so `-k` grades only those), each graded once, two at a time. Each grading gets one intra-op
-    thread: two gradings share two cores, and torch's spinning OpenMP threads would otherwise compete for
-    them (the scores do not depend on it)."""
+    """{mistake id: (results.json, the grading's outcome, the submission's path)} for the mistakes whose tests
+    were selected (so `-k` grades only those), each graded once, two at a time in two long-lived grading
+    processes. Each grading gets one intra-op thread: two gradings share two cores, and torch's spinning
+    OpenMP threads would otherwise compete for them (the scores do not depend on it)."""
     root = tmp_path_factory.mktemp("wrong")
     selected = {
         item.callspec.params["mistake"].id
@@ -554,15 +566,22 @@ def graded(request, tmp_path_factory) -> dict[str, tuple[dict, object, object]]:
     }
 
     paths = {m.id: build(root, m) for m in MISTAKES if m.id in selected}  # a stale snippet fails before grading
+    by_id = {m.id: m for m in MISTAKES}
+    without_speed = [part for part in load_rubric().parts if part != "speed"]
 
     def run(item):
         name, path = item
-        results, process = grade(path, path.parent)
-        return name, (results, process, path)
+        parts = None if grades_speed(by_id[name]) else without_speed
+        results, outcome = graders.grade(path, path.parent, parts=parts)
+        return name, (results, outcome, path)
 
-    with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(max_workers=2) as pool:
-        patch.setenv("OMP_NUM_THREADS", "1")
-        return dict(pool.map(run, paths.items()))
+    graders = GradingPool()
+    try:
+        with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(max_workers=2) as pool:
+            patch.setenv("OMP_NUM_THREADS", "1")
+            return dict(pool.map(run, paths.items()))
+    finally:
+        graders.close()
 
 
 LIKELY = re.compile(r"Likely (?:mistake|cause): ([^\n]*)")
@@ -619,10 +638,14 @@ def test_every_common_mistake_is_named():
 @pytest.mark.timeout(1800)  # the first case grades every submission (the session fixture)
 @pytest.mark.parametrize("mistake", MISTAKES, ids=[m.id for m in MISTAKES])
 def test_wrong_submission_loses_exactly_its_points(mistake, graded, reference_results):
-    results, run, path = graded[mistake.id]
-    assert run.returncode == 0, run.stderr
+    results, outcome, path = graded[mistake.id]
+    assert outcome.ok, outcome.problem
+    assert results["extra_data"]["status"] == "graded", results["extra_data"]["reason"]
     full = part_scores(reference_results)
     assert all(score == maximum for score, maximum in full.values()), f"the reference lost points: {full}"
+    if not grades_speed(mistake):
+        full.pop("speed")
+        mistake = dataclasses.replace(mistake, fails={p: f for p, f in mistake.fails.items() if p != "speed"})
     scores = part_scores(results)
     assert set(scores) == set(full), f"{mistake.id}: parts {sorted(scores)}, expected {sorted(full)}"
     rubric = load_rubric()

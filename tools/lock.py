@@ -1,20 +1,22 @@
 """Regenerate requirements.lock, the exact version of every package the project installs but torch.
 
 `make setup` installs with the lock as pip constraints, so a grade does not change when a
-transitive dependency releases. pip-compile (pip-tools) resolves pyproject.toml's dependencies with
-its `test` and `lock` extras, plus torch at TORCH_SPEC's version, so that torch's own dependencies
-(sympy, networkx, filelock, ...) are pinned too. The lines of torch itself and of the CUDA runtime
-that only a CUDA build of torch brings (nvidia-*, triton, cuda-*) are then dropped: TORCH_SPEC
-chooses the build (the CPU wheel here, a CUDA one on a GPU runner) and each build pins its own CUDA
-libraries. The lock is resolved for CPython 3.11 on Linux, the platform that grades.
+transitive dependency releases. uv (`uv pip compile --universal`) resolves pyproject.toml's
+dependencies with its `test` and `lock` extras, plus torch at TORCH_SPEC's version, so that torch's
+own dependencies (sympy, networkx, filelock, ...) are pinned too. The lines of torch itself and of
+the CUDA runtime that only a CUDA build of torch brings (nvidia-*, triton, cuda-*) are then dropped:
+TORCH_SPEC chooses the build (the CPU wheel here, a CUDA one on a GPU runner) and each build pins its
+own CUDA libraries.
 
-It runs pip-compile from the project's virtualenv (creating it when missing), with the pip-tools
-version pinned in pyproject.toml's `lock` extra; it does not need `make setup` to have succeeded,
-so a lock that no longer fits pyproject.toml can always be regenerated.
+One lock serves every Python that pyproject.toml's `requires-python` admits (3.10 to 3.13): where a
+package's newest release drops an older Python, the lock pins an older release for it behind an
+environment marker (`numpy==2.2.6 ; python_full_version < '3.11'`), which pip applies when it reads
+the lock as constraints. Pins already in the lock are kept unless `--upgrade` is given.
 
-A machine-wide pip constraint file (PIP_CONSTRAINT, or `constraint` in a pip.conf) is set aside while
-resolving, so it cannot shape the lock; index settings from pip's configuration are kept, and no
-index URL or local path is written into the file.
+It runs uv from the project's virtualenv (creating it when missing), at the version pinned in
+pyproject.toml's `lock` extra; it does not need `make setup` to have succeeded, so a lock that no
+longer fits pyproject.toml can always be regenerated. uv reads no pip configuration: it resolves
+against the package index alone, and no index URL or local path is written into the file.
 """
 
 import argparse
@@ -23,9 +25,13 @@ import re
 import shlex
 import subprocess
 import sys
-import tomllib
 import venv
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = "requirements.lock"
@@ -34,6 +40,7 @@ HEADER = (
     "# Every package `make setup` installs, pinned, used as pip constraints. torch is not here:\n"
     "# TORCH_SPEC chooses its build, and its own dependencies are pinned below. Regenerate with\n"
     "# `make lock` (tools/lock.py) after changing pyproject.toml or the torch version.\n"
+    "#\n"
 )
 BUILD_SPECIFIC = re.compile(r"^(torch|triton|nvidia-[\w.-]+|cuda-[\w.-]+)==", re.IGNORECASE)
 
@@ -70,27 +77,34 @@ def main() -> int:
     if not python.exists():
         print(f"lock: creating {args.venv}", flush=True)
         venv.EnvBuilder(with_pip=True).create(python.parent.parent)
-    pip_tools = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["lock"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *pip_tools],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            *project["optional-dependencies"]["lock"],
+        ],
         check=True,
         env=dict(os.environ, PIP_CONSTRAINT=""),
     )
-
-    env = dict(os.environ, PIP_CONSTRAINT="", CUSTOM_COMPILE_COMMAND="make lock")
-    # Written to the lock itself: pip-compile keeps its current pins unless --upgrade is given.
+    oldest = re.search(r">=\s*(3\.\d+)", project["requires-python"]).group(1)
+    env = dict(os.environ, UV_CUSTOM_COMPILE_COMMAND="make lock")
+    # Written to the lock itself: uv keeps its current pins unless --upgrade is given.
     command = [
-        str(python),
-        "-m",
-        "piptools",
+        str(python.parent / "uv"),
+        "pip",
         "compile",
         "--quiet",
-        "--allow-unsafe",
+        "--universal",
+        "--python-version",
+        oldest,
         "--strip-extras",
         "--no-emit-index-url",
         "--no-emit-find-links",
-        "--no-emit-trusted-host",
-        "--no-emit-options",
         *[f"--extra={extra}" for extra in EXTRAS],
         *(["--upgrade"] if args.upgrade else []),
         "--output-file",

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from autograder.authoring.release import (
     default_root,
     py_notebook,
 )
+from autograder.rubric import tomllib
 
 STUB = "# YOUR CODE HERE"
 RAISE = "raise NotImplementedError()"

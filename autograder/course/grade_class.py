@@ -198,6 +198,17 @@ def default_jobs() -> int:
     return min(max(2, 2 * (os.cpu_count() or 1)), 8)
 
 
+def isolation_refusal(isolation: str) -> str:
+    """Why no student could be graded here with `isolation` (no sandbox and no fresh uid), and what would
+    fix it; "" when grading can start. Said once, before anything is graded, rather than once per student."""
+    from autograder.sandbox import machine
+
+    here = machine.survey()
+    if isolation != "auto" or here.isolation is not None:
+        return ""
+    return here.refusal + (f". What would fix it here: {here.advice}" if here.advice else "")
+
+
 def grade_class(
     course: Path,
     device: str = "auto",
@@ -221,6 +232,10 @@ def grade_class(
         console.print(f"cannot grade: {exc}", style="red", markup=False)
         return EXIT_CANNOT_GRADE
     isolation = isolation or os.environ.get("AUTOGRADER_ISOLATION", "auto")
+    refusal = isolation_refusal(isolation)
+    if refusal:
+        console.print(f"cannot grade: {refusal}", style="red", markup=False)
+        return EXIT_CANNOT_GRADE
     roster = read_roster(course)
     known = {e.student for e in roster}
     if students is not None and set(students) - known:

@@ -72,6 +72,7 @@ def serve(stdin: Iterable[str] | None = None, replies: TextIO | None = None) -> 
             rubric_path=Path(job["rubric"]),
             quiet=True,
             isolation=job.get("isolation", "auto"),
+            parts=tuple(job["parts"]) if job.get("parts") else None,
             keep_timing_workers=True,
         )
         run = grade_submission(Path(job["submission"]), options)

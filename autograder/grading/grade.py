@@ -37,7 +37,7 @@ from autograder.grading.report import print_summary
 from autograder.grading.scoring import score
 from autograder.model import CANNOT_GRADE, GRADED, GradingRun, LoadReport
 from autograder.rubric import Rubric, RubricError, load_rubric
-from autograder.sandbox import protocol
+from autograder.sandbox import machine, protocol
 from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
 
 CHECKS_DIR = Path(__file__).with_name("checks")
@@ -243,6 +243,8 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         visible_only=options.visible_only,
         seed=options.seed,
     )
+    here = machine.survey()
+    run.machine = here.summary()
     try:
         rubric = load_rubric(options.rubric_path)
         unknown = sorted(set(options.parts or ()) - set(rubric.parts))
@@ -254,6 +256,8 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         worker = start_worker(cells, path.name, worker_config(rubric, run.device, hide, options.isolation), options)
     except (RubricError, CannotGrade, WorkerError) as exc:
         run.reason = str(exc)
+        if isinstance(exc, WorkerError) and here.isolation is None and here.advice:
+            run.reason += f". What would fix it here: {here.advice}"
         run.execution_time = time.monotonic() - started
         return run
     if problem:

@@ -1,9 +1,11 @@
 """Gradescope: the autograder zip (`make gradescope`), and what its `run_autograder` runs.
 
-The zip holds `setup.sh`, `run_autograder` and `source/` (the grader: `autograder/`, `reference/`,
-`pyproject.toml`). Gradescope runs `setup.sh` once, as root, when it builds the image: it installs bubblewrap (the
-sandbox), makes a virtualenv with torch and the grader's dependencies, and closes the grader's source
-to other users. For each submission it runs `run_autograder`, which runs
+The zip holds `setup.sh` and `run_autograder` (deploy/gradescope/, as shipped), `requirements.txt`
+and `requirements.lock`, and the grader (`autograder/`, `reference/`, `pyproject.toml`), all at its top
+level: Gradescope unpacks it in `/autograder/source/` and copies `run_autograder` to `/autograder/`.
+It runs `setup.sh` once, as root, when it builds the image: it installs bubblewrap (the sandbox),
+makes a virtualenv with torch and exactly the locked dependencies, and closes the grader's source to
+other users. For each submission it runs `run_autograder`, which runs
 `python -m autograder.platforms.gradescope run`:
 
 1. write a placeholder `/autograder/results/results.json` ("grading did not finish"), so a grader
@@ -37,54 +39,37 @@ from autograder.platforms.folder import grade_folder
 
 ZIP_NAME = f"{ASSIGNMENT}-gradescope.zip"
 
-SETUP = """#!/usr/bin/env bash
-# Gradescope runs this once, as root, when it builds the autograder's image.
-set -euo pipefail
-ROOT="${AUTOGRADER_ROOT:-/autograder}"
-TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
-apt-get update
-apt-get install -y python3 python3-venv python3-pip bubblewrap
-python3 -m venv "$ROOT/venv"
-"$ROOT/venv/bin/pip" install --upgrade pip
-"$ROOT/venv/bin/pip" install $TORCH_SPEC
-# The grader's dependencies only: run_autograder runs the grader from source/.
-"$ROOT/venv/bin/python" - "$ROOT/source/pyproject.toml" > "$ROOT/requirements.txt" <<'EOF'
-import sys, tomllib
-print("\\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
-EOF
-"$ROOT/venv/bin/pip" install -r "$ROOT/requirements.txt"
-# The student's code runs as a fresh unprivileged uid, never as root: it cannot read the grader's source.
-chmod -R go-rwx "$ROOT/source"
-"""
-
-RUN = """#!/usr/bin/env bash
-# Gradescope runs this for each submission: grade /autograder/submission/ into
-# /autograder/results/results.json. AUTOGRADER_ROOT and AUTOGRADER_PYTHON override the paths.
-set -uo pipefail
-ROOT="${AUTOGRADER_ROOT:-/autograder}"
-PYTHON="${AUTOGRADER_PYTHON:-$ROOT/venv/bin/python}"
-cd "$ROOT/source"
-export PYTHONPATH="$ROOT/source" PYTHONDONTWRITEBYTECODE=1
-exec "$PYTHON" -m autograder.platforms.gradescope run --root "$ROOT"
-"""
+RECIPE = Path("deploy") / "gradescope"  # setup.sh and run_autograder, as shipped
 
 
 def source_files(root: Path) -> list[Path]:
-    files = [root / "pyproject.toml"]
+    files = [root / "pyproject.toml", root / "requirements.lock"]
     for package in ("autograder", "reference"):
         files += [p for p in (root / package).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
     return sorted(files)
 
 
+def grader_requirements(root: Path) -> str:
+    """The grader's own dependencies (pyproject.toml's, markers kept), one a line: what setup.sh installs,
+    each at the version requirements.lock pins. torch comes first, chosen by TORCH_SPEC."""
+    from autograder.rubric import tomllib
+
+    dependencies = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    return "".join(f"{requirement}\n" for requirement in dependencies)
+
+
 def build_zip(out: Path, root: Path | None = None) -> Path:
+    """The zip Gradescope unpacks in /autograder/source: its two scripts (copied from there), the grader's
+    requirements and the grader itself, at the top level."""
     root = Path(root) if root else default_root()
     archive = Path(out) / ZIP_NAME
     write_zip_atomically(
         archive,
-        [("setup.sh", SETUP, 0o755), ("run_autograder", RUN, 0o755)]
-        + [(f"source/{path.relative_to(root).as_posix()}", path.read_bytes(), 0o644) for path in source_files(root)],
+        [(name, (root / RECIPE / name).read_bytes(), 0o755) for name in ("setup.sh", "run_autograder")]
+        + [("requirements.txt", grader_requirements(root), 0o644)]
+        + [(path.relative_to(root).as_posix(), path.read_bytes(), 0o644) for path in source_files(root)],
     )
-    print(f"Gradescope autograder: {archive} (setup.sh, run_autograder, source/)")
+    print(f"Gradescope autograder: {archive} (setup.sh, run_autograder, requirements, the grader)")
     return archive
 
 

@@ -9,6 +9,8 @@ The public names below are stable (tools that report on a machine's readiness bu
 - `separate_uid_available()`: whether a process-isolated worker can run as a fresh unprivileged uid.
 - `choose_isolation(wanted)`: the isolation a worker gets for `auto`, `namespace` or `process`, or an
   `OSError` saying why none is available.
+- `fresh_uid()`: a uid no user has, for one worker; inside a user namespace that maps only a few uids (a
+  Kubernetes pod with `hostUsers: false`), one of those (`fresh_uid_range()`).
 - `describe_isolation(...)`: what holds a worker in, in words (results.json's `sandbox`).
 
 Two isolations exist. `namespace`: bubblewrap's allow list and namespaces (`bwrap`). `process`: a separate
@@ -25,7 +27,9 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autograder.sandbox import bwrap, procfs
@@ -38,6 +42,7 @@ __all__ = [
     "choose_isolation",
     "describe_isolation",
     "fresh_uid",
+    "fresh_uid_range",
     "is_root",
     "namespace_sandbox_available",
     "namespace_sandbox_problem",
@@ -151,9 +156,52 @@ def choose_isolation(wanted: str) -> str:
 
 
 def fresh_uid() -> int:
-    """A uid for one worker, drawn at random from a range far from any real user's."""
-    start, count = UID_RANGE
+    """A uid no user has, for one worker: from UID_RANGE, or, in a user namespace that does not map it (a
+    container's, a Kubernetes pod with `hostUsers: false`, where root is root of 65,536 uids), from the
+    upper half of the largest range it maps, uid and gid alike."""
+    start, count = fresh_uid_range()
     return start + secrets.randbelow(count)
+
+
+@cache
+def fresh_uid_range() -> tuple[int, int]:
+    """The (start, count) range fresh uids are drawn from here."""
+    mapped = _mapped_ids("/proc/self/uid_map") & _mapped_ids("/proc/self/gid_map")
+    start, count = UID_RANGE
+    if mapped.contains(start, count):
+        return UID_RANGE
+    low, size = mapped.largest()
+    upper = low + size // 2
+    return upper, max(1, low + size - upper - 2)  # never the last two (the overflow ids, nobody and nogroup)
+
+
+@dataclass(frozen=True)
+class _IdRanges:
+    ranges: tuple[tuple[int, int], ...]  # (first id, count), as this namespace sees them
+
+    def __and__(self, other: _IdRanges) -> _IdRanges:
+        found = []
+        for a, n in self.ranges:
+            for b, m in other.ranges:
+                low, high = max(a, b), min(a + n, b + m)
+                if high > low:
+                    found.append((low, high - low))
+        return _IdRanges(tuple(found))
+
+    def contains(self, start: int, count: int) -> bool:
+        return any(a <= start and start + count <= a + n for a, n in self.ranges)
+
+    def largest(self) -> tuple[int, int]:
+        return max(self.ranges, key=lambda r: r[1], default=(0, 1))
+
+
+def _mapped_ids(path: str) -> _IdRanges:
+    """The ids a user namespace maps ("inside outside count" lines); everything when unreadable."""
+    try:
+        lines = Path(path).read_text().split("\n")
+    except OSError:
+        return _IdRanges(((0, 1 << 32),))
+    return _IdRanges(tuple((int(f[0]), int(f[2])) for f in (line.split() for line in lines) if len(f) == 3))
 
 
 def describe_isolation(

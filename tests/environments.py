@@ -1,0 +1,92 @@
+"""Where the environment matrix grades: the project, set up so that another uid can run it.
+
+A checkout under root's home, or a virtualenv made from pyenv's Python (under /root, mode 0700), cannot
+be read by a normal user nor by the fresh uid a worker runs as. So the normal-user and container cases
+grade with a copy of the project in a folder everyone may read (/var/tmp/mha-exercise-envs/<checkout>/),
+and a virtualenv made there by Debian's own Python (/usr/bin/python3), with `tools/setup_venv.py` as
+`make setup` does: remade only when its inputs change. Everything it needs is installed here when
+missing (python3-venv, and python3-seccomp for tools/emulate.py), as root with apt-get.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import emulate  # noqa: E402  (tools/ is not a package)
+
+SYSTEM_PYTHON = emulate.SYSTEM_PYTHON
+COPIED = ("pyproject.toml", "README.md", "requirements.lock", "autograder", "reference", "tools", "deploy")
+NORMAL_UID = 1000
+
+
+def base() -> Path:
+    """A folder every user may read, one per checkout."""
+    folder = Path("/var/tmp/mha-exercise-envs") / hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in (folder.parent, folder):
+        path.chmod(0o755)
+    return folder
+
+
+def readable_by_others(path: Path) -> bool:
+    """Whether another user may reach and read `path` (every folder above it searchable)."""
+    path = path.resolve()
+    return all(os.stat(p).st_mode & 0o005 == 0o005 for p in [*reversed(path.parents), path] if p.is_dir())
+
+
+@cache
+def system_project() -> Path:
+    """A fresh copy of the project's code beside a virtualenv of Debian's Python, readable by everyone."""
+    if os.geteuid() != 0:
+        raise RuntimeError("the environment matrix runs as root (it emulates the other users itself)")
+    emulate.ensure_tools()
+    ensure_venv_module()
+    project = base() / "project"
+    project.mkdir(exist_ok=True)
+    for name in COPIED:
+        target = project / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(source, target)
+    subprocess.run(["chmod", "-R", "a+rX", str(project)], check=True)
+    subprocess.run([SYSTEM_PYTHON, "tools/setup_venv.py", "--venv", ".venv"], cwd=project, check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(project)], check=True)
+    return project
+
+
+def ensure_venv_module():
+    if subprocess.run([SYSTEM_PYTHON, "-c", "import ensurepip, venv"], capture_output=True).returncode == 0:
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "python3-venv"], check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+def workspace(name: str, owner: int | None) -> Path:
+    """An empty folder for one environment's course, owned by the user who grades there."""
+    folder = base() / "runs" / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    folder.chmod(0o755)
+    if owner is not None:
+        os.chown(folder, owner, owner)
+    return folder
+
+
+def give_to(path: Path, owner: int | None):
+    if owner is not None:
+        subprocess.run(["chown", "-R", f"{owner}:{owner}", str(path)], check=True)

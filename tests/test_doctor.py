@@ -1,0 +1,148 @@
+"""`python -m autograder doctor` and the machine survey behind it (and behind results.json's `machine`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autograder import doctor
+from autograder.sandbox import machine, probe
+from autograder.sandbox.machine import Bubblewrap, ControlGroups, Cuda, Machine, Namespaces
+from helpers import ROOT
+
+
+def a_machine(**changes) -> Machine:
+    """A machine where everything works (root, bubblewrap, writable control groups), with `changes`."""
+    found = Machine(
+        user="root",
+        root=True,
+        python="python (3.11.7)",
+        namespaces=Namespaces(True, "mount, pid, network, IPC and UTS namespaces", "", {}, "none"),
+        bubblewrap=Bubblewrap("/usr/bin/bwrap", "0.8.0", None),
+        fresh_uid=True,
+        fresh_uid_problem="",
+        cgroups=ControlGroups(["v2 at /sys/fs/cgroup"], True, ["v2"], ["memory", "pids", "cpu"], {}, ""),
+        cuda=Cuda(False, [], [], "2.13.0+cpu"),
+        isolation="namespace",
+        refusal="",
+        guarantees={},
+        advice="",
+    )
+    for key, value in changes.items():
+        setattr(found, key, value)
+    found.advice = machine._advice(found)
+    return found
+
+
+READ_ONLY = ControlGroups(["v2 at /sys/fs/cgroup"], False, [], [], {}, "read-only")
+
+
+def refused(sysctls=None, seccomp="none", tried="a user namespace") -> Namespaces:
+    return Namespaces(False, tried, "Operation not permitted", sysctls or {}, seccomp, "")
+
+
+@pytest.mark.parametrize(
+    "changes, says",
+    [
+        ({}, ""),  # nothing to improve
+        ({"bubblewrap": Bubblewrap(None, "", "not installed"), "isolation": "process"}, "apt-get install bubblewrap"),
+        (  # GitHub's ubuntu-24.04 runners, as a normal user
+            {
+                "root": False,
+                "user": "uid 1001",
+                "isolation": None,
+                "namespaces": refused({"kernel.apparmor_restrict_unprivileged_userns": "1"}),
+            },
+            "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0",
+        ),
+        (
+            {"root": False, "isolation": None, "namespaces": refused({"kernel.unprivileged_userns_clone": "0"})},
+            "sysctl -w kernel.unprivileged_userns_clone=1",
+        ),
+        (  # a Kubernetes pod as a normal user, default seccomp profile
+            {"root": False, "isolation": None, "namespaces": refused(seccomp="a filter"), "cgroups": READ_ONLY},
+            "hostUsers: false",
+        ),
+        (  # Docker, Gradescope: root, namespaces refused, read-only cgroups
+            {
+                "isolation": "process",
+                "namespaces": refused(seccomp="a filter", tried="mount, pid, network, IPC and UTS namespaces"),
+                "cgroups": READ_ONLY,
+            },
+            "seccomp=unconfined",
+        ),
+        ({"root": False, "user": "uid 1000", "cgroups": READ_ONLY}, "Delegate=yes"),  # a Slurm job
+        ({"cgroups": READ_ONLY}, "/sys/fs/cgroup writable"),
+    ],
+    ids=["all-there", "no-bwrap", "apparmor", "userns-clone", "kubernetes", "docker", "slurm", "root-read-only"],
+)
+def test_the_advice_names_the_one_change_and_its_command(changes, says):
+    advice = a_machine(**changes).advice
+    assert (says in advice) if says else advice == ""
+
+
+def test_the_survey_agrees_with_what_grading_chooses():
+    found = machine.survey()
+    try:
+        chosen = probe.choose_isolation("auto")
+    except OSError:
+        chosen = None
+    assert found.isolation == chosen
+    assert found.user == ("root" if probe.is_root() else f"uid {__import__('os').geteuid()}")
+    assert (found.bubblewrap.problem is None) == probe.namespace_sandbox_available()
+    summary = found.summary()
+    assert {"user", "user_namespaces", "bubblewrap", "fresh_uid", "control_groups", "cuda", "isolation"} <= set(summary)
+    assert all(isinstance(value, str) for value in summary.values())
+
+
+def run(submission, score, top=10.0):
+    return doctor.SpeedRun(submission, score, top, None, "", True)
+
+
+def test_the_speed_verdict_trusts_only_a_reference_that_always_earns_and_a_loop_that_never_does():
+    assert doctor.speed_verdict([run("reference", 10), run("loop over heads", 0)])[0]
+    trusted, why = doctor.speed_verdict([run("reference", 10), run("reference", 0), run("loop over heads", 0)])
+    assert not trusted and "reference lost speed points in 1 of 2" in why
+    trusted, why = doctor.speed_verdict([run("reference", 10), run("loop over heads", 4)])
+    assert not trusted and "loop over heads earned" in why
+    broken = doctor.SpeedRun("reference", 0, 0, None, "the grader itself failed", False)
+    assert not doctor.speed_verdict([broken])[0]
+
+
+def test_doctor_without_the_self_test_says_what_this_machine_allows():
+    done = subprocess.run(
+        [sys.executable, "-m", "autograder", "doctor", "--no-speed", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    findings = json.loads(done.stdout)
+    assert done.returncode == (0 if findings["machine"]["isolation"] else 2), done.stderr
+    assert findings["machine"]["cgroups"]["writable"] == bool(findings["machine"]["cgroups"]["hierarchies"])
+    assert "speed" not in findings
+
+
+@pytest.mark.slow
+def test_doctor_trusts_the_speed_part_here(tmp_path):
+    """The self-test through the real grader: here (a machine the speed part was calibrated on) the reference
+    earns its speed points and the loop over heads none."""
+    done = subprocess.run(
+        [sys.executable, "-m", "autograder", "doctor", "--gradings", "1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert "Speed self-test" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "can be trusted" in done.stdout
+
+
+@pytest.mark.slow
+def test_results_carry_the_machine_summary(reference_results):
+    summary = reference_results["extra_data"]["machine"]
+    assert summary == machine.survey().summary()

@@ -1,0 +1,150 @@
+"""`make test-pythons`: set up the project and run its quick suite on every supported Python found here.
+
+For each supported minor version (3.10 to 3.13) it looks for an interpreter: `python3.X` on PATH, then
+pyenv's (`$PYENV_ROOT/versions/3.X.*`); and the system's own `/usr/bin/python3` (Debian 12's 3.11.2,
+Ubuntu 22.04's 3.10, 24.04's 3.12), which may be older than a release of 3.X that a package needs. Each
+gets its own virtualenv (`.venvs/<name>`, made by `make setup PYTHON=... VENV=...`, remade only when its
+inputs change) and runs the quick suite (`make test-fast`'s selection) in it; another release of the
+default Python's minor version (the one `make test` runs) runs only the lock's tests and the worker's
+(`SAME_MINOR`), since what a patch release changes is what installs. A table says, per Python,
+whether the setup and the suite passed. Pythons not on this machine are listed, not failed; any setup or
+suite that fails makes the whole run fail.
+
+torch 2.13.0 for Python 3.11 is the CPU wheel where pip finds one; for the others, pip takes PyPI's
+build, which carries CUDA's runtime (about 3 GB), and runs on the CPU all the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MINORS = ("3.10", "3.11", "3.12", "3.13")
+QUICK = "not slow and not long and not cuda"
+# Another release of the default Python's minor version (Debian 12's 3.11.2 beside 3.11.7): what differs is
+# what installs (the lock's markers), so it gets `make setup`, the lock's tests and the worker's boot only.
+SAME_MINOR = ["tests/test_lock.py", "tests/test_sandbox.py", "tests/test_worker.py"]
+
+
+def version_of(python: str) -> str | None:
+    try:
+        run = subprocess.run(
+            [python, "-c", "import sys; print('.'.join(map(str, sys.version_info[:3])))"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return run.stdout.strip() if run.returncode == 0 else None
+
+
+def find_pythons() -> dict[str, str | None]:
+    """{name: interpreter or None}: one per supported minor version, and the system's python3."""
+    found: dict[str, str | None] = {}
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    for minor in MINORS:
+        candidates = [shutil.which(f"python{minor}")] + sorted(
+            glob.glob(str(pyenv / "versions" / f"{minor}.*" / "bin" / "python")), reverse=True
+        )
+        found[minor] = next((c for c in candidates if c and (version_of(c) or "").startswith(minor + ".")), None)
+    system = "/usr/bin/python3"
+    found["system"] = system if os.path.exists(system) and version_of(system) else None
+    return found
+
+
+def real_interpreter(python: str) -> str | None:
+    """The real path of the interpreter `python` runs: through a pyenv shim or a link, and a virtualenv's
+    own copy (`make` puts .venv/bin first on PATH) resolved to the Python it was made from."""
+    try:
+        run = subprocess.run(
+            [python, "-c", "import os, sys; print(os.path.realpath(getattr(sys, '_base_executable', sys.executable)))"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return run.stdout.strip() or None
+
+
+def base_of(venv: Path) -> str | None:
+    """The real path of the interpreter `venv` was made from."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        return None
+    run = subprocess.run(
+        [str(python), "-c", "import os, sys; print(os.path.realpath(sys._base_executable))"],
+        capture_output=True,
+        text=True,
+    )
+    return run.stdout.strip() or None
+
+
+def run_one(name: str, python: str, torch: str, pytest_args: list[str]) -> tuple[str, str, float]:
+    venv = f".venvs/{name}"
+    started = time.monotonic()
+    setup = subprocess.run(
+        ["make", "--no-print-directory", "setup", f"PYTHON={python}", f"VENV={venv}", f"TORCH_SPEC={torch}"], cwd=ROOT
+    )
+    if setup.returncode:
+        return "failed", "not run", time.monotonic() - started
+    suite = subprocess.run(
+        [str(ROOT / venv / "bin" / "python"), "-m", "pytest", "-q", "-m", QUICK, *pytest_args], cwd=ROOT
+    )
+    return (
+        "passed",
+        "passed" if suite.returncode == 0 else f"failed (exit {suite.returncode})",
+        time.monotonic() - started,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--torch", default="torch==2.13.0", help="TORCH_SPEC for every virtualenv")
+    parser.add_argument("--only", action="append", help="only this name (3.10, ..., system); repeatable")
+    parser.add_argument(
+        "--skip-venv",
+        default=None,
+        help="a virtualenv whose Python runs the full suite already (make test): that Python is not run again",
+    )
+    parser.add_argument("pytest_args", nargs="*", help="more arguments for pytest")
+    args = parser.parse_args(argv)
+    rows = []
+    default = base_of(ROOT / args.skip_venv) if args.skip_venv else None
+    for name, python in find_pythons().items():
+        if args.only and name not in args.only:
+            continue
+        if python is None:
+            rows.append((name, "not on this machine", "", "", 0.0))
+            continue
+        if default and real_interpreter(python) == default:
+            rows.append((name, f"{python} ({version_of(python)})", "the default", "make test: the full suite", 0.0))
+            continue
+        print(f"\n== Python {name}: {python} ({version_of(python)})", flush=True)
+        same_minor = (
+            default is not None
+            and (version_of(python) or "").rsplit(".", 1)[0] == (version_of(default) or "").rsplit(".", 1)[0]
+        )
+        pytest_args = args.pytest_args or (SAME_MINOR if same_minor else [])
+        setup, suite, seconds = run_one(name, python, args.torch, pytest_args)
+        suite += (
+            " (setup, lock, worker only: the minor version of the default)" if same_minor and suite == "passed" else ""
+        )
+        rows.append((name, f"{python} ({version_of(python)})", setup, suite, seconds))
+    print("\nPython   interpreter                                        make setup  quick suite")
+    for name, python, setup, suite, seconds in rows:
+        print(f"{name:<8} {python:<50} {setup:<11} {suite}" + (f"  ({seconds:.0f} s)" if seconds else ""))
+    failed = [row for row in rows if row[2] == "failed" or row[3].startswith("failed")]
+    return 1 if failed or not any(row[2] for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
