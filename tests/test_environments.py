@@ -17,9 +17,9 @@ What a real environment adds is `emulate.REAL[environment]`, printed with each r
 container cases grade with a copy of the project readable by every user and a virtualenv of Debian's
 Python (`environments.system_project`), as such a machine would have.
 
-Without writable control groups, the timed requests of the submission carry the grader's own /proc walks
-(issue 18, item 1): there the reference's speed points are expected to fail until that is fixed, and the
-test says so (`xfail(strict=True)`, so it flips when fixed).
+Without writable control groups the grader checks the submission's CPU budget by walking /proc; that walk
+happens between timed requests, never inside one, so the reference earns its speed points in every
+environment, and the same loop over heads earns none.
 """
 
 from __future__ import annotations
@@ -68,12 +68,6 @@ class Environment:
     isolation: str  # what grade-class is given
     expected_isolation: str  # what grading must use there
     cgroups: bool  # whether control groups are writable there
-
-    @property
-    def speed_mark(self):
-        if self.cgroups:
-            return ()
-        return (pytest.mark.xfail(strict=True, reason="issue 18 item 1"),)
 
 
 ENVIRONMENTS = [
@@ -209,9 +203,7 @@ def test_the_reference_earns_every_point_but_speed(graded):
     }
 
 
-def test_the_reference_earns_the_speed_points(graded, request):
-    for mark in graded.environment.speed_mark:
-        request.applymarker(mark)
+def test_the_reference_earns_the_speed_points(graded):
     score, top = part_scores(graded.results["reference"])["speed"]
     speed = graded.results["reference"]["extra_data"].get("speed") or {}
     assert score == top > 0, f"speed {score}/{top}, relative {speed.get('relative')}: {_speed_output(graded)}"
@@ -327,7 +319,6 @@ def test_gradescope_setup_closes_the_source_and_grades_with_a_fresh_uid(gradesco
     }
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18 item 1")
 def test_gradescope_gives_the_reference_full_marks_speed_included(gradescope):
     results = gradescope["results"]
     assert results["score"] == results["max_score"] == 100, part_scores(results)
