@@ -197,6 +197,8 @@ class WorkerProcess:
             procfs.kill_stopped(tree, self.pids)
         self.process.wait()
         procfs.reap_orphans()
+        if walked:
+            procfs.wait_gone(tree)  # a control group's kill waits for it to empty; a walked tree is waited here
         if self.group is not None:
             self.group.remove()
         for fd in (self.to_worker, self.from_worker):

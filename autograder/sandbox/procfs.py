@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -189,6 +190,20 @@ def kill_stopped(tree: Iterable[int], find: Callable[[], Iterable[int]], rounds:
     signal_all(tree, signal.SIGKILL)
     for _ in range(rounds):
         signal_all(find(), signal.SIGKILL)
+
+
+def wait_gone(pids: Iterable[int], seconds: float = 5.0) -> list[int]:
+    """Wait, at most `seconds`, until none of `pids` is alive (a zombie counts as gone), reaping the orphans
+    that come to this process as their subreaper. SIGKILL is certain but not instant: a killed process with
+    a large address space can take a while to be scheduled and torn down. Returns what is still alive."""
+    pending = list(pids)
+    deadline = time.monotonic() + seconds
+    while True:
+        reap_orphans()
+        pending = [pid for pid in pending if alive(pid)]
+        if not pending or time.monotonic() >= deadline:
+            return pending
+        time.sleep(0.01)
 
 
 def tree_of(pid: int, include_self: bool = True) -> Callable[[], list[int]]:
