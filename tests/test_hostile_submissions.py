@@ -317,7 +317,7 @@ _FRAMES = {{
     "bloated": lambda: (b'{{"ok":true,"value":{{"$":"list","items":[' + b",".join([b"{{}}"] * 349_000) + b"]}}}}",
                         [{reply_bytes}]),
 }}
-_MESSAGE = ("\\ud800 \\x1b[2J\\x1b[H\\x1b[32mTotal: 100 / 100\\x1b[0m\\x07 " + "x" * 100) * 20_000  # 2.5 MB
+_MESSAGE = ("\\ud800 \\x1b[2J\\x1b[H\\x1b[32mTotal: 100 / 100\\x1b[0m\\x07 " + "x" * 100) * 2_000  # 270,000 characters, twice: under the header limit, far over a message's
 
 def _receive_op(self):
     header, blobs = _receive(self)
@@ -902,13 +902,13 @@ CASES += [
     Case(
         "batches_the_timed_calls",
         lambda c: with_cells(last=speed_variants.LOOKS_UP_SEEDS),
-        {"speed": "all"},
+        {"mha": ANY, "speed": "all"},  # a loop over heads underneath: its structure check costs it too
         ("Compute every head in one batched pass",),
     ),
     Case(
         "patches_the_timed_request",
         lambda c: with_cells(last=speed_variants.PATCHES_THE_SERVER),
-        {"speed": "all"},
+        {"mha": ANY, "speed": "all"},  # a loop over heads underneath: its structure check costs it too
         ("Compute every head in one batched pass",),
     ),
     # files that once took the grader's memory or crashed it while reading them
@@ -1211,7 +1211,7 @@ def strings(value):
 
 @pytest.mark.slow
 def test_replies_that_break_the_protocol_leave_small_clean_results(graded):
-    """Nested 200,000 deep, a 2 GiB tensor announced, 300,000 values, 2.5 MB error messages full of
+    """Nested 200,000 deep, a 2 GiB tensor announced, 300,000 values, 270,000-character error messages full of
     escape sequences and lone surrogates: each is refused or truncated and cleaned at the protocol's edge."""
     got = graded["hostile_replies"]
     assert got.results_bytes < RESULTS_LIMIT_BYTES, f"results.json is {got.results_bytes:,} bytes"

@@ -544,14 +544,22 @@ class Worker:
                 view[: len(chunk)] = chunk
                 view = view[len(chunk) :]
 
-        try:
+        def parse() -> protocol.Reply:
             header, blobs = protocol.read_frame(read_exact, self.config.limits, read_into)
             decoder = protocol.Decoder(blobs, self.config.limits, self._codec().from_wire)
-            reply = protocol.parse_reply(op, header, decoder)
+            return protocol.parse_reply(op, header, decoder)
+
+        try:
+            reply = parse()
         except ProtocolError as exc:
-            raise WorkerCrashed(f"the worker's answer while {what} could not be read safely: {exc}") from None
-        deadline.check(what)
-        return reply
+            problem = str(exc)
+        else:
+            deadline.check(what)
+            return reply
+        # Raised outside `except`, so the refused answer is let go: raised inside, the WorkerCrashed would
+        # keep the ProtocolError as its context, and through its traceback parse()'s blobs (up to reply_mib)
+        # for as long as a caller holds it, and a second such answer would be held beside the first.
+        raise WorkerCrashed(f"the worker's answer while {what} could not be read safely: {problem}")
 
     def _read(self, n: int, deadline: Deadline, what: str, charge: bool = True) -> bytes:
         """`n` bytes from the worker. `charge`: stop once the CPU budget is spent (a walk of the worker's
