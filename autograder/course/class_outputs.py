@@ -24,7 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from autograder.atomic import write_text_atomically
-from autograder.course.clean import clean_text, csv_text
+from autograder.course.clean import clean_for_output, csv_text
 from autograder.course.feedback import write_feedback
 from autograder.course.gradebook import GradebookError, ensure_configuration, record_grades
 from autograder.course.roster import ASSIGNMENT
@@ -168,7 +168,7 @@ def students_table(rows: list[Row]) -> Table:
         score = f"{row.run.score:g} / {row.run.max_score:g}" if row.scored else "-"
         style = {CANNOT_GRADE: "red", NO_SUBMISSION: "yellow", NOT_GRADED: "yellow", AMBIGUOUS: "yellow"}
         table.add_row(
-            escape(clean_text(row.student, newlines=False)),
+            escape(clean_for_output(row.student, newlines=False)),
             score,
             status_words(row.status),
             escape(row.note()[:200]),

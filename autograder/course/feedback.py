@@ -34,7 +34,7 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from autograder.atomic import write_text_atomically
-from autograder.course.clean import clean_text
+from autograder.course.clean import clean_for_output
 from autograder.course.roster import ASSIGNMENT
 from autograder.course.rows import Row
 from autograder.course.store import COURSE_FILE_MODE
@@ -42,7 +42,7 @@ from autograder.model import FAILED, NOT_SCORED, PASSED, CheckResult, GradingRun
 
 TEMPLATES = Path(__file__).with_name("templates")
 TEMPLATE = "feedback.html.j2"
-STATUS_WORDS = {PASSED: "passed", FAILED: "failed", NOT_SCORED: "not scored"}
+CHECK_STATUS_LABELS = {PASSED: "passed", FAILED: "failed", NOT_SCORED: "not scored"}
 SHOWN_BEFORE = {"visible"}
 SHOWN_AFTER = {"visible", "after_due_date", "after_published"}
 _FINGERPRINT = re.compile(rb'<meta name="mha-feedback-fingerprint" content="([0-9a-f]+)">')
@@ -219,11 +219,11 @@ def page_context(row: Row, released: bool) -> dict:
     entry = row.entry
     context = {  # names and notes are the student's: cleaned as worker strings are, then HTML-escaped
         "assignment": ASSIGNMENT,
-        "student": clean_text(entry.student, newlines=False),
+        "student": clean_for_output(entry.student, newlines=False),
         "submitted": entry.has_file,
-        "file": clean_text(entry.file.name, newlines=False) if entry.file else "",
-        "file_note": clean_text(entry.note) if entry.has_file else "",
-        "file_note_missing": clean_text(entry.note),
+        "file": clean_for_output(entry.file.name, newlines=False) if entry.file else "",
+        "file_note": clean_for_output(entry.note) if entry.has_file else "",
+        "file_note_missing": clean_for_output(entry.note),
         "graded": bool(run and run.graded),
         "reason": run.reason if run else "it has not been graded yet",
         "visibility_note": (
@@ -256,7 +256,7 @@ def page_context(row: Row, released: bool) -> dict:
                     {
                         "name": c.name,
                         "status": c.status,
-                        "label": STATUS_WORDS.get(c.status, c.status),
+                        "label": CHECK_STATUS_LABELS.get(c.status, c.status),
                         "message": c.message,
                     }
                     for c in visible

@@ -36,7 +36,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autograder.course.class_outputs import OutputOptions, write_class_outputs
-from autograder.course.clean import clean_text
+from autograder.course.clean import clean_for_output
 from autograder.course.grading_pool import Grader
 from autograder.course.placement import NoDevice, Placement, placement_for
 from autograder.course.roster import ASSIGNMENT, Entry, read_roster
@@ -149,13 +149,13 @@ def grade_job(
         "rubric": str(rubric),
         "isolation": isolation,
     }
-    outcome = slots.grader().grade(request, timeout)
-    run = record.run(job.student) if outcome.ok else None
+    answer = slots.grader().grade(request, timeout)
+    run = record.run(job.student) if answer.ok else None
     if run is None:
         run = GradingRun(
             status=CANNOT_GRADE,
             submission=job.entry.file.name,
-            reason=outcome.problem or "no readable results.json was written",
+            reason=answer.problem or "no readable results.json was written",
         )
         record.save_run(job.student, run)
     record.save_inputs(job.student, job.inputs)  # after results.json: a kill in between only regrades
@@ -226,7 +226,7 @@ def grade_class(
     if students is not None and set(students) - known:
         missing = ", ".join(sorted(set(students) - known))
         console.print(
-            clean_text(f"cannot grade: no folder submitted/<student>/ for {missing}", newlines=False),
+            clean_for_output(f"cannot grade: no folder submitted/<student>/ for {missing}", newlines=False),
             style="red",
             markup=False,
         )
@@ -257,7 +257,7 @@ def grade_class(
         for entry in roster:
             if entry.note and (students is None or entry.student in students):
                 console.print(
-                    clean_text(f"{entry.student}: {entry.note}", newlines=False), style="yellow", markup=False
+                    clean_for_output(f"{entry.student}: {entry.note}", newlines=False), style="yellow", markup=False
                 )
         unfinished = {} if force else unfinished_forced(record, roster)
         if unfinished:
@@ -362,7 +362,7 @@ def merge_class(
             markup=False,
         )
         for student, why in sorted(missing.items()):
-            console.print(clean_text(f"  {student}: {why}", newlines=False), markup=False)
+            console.print(clean_for_output(f"  {student}: {why}", newlines=False), markup=False)
         console.print(
             f"grade them (their shard again, or `grade-class {course}`, which grades only what is "
             "missing) and merge again",
@@ -415,7 +415,7 @@ def grade_all(
                 progress.update(
                     task,
                     advance=1,
-                    description=escape(clean_text(futures[future].student, newlines=False))
+                    description=escape(clean_for_output(futures[future].student, newlines=False))
                     + ": "
                     + (f"{run.score:g}/{run.max_score:g}" if run.graded else status_words(CANNOT_GRADE)),
                 )

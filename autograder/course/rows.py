@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autograder.contract import PART_IDS
-from autograder.course.clean import clean_text
+from autograder.course.clean import clean_for_output
 from autograder.course.roster import AMBIGUOUS, NO_SUBMISSION, Entry
 from autograder.model import CANNOT_GRADE, GRADED, GradingRun
 from autograder.rubric import Rubric
@@ -64,7 +64,7 @@ class Row:
 
     def note(self) -> str:
         """For the instructor: why there is no score, or what to know about the one there is; cleaned
-        (`clean.clean_text`) and on one line, since it quotes file names the student chose."""
+        (`clean.clean_for_output`) and on one line, since it quotes file names the student chose."""
         notes = []
         if self.status == CANNOT_GRADE:
             notes.append(self.run.reason)
@@ -75,7 +75,7 @@ class Row:
         if self.scored:
             notes += self.run.load.lines()[:1] + [f"Worker: {e}" for e in self.run.events[:1]]
             notes += [f"Flagged: {flag}" for flag in self.run.flags]
-        return "; ".join(clean_text(n, newlines=False) for n in notes if n)
+        return "; ".join(clean_for_output(n, newlines=False) for n in notes if n)
 
 
 def graded_parts(rubric: Rubric) -> list[str]:

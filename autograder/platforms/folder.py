@@ -19,7 +19,7 @@
 5. grades the copy exactly as `python -m autograder grade` does, and writes results.json.
 
 Nothing to grade (no candidate, or only links out) is `cannot_grade` with the note, as before.
-Every file name quoted in a note is cleaned (`clean.clean_text`): it is the student's choice.
+Every file name quoted in a note is cleaned (`clean.clean_for_output`): it is the student's choice.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder.course.clean import clean_text
+from autograder.course.clean import clean_for_output
 from autograder.course.roster import ASSIGNMENT, choose, inside, scan
 from autograder.grading.submission import MAX_BYTES, submission_suffix
 from autograder.model import CANNOT_GRADE, GradingRun
@@ -118,7 +118,7 @@ def grade_folder(folder: Path, out: Path, device: str = "auto", isolation: str |
 
     write_results(out, GradingRun(status=CANNOT_GRADE, submission="", reason=UNFINISHED))
     found = find_submission(folder)
-    note = clean_text(found.note)
+    note = clean_for_output(found.note)
     if found.file is None:
         run = GradingRun(status=CANNOT_GRADE, submission="", reason=note)
     else:
@@ -126,7 +126,7 @@ def grade_folder(folder: Path, out: Path, device: str = "auto", isolation: str |
             try:
                 copy = copy_submission(found.file, Path(folder), Path(work))
             except CannotCopy as exc:
-                run = GradingRun(status=CANNOT_GRADE, submission="", reason=clean_text(str(exc)))
+                run = GradingRun(status=CANNOT_GRADE, submission="", reason=clean_for_output(str(exc)))
             else:
                 run = grade_submission(
                     copy,
