@@ -30,7 +30,7 @@ help:
 	@echo "make test-fast                 the quick tests only (no whole-submission grading, no CUDA)"
 	@echo "make test-long                 the long suites: hostile and wrong submissions, Slurm, the wheel"
 	@echo "make test-speed                the speed part's verdicts, each graded 10 times beside a CPU burner (long)"
-	@echo "make lint                      ruff's checks and formatting, and mypy's type check (strict on the trusted core)"
+	@echo "make lint                      ruff's checks and formatting, and mypy's type check of the whole package (strict)"
 	@echo "make lock                      regenerate requirements.lock from pyproject.toml"
 	@echo "make bench                     time the wrapper, the weight split and fast peers; table, plot, JSON"
 	@echo "make grade                     grade every submission in COURSE/submitted/ (what changed; COURSE=assignments)"

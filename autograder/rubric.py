@@ -11,6 +11,7 @@ Check keys in `[tests]` and `[speed] requires` are validated against the checks 
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,7 +173,7 @@ class Rubric:
     def max_score(self) -> float:
         return sum(p.points for p in self.parts.values())
 
-    def check_test_keys(self, known: set[str]):
+    def check_test_keys(self, known: set[str]) -> None:
         """Every key of [tests], and every check [speed] requires, must name a check that exists."""
         where = {key: f'[tests."{key}"]' for key in self.tests}
         where.update({key: f'[speed] requires "{key}"' for key in (self.speed.requires if self.speed else ())})
@@ -190,7 +191,9 @@ def _closest(key: str, known: set[str]) -> str | None:
     return matches[0] if matches else None
 
 
-def _number(value, where: str, path: Path, minimum: float = 0.0, kind: type = float) -> float:
+def _number(
+    value: object, where: str, path: Path, minimum: float = 0.0, kind: type[int] | type[float] = float
+) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
         raise RubricError(f"{path}: {where} must be {'an integer' if kind is int else 'a number'}, not {value!r}")
     if value < minimum:
@@ -198,7 +201,7 @@ def _number(value, where: str, path: Path, minimum: float = 0.0, kind: type = fl
     return kind(value)
 
 
-def _table(data: dict, name: str, path: Path, required: bool = True) -> dict:
+def _table(data: dict[str, Any], name: str, path: Path, required: bool = True) -> dict[str, Any]:
     value = data.get(name)
     if value is None and not required:
         return {}
@@ -207,7 +210,7 @@ def _table(data: dict, name: str, path: Path, required: bool = True) -> dict:
     return value
 
 
-def _no_unknown(table: dict, allowed, where: str, path: Path):
+def _no_unknown(table: dict[str, Any], allowed: Collection[str], where: str, path: Path) -> None:
     unknown = [k for k in table if k not in allowed]
     if unknown:
         raise RubricError(f"{path}: unknown key {where}{unknown[0]!r} (allowed: {', '.join(allowed)})")
@@ -289,7 +292,7 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
     return Rubric(parts, tests, default_visibility, tolerances, limits, apis, path, speed)
 
 
-def _speed_settings(table: dict, path: Path) -> SpeedSettings:
+def _speed_settings(table: dict[str, Any], path: Path) -> SpeedSettings:
     """[speed] and its [[speed.workloads]], every key checked (see SPEED_SETTINGS, WORKLOAD_SETTINGS)."""
     _no_unknown(table, (*SPEED_SETTINGS, "requires", "workloads"), "in [speed]: ", path)
     values: dict[str, Any] = {}  # each an int or a float, as SPEED_SETTINGS says (`_number`)
@@ -328,7 +331,7 @@ def _speed_settings(table: dict, path: Path) -> SpeedSettings:
     return SpeedSettings(**values, requires=tuple(requires), workloads=tuple(parsed))
 
 
-def _workload(table: dict, index: int, path: Path) -> Workload:
+def _workload(table: dict[str, Any], index: int, path: Path) -> Workload:
     where = f"[[speed.workloads]] number {index}"
     _no_unknown(table, tuple(WORKLOAD_SETTINGS), f"in {where}: ", path)
     values = {}

@@ -124,7 +124,7 @@ class KitError(RuntimeError):
 
 def solution_lines(reference: Path) -> set[str]:
     """Every stripped line of a solution region that does not also occur outside one."""
-    inside, secret, public = False, set(), set()
+    inside, secret, public = False, set[str](), set[str]()
     for line in reference.read_text().splitlines():
         text = line.strip()
         if SOLUTION_BEGIN in text:
@@ -139,7 +139,7 @@ def solution_lines(reference: Path) -> set[str]:
 def text_lines(name: str, data: bytes) -> set[str]:
     """The stripped lines of a kit file; a notebook's are those of its cells' sources and outputs."""
     text = data.decode("utf-8", errors="replace")
-    lines = set()
+    lines: set[str] = set()
     if name.endswith(".ipynb"):
         for cell in json.loads(text).get("cells", []):
             lines.update(line.strip() for line in "".join(cell.get("source", "")).splitlines())

@@ -80,6 +80,8 @@ def nbgrader_metadata(grade_id: str, *, solution: bool, grade: bool, points: flo
         "solution": solution,
     }
     if grade:
+        if points is None:
+            raise ValueError(f"the grade cell {grade_id!r} has no points")
         meta["points"] = int(points) if float(points).is_integer() else points
     return meta
 

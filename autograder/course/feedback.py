@@ -30,6 +30,7 @@ import io
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
@@ -80,7 +81,7 @@ ROLES = (("submission", "your forward"), ("reference", "the reference MultiHeadA
 SHOWN_UP_TO = 1.2  # the band bar runs from 0 to this fraction of the reference's speedup (or the figure, if more)
 
 
-def speed_rule(bands: dict) -> str:
+def speed_rule(bands: dict[str, Any]) -> str:
     """How the speed part scores, in words, from the bands the run was graded with."""
     if not {"full_credit_at", "no_credit_at"} <= set(bands):
         return ""
@@ -100,7 +101,7 @@ def speed_rule(bands: dict) -> str:
     return text
 
 
-def band_bar(relative: float, bands: dict) -> dict | None:
+def band_bar(relative: float, bands: dict[str, Any]) -> dict[str, Any] | None:
     """Widths (percent) of the none / in proportion / full bands on a bar from 0, and where `relative` is."""
     if not {"full_credit_at", "no_credit_at"} <= set(bands):
         return None
@@ -114,7 +115,7 @@ def band_bar(relative: float, bands: dict) -> dict | None:
     }
 
 
-def workload_context(name: str, figures: dict, bands: dict) -> dict:
+def workload_context(name: str, figures: dict[str, Any], bands: dict[str, Any]) -> dict[str, Any]:
     """One timed workload: its figures as rows for people, the scored figure with the bands beside it."""
     if "relative" not in figures:
         return {"name": name, "failed": figures.get("failed", "not timed"), "rows": [], "scored": None}
@@ -146,7 +147,7 @@ def workload_context(name: str, figures: dict, bands: dict) -> dict:
     return {"name": name, "failed": "", "rows": rows, "scored": scored}
 
 
-def speed_series(speed: dict) -> dict[str, dict[str, list[float]]]:
+def speed_series(speed: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
     """Per workload, the per-round charged times (ms per call) of the three timed forwards."""
     series = {}
     for name, figures in (speed.get("workloads") or {}).items():
@@ -157,7 +158,7 @@ def speed_series(speed: dict) -> dict[str, dict[str, list[float]]]:
     return series
 
 
-def speed_plot(series: dict[str, dict[str, list[float]]], bands: dict) -> str:
+def speed_plot(series: dict[str, dict[str, list[float]]], bands: dict[str, Any]) -> str:
     """A PNG, base64 for a data: URI: per workload, each round's time per call of the three (left), and
     each round's scored figure (the reference's time over yours: your speedup over the wrapper divided by
     the reference's) with the bands that score it (right)."""
@@ -199,7 +200,7 @@ def speed_plot(series: dict[str, dict[str, list[float]]], bands: dict) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def speed_context(speed: dict) -> dict:
+def speed_context(speed: dict[str, Any]) -> dict[str, Any]:
     bands = speed.get("bands") or {}
     series = speed_series(speed)
     return {
@@ -214,10 +215,11 @@ def speed_context(speed: dict) -> dict:
 # -- the page --------------------------------------------------------------------------------------
 
 
-def page_context(row: Row, released: bool) -> dict:
+def page_context(row: Row, released: bool) -> dict[str, Any]:
     run: GradingRun | None = row.run
     entry = row.entry
-    context = {  # names and notes are the student's: cleaned as worker strings are, then HTML-escaped
+    parts: list[dict[str, Any]] = []
+    context: dict[str, Any] = {  # names and notes are the student's: cleaned as worker strings are, then HTML-escaped
         "assignment": ASSIGNMENT,
         "student": clean_for_output(entry.student, newlines=False),
         "submitted": entry.has_file,
@@ -231,7 +233,7 @@ def page_context(row: Row, released: bool) -> dict:
             if not released
             else "Every check counts in the score. Some checks' details are never shown."
         ),
-        "parts": [],
+        "parts": parts,
     }
     if not (run and run.graded):
         return context
@@ -246,7 +248,7 @@ def page_context(row: Row, released: bool) -> dict:
         visible = [c for c in checks if shown(c, released)]
         later = sum(not shown(c, released) and c.visibility != "hidden" for c in checks)
         never = sum(c.visibility == "hidden" for c in checks)
-        context["parts"].append(
+        parts.append(
             {
                 "id": part.part,
                 "title": part.title,
@@ -266,7 +268,7 @@ def page_context(row: Row, released: bool) -> dict:
             }
         )
     if run.speed:
-        speed_part = next((p for p in context["parts"] if p["id"] == "speed"), None)
+        speed_part = next((p for p in parts if p["id"] == "speed"), None)
         if speed_part is None:
             speed_part = {
                 "id": "speed",
@@ -277,7 +279,7 @@ def page_context(row: Row, released: bool) -> dict:
                 "withheld": "",
                 "speed": None,
             }
-            context["parts"].append(speed_part)
+            parts.append(speed_part)
         speed_part["speed"] = speed_context(run.speed)
     return context
 

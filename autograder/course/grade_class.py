@@ -30,6 +30,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -62,6 +63,13 @@ class Job:
     def student(self) -> str:
         return self.entry.student
 
+    @property
+    def file(self) -> Path:
+        """The file to grade: `plan` makes a job only for an entry that has one."""
+        if self.entry.file is None:
+            raise ValueError(f"no file to grade for {self.student}")
+        return self.entry.file
+
 
 def plan(
     roster: list[Entry],
@@ -76,7 +84,7 @@ def plan(
     unfinished = unfinished or {}
     jobs = []
     for entry in roster:
-        if not entry.has_file or (students is not None and entry.student not in students):
+        if entry.file is None or (students is not None and entry.student not in students):
             continue
         inputs = class_inputs.for_file(entry.file)
         if force:
@@ -127,9 +135,10 @@ class Slots:
                 env = self.held.enter_context(self.placement.slot()) if self.placement else None
                 self.local.grader = Grader(env=env)
                 self.graders.append(self.local.grader)
-        return self.local.grader
+        grader: Grader = self.local.grader
+        return grader
 
-    def close(self):
+    def close(self) -> None:
         with self.lock:
             for grader in self.graders:
                 grader.close()
@@ -143,7 +152,7 @@ def grade_job(
     out.parent.mkdir(parents=True, exist_ok=True)
     request = {
         "id": job.student,
-        "submission": str(job.entry.file),
+        "submission": str(job.file),
         "out": str(out),
         "device": device,
         "rubric": str(rubric),
@@ -154,7 +163,7 @@ def grade_job(
     if run is None:
         run = GradingRun(
             status=CANNOT_GRADE,
-            submission=job.entry.file.name,
+            submission=job.file.name,
             reason=answer.problem or "no readable results.json was written",
         )
         record.save_run(job.student, run)
@@ -173,7 +182,7 @@ def class_rows(roster: list[Entry], record: Record) -> list[Row]:
     return [Row(entry, record.run(entry.student) if entry.has_file else None) for entry in roster]
 
 
-def hold_course(course: Path, console: Console, shard: Shard | None = None):
+def hold_course(course: Path, console: Console, shard: Shard | None = None) -> TextIO:
     """An exclusive lock on the course (on one shard of it), so two runs never grade the same students at
     once; the shards of a class, on one machine or on many sharing the folder, run side by side. It lives
     beside the record, not in it, so that copying a shard's record (a CI artifact) copies no lock."""
@@ -346,7 +355,7 @@ def merge_class(
     class_inputs = ClassInputs.compute(rubric_path, device="")
     missing: dict[str, str] = {}
     for entry in roster:
-        if not entry.has_file:
+        if entry.file is None:
             continue
         wanted = {key: value for key, value in class_inputs.for_file(entry.file).items() if key in MERGE_INPUTS}
         why = record.why_stale(entry.student, wanted)  # a run that could not grade is merged as it is

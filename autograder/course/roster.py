@@ -89,7 +89,7 @@ def read_timestamp(folder: Path) -> tuple[datetime | None, str]:
         os.close(descriptor)
     if len(data) > TIMESTAMP_BYTES:
         return None, f"{TIMESTAMP_FILE} not read: it is longer than {TIMESTAMP_BYTES} bytes"
-    from nbgrader.utils import parse_utc  # type: ignore[import-untyped]  # (slow to import: only when there is a timestamp)
+    from nbgrader.utils import parse_utc  # (slow to import: only when there is a timestamp)
 
     try:
         return parse_utc(data.decode("ascii").strip()), ""
@@ -150,7 +150,7 @@ def choose(files: list[Path], assignment: str = ASSIGNMENT) -> tuple[Path, str]:
     the .py), then the highest copy number of the assignment's name (the latest upload), then a
     notebook, then the first name in alphabetical order."""
 
-    def rank(path: Path):
+    def rank(path: Path) -> tuple[bool, bool, int, bool, str]:
         stem, number = copy_number(path)
         exact = path.stem == assignment
         named = stem.lower().endswith(assignment)
