@@ -23,7 +23,8 @@ import shutil
 from pathlib import Path
 
 from autograder.atomic import write_text_atomically, write_zip_atomically
-from autograder.authoring.release import ASSIGNMENT, SOLUTION_BEGIN, SOLUTION_END, default_root
+from autograder.authoring.release import SOLUTION_BEGIN, SOLUTION_END, default_root
+from autograder.contract import ASSIGNMENT
 from autograder.rubric import load_rubric
 
 KIT_NAME = f"{ASSIGNMENT}-student-kit"

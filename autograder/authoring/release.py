@@ -28,10 +28,9 @@ from pathlib import Path
 import jupytext
 import nbformat
 
-from autograder.contract import PART_IDS
+from autograder.contract import ASSIGNMENT, PART_IDS
 from autograder.rubric import load_rubric
 
-ASSIGNMENT = "mha"
 SOLUTION_BEGIN = "### BEGIN SOLUTION"
 SOLUTION_END = "### END SOLUTION"
 TEST_TAG = "autograder-test"

@@ -25,10 +25,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from autograder.atomic import write_text_atomically
+from autograder.contract import ASSIGNMENT
 from autograder.course.clean import clean_for_output, csv_text
 from autograder.course.feedback import write_feedback
 from autograder.course.gradebook import GradebookError, ensure_configuration, record_grades
-from autograder.course.roster import AMBIGUOUS, ASSIGNMENT, NO_SUBMISSION
+from autograder.course.roster import AMBIGUOUS, NO_SUBMISSION
 from autograder.course.rows import NOT_GRADED, STATUSES, Row, graded_parts, status_words
 from autograder.course.store import COURSE_FILE_MODE, Record
 from autograder.model import CANNOT_GRADE

@@ -35,8 +35,8 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from autograder.atomic import write_text_atomically
+from autograder.contract import ASSIGNMENT
 from autograder.course.clean import clean_for_output
-from autograder.course.roster import ASSIGNMENT
 from autograder.course.rows import Row
 from autograder.course.store import COURSE_FILE_MODE
 from autograder.model import FAILED, NOT_SCORED, PASSED, CheckResult, GradingRun

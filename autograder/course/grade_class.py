@@ -36,11 +36,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from autograder.contract import ASSIGNMENT
 from autograder.course.class_outputs import OutputOptions, write_class_outputs
 from autograder.course.clean import clean_for_output
 from autograder.course.grading_pool import Grader
 from autograder.course.placement import NoDevice, Placement, placement_for
-from autograder.course.roster import ASSIGNMENT, Entry, read_roster
+from autograder.course.roster import Entry, read_roster
 from autograder.course.rows import Row, status_words
 from autograder.course.shard import Shard, engine_index_in
 from autograder.course.store import ClassInputs, Record, close_to_others
@@ -196,7 +197,7 @@ def hold_course(course: Path, console: Console, shard: Shard | None = None) -> T
     return handle
 
 
-def counted(number: int, noun: str) -> str:
+def quantity(number: int, noun: str) -> str:
     """'1 submission', '3 submissions'."""
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
@@ -287,7 +288,7 @@ def grade_class(
             reasons[job.reason] = reasons.get(job.reason, 0) + 1
         why = f" ({', '.join(f'{n} {r}' for r, n in reasons.items())})" if reasons else ""
         console.print(
-            f"{counted(len(submitted), 'submission')}: {len(todo)} to grade, {len(submitted) - len(todo)} already "
+            f"{quantity(len(submitted), 'submission')}: {len(todo)} to grade, {len(submitted) - len(todo)} already "
             f"graded{why}",
             markup=False,
         )

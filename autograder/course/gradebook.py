@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from autograder.atomic import write_text_atomically
-from autograder.course.roster import ASSIGNMENT
+from autograder.contract import ASSIGNMENT
 from autograder.course.rows import Row, graded_parts
 from autograder.course.store import COURSE_FILE_MODE, Record, sha256_file
 from autograder.rubric import Rubric

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from autograder.contract import ASSIGNMENT
 from autograder.grading.submission import submission_suffix
 
-ASSIGNMENT = "mha"
 TIMESTAMP_FILE, TIMESTAMP_BYTES = "timestamp.txt", 64
 SUBMITTED, AMBIGUOUS, NO_SUBMISSION = "submitted", "ambiguous", "no_submission"
 # "mha (2)", "mha-2", "mha_2", "mha 2", "mha(2)": the copy number LMS downloads and browsers add
@@ -55,7 +55,7 @@ class Entry:
         return self.file is not None
 
 
-def inside(path: Path, root: Path) -> bool:
+def resolves_inside(path: Path, root: Path) -> bool:
     """Whether `path`'s real path (every link followed) is `root`'s real path or below it."""
     real, top = os.path.realpath(path), os.path.realpath(root)
     return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
@@ -125,7 +125,7 @@ def scan(folder: Path, within: Path | None = None) -> Scan:
         if stat.S_ISREG(mode):
             files.append(path)
         elif stat.S_ISLNK(mode):
-            if not inside(path, within):
+            if not resolves_inside(path, within):
                 refused.append(f"{name} is a symbolic link out of the folder, not followed")
             elif os.path.isfile(path):
                 files.append(path)
@@ -174,7 +174,7 @@ def entry_for(student_folder: Path, assignment: str = ASSIGNMENT) -> Entry:
     folder = student_folder / assignment
     if is_link(student_folder):
         return Entry(student, NO_SUBMISSION, note=f"submitted/{student} is a symbolic link, not followed")
-    if is_link(folder) and not inside(folder, student_folder):
+    if is_link(folder) and not resolves_inside(folder, student_folder):
         return Entry(
             student,
             NO_SUBMISSION,

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from autograder.atomic import write_text_atomically
-from autograder.course.roster import ASSIGNMENT
+from autograder.contract import ASSIGNMENT
 from autograder.model import GradingRun
 
 RECORD_DIR = "results"

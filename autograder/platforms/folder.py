@@ -30,8 +30,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autograder.contract import ASSIGNMENT
 from autograder.course.clean import clean_for_output
-from autograder.course.roster import ASSIGNMENT, choose, inside, scan
+from autograder.course.roster import choose, resolves_inside, scan
 from autograder.grading.submission import MAX_BYTES, submission_suffix
 from autograder.model import CANNOT_GRADE, GradingRun
 
@@ -86,7 +87,7 @@ def copy_submission(file: Path, folder: Path, work: Path) -> Path:
     """Copy `file` (found in `folder`) into `work` as mha.py or mha.ipynb, never through a link out of
     `folder`: the real path must lie inside it and be a regular file, opened with O_NOFOLLOW (a link
     swapped in meanwhile is refused) and O_NONBLOCK (a FIFO never blocks)."""
-    if not inside(file, folder):
+    if not resolves_inside(file, folder):
         raise CannotCopy(f"{file.name} is a symbolic link out of the submission folder, not followed")
     real = os.path.realpath(file)
     try:
