@@ -33,7 +33,7 @@ help:
 	@echo "make test-pythons              make setup and the quick tests on every supported Python here (3.10-3.13, the system's)"
 	@echo "make test-speed                the speed part's verdicts, each graded 10 times beside a CPU burner (long)"
 	@echo "make doctor                    what this machine allows the grader, and whether its speed part can be trusted"
-	@echo "make lint                      ruff's checks and formatting, and mypy's type check (strict on the trusted core)"
+	@echo "make lint                      ruff's checks and formatting, and mypy's type check of the whole package (strict)"
 	@echo "make lock                      regenerate requirements.lock from pyproject.toml"
 	@echo "make bench                     time the wrapper, the weight split and fast peers; table, plot, JSON"
 	@echo "make grade                     grade every submission in COURSE/submitted/ (what changed; COURSE=assignments)"

@@ -8,13 +8,13 @@ import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every zip entry's timestamp: the same files always make the same zip
 
 
 @contextlib.contextmanager
-def open_atomically(path: Path, mode: int = 0o644, binary: bool = False) -> Iterator[IO]:
+def open_atomically(path: Path, mode: int = 0o644, binary: bool = False) -> Iterator[IO[Any]]:
     """A file to write `path` through (text, or bytes when `binary`): a temporary file beside it, renamed
     over `path` (os.replace) only when the block ends without an exception. Newlines are written as given."""
     path = Path(path)
@@ -33,12 +33,12 @@ def open_atomically(path: Path, mode: int = 0o644, binary: bool = False) -> Iter
         raise
 
 
-def write_text_atomically(path: Path, text: str, mode: int = 0o644):
+def write_text_atomically(path: Path, text: str, mode: int = 0o644) -> None:
     with open_atomically(path, mode) as handle:
         handle.write(text)
 
 
-def write_zip_atomically(path: Path, entries: Iterable[tuple[str, bytes | str, int]]):
+def write_zip_atomically(path: Path, entries: Iterable[tuple[str, bytes | str, int]]) -> None:
     """A zip of `entries`, each (name, contents, file mode), deflated, with fixed timestamps (the same
     entries give the same bytes), written atomically."""
     with open_atomically(path, binary=True) as handle, zipfile.ZipFile(handle, "w", zipfile.ZIP_DEFLATED) as bundle:

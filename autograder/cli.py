@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def grade_class_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from autograder.contract import ASSIGNMENT
     from autograder.course.grade_class import grade_class, merge_class
-    from autograder.course.roster import ASSIGNMENT
     from autograder.course.shard import ShardError, parse_shard
 
     if not (args.course / "submitted").is_dir():

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The assignment's id: nbgrader's assignment and notebook name, and the name a submission's file is expected
+# to have (mha.ipynb or mha.py). (The self-check, which students run standalone, spells it out itself.)
+ASSIGNMENT = "mha"
+
 # Part ids are fixed: instructors, feedback, gradebooks and other tools group by them. This order is
 # the order of the notebook, of results.json and of every report.
 PART_IDS = ("quiz", "combine", "wrapper", "two_dim", "columns", "mha", "fuse", "speed")

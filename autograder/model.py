@@ -153,7 +153,7 @@ class GradingRun:
         return "\n".join(lines)
 
     # -- the edge: Gradescope's results.json
-    def to_gradescope(self) -> dict:
+    def to_gradescope(self) -> dict[str, Any]:
         tests = [
             {
                 "name": f"{c.part}: {c.name}",
@@ -190,7 +190,7 @@ class GradingRun:
         return results
 
     @classmethod
-    def from_gradescope(cls, data: dict) -> GradingRun:
+    def from_gradescope(cls, data: dict[str, Any]) -> GradingRun:
         """Read a results.json written by `to_gradescope` back into the model."""
         extra = data.get("extra_data") or {}
         if extra.get("model_version") != MODEL_VERSION:

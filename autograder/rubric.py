@@ -11,12 +11,13 @@ Check keys in `[tests]` and `[speed] requires` are validated against the checks 
 from __future__ import annotations
 
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    import tomllib as tomllib  # re-exported: the one TOML parser of the package, on every Python
 else:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
@@ -195,7 +196,7 @@ class Rubric:
     def max_score(self) -> float:
         return sum(p.points for p in self.parts.values())
 
-    def check_test_keys(self, known: set[str]):
+    def check_test_keys(self, known: set[str]) -> None:
         """Every key of [tests], and every check [speed] requires, must name a check that exists."""
         where = {key: f'[tests."{key}"]' for key in self.tests}
         where.update({key: f'[speed] requires "{key}"' for key in (self.speed.requires if self.speed else ())})
@@ -213,7 +214,9 @@ def _closest(key: str, known: set[str]) -> str | None:
     return matches[0] if matches else None
 
 
-def _number(value, where: str, path: Path, minimum: float = 0.0, kind: type = float) -> float:
+def _number(
+    value: object, where: str, path: Path, minimum: float = 0.0, kind: type[int] | type[float] = float
+) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
         raise RubricError(f"{path}: {where} must be {'an integer' if kind is int else 'a number'}, not {value!r}")
     if value < minimum:
@@ -221,7 +224,7 @@ def _number(value, where: str, path: Path, minimum: float = 0.0, kind: type = fl
     return kind(value)
 
 
-def _table(data: dict, name: str, path: Path, required: bool = True) -> dict:
+def _table(data: dict[str, Any], name: str, path: Path, required: bool = True) -> dict[str, Any]:
     value = data.get(name)
     if value is None and not required:
         return {}
@@ -230,7 +233,7 @@ def _table(data: dict, name: str, path: Path, required: bool = True) -> dict:
     return value
 
 
-def _no_unknown(table: dict, allowed, where: str, path: Path):
+def _no_unknown(table: dict[str, Any], allowed: Collection[str], where: str, path: Path) -> None:
     unknown = [k for k in table if k not in allowed]
     if unknown:
         raise RubricError(f"{path}: unknown key {where}{unknown[0]!r} (allowed: {', '.join(allowed)})")
@@ -312,7 +315,7 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
     return Rubric(parts, tests, default_visibility, tolerances, limits, apis, path, speed)
 
 
-def _speed_settings(table: dict, path: Path) -> SpeedSettings:
+def _speed_settings(table: dict[str, Any], path: Path) -> SpeedSettings:
     """[speed] and its [[speed.workloads]], every key checked (see SPEED_SETTINGS, WORKLOAD_SETTINGS)."""
     if "rounds" in table:
         raise RubricError(
@@ -367,7 +370,7 @@ def _speed_settings(table: dict, path: Path) -> SpeedSettings:
     return SpeedSettings(**values, requires=tuple(requires), workloads=tuple(parsed))
 
 
-def _workload(table: dict, index: int, path: Path) -> Workload:
+def _workload(table: dict[str, Any], index: int, path: Path) -> Workload:
     where = f"[[speed.workloads]] number {index}"
     _no_unknown(table, tuple(WORKLOAD_SETTINGS), f"in {where}: ", path)
     values = {}

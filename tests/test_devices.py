@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from autograder.course import grade_class, placement
-from autograder.course.grading_pool import GradingAttempt
+from autograder.course.grading_pool import JobAnswer
 from autograder.course.placement import DevicePool, NoDevice, placement_for
 from autograder.grading import devices
 from autograder.grading.devices import timing_lock, timing_lock_path, visible_devices
@@ -97,7 +97,7 @@ def test_grade_class_pins_every_grading_process_to_one_device(tmp_path, monkeypa
             run = GradingRun(status="graded", submission="mha.py")
             with open(request["out"], "w") as handle:
                 json.dump(run.to_gradescope(), handle)
-            return GradingAttempt(ok=True)
+            return JobAnswer(ok=True)
 
         def close(self):
             pass
@@ -296,7 +296,7 @@ def test_a_class_run_grades_again_once_what_could_not_be_timed_now(tmp_path, mon
                 run = GradingRun(status="graded", submission="mha.py")
             with open(request["out"], "w") as handle:
                 json.dump(run.to_gradescope(), handle)
-            return GradingAttempt(ok=True)
+            return JobAnswer(ok=True)
 
         def close(self):
             pass

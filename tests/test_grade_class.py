@@ -515,7 +515,7 @@ def test_a_forced_run_stopped_halfway_is_finished_forced_by_the_next_run_and_mer
     import json
 
     from autograder.course import grade_class
-    from autograder.course.grading_pool import GradingAttempt
+    from autograder.course.grading_pool import JobAnswer
     from autograder.model import GradingRun
 
     course = make_course(tmp_path / "course", {s: {"mha.py": "x = 1\n"} for s in ("ann", "bob", "cat")})
@@ -533,7 +533,7 @@ def test_a_forced_run_stopped_halfway_is_finished_forced_by_the_next_run_and_mer
             graded.append(request["id"])
             with open(request["out"], "w") as handle:
                 json.dump(GradingRun(status="graded", submission="mha.py").to_gradescope(), handle)
-            return GradingAttempt(ok=True)
+            return JobAnswer(ok=True)
 
         def close(self):
             pass

@@ -23,7 +23,8 @@ import shutil
 from pathlib import Path
 
 from autograder.atomic import write_text_atomically, write_zip_atomically
-from autograder.authoring.release import ASSIGNMENT, SOLUTION_BEGIN, SOLUTION_END, default_root
+from autograder.authoring.release import SOLUTION_BEGIN, SOLUTION_END, default_root
+from autograder.contract import ASSIGNMENT
 from autograder.rubric import load_rubric
 
 KIT_NAME = f"{ASSIGNMENT}-student-kit"
@@ -124,7 +125,7 @@ class KitError(RuntimeError):
 
 def solution_lines(reference: Path) -> set[str]:
     """Every stripped line of a solution region that does not also occur outside one."""
-    inside, secret, public = False, set(), set()
+    inside, secret, public = False, set[str](), set[str]()
     for line in reference.read_text().splitlines():
         text = line.strip()
         if SOLUTION_BEGIN in text:
@@ -139,7 +140,7 @@ def solution_lines(reference: Path) -> set[str]:
 def text_lines(name: str, data: bytes) -> set[str]:
     """The stripped lines of a kit file; a notebook's are those of its cells' sources and outputs."""
     text = data.decode("utf-8", errors="replace")
-    lines = set()
+    lines: set[str] = set()
     if name.endswith(".ipynb"):
         for cell in json.loads(text).get("cells", []):
             lines.update(line.strip() for line in "".join(cell.get("source", "")).splitlines())

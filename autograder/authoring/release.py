@@ -28,10 +28,9 @@ from pathlib import Path
 import jupytext
 import nbformat
 
-from autograder.contract import PART_IDS
+from autograder.contract import ASSIGNMENT, PART_IDS
 from autograder.rubric import load_rubric
 
-ASSIGNMENT = "mha"
 SOLUTION_BEGIN = "### BEGIN SOLUTION"
 SOLUTION_END = "### END SOLUTION"
 TEST_TAG = "autograder-test"
@@ -80,6 +79,8 @@ def nbgrader_metadata(grade_id: str, *, solution: bool, grade: bool, points: flo
         "solution": solution,
     }
     if grade:
+        if points is None:
+            raise ValueError(f"the grade cell {grade_id!r} has no points")
         meta["points"] = int(points) if float(points).is_integer() else points
     return meta
 

@@ -39,7 +39,7 @@ import re
 import sys
 import traceback
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 ASSIGNMENT = "mha"
 TITLE = re.compile(r"^# %%.*\bSelf-check: part (\w+)")
@@ -108,7 +108,7 @@ def cell_name(path: Path, cell: Cell) -> str:
     return f"<{path.name}, cell {cell.number}>"
 
 
-def run_cell(path: Path, cell: Cell, namespace: dict):
+def run_cell(path: Path, cell: Cell, namespace: dict[str, Any]) -> Any:
     """Run one cell as Jupyter does, and return the value of its last line when that is an expression.
     Its line numbers are the file's, so a traceback points where the student looks."""
     name = cell_name(path, cell)
@@ -116,7 +116,11 @@ def run_cell(path: Path, cell: Cell, namespace: dict):
     linecache.cache[name] = (len(source), None, [""] * (cell.line - 1) + source.splitlines(True), name)
     tree = ast.parse(source, name)
     ast.increment_lineno(tree, cell.line - 1)
-    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    last = tree.body[-1] if tree.body else None
+    if isinstance(last, ast.Expr):
+        tree.body.pop()
+    else:
+        last = None
     exec(compile(tree, name, "exec"), namespace)
     if last is not None:
         return eval(compile(ast.Expression(last.value), name, "eval"), namespace)
@@ -131,7 +135,7 @@ def where(path: Path, exc: BaseException) -> str:
     return "".join(traceback.format_list(frames[-1:])).strip()
 
 
-def verdict(value) -> tuple[str, str]:
+def verdict(value: object) -> tuple[str, str]:
     """A self-check's returned value as (status, message)."""
     found = VERDICT.fullmatch(value) if isinstance(value, str) else None
     if found is None:
@@ -139,7 +143,7 @@ def verdict(value) -> tuple[str, str]:
     return found.group(1), found.group(2)
 
 
-def outcome_of(path: Path, cell: Cell, namespace: dict) -> tuple[str, str]:
+def outcome_of(path: Path, cell: Cell, namespace: dict[str, Any]) -> tuple[str, str]:
     try:
         value = run_cell(path, cell, namespace)
     except NotImplementedError as exc:
@@ -160,7 +164,7 @@ def run(path: Path) -> int:
             file=sys.stderr,
         )
         return 2
-    namespace: dict = {"__name__": "__main__"}
+    namespace: dict[str, Any] = {"__name__": "__main__"}
     results: list[tuple[str, str, str]] = []
     for cell in cells_of(path):
         status, message = outcome_of(path, cell, namespace)
@@ -203,7 +207,7 @@ def file_to_check(folder: Path) -> tuple[Path | None, str]:
     left = {path: stubs_left(cells) for path, cells in code.items()}
     other = {notebook: script, script: notebook}
     if left[notebook] != left[script]:
-        chosen = min(found, key=left.get)
+        chosen = min(found, key=lambda p: left[p])
         why = f"the one with fewer stubs left ({left[chosen]}; {other[chosen].name} has {left[other[chosen]]})"
     else:
         chosen = max(found, key=lambda p: os.stat(p).st_mtime_ns)
@@ -216,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) > 1:
         print(f"usage: python selfcheck.py [{ASSIGNMENT}.ipynb|{ASSIGNMENT}.py]", file=sys.stderr)
         return 2
+    path: Path | None
     if argv:
         path = Path(argv[0])
     else:

@@ -18,27 +18,21 @@ import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from autograder.atomic import write_text_atomically
-from autograder.course.clean import clean_text, csv_text
+from autograder.contract import ASSIGNMENT
+from autograder.course.clean import clean_for_output, csv_text
 from autograder.course.feedback import write_feedback
 from autograder.course.gradebook import GradebookError, ensure_configuration, record_grades
-from autograder.course.roster import ASSIGNMENT
-from autograder.course.rows import (
-    AMBIGUOUS,
-    CANNOT_GRADE,
-    NO_SUBMISSION,
-    NOT_GRADED,
-    STATUSES,
-    Row,
-    graded_parts,
-    status_words,
-)
+from autograder.course.roster import AMBIGUOUS, NO_SUBMISSION
+from autograder.course.rows import NOT_GRADED, STATUSES, Row, graded_parts, status_words
 from autograder.course.store import COURSE_FILE_MODE, Record
+from autograder.model import CANNOT_GRADE
 from autograder.rubric import Rubric
 
 BARS = " ▁▂▃▄▅▆▇█"
@@ -54,9 +48,10 @@ def grades_csv(rows: list[Row], rubric: Rubric) -> str:
     parts = graded_parts(rubric)
     lines: list[list[str]] = [["student", "score", "max_score", *parts, "status", "file", "note"]]
     for row in rows:
-        if row.scored:
+        run = row.scored_run
+        if run is not None:
             scores = row.part_scores()
-            cells = [_number(row.run.score), *(_number(scores.get(p, 0.0)) for p in parts)]
+            cells = [_number(run.score), *(_number(scores.get(p, 0.0)) for p in parts)]
         elif row.status == NO_SUBMISSION:
             cells = ["0", *("0" for _ in parts)]
         else:
@@ -86,7 +81,8 @@ def canvas_csv(rows: list[Row], rubric: Rubric, assignment: str = ASSIGNMENT) ->
         ["Points Possible", "", "", "", "", _number(rubric.max_score)],
     ]
     for row in rows:
-        score = _number(row.run.score) if row.scored else ("0" if row.status == NO_SUBMISSION else "")
+        run = row.scored_run
+        score = _number(run.score) if run is not None else ("0" if row.status == NO_SUBMISSION else "")
         lines.append([row.student, "", "", row.student, "", score])
     return csv_text(lines)
 
@@ -129,18 +125,20 @@ def distribution(scores: list[float], maximum: float, bins: int = 10) -> str:
 
 def class_table(rows: list[Row], rubric: Rubric) -> Table:
     scored = [r for r in rows if r.scored]
+    scored_runs = [run for run in (r.scored_run for r in rows) if run is not None]
     table = Table(title=f"The class at a glance: {len(scored)} of {len(rows)} students scored")
-    for column, justify in (
+    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
         ("part", "left"),
         ("points", "right"),
         ("mean", "right"),
         ("median", "right"),
         ("full marks", "right"),
         ("distribution (0 to max)", "left"),
-    ):
+    )
+    for column, justify in columns:
         table.add_column(column, justify=justify)
     series = [(p, rubric.part_points(p), [r.part_scores().get(p, 0.0) for r in scored]) for p in graded_parts(rubric)]
-    series.append(("total", rubric.max_score, [r.run.score for r in scored]))
+    series.append(("total", rubric.max_score, [run.score for run in scored_runs]))
     for name, points, scores in series:
         if scores:
             full = sum(s >= points - 1e-9 for s in scores)
@@ -165,10 +163,11 @@ def students_table(rows: list[Row]) -> Table:
     table.add_column("status")
     table.add_column("note", overflow="fold")
     for row in rows:
-        score = f"{row.run.score:g} / {row.run.max_score:g}" if row.scored else "-"
+        run = row.scored_run
+        score = f"{run.score:g} / {run.max_score:g}" if run is not None else "-"
         style = {CANNOT_GRADE: "red", NO_SUBMISSION: "yellow", NOT_GRADED: "yellow", AMBIGUOUS: "yellow"}
         table.add_row(
-            escape(clean_text(row.student, newlines=False)),
+            escape(clean_for_output(row.student, newlines=False)),
             score,
             status_words(row.status),
             escape(row.note()[:200]),

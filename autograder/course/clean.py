@@ -22,8 +22,9 @@ TEXT_LIMIT = FrameLimits().string_chars
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
-def clean_text(text: Any, newlines: bool = True, limit: int = TEXT_LIMIT) -> str:
-    """`text` as the grader cleans a worker's strings; on one line unless `newlines`."""
+def clean_for_output(text: Any, newlines: bool = True, limit: int = TEXT_LIMIT) -> str:
+    """`text` (anything: made a string first) cleaned as the grader cleans a worker's strings
+    (`protocol.clean_text`), ready for a terminal, a note or a page; on one line unless `newlines`."""
     cleaned = clean_worker_text(str(text), limit)
     return cleaned if newlines else " ".join(cleaned.replace("\t", " ").splitlines())
 
@@ -32,7 +33,7 @@ def csv_cell(value: Any) -> str:
     """One CSV cell: cleaned, on one line, and never read as a formula (OWASP's CSV injection rule)."""
     text = value if isinstance(value, str) else str(value)
     risky = text.startswith(FORMULA_START) or text.lstrip().startswith(FORMULA_START)
-    text = clean_text(text, newlines=False)
+    text = clean_for_output(text, newlines=False)
     return "'" + text if risky or text.lstrip().startswith(FORMULA_START) else text
 
 

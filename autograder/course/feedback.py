@@ -30,19 +30,20 @@ import io
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from autograder.atomic import write_text_atomically
-from autograder.course.clean import clean_text
-from autograder.course.roster import ASSIGNMENT
+from autograder.contract import ASSIGNMENT
+from autograder.course.clean import clean_for_output
 from autograder.course.rows import Row
 from autograder.course.store import COURSE_FILE_MODE
 from autograder.model import FAILED, NOT_SCORED, PASSED, CheckResult, GradingRun
 
 TEMPLATES = Path(__file__).with_name("templates")
 TEMPLATE = "feedback.html.j2"
-STATUS_WORDS = {PASSED: "passed", FAILED: "failed", NOT_SCORED: "not scored"}
+CHECK_STATUS_LABELS = {PASSED: "passed", FAILED: "failed", NOT_SCORED: "not scored"}
 SHOWN_BEFORE = {"visible"}
 SHOWN_AFTER = {"visible", "after_due_date", "after_published"}
 _FINGERPRINT = re.compile(rb'<meta name="mha-feedback-fingerprint" content="([0-9a-f]+)">')
@@ -80,7 +81,7 @@ ROLES = (("submission", "your forward"), ("reference", "the reference MultiHeadA
 SHOWN_UP_TO = 1.2  # the band bar runs from 0 to this fraction of the reference's speedup (or the figure, if more)
 
 
-def speed_rule(bands: dict) -> str:
+def speed_rule(bands: dict[str, Any]) -> str:
     """How the speed part scores, in words, from the bands the run was graded with."""
     if not {"full_credit_at", "no_credit_at"} <= set(bands):
         return ""
@@ -100,7 +101,7 @@ def speed_rule(bands: dict) -> str:
     return text
 
 
-def band_bar(relative: float, bands: dict) -> dict | None:
+def band_bar(relative: float, bands: dict[str, Any]) -> dict[str, Any] | None:
     """Widths (percent) of the none / in proportion / full bands on a bar from 0, and where `relative` is."""
     if not {"full_credit_at", "no_credit_at"} <= set(bands):
         return None
@@ -114,7 +115,7 @@ def band_bar(relative: float, bands: dict) -> dict | None:
     }
 
 
-def workload_context(name: str, figures: dict, bands: dict) -> dict:
+def workload_context(name: str, figures: dict[str, Any], bands: dict[str, Any]) -> dict[str, Any]:
     """One timed workload: its figures as rows for people, the scored figure with the bands beside it."""
     if "relative" not in figures:
         return {"name": name, "failed": figures.get("failed", "not timed"), "rows": [], "scored": None}
@@ -147,7 +148,7 @@ def workload_context(name: str, figures: dict, bands: dict) -> dict:
     return {"name": name, "failed": "", "rows": rows, "scored": scored}
 
 
-def speed_series(speed: dict) -> dict[str, dict[str, list[float]]]:
+def speed_series(speed: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
     """Per workload, the per-round charged times (ms per call) of the three timed forwards."""
     series = {}
     for name, figures in (speed.get("workloads") or {}).items():
@@ -158,7 +159,7 @@ def speed_series(speed: dict) -> dict[str, dict[str, list[float]]]:
     return series
 
 
-def speed_plot(series: dict[str, dict[str, list[float]]], bands: dict) -> str:
+def speed_plot(series: dict[str, dict[str, list[float]]], bands: dict[str, Any]) -> str:
     """A PNG, base64 for a data: URI: per workload, each round's time per call of the three (left), and
     each round's scored figure (the reference's time over yours: your speedup over the wrapper divided by
     the reference's) with the bands that score it (right)."""
@@ -200,7 +201,7 @@ def speed_plot(series: dict[str, dict[str, list[float]]], bands: dict) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def speed_context(speed: dict) -> dict:
+def speed_context(speed: dict[str, Any]) -> dict[str, Any]:
     bands = speed.get("bands") or {}
     series = speed_series(speed)
     return {
@@ -215,16 +216,17 @@ def speed_context(speed: dict) -> dict:
 # -- the page --------------------------------------------------------------------------------------
 
 
-def page_context(row: Row, released: bool) -> dict:
+def page_context(row: Row, released: bool) -> dict[str, Any]:
     run: GradingRun | None = row.run
     entry = row.entry
-    context = {  # names and notes are the student's: cleaned as worker strings are, then HTML-escaped
+    parts: list[dict[str, Any]] = []
+    context: dict[str, Any] = {  # names and notes are the student's: cleaned as worker strings are, then HTML-escaped
         "assignment": ASSIGNMENT,
-        "student": clean_text(entry.student, newlines=False),
+        "student": clean_for_output(entry.student, newlines=False),
         "submitted": entry.has_file,
-        "file": clean_text(entry.file.name, newlines=False) if entry.file else "",
-        "file_note": clean_text(entry.note) if entry.has_file else "",
-        "file_note_missing": clean_text(entry.note),
+        "file": clean_for_output(entry.file.name, newlines=False) if entry.file else "",
+        "file_note": clean_for_output(entry.note) if entry.has_file else "",
+        "file_note_missing": clean_for_output(entry.note),
         "graded": bool(run and run.graded),
         "reason": run.reason if run else "it has not been graded yet",
         "visibility_note": (
@@ -232,7 +234,7 @@ def page_context(row: Row, released: bool) -> dict:
             if not released
             else "Every check counts in the score. Some checks' details are never shown."
         ),
-        "parts": [],
+        "parts": parts,
     }
     if not (run and run.graded):
         return context
@@ -247,7 +249,7 @@ def page_context(row: Row, released: bool) -> dict:
         visible = [c for c in checks if shown(c, released)]
         later = sum(not shown(c, released) and c.visibility != "hidden" for c in checks)
         never = sum(c.visibility == "hidden" for c in checks)
-        context["parts"].append(
+        parts.append(
             {
                 "id": part.part,
                 "title": part.title,
@@ -257,7 +259,7 @@ def page_context(row: Row, released: bool) -> dict:
                     {
                         "name": c.name,
                         "status": c.status,
-                        "label": STATUS_WORDS.get(c.status, c.status),
+                        "label": CHECK_STATUS_LABELS.get(c.status, c.status),
                         "message": c.message,
                     }
                     for c in visible
@@ -267,7 +269,7 @@ def page_context(row: Row, released: bool) -> dict:
             }
         )
     if run.speed:
-        speed_part = next((p for p in context["parts"] if p["id"] == "speed"), None)
+        speed_part = next((p for p in parts if p["id"] == "speed"), None)
         if speed_part is None:
             speed_part = {
                 "id": "speed",
@@ -278,7 +280,7 @@ def page_context(row: Row, released: bool) -> dict:
                 "withheld": "",
                 "speed": None,
             }
-            context["parts"].append(speed_part)
+            parts.append(speed_part)
         speed_part["speed"] = speed_context(run.speed)
     return context
 

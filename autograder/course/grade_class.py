@@ -30,16 +30,18 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from autograder.contract import ASSIGNMENT
 from autograder.course.class_outputs import OutputOptions, write_class_outputs
-from autograder.course.clean import clean_text
+from autograder.course.clean import clean_for_output
 from autograder.course.grading_pool import Grader
 from autograder.course.placement import NoDevice, Placement, placement_for
-from autograder.course.roster import ASSIGNMENT, Entry, read_roster
+from autograder.course.roster import Entry, read_roster
 from autograder.course.rows import Row, status_words
 from autograder.course.shard import Shard, engine_index_in
 from autograder.course.store import ClassInputs, Record, close_to_others
@@ -62,6 +64,13 @@ class Job:
     def student(self) -> str:
         return self.entry.student
 
+    @property
+    def file(self) -> Path:
+        """The file to grade: `plan` makes a job only for an entry that has one."""
+        if self.entry.file is None:
+            raise ValueError(f"no file to grade for {self.student}")
+        return self.entry.file
+
 
 def plan(
     roster: list[Entry],
@@ -76,7 +85,7 @@ def plan(
     unfinished = unfinished or {}
     jobs = []
     for entry in roster:
-        if not entry.has_file or (students is not None and entry.student not in students):
+        if entry.file is None or (students is not None and entry.student not in students):
             continue
         inputs = class_inputs.for_file(entry.file)
         if force:
@@ -127,9 +136,10 @@ class Slots:
                 env = self.held.enter_context(self.placement.slot()) if self.placement else None
                 self.local.grader = Grader(env=env)
                 self.graders.append(self.local.grader)
-        return self.local.grader
+        grader: Grader = self.local.grader
+        return grader
 
-    def close(self):
+    def close(self) -> None:
         with self.lock:
             for grader in self.graders:
                 grader.close()
@@ -143,19 +153,19 @@ def grade_job(
     out.parent.mkdir(parents=True, exist_ok=True)
     request = {
         "id": job.student,
-        "submission": str(job.entry.file),
+        "submission": str(job.file),
         "out": str(out),
         "device": device,
         "rubric": str(rubric),
         "isolation": isolation,
     }
-    outcome = slots.grader().grade(request, timeout)
-    run = record.run(job.student) if outcome.ok else None
+    answer = slots.grader().grade(request, timeout)
+    run = record.run(job.student) if answer.ok else None
     if run is None:
         run = GradingRun(
             status=CANNOT_GRADE,
-            submission=job.entry.file.name,
-            reason=outcome.problem or "no readable results.json was written",
+            submission=job.file.name,
+            reason=answer.problem or "no readable results.json was written",
         )
         record.save_run(job.student, run)
     record.save_inputs(job.student, job.inputs)  # after results.json: a kill in between only regrades
@@ -173,7 +183,7 @@ def class_rows(roster: list[Entry], record: Record) -> list[Row]:
     return [Row(entry, record.run(entry.student) if entry.has_file else None) for entry in roster]
 
 
-def hold_course(course: Path, console: Console, shard: Shard | None = None):
+def hold_course(course: Path, console: Console, shard: Shard | None = None) -> TextIO:
     """An exclusive lock on the course (on one shard of it), so two runs never grade the same students at
     once; the shards of a class, on one machine or on many sharing the folder, run side by side. It lives
     beside the record, not in it, so that copying a shard's record (a CI artifact) copies no lock."""
@@ -187,7 +197,7 @@ def hold_course(course: Path, console: Console, shard: Shard | None = None):
     return handle
 
 
-def counted(number: int, noun: str) -> str:
+def quantity(number: int, noun: str) -> str:
     """'1 submission', '3 submissions'."""
     return f"{number} {noun}{'' if number == 1 else 's'}"
 
@@ -241,7 +251,7 @@ def grade_class(
     if students is not None and set(students) - known:
         missing = ", ".join(sorted(set(students) - known))
         console.print(
-            clean_text(f"cannot grade: no folder submitted/<student>/ for {missing}", newlines=False),
+            clean_for_output(f"cannot grade: no folder submitted/<student>/ for {missing}", newlines=False),
             style="red",
             markup=False,
         )
@@ -272,7 +282,7 @@ def grade_class(
         for entry in roster:
             if entry.note and (students is None or entry.student in students):
                 console.print(
-                    clean_text(f"{entry.student}: {entry.note}", newlines=False), style="yellow", markup=False
+                    clean_for_output(f"{entry.student}: {entry.note}", newlines=False), style="yellow", markup=False
                 )
         unfinished = {} if force else unfinished_forced(record, roster)
         if unfinished:
@@ -293,7 +303,7 @@ def grade_class(
             reasons[job.reason] = reasons.get(job.reason, 0) + 1
         why = f" ({', '.join(f'{n} {r}' for r, n in reasons.items())})" if reasons else ""
         console.print(
-            f"{counted(len(submitted), 'submission')}: {len(todo)} to grade, {len(submitted) - len(todo)} already "
+            f"{quantity(len(submitted), 'submission')}: {len(todo)} to grade, {len(submitted) - len(todo)} already "
             f"graded{why}",
             markup=False,
         )
@@ -361,7 +371,7 @@ def merge_class(
     class_inputs = ClassInputs.compute(rubric_path, device="")
     missing: dict[str, str] = {}
     for entry in roster:
-        if not entry.has_file:
+        if entry.file is None:
             continue
         wanted = {key: value for key, value in class_inputs.for_file(entry.file).items() if key in MERGE_INPUTS}
         why = record.why_stale(entry.student, wanted)  # a run that could not grade is merged as it is
@@ -377,7 +387,7 @@ def merge_class(
             markup=False,
         )
         for student, why in sorted(missing.items()):
-            console.print(clean_text(f"  {student}: {why}", newlines=False), markup=False)
+            console.print(clean_for_output(f"  {student}: {why}", newlines=False), markup=False)
         console.print(
             f"grade them (their shard again, or `grade-class {course}`, which grades only what is "
             "missing) and merge again",
@@ -430,7 +440,7 @@ def grade_all(
                 progress.update(
                     task,
                     advance=1,
-                    description=escape(clean_text(futures[future].student, newlines=False))
+                    description=escape(clean_for_output(futures[future].student, newlines=False))
                     + ": "
                     + (f"{run.score:g}/{run.max_score:g}" if run.graded else status_words(CANNOT_GRADE)),
                 )

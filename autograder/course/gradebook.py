@@ -27,9 +27,10 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from autograder.atomic import write_text_atomically
-from autograder.course.roster import ASSIGNMENT
+from autograder.contract import ASSIGNMENT
 from autograder.course.rows import Row, graded_parts
 from autograder.course.store import COURSE_FILE_MODE, Record, sha256_file
 from autograder.rubric import Rubric
@@ -108,7 +109,7 @@ def sqlite_path(db_url: str) -> Path | None:
     return Path(db_url.removeprefix("sqlite:///")) if db_url.startswith("sqlite:///") else None
 
 
-def state(db_url: str, rows: list[Row], rubric: Rubric) -> dict:
+def state(db_url: str, rows: list[Row], rubric: Rubric) -> dict[str, Any]:
     """What the gradebook was last written from, and the SQLite file's hash after writing it."""
     scores = [
         [r.student, r.status, r.entry.file.name if r.entry.file else None, r.part_scores(), str(r.entry.timestamp)]
@@ -147,7 +148,7 @@ def record_grades(
     return db_url
 
 
-def write_grades(db_url: str, course_id: str, rows: list[Row], rubric: Rubric, assignment: str):
+def write_grades(db_url: str, course_id: str, rows: list[Row], rubric: Rubric, assignment: str) -> None:
     from nbgrader.api import Grade, Gradebook, InvalidEntry, MissingEntry
     from sqlalchemy.exc import SQLAlchemyError
 

@@ -87,8 +87,9 @@ def serve(stdin: Iterable[str] | None = None, replies: TextIO | None = None) -> 
 
 
 @dataclass
-class GradingAttempt:
-    """One job sent to a grading process: whether it answered, and if not, why."""
+class JobAnswer:
+    """What came of one job sent to a grading process: whether it answered, and if not, why (not to be
+    confused with the grading itself, `model.GradingRun`, which the process wrote to results.json)."""
 
     ok: bool  # the process answered (results.json was written)
     problem: str = ""  # why not
@@ -127,7 +128,7 @@ class Grader:
         self.starts += 1
         return self.process
 
-    def grade(self, job: dict[str, Any], timeout: float) -> GradingAttempt:
+    def grade(self, job: dict[str, Any], timeout: float) -> JobAnswer:
         process = self.process
         if process is None or process.poll() is not None or self.done >= self.jobs_per_process:
             self.close()
@@ -150,9 +151,9 @@ class Grader:
                 if tail:
                     problem += f": {tail}"
             self.close()
-            return GradingAttempt(False, problem, seconds)
+            return JobAnswer(False, problem, seconds)
         self.done += 1
-        return GradingAttempt(True, "", seconds)
+        return JobAnswer(True, "", seconds)
 
     def _read_line(self, fd: int, deadline: float) -> bytes | None:
         while b"\n" not in self.buffer:

@@ -10,6 +10,8 @@ from the course folder uses it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.plugins import CsvExportPlugin
 
@@ -73,4 +75,4 @@ class SafeCsvExportPlugin(CsvExportPlugin):
         destination = self.to or "grades.csv"
         self.log.info("Exporting grades to %s", destination)
         rows = export_rows(gradebook, [str(s) for s in self.student], [str(a) for a in self.assignment])
-        write_text_atomically(destination, csv_text(rows), COURSE_FILE_MODE)
+        write_text_atomically(Path(destination), csv_text(rows), COURSE_FILE_MODE)

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from autograder.contract import ASSIGNMENT
 from autograder.grading.submission import submission_suffix
 
-ASSIGNMENT = "mha"
 TIMESTAMP_FILE, TIMESTAMP_BYTES = "timestamp.txt", 64
 SUBMITTED, AMBIGUOUS, NO_SUBMISSION = "submitted", "ambiguous", "no_submission"
 # "mha (2)", "mha-2", "mha_2", "mha 2", "mha(2)": the copy number LMS downloads and browsers add
@@ -55,7 +55,7 @@ class Entry:
         return self.file is not None
 
 
-def inside(path: Path, root: Path) -> bool:
+def resolves_inside(path: Path, root: Path) -> bool:
     """Whether `path`'s real path (every link followed) is `root`'s real path or below it."""
     real, top = os.path.realpath(path), os.path.realpath(root)
     return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
@@ -89,7 +89,7 @@ def read_timestamp(folder: Path) -> tuple[datetime | None, str]:
         os.close(descriptor)
     if len(data) > TIMESTAMP_BYTES:
         return None, f"{TIMESTAMP_FILE} not read: it is longer than {TIMESTAMP_BYTES} bytes"
-    from nbgrader.utils import parse_utc  # type: ignore[import-untyped]  # (slow to import: only when there is a timestamp)
+    from nbgrader.utils import parse_utc  # (slow to import: only when there is a timestamp)
 
     try:
         return parse_utc(data.decode("ascii").strip()), ""
@@ -125,7 +125,7 @@ def scan(folder: Path, within: Path | None = None) -> Scan:
         if stat.S_ISREG(mode):
             files.append(path)
         elif stat.S_ISLNK(mode):
-            if not inside(path, within):
+            if not resolves_inside(path, within):
                 refused.append(f"{name} is a symbolic link out of the folder, not followed")
             elif os.path.isfile(path):
                 files.append(path)
@@ -150,7 +150,7 @@ def choose(files: list[Path], assignment: str = ASSIGNMENT) -> tuple[Path, str]:
     the .py), then the highest copy number of the assignment's name (the latest upload), then a
     notebook, then the first name in alphabetical order."""
 
-    def rank(path: Path):
+    def rank(path: Path) -> tuple[bool, bool, int, bool, str]:
         stem, number = copy_number(path)
         exact = path.stem == assignment
         named = stem.lower().endswith(assignment)
@@ -174,7 +174,7 @@ def entry_for(student_folder: Path, assignment: str = ASSIGNMENT) -> Entry:
     folder = student_folder / assignment
     if is_link(student_folder):
         return Entry(student, NO_SUBMISSION, note=f"submitted/{student} is a symbolic link, not followed")
-    if is_link(folder) and not inside(folder, student_folder):
+    if is_link(folder) and not resolves_inside(folder, student_folder):
         return Entry(
             student,
             NO_SUBMISSION,

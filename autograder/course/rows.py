@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autograder.contract import PART_IDS
-from autograder.course.clean import clean_text
+from autograder.course.clean import clean_for_output
 from autograder.course.roster import AMBIGUOUS, NO_SUBMISSION, Entry
 from autograder.model import CANNOT_GRADE, GRADED, GradingRun
 from autograder.rubric import Rubric
@@ -59,23 +59,30 @@ class Row:
     def scored(self) -> bool:
         return self.status in (GRADED, AMBIGUOUS)
 
+    @property
+    def scored_run(self) -> GradingRun | None:
+        """The stored run when it scored the student (`scored`), else None."""
+        return self.run if self.scored else None
+
     def part_scores(self) -> dict[str, float]:
-        return {p.part: p.score for p in self.run.parts()} if self.scored else {}
+        run = self.scored_run
+        return {p.part: p.score for p in run.parts()} if run is not None else {}
 
     def note(self) -> str:
         """For the instructor: why there is no score, or what to know about the one there is; cleaned
-        (`clean.clean_text`) and on one line, since it quotes file names the student chose."""
+        (`clean.clean_for_output`) and on one line, since it quotes file names the student chose."""
         notes = []
-        if self.status == CANNOT_GRADE:
+        if self.status == CANNOT_GRADE and self.run is not None:
             notes.append(self.run.reason)
         if self.entry.note:
             notes.append(self.entry.note)
         if self.entry.timestamp_note:
             notes.append(self.entry.timestamp_note)
-        if self.scored:
-            notes += self.run.load.lines()[:1] + [f"Worker: {e}" for e in self.run.events[:1]]
-            notes += [f"Flagged: {flag}" for flag in self.run.flags]
-        return "; ".join(clean_text(n, newlines=False) for n in notes if n)
+        run = self.scored_run
+        if run is not None:
+            notes += run.load.lines()[:1] + [f"Worker: {e}" for e in run.events[:1]]
+            notes += [f"Flagged: {flag}" for flag in run.flags]
+        return "; ".join(clean_for_output(n, newlines=False) for n in notes if n)
 
 
 def graded_parts(rubric: Rubric) -> list[str]:

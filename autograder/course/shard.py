@@ -30,7 +30,7 @@ class Shard:
     index: int  # 0-based
     count: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.count < 1:
             raise ShardError(f"a class cannot be split into {self.count} shards: the count must be at least 1")
         if not 0 <= self.index < self.count:

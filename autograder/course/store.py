@@ -24,9 +24,10 @@ import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autograder.atomic import write_text_atomically
-from autograder.course.roster import ASSIGNMENT
+from autograder.contract import ASSIGNMENT
 from autograder.model import GradingRun
 
 RECORD_DIR = "results"
@@ -157,7 +158,7 @@ class Record:
         """The stored grading run, or None when there is none or it cannot be read."""
         return read_run(self.results_path(student))
 
-    def inputs(self, student: str) -> dict | None:
+    def inputs(self, student: str) -> dict[str, Any] | None:
         try:
             data = json.loads(self.inputs_path(student).read_text())
         except (OSError, ValueError):
@@ -214,12 +215,12 @@ class Record:
         """The students of a forced regrade not regraded by it yet (of those who still have a submission)."""
         return [s for s in run.students if s in submitted and (self.inputs(s) or {}).get("forced") != run.token]
 
-    def save_inputs(self, student: str, inputs: dict[str, str]):
+    def save_inputs(self, student: str, inputs: dict[str, str]) -> None:
         write_text_atomically(
             self.inputs_path(student), json.dumps(inputs, indent=2, sort_keys=True) + "\n", COURSE_FILE_MODE
         )
 
-    def save_run(self, student: str, run: GradingRun):
+    def save_run(self, student: str, run: GradingRun) -> None:
         write_text_atomically(
             self.results_path(student),
             json.dumps(run.to_gradescope(), indent=2, ensure_ascii=False) + "\n",

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -31,19 +30,12 @@ from typing import Any
 
 import torch
 
+from autograder.grading import scoring
+from autograder.grading.checks import harness
 from autograder.model import FAILED, CheckResult, GradingRun
 
 CASES = re.compile(r" \[[^\]]*\]$")  # a row's "[case]" or "[7 of 9 cases]"
-COUNTED = re.compile(r"^\d+ of \d+ cases: ")
-NOTES: list[dict[str, Any]] | None = None  # what the harness noted while explaining; None: not explaining
 SHOWN = 48  # a tensor with at most this many numbers is printed whole
-
-
-def note(kind: str, **values: Any) -> None:
-    """Called by the harness: remember what the running check sent to the submission or compared."""
-    if NOTES is not None:
-        check = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
-        NOTES.append({"check": check, "kind": kind, **values})
 
 
 def check_id(key: str, case: str = "") -> str:
@@ -142,7 +134,6 @@ def explain_speed(run: GradingRun, submission: str) -> str:
 def explain(results_path: Path, keys: list[str] | None, submission: Path | None, device: str | None) -> int:
     from autograder.grading import grade as grading
 
-    global NOTES
     run = GradingRun.from_gradescope(json.loads(Path(results_path).read_text()))
     if not run.graded or run.seed is None:
         print(
@@ -168,15 +159,15 @@ def explain(results_path: Path, keys: list[str] | None, submission: Path | None,
         print(f"note: the {what} changed since this run was graded; what follows is today's {what}'s")
     if rows:
         wanted = tuple(dict.fromkeys(f"{c.key}[{case}]" if case else c.key for c in rows for case in c.cases or [""]))
-        NOTES = []
+        harness.NOTES = []
         try:
             options = grading.Options(
                 device=device or run.device or "auto", out=None, quiet=True, seed=run.seed, checks=wanted
             )
             again = grading.grade_submission(submission, options)
-            notes = NOTES
+            notes = harness.NOTES
         finally:
-            NOTES = None
+            harness.NOTES = None
         if not again.graded:
             print(f"cannot grade it again: {again.reason}", file=sys.stderr)
             return 2
@@ -221,7 +212,7 @@ def report(row: CheckResult, case: str, again: GradingRun, notes: list[dict[str,
 
 
 def _first(message: str) -> str:
-    lines = [line for line in COUNTED.sub("", message or "").splitlines() if line.strip()]
+    lines = [line for line in scoring.COUNTED.sub("", message or "").splitlines() if line.strip()]
     return (lines[0][:300] + (" ..." if len(lines) > 1 else "")) if lines else ""
 
 

@@ -29,6 +29,7 @@ import base64
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from autograder.model import GradingRun
 from autograder.platforms.folder import grade_folder
@@ -47,7 +48,7 @@ def scaled_part_scores(run: GradingRun) -> list[int]:
     return scaled
 
 
-def runner_result(run: GradingRun) -> dict:
+def runner_result(run: GradingRun) -> dict[str, Any]:
     """The grading reporter's runner result: status, max_score, and one test per part with its score,
     all in hundredths of a point (`SCALE`). A run that could not grade reports no points at all (the
     reporter then records nothing in Classroom: never a zero that is the grader's fault)."""

@@ -19,7 +19,7 @@
 5. grades the copy exactly as `python -m autograder grade` does, and writes results.json.
 
 Nothing to grade (no candidate, or only links out) is `cannot_grade` with the note, as before.
-Every file name quoted in a note is cleaned (`clean.clean_text`): it is the student's choice.
+Every file name quoted in a note is cleaned (`clean.clean_for_output`): it is the student's choice.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder.course.clean import clean_text
-from autograder.course.roster import ASSIGNMENT, choose, inside, scan
+from autograder.contract import ASSIGNMENT
+from autograder.course.clean import clean_for_output
+from autograder.course.roster import choose, resolves_inside, scan
 from autograder.grading.submission import MAX_BYTES, submission_suffix
 from autograder.model import CANNOT_GRADE, GradingRun
 
@@ -86,7 +87,7 @@ def copy_submission(file: Path, folder: Path, work: Path) -> Path:
     """Copy `file` (found in `folder`) into `work` as mha.py or mha.ipynb, never through a link out of
     `folder`: the real path must lie inside it and be a regular file, opened with O_NOFOLLOW (a link
     swapped in meanwhile is refused) and O_NONBLOCK (a FIFO never blocks)."""
-    if not inside(file, folder):
+    if not resolves_inside(file, folder):
         raise CannotCopy(f"{file.name} is a symbolic link out of the submission folder, not followed")
     real = os.path.realpath(file)
     try:
@@ -118,7 +119,7 @@ def grade_folder(folder: Path, out: Path, device: str = "auto", isolation: str |
 
     write_results(out, GradingRun(status=CANNOT_GRADE, submission="", reason=UNFINISHED))
     found = find_submission(folder)
-    note = clean_text(found.note)
+    note = clean_for_output(found.note)
     if found.file is None:
         run = GradingRun(status=CANNOT_GRADE, submission="", reason=note)
     else:
@@ -126,7 +127,7 @@ def grade_folder(folder: Path, out: Path, device: str = "auto", isolation: str |
             try:
                 copy = copy_submission(found.file, Path(folder), Path(work))
             except CannotCopy as exc:
-                run = GradingRun(status=CANNOT_GRADE, submission="", reason=clean_text(str(exc)))
+                run = GradingRun(status=CANNOT_GRADE, submission="", reason=clean_for_output(str(exc)))
             else:
                 run = grade_submission(
                     copy,

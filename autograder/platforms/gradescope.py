@@ -34,7 +34,8 @@ import sys
 from pathlib import Path
 
 from autograder.atomic import write_zip_atomically
-from autograder.authoring.release import ASSIGNMENT, default_root
+from autograder.authoring.release import default_root
+from autograder.contract import ASSIGNMENT
 from autograder.platforms.folder import grade_folder
 
 ZIP_NAME = f"{ASSIGNMENT}-gradescope.zip"

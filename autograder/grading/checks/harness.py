@@ -12,6 +12,7 @@ student.
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -21,7 +22,6 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 import pytest
 import torch
 
-from autograder.grading import explain
 from autograder.grading.plugin import NotScored
 from autograder.rubric import Rubric
 from autograder.sandbox.client import (
@@ -44,6 +44,18 @@ P = ParamSpec("P")
 R = TypeVar("R")
 M = TypeVar("M", bound=torch.nn.Module)
 __all__ = ["Foreign", "ForwardReply", "ModuleRef", "NotScored"]
+
+
+# What the running checks sent to the submission and compared, while a disputed grade is explained
+# (`explain.explain` sets a list here, grades, then reads it); None: not explaining.
+NOTES: list[dict[str, Any]] | None = None
+
+
+def note(kind: str, **values: Any) -> None:
+    """Remember what the running check sent to the submission or compared, when explaining."""
+    if NOTES is not None:
+        check = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+        NOTES.append({"check": check, "kind": kind, **values})
 
 
 def fail(message: str) -> NoReturn:
@@ -121,12 +133,12 @@ class Submission:
         return answer
 
     def call(self, fn: str, *args: Any, target: str | None = None, **kwargs: Any) -> Any:
-        explain.note("call", what=fn, args=list(args))
+        note("call", what=fn, args=list(args))
         return self._ask("call", target=target or fn, fn=fn, args=_wire(list(args)), kwargs=_wire(kwargs))
 
     def try_call(self, fn: str, *args: Any, target: str | None = None) -> Any:
         """Like call, but when the student's code raises, return that exception as a `Raised`."""
-        explain.note("call", what=fn, args=list(args))
+        note("call", what=fn, args=list(args))
         try:
             return self.worker.request(
                 "call",
@@ -197,7 +209,7 @@ class Submission:
         trace: bool = False,
         hooks: bool = False,
     ) -> ForwardReply:
-        explain.note("input", what=f"{module.cls}.forward" + (" (training mode)" if train else ""), value=x)
+        note("input", what=f"{module.cls}.forward" + (" (training mode)" if train else ""), value=x)
         answer = self._ask(
             "forward",
             target=f"{module.cls}.forward",
@@ -288,7 +300,7 @@ def assert_close(
 ) -> None:
     """Fail unless `actual` is a tensor of `expected`'s shape and dtype, close within the rubric's
     tolerance. `diagnose(actual)` may name the likely mistake."""
-    explain.note("compared", what=what, expected=expected, actual=actual)
+    note("compared", what=what, expected=expected, actual=actual)
     if not isinstance(actual, torch.Tensor):
         fail(f"{what}: expected a tensor, got {type(actual).__name__} {actual!r:.80}")
     hint = diagnose(actual) if diagnose else None
@@ -587,32 +599,3 @@ def forward_checked(
             )
         )
     return answer
-
-
-def wrong_ranges(submission: Submission, num_columns: int, num_heads: int) -> str | None:
-    """When the student's head_column_ranges(num_columns, num_heads) is wrong: a sentence saying what it
-    returns and why, for the message of a later part that may use it; None when it is right."""
-    from autograder.grading.checks.mistakes import column_range_variants
-    from reference import mha as ref
-
-    expected = ref.head_column_ranges(num_columns, num_heads)
-    given = submission.try_call("head_column_ranges", num_columns, num_heads)
-    call = f"head_column_ranges({num_columns}, {num_heads})"
-    if isinstance(given, Raised):
-        if given.type == "NotImplementedError":
-            return f"your {call} is not written yet"
-        return f"your {call} raises {given.type}: {given.message}"
-    ranges = given
-    if isinstance(given, (list, tuple)):
-        ranges = [tuple(r) if isinstance(r, (list, tuple)) else r for r in given]
-    if ranges == expected:
-        return None
-    mistake = next(
-        (
-            d.split(":")[0].split(";")[0]
-            for d, v in column_range_variants(num_columns, num_heads).items()
-            if v == ranges
-        ),
-        None,
-    )
-    return f"your {call} returns {ranges!r:.120}" + (f", which are {mistake}" if mistake else f", not {expected!r}")

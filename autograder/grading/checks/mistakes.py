@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import torch
 
-from autograder.grading.checks.harness import Variants
+from autograder.grading.checks.harness import Raised, Submission, Variants
 from reference import mha as ref
 
 # The five common mistakes the notebook warns about (its "Common mistakes" section uses the same names),
@@ -334,3 +334,29 @@ def describe_changed_heads(wrapper_state: dict[str, torch.Tensor]) -> str | None
                 f"d_out wide; change the argument that sizes the heads, not what is inside them ({HEAD_CHANGED})"
             )
     return None
+
+
+def wrong_ranges(submission: Submission, num_columns: int, num_heads: int) -> str | None:
+    """When the student's head_column_ranges(num_columns, num_heads) is wrong: a sentence saying what it
+    returns and why, for the message of a later part that may use it; None when it is right."""
+    expected = ref.head_column_ranges(num_columns, num_heads)
+    given = submission.try_call("head_column_ranges", num_columns, num_heads)
+    call = f"head_column_ranges({num_columns}, {num_heads})"
+    if isinstance(given, Raised):
+        if given.type == "NotImplementedError":
+            return f"your {call} is not written yet"
+        return f"your {call} raises {given.type}: {given.message}"
+    ranges = given
+    if isinstance(given, (list, tuple)):
+        ranges = [tuple(r) if isinstance(r, (list, tuple)) else r for r in given]
+    if ranges == expected:
+        return None
+    mistake = next(
+        (
+            d.split(":")[0].split(";")[0]
+            for d, v in column_range_variants(num_columns, num_heads).items()
+            if v == ranges
+        ),
+        None,
+    )
+    return f"your {call} returns {ranges!r:.120}" + (f", which are {mistake}" if mistake else f", not {expected!r}")

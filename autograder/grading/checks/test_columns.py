@@ -9,8 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.grading.checks.harness import Inputs, Raised, Submission, attempt, fail, matches, wrong_ranges
-from autograder.grading.checks.mistakes import ROWS_INSTEAD_OF_COLUMNS, column_range_variants, split_variants
+from autograder.grading.checks.harness import Inputs, Raised, Submission, attempt, fail, matches
+from autograder.grading.checks.mistakes import (
+    ROWS_INSTEAD_OF_COLUMNS,
+    column_range_variants,
+    split_variants,
+    wrong_ranges,
+)
 from reference import mha as ref
 
 SIZES = [(6, 3), (8, 4), (2, 2), (5, 1), (12, 12), (64, 8), (768, 12), (30, 5)]

@@ -31,9 +31,8 @@ from autograder.grading.checks.harness import (
     reference_forward,
     value_problem,
     values_first,
-    wrong_ranges,
 )
-from autograder.grading.checks.mistakes import describe_module_mistake, fuse_variants
+from autograder.grading.checks.mistakes import describe_module_mistake, fuse_variants, wrong_ranges
 from autograder.rubric import Rubric
 from reference import mha as ref
 

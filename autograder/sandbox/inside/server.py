@@ -1,6 +1,6 @@
 """Untrusted side: the worker's request loop, the only grader code that runs beside student code.
 
-The grader starts it as a fresh `python -I -u -c BOOT ...` process (see `client.BOOT`), which loads
+The grader starts it as a fresh `python -I -u -c BOOT ...` process (see `launcher.BOOT`), which loads
 this module, `jail` and `protocol` from source under the package name `sandbox`; it imports nothing
 else of the grader, and torch only after `jail` has shut the process in. It loads one submission cell
 by cell and answers requests: load, get a name, call a function, build a module, describe it, run a
