@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         help="what this machine allows (sandbox, control groups, CUDA), what grading will have here, "
         "whether its speed part can be trusted, and the one change that would improve it",
     )
-    from autograder import doctor as doctor_module
+    import autograder.doctor as doctor_module
 
     doctor_module.add_arguments(doctor)
 

@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from autograder.course.grading_pool import Grader, GradingAttempt
+from autograder.course.grading_pool import Grader, JobAnswer
 from autograder.rubric import DEFAULT_RUBRIC
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ class GradingPool:
         parts: list[str] | None = None,
         rubric: Path | None = None,
         timeout: float = 600,
-    ) -> tuple[dict, GradingAttempt]:
+    ) -> tuple[dict, JobAnswer]:
         grader = getattr(self.local, "grader", None)
         if grader is None:
             grader = self.local.grader = Grader()

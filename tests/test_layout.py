@@ -21,13 +21,19 @@ MAY_IMPORT = {
     "course": {"grading", "sandbox", *TOP},
     "authoring": set(TOP),
     "platforms": {"grading", "course", "authoring", *TOP},
-    "cli": {"grading", "course", "authoring", "platforms", *TOP},
+    "doctor": {"grading", "sandbox", *TOP},
+    "cli": {"grading", "course", "authoring", "platforms", "doctor", *TOP},
     "__main__": {"cli"},
     "__init__": set(),
 }
-# The one arrow that runs back up, said in docs/architecture.md: a disputed grade says whether the grader
+# The arrows that run back up, said in docs/architecture.md: a disputed grade says whether the grader
 # changed since the class run that graded it, from the class record's own hashes.
-UPWARD = {("autograder.grading.explain", "autograder.course.store")}
+# And the rubric, read first, checks [speed]'s rounds against the verdict's plan (verdict.py: standard library only).
+UPWARD = {
+    ("autograder.grading.explain", "autograder.course.store"),
+    ("autograder.rubric", "autograder.grading"),
+    ("autograder.rubric", "autograder.grading.verdict"),
+}
 
 
 def module_name(path: Path) -> str:
