@@ -37,7 +37,13 @@ def main() -> int:
     python = env_dir / "bin" / "python"
     stamp = env_dir / ".inputs"
     interpreter = f"{base_interpreter()} {sys.version}"
-    inputs = [(ROOT / "pyproject.toml").read_bytes(), LOCK.read_bytes(), args.torch.encode(), interpreter.encode()]
+    inputs = [
+        (ROOT / "pyproject.toml").read_bytes(),
+        LOCK.read_bytes(),
+        args.torch.encode(),
+        interpreter.encode(),
+        str(ROOT).encode(),  # the tree the project is installed from (editable): another tree installs anew
+    ]
     digest = hashlib.sha256(b"\0".join(hashlib.sha256(part).digest() for part in inputs)).hexdigest()
 
     if python.exists() and stamp.exists() and stamp.read_text().strip() == digest:

@@ -23,6 +23,8 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,17 +90,51 @@ def base_of(venv: Path) -> str | None:
     return run.stdout.strip() or None
 
 
-def run_one(name: str, python: str, torch: str, pytest_args: list[str]) -> tuple[str, str, float]:
-    venv = f".venvs/{name}"
+def copy_of_tree(name: str) -> Path:
+    """A copy of the working tree (the files git tracks, and those it does not ignore) at
+    `.venvs/<name>.src`, made afresh: a Python run beside others (`--jobs`) writes its build files and
+    caches there, never into another's."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
+    copy = ROOT / ".venvs" / f"{name}.src"
+    shutil.rmtree(copy, ignore_errors=True)
+    for relative in filter(None, listed.decode().split("\0")):
+        source = ROOT / relative
+        if source.is_file():
+            (copy / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / relative)
+    return copy
+
+
+def run_one(
+    name: str, python: str, torch: str, pytest_args: list[str], log: Path | None = None
+) -> tuple[str, str, float]:
+    """`make setup` and the quick suite (or `pytest_args`) for one Python. With a `log`, in a copy of the
+    tree (`copy_of_tree`), everything it prints going to the log."""
+    venv = ROOT / ".venvs" / name
     started = time.monotonic()
-    setup = subprocess.run(
-        ["make", "--no-print-directory", "setup", f"PYTHON={python}", f"VENV={venv}", f"TORCH_SPEC={torch}"], cwd=ROOT
-    )
-    if setup.returncode:
-        return "failed", "not run", time.monotonic() - started
-    suite = subprocess.run(
-        [str(ROOT / venv / "bin" / "python"), "-m", "pytest", "-q", "-m", QUICK, *pytest_args], cwd=ROOT
-    )
+    where = copy_of_tree(name) if log else ROOT
+    with ExitStack() as stack:
+        out = stack.enter_context(open(log, "w")) if log else None
+        err = subprocess.STDOUT if out else None
+        setup = subprocess.run(
+            ["make", "--no-print-directory", "setup", f"PYTHON={python}", f"VENV={venv}", f"TORCH_SPEC={torch}"],
+            cwd=where,
+            stdout=out,
+            stderr=err,
+        )
+        if setup.returncode:
+            return "failed", "not run", time.monotonic() - started
+        suite = subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-m", QUICK, *pytest_args],
+            cwd=where,
+            stdout=out,
+            stderr=err,
+        )
     return (
         "passed",
         "passed" if suite.returncode == 0 else f"failed (exit {suite.returncode})",
@@ -115,35 +151,55 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a virtualenv whose Python runs the full suite already (make test): that Python is not run again",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="Pythons run at once, each in its own copy of the tree, its output shown when it ends (default 1)",
+    )
     parser.add_argument("pytest_args", nargs="*", help="more arguments for pytest")
     args = parser.parse_args(argv)
-    rows = []
+    rows: dict[str, tuple[str, str, str, str, float]] = {}
     default = base_of(ROOT / args.skip_venv) if args.skip_venv else None
+    runs: list[tuple[str, str, list[str], bool]] = []
     for name, python in find_pythons().items():
         if args.only and name not in args.only:
             continue
         if python is None:
-            rows.append((name, "not on this machine", "", "", 0.0))
+            rows[name] = (name, "not on this machine", "", "", 0.0)
             continue
         if default and real_interpreter(python) == default:
-            rows.append((name, f"{python} ({version_of(python)})", "the default", "make test: the full suite", 0.0))
+            rows[name] = (name, f"{python} ({version_of(python)})", "the default", "make test: the full suite", 0.0)
             continue
-        print(f"\n== Python {name}: {python} ({version_of(python)})", flush=True)
         same_minor = (
             default is not None
             and (version_of(python) or "").rsplit(".", 1)[0] == (version_of(default) or "").rsplit(".", 1)[0]
         )
-        pytest_args = args.pytest_args or (SAME_MINOR if same_minor else [])
-        setup, suite, seconds = run_one(name, python, args.torch, pytest_args)
+        runs.append((name, python, args.pytest_args or (SAME_MINOR if same_minor else []), same_minor))
+
+    def run(job: tuple[str, str, list[str], bool]) -> None:
+        name, python, pytest_args, same_minor = job
+        title = f"\n== Python {name}: {python} ({version_of(python)})"
+        if args.jobs <= 1:
+            print(title, flush=True)
+        log = ROOT / ".venvs" / f"{name}.log" if args.jobs > 1 else None
+        setup, suite, seconds = run_one(name, python, args.torch, pytest_args, log)
+        if log:
+            print(title + f" (in .venvs/{name}.src, beside others)\n" + log.read_text(errors="replace"), flush=True)
         suite += (
             " (setup, lock, worker only: the minor version of the default)" if same_minor and suite == "passed" else ""
         )
-        rows.append((name, f"{python} ({version_of(python)})", setup, suite, seconds))
+        rows[name] = (name, f"{python} ({version_of(python)})", setup, suite, seconds)
+
+    (ROOT / ".venvs").mkdir(exist_ok=True)
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        list(pool.map(run, runs))
+    ordered = [rows[name] for name in (*MINORS, "system") if name in rows]
     print("\nPython   interpreter                                        make setup  quick suite")
-    for name, python, setup, suite, seconds in rows:
+    for name, python, setup, suite, seconds in ordered:
         print(f"{name:<8} {python:<50} {setup:<11} {suite}" + (f"  ({seconds:.0f} s)" if seconds else ""))
-    failed = [row for row in rows if row[2] == "failed" or row[3].startswith("failed")]
-    return 1 if failed or not any(row[2] for row in rows) else 0
+    failed = [row for row in ordered if row[2] == "failed" or row[3].startswith("failed")]
+    return 1 if failed or not any(row[2] for row in ordered) else 0
 
 
 if __name__ == "__main__":
