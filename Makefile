@@ -17,7 +17,7 @@ CHECK      ?=
 RELEASED   ?=
 CANVAS_ASSIGNMENT ?=
 DIST       ?= dist
-PYTHONS_JOBS ?= 2
+PYTHONS_JOBS ?= 1
 
 BIN := $(abspath $(VENV))/bin
 # nbgrader runs `alembic` as a subprocess, so the virtualenv's bin/ must be on PATH.
@@ -31,7 +31,7 @@ help:
 	@echo "make test-fast                 the quick tests only (no whole-submission grading, no CUDA)"
 	@echo "make test-long                 the long suites: hostile and wrong submissions, Slurm, the wheel, the"
 	@echo "                               environment matrix (Docker, Slurm, Kubernetes emulated), then test-pythons"
-	@echo "make test-pythons              make setup and the quick tests on every supported Python here (3.10-3.13, the system's), PYTHONS_JOBS=2 at once"
+	@echo "make test-pythons              make setup and the quick tests on every supported Python here (3.10-3.13, the system's), PYTHONS_JOBS at once (1)"
 	@echo "make test-speed                the speed part's verdicts, each graded 10 times beside a CPU burner (long)"
 	@echo "make doctor                    what this machine allows the grader, and whether its speed part can be trusted"
 	@echo "make lint                      ruff's checks and formatting, and mypy's type check of the whole package (strict)"

@@ -102,6 +102,12 @@ def copy_of_tree(name: str) -> Path:
     ).stdout
     copy = ROOT / ".venvs" / f"{name}.src"
     shutil.rmtree(copy, ignore_errors=True)
+    git = ROOT / ".git"  # the repository too (a folder, or a worktree's pointer file): tests ask git what it tracks
+    if git.is_dir():
+        shutil.copytree(git, copy / ".git", symlinks=True)
+    elif git.exists():
+        copy.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(git, copy / ".git")
     for relative in filter(None, listed.decode().split("\0")):
         source = ROOT / relative
         if source.is_file():
