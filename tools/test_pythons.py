@@ -167,25 +167,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows: dict[str, tuple[str, str, str, str, float]] = {}
     default = base_of(ROOT / args.skip_venv) if args.skip_venv else None
-    runs: list[tuple[str, str, list[str], bool]] = []
+    default_version = (version_of(default) if default else None) or ""
+    runs: list[tuple[str, str, str, list[str], bool]] = []  # name, interpreter, its label, pytest args, same minor
     for name, python in find_pythons().items():
         if args.only and name not in args.only:
             continue
         if python is None:
             rows[name] = (name, "not on this machine", "", "", 0.0)
             continue
+        version = version_of(python) or ""
+        label = f"{python} ({version})"
         if default and real_interpreter(python) == default:
-            rows[name] = (name, f"{python} ({version_of(python)})", "the default", "make test: the full suite", 0.0)
+            rows[name] = (name, label, "the default", "make test: the full suite", 0.0)
             continue
-        same_minor = (
-            default is not None
-            and (version_of(python) or "").rsplit(".", 1)[0] == (version_of(default) or "").rsplit(".", 1)[0]
-        )
-        runs.append((name, python, args.pytest_args or (SAME_MINOR if same_minor else []), same_minor))
+        same_minor = default is not None and version.rsplit(".", 1)[0] == default_version.rsplit(".", 1)[0]
+        runs.append((name, python, label, args.pytest_args or (SAME_MINOR if same_minor else []), same_minor))
 
-    def run(job: tuple[str, str, list[str], bool]) -> None:
-        name, python, pytest_args, same_minor = job
-        title = f"\n== Python {name}: {python} ({version_of(python)})"
+    def run(job: tuple[str, str, str, list[str], bool]) -> None:
+        name, python, label, pytest_args, same_minor = job
+        title = f"\n== Python {name}: {label}"
         if args.jobs <= 1:
             print(title, flush=True)
         log = ROOT / ".venvs" / f"{name}.log" if args.jobs > 1 else None
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         suite += (
             " (setup, lock, worker only: the minor version of the default)" if same_minor and suite == "passed" else ""
         )
-        rows[name] = (name, f"{python} ({version_of(python)})", setup, suite, seconds)
+        rows[name] = (name, label, setup, suite, seconds)
 
     (ROOT / ".venvs").mkdir(exist_ok=True)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
