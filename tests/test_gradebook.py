@@ -181,3 +181,23 @@ def test_a_course_configuration_that_exports_over_grades_csv_is_named(tmp_path):
     assert "leaves `nbgrader export` writing grades.csv" in ensure_configuration(course)
     (course / "nbgrader_config.py").write_text("c = get_config()\nc.ExportPlugin.to = 'elsewhere.csv'\n")
     assert ensure_configuration(course) == ""
+
+
+def test_our_own_configuration_is_read_without_loading_it_and_gives_what_loading_would(tmp_path):
+    """grade-class reads back the nbgrader_config.py it wrote without importing nbgrader (a second or more on
+    every run): what it assumes is what nbgrader's loader makes of the file; an edited file is loaded."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from autograder.course import gradebook
+
+    course = make_course(tmp_path / "course", {"ann": {}})
+    assert "wrote" in gradebook.ensure_configuration(course)
+    assert gradebook.ours_unchanged(course / "nbgrader_config.py")
+    loaded = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+    assumed = gradebook.course_settings(course)
+    assert assumed == (loaded.CourseDirectory.db_url, "")
+    assert gradebook.ensure_configuration(course) == ""
+    edited = gradebook.CONFIG_TEMPLATE + "c.CourseDirectory.course_id = 'mha-2026'\n"
+    (course / "nbgrader_config.py").write_text(edited)
+    assert not gradebook.ours_unchanged(course / "nbgrader_config.py")
+    assert gradebook.course_settings(course) == (assumed[0], "mha-2026")

@@ -210,7 +210,7 @@ def default_jobs() -> int:
 
 def isolation_refusal(isolation: str) -> str:
     """Why no student could be graded here with `isolation` (no sandbox and no fresh uid), and what would
-    fix it; "" when grading can start. Said once, before anything is graded, rather than once per student."""
+    fix it; "" when grading can start. Said once, before anyone is graded, rather than once per student."""
     from autograder.sandbox import machine
 
     here = machine.survey()
@@ -242,10 +242,6 @@ def grade_class(
         console.print(f"cannot grade: {exc}", style="red", markup=False)
         return EXIT_CANNOT_GRADE
     isolation = isolation or os.environ.get("AUTOGRADER_ISOLATION", "auto")
-    refusal = isolation_refusal(isolation)
-    if refusal:
-        console.print(f"cannot grade: {refusal}", style="red", markup=False)
-        return EXIT_CANNOT_GRADE
     roster = read_roster(course)
     known = {e.student for e in roster}
     if students is not None and set(students) - known:
@@ -293,6 +289,11 @@ def grade_class(
                 markup=False,
             )
         todo = plan(roster, record, ClassInputs.compute(rubric_path, device), force, students, unfinished)
+        # Only when there is someone to grade: a re-run with nothing changed asks the machine nothing.
+        refusal = isolation_refusal(isolation) if todo else ""
+        if refusal:
+            console.print(f"cannot grade: {refusal}", style="red", markup=False)
+            return EXIT_CANNOT_GRADE
         if force:  # recorded first: a forced run killed halfway is finished by the next run, forced or not
             forced = record.start_forced([j.student for j in todo])
             for job in todo:

@@ -43,6 +43,7 @@ CONFIG_TEMPLATE = f'''"""nbgrader's configuration for this course folder (writte
 `grade-class` writes grades.csv here (per-part scores and each student's status); `nbgrader export`
 would overwrite it by default, so its CSV goes to a file of its own, {EXPORT_FILE}.
 """
+import importlib.util
 import os
 
 c = get_config()  # noqa: F821 (nbgrader provides get_config when it loads this file)
@@ -51,12 +52,10 @@ c = get_config()  # noqa: F821 (nbgrader provides get_config when it loads this 
 c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(c.CourseDirectory.root, "gradebook.db")
 c.ExportPlugin.to = os.path.join(c.CourseDirectory.root, "{EXPORT_FILE}")
-try:  # nbgrader's CSV export with every cell cleaned (no formulas), where the grader is installed
-    import autograder.course.nbgrader_export  # noqa: F401
-
+# nbgrader's CSV export with every cell cleaned (no formulas), where the grader is installed (found, not
+# imported: importing it imports nbgrader, seconds, each time this file is read)
+if importlib.util.find_spec("autograder") is not None:
     c.ExportApp.plugin_class = "autograder.course.nbgrader_export.SafeCsvExportPlugin"
-except ImportError:
-    pass
 '''
 
 
@@ -64,10 +63,20 @@ class GradebookError(RuntimeError):
     """The gradebook cannot be written; the message says why."""
 
 
+def ours_unchanged(path: Path) -> bool:
+    """Whether the course's nbgrader_config.py is the one `grade-class` writes, as written."""
+    try:
+        return path.read_text(errors="replace") == CONFIG_TEMPLATE
+    except OSError:
+        return False
+
+
 def course_settings(course: Path) -> tuple[str, str]:
     """(db_url, course_id) as nbgrader's own commands see them for this course folder: its
     nbgrader_config.py, else nbgrader's defaults (importing nbgrader itself takes seconds, so the
     defaults of `nbgrader.coursedir.CourseDirectory` are repeated here)."""
+    if ours_unchanged(course / CONFIG_FILE):  # what loading it would give, without importing nbgrader
+        return "sqlite:///" + os.path.join(os.path.abspath(course), "gradebook.db"), ""
     from traitlets.config import Config
     from traitlets.config.loader import PyFileConfigLoader
 
@@ -91,6 +100,8 @@ def ensure_configuration(course: Path) -> str:
         return (
             f"wrote {path}: nbgrader's commands use this course's gradebook, and `nbgrader export` writes {EXPORT_FILE}"
         )
+    if ours_unchanged(path):  # nothing to load (loading it imports nbgrader, a second or more)
+        return ""
     from traitlets.config.loader import PyFileConfigLoader
 
     try:
