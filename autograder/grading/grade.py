@@ -262,6 +262,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         return run
     if problem:
         worker.load_failure = problem
+    worker.prestart()  # its Python and torch load while the checks are collected (the file waits for a check)
     run.seed = new_run_seed() if options.seed is None else options.seed
     context = GradingContext(
         Submission(worker, run.device, rubric.limit("check_seconds")), rubric, run.device, run.seed

@@ -202,6 +202,7 @@ class Worker:
         self.given_up: str | None = None  # why the worker is not restarted again
         self.cannot_start: str | None = None  # why the first worker could not start (the grader's fault)
         self.starts = 0
+        self.prestarted = False  # a process started early (`prestart`), not yet asked for its `ready`
         self.events: list[str] = []
         self.outputs: list[str] = []
         self.codec: protocol.TensorCodec | None = None  # made on first use (torch is imported lazily)
@@ -216,7 +217,6 @@ class Worker:
 
     # -- lifecycle
     def _spawn(self) -> None:
-        self.starts += 1
         self.process = launcher.launch(
             launcher.LaunchSettings(
                 isolation=self.isolation,
@@ -244,7 +244,10 @@ class Worker:
             raise WorkerCannotStart(self.cannot_start)
         if self.load_failure:
             raise LoadFailed(self.load_failure)
-        self._spawn()
+        self.starts += 1
+        if not (self.prestarted and self.process is not None):
+            self._spawn()
+        self.prestarted = False
         try:
             ready = self._boot(check)
             if self.config.device.startswith("cuda") and not ready.cuda:
@@ -300,6 +303,17 @@ class Worker:
             self.skipped_cells = [e.cell for e in reply.value.errors if e.timed_out]
         return reply.value
 
+    def prestart(self) -> None:
+        """Start the first worker's process now, so that Python, its jail and torch load while the grader
+        does other work; nothing of the submission runs until the first request `start`s it (which then
+        only waits for its `ready` and loads the file, as it would have anyway)."""
+        if self.process is None and self.starts == 0 and not (self.cannot_start or self.load_failure):
+            try:
+                self._spawn()
+            except (WorkerError, OSError):
+                return  # `start` tries again, and fails where a failure to start is said
+            self.prestarted = True
+
     def _boot(self, check: CheckBudget | None) -> Ready:
         """Wait for the new worker's `ready`: Python, its jail and torch, before any of the submission's code.
         The first worker failing here is the grader's environment's fault, never the submission's."""
@@ -323,7 +337,8 @@ class Worker:
         return ready.value
 
     def alive(self) -> bool:
-        return self.process is not None and self.process.alive()
+        """Whether a started worker runs (and has loaded the file): a prestarted one is not started yet."""
+        return self.process is not None and not self.prestarted and self.process.alive()
 
     def _ended_on_its_own(self) -> None:
         """The worker ended between two requests (the submission's code exited it after answering, or a
@@ -338,6 +353,7 @@ class Worker:
             self.given_up = f"{ended} (this happened {times} times; the worker is not restarted again)"
 
     def kill(self) -> None:
+        self.prestarted = False
         if self.process is None:
             return
         self.process.kill()
@@ -429,7 +445,7 @@ class Worker:
             raise WorkerCrashed(
                 f"{self.crashes[target][-1]} (this happened {tries} times; not tried again in later checks)"
             )
-        if self.process is not None and not self.process.alive():
+        if self.process is not None and not self.prestarted and not self.process.alive():
             self._ended_on_its_own()
         if self.given_up:
             raise WorkerCrashed(self.given_up)

@@ -429,6 +429,13 @@ class OpRecorder:
         class Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch declares no types for it
             supports_higher_order_operators = True
 
+            @classmethod
+            def _should_skip_dynamo(cls) -> bool:
+                # torch wraps a mode's __torch_dispatch__ so that torch.compile does not trace into it, and
+                # the wrapper's first call imports torch._dynamo: about a second of CPU in every worker, for
+                # nothing unless the submission compiles. So the wrapper only where dynamo is loaded already.
+                return "torch._dynamo" in sys.modules
+
             def __torch_dispatch__(
                 self,
                 func: Any,
