@@ -404,6 +404,62 @@ def test_a_worker_environment_without_torch_is_the_graders_fault(make_worker, mo
         assert w.load_failure is None and w.load_report is None and w.process is None
 
 
+def test_a_prestarted_worker_runs_nothing_of_the_submission_until_it_is_started(make_worker, tmp_path):
+    """`prestart` (the grading's first worker, started while the checks are collected) loads Python and
+    torch only: the file's top level runs at the first request, once, as without it."""
+    marker = tmp_path / "ran"
+    w = make_worker(
+        f"open({str(marker)!r}, 'a').write('x')\nprint('top level ran')\ndef f():\n    return 1\n", isolation="process"
+    )
+    w.prestart()
+    assert w.process is not None and w.starts == 0 and not w.alive()
+    time.sleep(3)  # long enough to boot
+    assert not marker.exists() and w.load_report is None and "top level ran" not in w.output()
+    assert w.request("call", fn="f", args=[], kwargs={}) == 1
+    assert marker.read_text() == "x" and w.starts == 1 and "top level ran" in w.output()
+
+
+def test_a_prestarted_worker_that_dies_before_it_is_started_is_the_graders_fault(make_worker):
+    """Killed before any of the submission ran: it cannot start (the run cannot grade), never counted as
+    the submission ending its own worker."""
+    w = make_worker("def f():\n    return 1\n", isolation="process")
+    w.prestart()
+    os.kill(w.process.pid, 9)
+    time.sleep(0.5)
+    with pytest.raises(WorkerCannotStart):
+        w.request("call", fn="f", args=[], kwargs={})
+    assert w.ended_between == [] and w.given_up is None and w.load_failure is None
+
+
+TRACED = """
+import sys
+import torch
+def loaded():
+    return "torch._dynamo" in sys.modules
+class Loop(torch.nn.Module):
+    def __init__(self, heads):
+        super().__init__()
+        self.heads = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(heads))
+    def forward(self, x):
+        return torch.stack([h(x) for h in self.heads]).sum(0)
+"""
+
+
+@pytest.mark.parametrize("compiles", [False, True])
+def test_the_op_trace_costs_no_dynamo_import_and_sees_the_same_ops_when_dynamo_is_loaded(make_worker, compiles):
+    """The first traced forward used to import torch._dynamo (torch wraps a dispatch mode for torch.compile's
+    sake): about a second of CPU in every grading. Not any more; where the submission has loaded dynamo
+    itself, the wrapper is kept, and the trace records the same ops either way."""
+    w = make_worker(TRACED + ("import torch._dynamo\n" if compiles else ""))
+    counts = []
+    for heads in (2, 5):
+        module = w.request("build", cls="Loop", args=[heads], kwargs={}, state_dict=None, dtype=None, device="cpu")
+        answer = w.request("forward", handle=module.handle, x=torch.ones(2, 4), trace=True)
+        counts.append(sum(op in ("addmm", "mm", "bmm", "matmul", "linear") for op in answer.ops))
+    assert counts == [2, 5]
+    assert w.request("call", fn="loaded", args=[], kwargs={}) is compiles
+
+
 # Run in a process of its own: the grader's side of one hostile answer, a header of {}s just under the
 # protocol's limit and the largest blob it allows, with the process's peak resident memory measured from just
 # before the request (clear_refs resets it).
