@@ -151,6 +151,8 @@ def run_checks(
         # its gc.collect() at the end of every session costs about a second in a grader holding torch
         "-p",
         "no:unraisableexception",
+        "-p",
+        "no:logging",  # no check logs; its handlers, added and removed around every phase of every check, cost CPU
         "-q",
         "--no-header",
         "-rN",
