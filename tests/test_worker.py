@@ -404,19 +404,22 @@ def test_a_worker_environment_without_torch_is_the_graders_fault(make_worker, mo
         assert w.load_failure is None and w.load_report is None and w.process is None
 
 
-def test_a_prestarted_worker_runs_nothing_of_the_submission_until_it_is_started(make_worker, tmp_path):
+def test_a_prestarted_worker_runs_nothing_of_the_submission_until_it_is_started(make_worker):
     """`prestart` (the grading's first worker, started while the checks are collected) loads Python and
     torch only: the file's top level runs at the first request, once, as without it."""
-    marker = tmp_path / "ran"
-    w = make_worker(
-        f"open({str(marker)!r}, 'a').write('x')\nprint('top level ran')\ndef f():\n    return 1\n", isolation="process"
-    )
-    w.prestart()
-    assert w.process is not None and w.starts == 0 and not w.alive()
-    time.sleep(3)  # long enough to boot
-    assert not marker.exists() and w.load_report is None and "top level ran" not in w.output()
-    assert w.request("call", fn="f", args=[], kwargs={}) == 1
-    assert marker.read_text() == "x" and w.starts == 1 and "top level ran" in w.output()
+    with tempfile.TemporaryDirectory(prefix="prestart-") as folder:  # the worker may run as another uid
+        os.chmod(folder, 0o777)
+        marker = Path(folder) / "ran"
+        w = make_worker(
+            f"print('top level ran')\nopen({str(marker)!r}, 'a').write('x')\ndef f():\n    return 1\n",
+            isolation="process",
+        )
+        w.prestart()
+        assert w.process is not None and w.starts == 0 and not w.alive()
+        time.sleep(3)  # long enough to boot
+        assert not marker.exists() and w.load_report is None and "top level ran" not in w.output()
+        assert w.request("call", fn="f", args=[], kwargs={}) == 1
+        assert marker.read_text() == "x" and w.starts == 1 and "top level ran" in w.output()
 
 
 def test_a_prestarted_worker_that_dies_before_it_is_started_is_the_graders_fault(make_worker):
