@@ -245,7 +245,7 @@ class Worker:
         if self.load_failure:
             raise LoadFailed(self.load_failure)
         self.starts += 1
-        if not (self.prestarted and self.process is not None):
+        if not self.prestarted:  # a prestarted process is adopted (kill() clears the flag with the process)
             self._spawn()
         self.prestarted = False
         try:
