@@ -189,7 +189,7 @@ def test_memory_cap_turns_a_huge_allocation_into_an_error(make_worker):
 def test_output_is_captured_and_truncated(make_worker):
     w = make_worker("print('hello'); print('x' * 200_000)\n", output_bytes=1024)
     w.start()
-    time.sleep(0.5)
+    w.kill()  # the output is read by a thread: once the worker ended, it has all of it
     text = w.output()
     assert text.startswith("hello") and "more bytes of output not kept" in text and len(text) < 1200
 
@@ -419,7 +419,9 @@ def test_a_prestarted_worker_runs_nothing_of_the_submission_until_it_is_started(
         time.sleep(3)  # long enough to boot
         assert not marker.exists() and w.load_report is None and "top level ran" not in w.output()
         assert w.request("call", fn="f", args=[], kwargs={}) == 1
-        assert marker.read_text() == "x" and w.starts == 1 and "top level ran" in w.output()
+        assert marker.read_text() == "x" and w.starts == 1
+        w.kill()  # the output is read by a thread: once the worker ended, it has all of it
+        assert w.output().count("top level ran") == 1
 
 
 def test_a_prestarted_worker_that_dies_before_it_is_started_is_the_graders_fault(make_worker):
@@ -453,13 +455,15 @@ def test_the_op_trace_costs_no_dynamo_import_and_sees_the_same_ops_when_dynamo_i
     """The first traced forward used to import torch._dynamo (torch wraps a dispatch mode for torch.compile's
     sake): about a second of CPU in every grading. Not any more; where the submission has loaded dynamo
     itself, the wrapper is kept, and the trace records the same ops either way."""
-    w = make_worker(TRACED + ("import torch._dynamo\n" if compiles else ""))
+    # importing dynamo at the top level takes seconds of CPU: under load, more than a cell's usual 3 s
+    w = make_worker(TRACED + ("import torch._dynamo\n" if compiles else ""), cell_seconds=120, load_seconds=120)
     counts = []
     for heads in (2, 5):
         module = w.request("build", cls="Loop", args=[heads], kwargs={}, state_dict=None, dtype=None, device="cpu")
         answer = w.request("forward", handle=module.handle, x=torch.ones(2, 4), trace=True)
         counts.append(sum(op in ("addmm", "mm", "bmm", "matmul", "linear") for op in answer.ops))
     assert counts == [2, 5]
+    assert w.load_report is not None and not w.load_report.errors
     assert w.request("call", fn="loaded", args=[], kwargs={}) is compiles
 
 
