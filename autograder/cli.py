@@ -190,18 +190,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"samples: {', '.join(p.parent.parent.name for p in written)} (the release plus each one's answers)")
         return 0
 
-    from autograder.grading.grade import Options, grade_command
+    from autograder.grading.workers import EarlyStart
 
     visible_only = args.command == "preview"
+    out = None if visible_only else args.out
+    parts = tuple(args.parts) if getattr(args, "parts", None) else None
+    # The workers' Python and torch load while this process imports torch, pytest and the checks (about a
+    # second each, on the cores the imports leave idle); nothing of the submission runs before a check asks.
+    early = EarlyStart.begin(
+        args.submission, device=args.device, rubric_path=args.rubric, isolation=args.isolation, out=out, parts=parts
+    )
+    from autograder.grading.grade import Options, grade_command
+
     options = Options(
         device=args.device,
-        out=None if visible_only else args.out,
+        out=out,
         rubric_path=args.rubric,
         visible_only=visible_only,
         quiet=getattr(args, "quiet", False),
         isolation=args.isolation,
         seed=getattr(args, "seed", None),
-        parts=tuple(args.parts) if getattr(args, "parts", None) else None,
+        parts=parts,
+        early=early,
     )
     return grade_command(args.submission, options)
 

@@ -27,7 +27,6 @@ from typing import NoReturn
 import pytest
 import torch
 
-from autograder.contract import CONTRACT_NAMES
 from autograder.grading import submission as reader
 from autograder.grading import timing
 from autograder.grading.checks.fixtures import GradingContext, GradingFixtures
@@ -35,9 +34,10 @@ from autograder.grading.checks.harness import Submission, new_run_seed
 from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.report import print_summary
 from autograder.grading.scoring import score
+from autograder.grading.workers import EarlyStart, hidden_folders, worker_config
 from autograder.model import CANNOT_GRADE, GRADED, GradingRun, LoadReport
 from autograder.rubric import Rubric, RubricError, load_rubric
-from autograder.sandbox import machine, protocol
+from autograder.sandbox import machine
 from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
 
 CHECKS_DIR = Path(__file__).with_name("checks")
@@ -60,6 +60,7 @@ class Options:
     parts: tuple[str, ...] | None = None  # grade only these parts (None: all)
     checks: tuple[str, ...] | None = None  # run only these checks, "module::function[case]" (explain; None: all)
     keep_timing_workers: bool = False  # a long-lived grading process keeps the reference's timing workers
+    early: EarlyStart | None = None  # workers started before the grader's imports (`python -m autograder grade`)
 
 
 # -- the steps ----------------------------------------------------------------------------------
@@ -86,30 +87,6 @@ def read_submission(path: Path) -> tuple[list[WireCell], str | None]:
     except reader.NotASubmission as exc:
         raise CannotGrade(str(exc)) from None
     return [(cell.number, cell.line, cell.source) for cell in cells], None
-
-
-def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) -> WorkerConfig:
-    return WorkerConfig(
-        device=device,
-        memory_bytes=int(rubric.limit("memory_gib") * (1 << 30)),
-        load_seconds=rubric.limit("load_seconds"),
-        boot_seconds=rubric.limit("load_seconds"),
-        cell_seconds=rubric.limit("cell_seconds"),
-        later_cell_seconds=rubric.limit("later_cell_seconds"),
-        request_seconds=rubric.limit("request_seconds"),
-        hung_request_seconds=rubric.limit("hung_request_seconds"),
-        submission_seconds=rubric.limit("submission_seconds"),
-        submission_cpu_seconds=rubric.limit("submission_cpu_seconds"),
-        processes=int(rubric.limit("processes")),
-        cpus=rubric.limit("cpu_cores"),
-        output_bytes=int(rubric.limit("output_kib") * 1024),
-        crashes_before_giving_up=int(rubric.limit("crashes_before_giving_up")),
-        isolation=isolation,
-        hide=hide,
-        threads=int(rubric.limit("worker_threads")),
-        limits=protocol.FrameLimits(blob_bytes=int(rubric.limit("reply_mib") * (1 << 20))),
-        contract=CONTRACT_NAMES,
-    )
 
 
 def check_timeout(rubric: Rubric) -> float:
@@ -254,9 +231,13 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
             raise CannotGrade(f"no such part: {', '.join(unknown)} (the rubric's parts: {', '.join(rubric.parts)})")
         run.device = resolve_device(options.device)
         cells, problem = read_submission(path)
-        hide = [str(path.resolve().parent)] + ([str(Path(options.out).resolve().parent)] if options.out else [])
-        worker = start_worker(cells, path.name, worker_config(rubric, run.device, hide, options.isolation), options)
+        config = worker_config(rubric, run.device, hidden_folders(path, options.out), options.isolation)
+        worker = (options.early and options.early.adopt(config, cells, path.name)) or start_worker(
+            cells, path.name, config, options
+        )
     except (RubricError, CannotGrade, WorkerError) as exc:
+        if options.early:
+            options.early.close()
         run.reason = str(exc)
         if isinstance(exc, WorkerError) and here.isolation is None and here.advice:
             run.reason += f". What would fix it here: {here.advice}"
@@ -272,7 +253,9 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     if rubric.speed is not None and (options.parts is None or "speed" in options.parts):
         # the reference's timing workers start now, in the background, while the submission loads
         start = timing.kept_trusted_workers if options.keep_timing_workers else timing.start_trusted_workers
-        context.timing_workers = start(worker.config)
+        context.timing_workers = (options.early and options.early.timing_for(worker.config)) or start(worker.config)
+    if options.early:
+        options.early.close()  # what this grading did not adopt
     plugin = None
     try:
         plugin = run_checks(context, rubric, options.visible_only, parts=options.parts, checks=options.checks)

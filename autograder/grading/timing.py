@@ -45,28 +45,32 @@ forward and synchronises the device after each, as GPU kernel leaderboards do.
 
 from __future__ import annotations
 
-import ast
 import atexit
-import dataclasses
 import math
 import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from autograder.grading import submission as reader
 from autograder.grading import verdict
 from autograder.grading.verdict import Verdict, credit  # noqa: F401  (the speed check scores with timing.credit)
-from autograder.rubric import SpeedSettings
-from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
 
-REFERENCE_SOURCE = Path(__file__).resolve().parents[2] / "reference" / "mha.py"
-WRAPPER, REFERENCE, SUBMISSION = "wrapper", "reference", "submission"
+# timing's names for what lives in workers.py (torch-free, for starting workers early)
+from autograder.grading.workers import REFERENCE as REFERENCE
+from autograder.grading.workers import REFERENCE_SOURCE as REFERENCE_SOURCE
+from autograder.grading.workers import SUBMISSION as SUBMISSION
+from autograder.grading.workers import WRAPPER as WRAPPER
+from autograder.grading.workers import BackgroundWorker as BackgroundWorker
+from autograder.grading.workers import CannotTime as CannotTime
+from autograder.grading.workers import reference_cells as reference_cells
+from autograder.grading.workers import start_trusted_workers as start_trusted_workers
+from autograder.grading.workers import trusted_config as trusted_config
+from autograder.rubric import SpeedSettings
+from autograder.sandbox.client import WorkerConfig, WorkerError
 
 
 class TimingFailed(Exception):
@@ -77,84 +81,7 @@ class TooSlow(TimingFailed):
     """After warm-up, even the submission's best time is far below anything that could earn points."""
 
 
-class CannotTime(RuntimeError):
-    """The measurement itself cannot be trusted or run (never the submission's fault)."""
-
-
 # -- the reference's own worker ------------------------------------------------------------------------------
-
-
-class BackgroundWorker:
-    """A trusted timing worker (running only the reference's code), started in a thread as soon as it is
-    made, so that its start overlaps the grading; `get()` waits for it. One that fails to start is the
-    grader's fault (CannotTime).
-
-    The starting thread lives until `close()`: the worker asks the kernel to kill it when the thread that
-    started it ends (PR_SET_PDEATHSIG belongs to the thread, not the process)."""
-
-    def __init__(self, cells: list[WireCell], filename: str, config: WorkerConfig):
-        self.worker = Worker(cells, filename, config)
-        self.kept = False  # one of a grading process's kept workers (`kept_trusted_workers`)
-        self.error: str | None = None
-        self.started = threading.Event()
-        self.closing = threading.Event()
-        self.thread = threading.Thread(target=self._start, name=f"timing-worker-{filename}", daemon=True)
-        self.thread.start()
-
-    def _start(self) -> None:
-        try:
-            loaded = self.worker.start()
-            if loaded.errors:
-                self.error = f"the reference did not load in its timing worker: {loaded.errors[0].message}"
-        except WorkerError as exc:
-            self.error = f"the reference's timing worker could not start: {exc}"
-        finally:
-            self.started.set()
-        self.closing.wait()
-
-    def get(self) -> Worker:
-        self.started.wait()
-        if self.error:
-            raise CannotTime(self.error)
-        return self.worker
-
-    def healthy(self) -> bool:
-        """Whether a kept worker can serve another grading: started, never timed out or crashed, running
-        (not left stopped by a measurement that ended badly) and answering."""
-        self.started.wait()
-        if self.error or self.worker.hung or self.worker.crashes or not self.worker.alive():
-            return False
-        self.worker.resume()
-        try:
-            self.worker.request("ping", timeout=5.0)
-        except WorkerError:
-            return False
-        return True
-
-    def close(self) -> None:
-        self.started.wait()
-        self.worker.close()
-        self.closing.set()
-        self.thread.join()
-
-
-def trusted_config(config: WorkerConfig) -> WorkerConfig:
-    """A trusted timing worker's settings: the submission's kind of sandboxed process with its limits, so that
-    process, protocol and serialisation costs are the same for the three timed modules; without the
-    submission's time budgets (the submission's to spend) or its hidden folders (nothing of it is loaded)."""
-    return dataclasses.replace(config, submission_seconds=math.inf, submission_cpu_seconds=None, hide=[])
-
-
-def start_trusted_workers(config: WorkerConfig) -> dict[str, BackgroundWorker]:
-    """The wrapper's and the reference's timing workers, each loading only the reference's definitions and
-    starting now, in the background. The submission's module is timed in the submission's own worker, which
-    the speed check is the first to use (so all three timed modules live in processes that have run nothing
-    but the timed forwards: a worker that has run every other check runs the same forward about 10 % slower)."""
-    cells, trusted = reference_cells(), trusted_config(config)
-    return {
-        WRAPPER: BackgroundWorker(cells, "reference.py", trusted),
-        REFERENCE: BackgroundWorker(cells, "reference.py", trusted),
-    }
 
 
 @dataclass
@@ -197,21 +124,6 @@ def forget_trusted_workers() -> None:
 
 
 atexit.register(forget_trusted_workers)
-
-
-def reference_cells(path: Path = REFERENCE_SOURCE) -> list[tuple[int, int, str]]:
-    """The reference's code cells that only define (imports, classes, functions, constants): what its timing
-    worker loads, without the notebook's demonstrations and self-checks."""
-    cells = []
-    for number, line, source in reader.read_cells(path):
-        body = ast.parse(source).body
-        if body and all(
-            isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef))
-            or (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets))
-            for node in body
-        ):
-            cells.append((number, line, source))
-    return cells
 
 
 # -- what is timed -------------------------------------------------------------------------------------------

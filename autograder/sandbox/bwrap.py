@@ -87,6 +87,21 @@ def allow_list() -> AllowList:
     """What the worker may see besides /dev, /proc and /tmp: the interpreter and what it loads."""
     import torch  # noqa: F401  (its shared libraries must be in the memory map read below)
 
+    return _allow_list()
+
+
+@cache
+def expected_allow_list() -> AllowList:
+    """The allow list as it will be once torch is loaded, without loading it: for the workers started before
+    the grader imports torch (`grading.workers.EarlyStart`), and for the probe of whether bubblewrap works.
+    Where torch's libraries sit in folders allowed already (its own package's, the system's), it is
+    `allow_list()`; workers started with it are used only where it is (the grading compares the two once
+    torch is loaded)."""
+    return _allow_list()
+
+
+def _allow_list() -> AllowList:
+    """What the memory map shows loaded now, and the interpreter's own folders (`allow_list`)."""
     links: dict[str, str] = {}
     wanted: list[str] = []
     venv = sys.prefix != sys.base_prefix
@@ -163,11 +178,13 @@ def _package_folder(name: str) -> str | None:
     return os.path.realpath(list(spec.submodule_search_locations)[0])
 
 
-def command(executable: str, device: str, scratch_bytes: int, as_root: bool) -> list[str]:
+def command(
+    executable: str, device: str, scratch_bytes: int, as_root: bool, allowed: AllowList | None = None
+) -> list[str]:
     """`executable` (bubblewrap, by its full path) and its options for a worker on `device` with a /tmp of
-    `scratch_bytes`, started by a grader that is root (`as_root`) or not; the interpreter's command line
-    follows."""
-    allowed = allow_list()
+    `scratch_bytes`, started by a grader that is root (`as_root`) or not, showing it `allowed` (by default
+    `allow_list()`); the interpreter's command line follows."""
+    allowed = allowed or allow_list()
     argv = [
         executable,
         "--die-with-parent",

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from autograder.sandbox import launcher, probe, protocol
+from autograder.sandbox import bwrap, launcher, probe, protocol
 from autograder.sandbox.protocol import Loaded, ProtocolError, Ready, StudentError
 
 
@@ -209,6 +209,7 @@ class Worker:
         self.in_force: dict[str, str] = {}  # what held the worker in (probe.describe_isolation)
         self.cpu_spent = 0.0  # CPU seconds of workers already ended
         self.memory_peak: int | None = None  # the most memory the worker's processes used together
+        self.allowed: bwrap.AllowList | None = None  # the sandbox's allow list, if not `bwrap.allow_list()`
         try:
             self.isolation = probe.choose_isolation(config.isolation)
         except (OSError, ValueError) as exc:
@@ -229,6 +230,7 @@ class Worker:
                 filename=self.filename,
                 contract=self.config.contract,
                 use_cgroups=self.config.use_cgroups,
+                allowed=self.allowed,
             )
         )
         self.in_force = dict(self.process.in_force)

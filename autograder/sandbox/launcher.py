@@ -69,6 +69,7 @@ class LaunchSettings:
     filename: str = "mha.py"
     contract: tuple[str, ...] = ()
     use_cgroups: bool = True
+    allowed: bwrap.AllowList | None = None  # what the namespace sandbox shows (None: `bwrap.allow_list()`)
 
 
 class WorkerProcess:
@@ -243,7 +244,9 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
     command = [sys.executable, "-I", "-u", "-c", BOOT, str(req_r), str(resp_w), json.dumps(config), *sources]
     if sandbox:
         executable = probe.bwrap_path() or "bwrap"
-        command = bwrap.command(executable, settings.device, settings.scratch_bytes, probe.is_root()) + ["--", *command]
+        command = bwrap.command(
+            executable, settings.device, settings.scratch_bytes, probe.is_root(), settings.allowed
+        ) + ["--", *command]
     # RLIMIT_AS makes a huge allocation a clean MemoryError/RuntimeError; it breaks CUDA, where only the
     # control group's limit holds
     memory = settings.memory_bytes if settings.device == "cpu" else None

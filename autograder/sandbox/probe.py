@@ -77,7 +77,9 @@ def namespace_sandbox_problem() -> str | None:
         return "bubblewrap (`bwrap`) is not installed"
     try:
         probe = subprocess.run(
-            bwrap.command(executable, "cpu", scratch_bytes=1 << 20, as_root=is_root())
+            bwrap.command(
+                executable, "cpu", scratch_bytes=1 << 20, as_root=is_root(), allowed=bwrap.expected_allow_list()
+            )
             + [sys.executable, "-I", "-S", "-c", "pass"],
             env=bwrap.worker_env(),
             capture_output=True,
@@ -98,9 +100,11 @@ def separate_uid_available() -> bool:
     that uid can read the interpreter, its standard library and torch."""
     if not is_root():
         return False
-    import torch  # the grader's own; its folder must be readable by the worker
+    import importlib.util
 
-    paths = [sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], os.path.dirname(torch.__file__)]
+    spec = importlib.util.find_spec("torch")  # the grader's own (not imported): its folder must be readable
+    torch_folders = list(spec.submodule_search_locations or []) if spec else []
+    paths = [sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], *torch_folders]
     uid = fresh_uid()
     try:
         probe = subprocess.run(
