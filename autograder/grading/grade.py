@@ -34,7 +34,7 @@ from autograder.grading.checks.harness import Submission, new_run_seed
 from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.report import print_summary
 from autograder.grading.scoring import score
-from autograder.grading.workers import EarlyStart, hidden_folders, worker_config
+from autograder.grading.workers import EarlyStart, grades_speed, hidden_folders, worker_config
 from autograder.model import CANNOT_GRADE, GRADED, GradingRun, LoadReport
 from autograder.rubric import Rubric, RubricError, load_rubric
 from autograder.sandbox import machine
@@ -250,7 +250,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     context = GradingContext(
         Submission(worker, run.device, rubric.limit("check_seconds")), rubric, run.device, run.seed
     )
-    if rubric.speed is not None and (options.parts is None or "speed" in options.parts):
+    if grades_speed(rubric, options.parts):
         # the reference's timing workers start now, in the background, while the submission loads
         start = timing.kept_trusted_workers if options.keep_timing_workers else timing.start_trusted_workers
         context.timing_workers = (options.early and options.early.timing_for(worker.config)) or start(worker.config)

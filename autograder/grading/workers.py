@@ -147,6 +147,11 @@ def reference_cells(path: Path = REFERENCE_SOURCE) -> list[tuple[int, int, str]]
     return cells
 
 
+def grades_speed(rubric: Rubric, parts: tuple[str, ...] | None) -> bool:
+    """Whether a grading of these parts times the submission (and so needs the reference's timing workers)."""
+    return rubric.speed is not None and (parts is None or "speed" in parts)
+
+
 def hidden_folders(path: Path, out: Path | None) -> list[str]:
     """What the worker must not see: the submission's folder (other students' files may sit beside it) and
     where the results go."""
@@ -200,8 +205,8 @@ class EarlyStart:
             worker.prestart()
             if worker.process is None:
                 return None
-            speed = rubric.speed is not None and (parts is None or "speed" in parts)
-            return cls(config, worker, start_trusted_workers(config, allowed) if speed else {}, allowed)
+            timing = start_trusted_workers(config, allowed) if grades_speed(rubric, parts) else {}
+            return cls(config, worker, timing, allowed)
         except Exception:  # rubric, sandbox or anything else: the grading meets it again, and says what it is
             if worker is not None:
                 worker.close()
@@ -221,7 +226,6 @@ class EarlyStart:
                 worker.close()
             return None
         worker.cells = [list(c) for c in cells]
-        worker.allowed = None  # a restart shows `bwrap.allow_list()`, found the same
         worker.budget_end = time.monotonic() + config.submission_seconds  # the submission's time starts now
         return worker
 
@@ -232,8 +236,6 @@ class EarlyStart:
             for worker in timing.values():
                 worker.close()
             return {}
-        for started in timing.values():
-            started.worker.allowed = None
         return timing
 
     def close(self) -> None:
