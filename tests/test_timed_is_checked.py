@@ -15,8 +15,8 @@ from it, as they were once drawn, answers nothing from its table: the seeds come
 
 from __future__ import annotations
 
-
 import pytest
+
 from helpers import GradingPool, grade, part_scores
 from speed_variants import (
     LOOPS_WHEN_CHECKED,

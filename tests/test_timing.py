@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from autograder.grading import timing
-from autograder.sandbox.protocol import TimedShown
 from autograder.grading.scoring import Outcome, score
 from autograder.rubric import DEFAULT_RUBRIC, RubricError, load_rubric
+from autograder.sandbox.protocol import TimedShown
 from rubric_text import rubric_file
 
 SPEED = load_rubric().speed

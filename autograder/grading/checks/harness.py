@@ -376,10 +376,10 @@ def calls_difference(checked: Mapping[str, int], timed: Mapping[str, int], most:
         text = ", ".join(f"{name} x{count}" for name, count in items[:most])
         return text + (f" and {len(items) - most} more" if len(items) > most else "")
 
-    more = {name: timed.get(name, 0) - checked.get(name, 0) for name in timed if timed.get(name, 0) > checked.get(name, 0)}
-    fewer = {
-        name: checked.get(name, 0) - timed.get(name, 0) for name in checked if checked[name] > timed.get(name, 0)
+    more = {
+        name: timed.get(name, 0) - checked.get(name, 0) for name in timed if timed.get(name, 0) > checked.get(name, 0)
     }
+    fewer = {name: checked.get(name, 0) - timed.get(name, 0) for name in checked if checked[name] > timed.get(name, 0)}
     parts = []
     if more:
         parts.append(f"when timed it also called {listed(more)}")

@@ -544,11 +544,11 @@ class CallRecorder:
         self.mode = Mode()
 
     def __enter__(self) -> CallRecorder:
-        self.mode.__enter__()
+        self.mode.__enter__()  # type: ignore[no-untyped-call]  # torch declares no types for it
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.mode.__exit__(*exc)
+        self.mode.__exit__(*exc)  # type: ignore[no-untyped-call]  # torch declares no types for it
 
 
 def function_name(func: Any, resolve_name: Any) -> str:
