@@ -20,7 +20,13 @@ How (`measure`):
   clock is the same for the three workers: one small frame out, one answer in; the submission's CPU budget
   is charged between requests. The answer is, per token, a random probe of the output; every answer is
   compared with the reference's for the same seed, so caching, replaying, returning before the work is done
-  or working on another stream earn nothing but a failure.
+  or working on another stream earn nothing but a failure. The clock starts when the request is sent, so the
+  worker's time before its first call is charged too (and bounded: `ready_seconds`). The seeds come from the
+  operating system (`fresh_seeds`), never from a generator whose outputs a worker has seen.
+- Every timed call is a checked one: after each request, once its clock has stopped, the whole outputs of
+  calls picked at random only then (`Target.shown`, `pick`) and every call's record of the PyTorch functions it
+  called come back (`Calls.finish`), for `verify` to compare with the reference's outputs and with the record
+  of the same forward when its values were checked (the speed check's `verifier`).
 - Warm-up rounds first, then measured rounds in batches (`verdict`): after `min_rounds`, and every
   `batch_rounds` more, a confidence interval for the median relative speedup is asked whether it settles the
   credit; the rounds stop when it does, or at `max_rounds`. Each round draws fresh seeds, shared by the three
