@@ -98,7 +98,7 @@ def test_whole_outputs_shown_after_the_timing_must_be_the_ones_timed(pool, tmp_p
     assert check["score"] == 0 and "asked for once the timing had stopped" in check["output"], check["output"]
 
 
-@pytest.mark.parametrize("seconds,said", [(0.05, "your forward took"), (5.0, "getting ready for its calls")])
+@pytest.mark.parametrize("seconds,said", [(0.5, "your forward took"), (5.0, "getting ready for its calls")])
 def test_the_time_before_the_first_timed_call_is_timed_and_bounded(pool, tmp_path, seconds, said):
     """A worker that spends time between a timed request and its ready (to prepare, or to hold the device's
     timing lock) is charged for it; past the rubric's `ready_seconds` the request is stopped."""

@@ -376,6 +376,11 @@ def test_partial_credit_and_the_gate_on_the_values(tmp_path):
     assert "values [12 heads]" not in gated.message
     # a required check that did not run (a hidden one under `check`) does not gate
     assert score([full], rubric)[0].score == 10
+    # the values right, but the forward uses a ready-made attention: gated, and told why, not "the values"
+    ready_made = Outcome("mha::test_no_ready_made_attention", "mha", "no ready-made attention", "failed", "sdpa")
+    gated = score([values, ready_made, full], rubric)[2]
+    assert gated.score == 0 and "not your own computation" in gated.message
+    assert "values of" not in gated.message
 
 
 def test_a_check_reports_its_credit_to_the_plugin(pytester, tmp_path):
