@@ -79,6 +79,11 @@ SPEED_SETTINGS = {
         "standard deviations of an output within the dtype's tolerance",
     ),
     "lock_seconds": (float, 1.0, "the longest wait for the device's timing lock (other gradings' timing sections)"),
+    "ready_seconds": (
+        float,
+        0.01,
+        "a timed request's longest wait for the worker to be ready for its calls (timed, so it is charged too)",
+    ),
 }
 # [[speed.workloads]]: name -> (type, meaning)
 WORKLOAD_SETTINGS = {
@@ -151,6 +156,7 @@ class SpeedSettings:
     min_reference_speedup: float
     probe_sigmas: float
     lock_seconds: float
+    ready_seconds: float
     requires: tuple[str, ...]  # check keys that must pass for the speed part to earn points
     workloads: tuple[Workload, ...]
 

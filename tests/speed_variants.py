@@ -205,3 +205,201 @@ VARIANTS = {
     "looks_up_seeds": lambda: with_cell(LOOKS_UP_SEEDS),
     "patches_the_server": lambda: with_cell(PATCHES_THE_SERVER),
 }
+
+
+# -- telling a timed forward from a checked one --------------------------------------------------------------
+# Each is the reference's forward when it believes it is checked, and the forbidden (and fast)
+# scaled_dot_product_attention when it believes it is timed, by one signal alone. Before every timed call was
+# also a checked one, each of these earned full speed points; now none earns any.
+
+_TWO_FACED = """
+import sys
+import time
+
+import torch
+
+_honest = MultiHeadAttention.forward
+
+
+def _fast(self, x):
+    b, t, _ = x.shape
+    split = lambda z: z.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+    q, k, v = split(self.W_query(x)), split(self.W_key(x)), split(self.W_value(x))
+    context = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return self.out_proj(context.transpose(1, 2).reshape(b, t, self.d_out))
+
+
+def _timed(self, x):
+{test}
+
+
+def _forward(self, x):
+    return _fast(self, x) if _timed(self, x) else _checked(self, x)
+
+
+_checked = _honest
+MultiHeadAttention.forward = _forward
+"""
+
+TELLS = {
+    # autograd: the checks' forwards run with it on, the timed ones under no_grad
+    "autograd": "    return not torch.is_grad_enabled()",
+    # train/eval mode (the checks' forwards are mostly in eval mode too)
+    "eval_mode": "    return not self.training",
+    # the request: the worker's timed request loop is on the stack
+    "request": """    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "op_forward_many":
+            return True
+        frame = frame.f_back
+    return False""",
+    # the frame pattern: the functions on the stack are not those of the first forward's
+    "frame_pattern": """    names, frame = [], sys._getframe(1)
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    first = self.__dict__.setdefault("_first_stack", names)
+    return names != first""",
+    # the caller's frame: the grader's code that called the module (past the file's own frames and torch's) is
+    # not the checks' forward request
+    "caller_frame": """    frame = sys._getframe(1)
+    while frame is not None and not frame.f_code.co_filename.startswith("<sandbox/"):
+        frame = frame.f_back
+    return frame is None or frame.f_code.co_name != 'op_forward'""",
+    # the shapes: the speed workload's input
+    "shapes": "    return tuple(x.shape) == (2, 16, 256)",
+    # the order of calls: the timed calls come after the checks' first forwards of a module
+    "order": """    calls = self.__dict__["_calls"] = self.__dict__.get("_calls", 0) + 1
+    return calls > 2""",
+    # the time since the module's first forward
+    "time_since_load": """    first = self.__dict__.setdefault("_first_forward", time.monotonic())
+    return time.monotonic() - first > 0.05""",
+    # an active dispatch mode: the checks' traced forwards run under one, the timed ones do not
+    "dispatch_mode": "    return torch._C._len_torch_dispatch_stack() == 0",
+}
+
+
+def two_faced(tell: str) -> str:
+    """The reference's definitions, with a forward that uses scaled_dot_product_attention when `TELLS[tell]`
+    says it is timed."""
+    return with_cell(_TWO_FACED.format(test=TELLS[tell]))
+
+
+# The third audit's: a loop over heads when autograd is on (every checked forward), scaled_dot_product_attention
+# when it is off (every timed one). It earned 10/10 for speed.
+LOOPS_WHEN_CHECKED = with_cell(
+    LOOP_OVER_HEADS.replace("MultiHeadAttention.forward = _forward", "_loop = _forward")
+    + _TWO_FACED.format(test=TELLS["autograd"]).replace("_checked = _honest", "_checked = _loop")
+)
+
+
+# Knows the grader's generator: graded with `--seed RUN_SEED`, it replays the speed check's hidden inputs
+# (`harness.check_seed`, `Inputs`), confirms the replay by the weights it was given, predicts the timing seeds
+# as they were once drawn (from the same generator, after the weights and one or two checked inputs), and
+# answers every predicted input from a table made on its first forward; any other input gets a loop over
+# heads. Now that the timing seeds come from the operating system, it is the loop it is.
+_PREDICTS_SEEDS = """
+import hashlib
+
+import torch
+
+RUN_SEED = {run_seed}
+CHECK_IDS = [
+    "test_speed.py::test_faster_than_the_wrapper[64 heads of width 4, 16 tokens]",
+    "test_speed.py::test_faster_than_the_wrapper[speed_workload0]",
+]
+_batched = _honest
+_table = {{}}
+
+
+def _key(x):
+    return hashlib.sha1(x.detach().cpu().contiguous().numpy().tobytes()).digest()
+
+
+def _predict(self):
+    for check_id in CHECK_IDS:
+        seed = int.from_bytes(hashlib.sha256(f"{{RUN_SEED}}:{{check_id}}".encode()).digest()[:8], "big") >> 1
+        generator = torch.Generator().manual_seed(seed)
+        shapes = [p.shape for p in MultiHeadAttention(256, 256, 16, 0.0, 64).parameters()]
+        draws = []
+        for shape in shapes:
+            fan_in = shape[-1] if len(shape) > 1 else shape[0]
+            draws.append(torch.randn(*shape, generator=generator, dtype=torch.float64) / fan_in**0.5 * 1.5)
+        if not torch.allclose(draws[0].float(), self.W_query.weight.detach().float()):
+            continue
+        after_weights = generator.get_state()
+        for checked_inputs in (1, 2):
+            generator.set_state(after_weights)
+            for _ in range(checked_inputs):
+                torch.randn(2, 16, 256, generator=generator, dtype=torch.float64)
+            for _ in range(36 * 32):
+                timed_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+                timed = torch.Generator().manual_seed(timed_seed)
+                x = torch.randn([2, 16, 256], generator=timed, dtype=torch.float32)
+                _table[_key(x)] = _batched(self, x)
+        return
+
+
+def _forward(self, x):
+    if not self.__dict__.get("_predicted"):
+        self.__dict__["_predicted"] = True
+        if tuple(x.shape) == (2, 16, 256):
+            with torch.no_grad():
+                _predict(self)
+    answer = _table.get(_key(x))
+    return answer if answer is not None else _loop(self, x)
+
+
+MultiHeadAttention.forward = _forward
+"""
+
+
+def predicts_seeds(run_seed: int) -> str:
+    return with_cell(
+        "_honest = MultiHeadAttention.forward\n"
+        + LOOP_OVER_HEADS.replace("MultiHeadAttention.forward = _forward", "_loop = _forward")
+        + _PREDICTS_SEEDS.format(run_seed=run_seed)
+    )
+
+
+# Right in every timed call, but what the worker shows afterwards of the calls the grader picks is not what
+# it computed: the whole outputs are checked against the probes the calls answered.
+SHOWS_OTHER_OUTPUTS = with_cell(
+    """
+import sys
+
+for _module in list(sys.modules.values()):
+    _session = getattr(_module, "Session", None)
+    if isinstance(_session, type) and hasattr(_session, "op_forward_many"):
+        _original = _session.reply
+
+        def _reply(self, value, _original=_original):
+            fields = getattr(value, "value", None)
+            if isinstance(fields, dict) and "outputs" in fields:
+                fields["outputs"] = [output * 1.01 for output in fields["outputs"]]
+            return _original(self, value)
+
+        _session.reply = _reply
+"""
+)
+
+
+# Works (or holds the device's timing lock) between a timed request's settings and its ready, once free time.
+def holds_before_ready(seconds: float) -> str:
+    return with_cell(
+        f"""
+import sys
+import time
+
+for _module in list(sys.modules.values()):
+    _session = getattr(_module, "Session", None)
+    if isinstance(_session, type) and hasattr(_session, "op_forward_many"):
+        _original = _session.op_forward_many
+
+        def _late(self, *args, _original=_original, **kwargs):
+            time.sleep({seconds!r})
+            return _original(self, *args, **kwargs)
+
+        _session.op_forward_many = _late
+"""
+    )

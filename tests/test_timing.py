@@ -17,6 +17,7 @@ import torch
 from autograder.grading import timing
 from autograder.grading.scoring import Outcome, score
 from autograder.rubric import DEFAULT_RUBRIC, RubricError, load_rubric
+from autograder.sandbox.protocol import TimedShown
 from rubric_text import rubric_file
 
 SPEED = load_rubric().speed
@@ -111,14 +112,18 @@ class FakeCalls:
     def __init__(self, worker, per_call, record):
         self.worker, self.per_call, self.record, self.seeds = worker, per_call, record, []
 
+    def open(self):
+        pass
+
     def call(self, seed):
         self.seeds.append(seed)
         self.worker.clock.now += self.per_call
         self.worker.cpu += self.per_call * self.worker.cpu_per_second
         return torch.zeros(1)
 
-    def finish(self):
+    def finish(self, show):
         self.record(self.seeds)
+        return TimedShown([torch.zeros(1) for _ in show], [{} for _ in self.seeds])
 
 
 def fake_targets(clock, seconds_per_call, cpu_per_second=None, seen=None):
@@ -223,8 +228,8 @@ def test_a_wrong_answer_stops_the_measurement():
     clock = Clock()
     targets, workers = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.01})
 
-    def verify(answers):
-        assert set(answers) == {timing.WRAPPER, timing.REFERENCE, timing.SUBMISSION}
+    def verify(round):
+        assert set(round.answers) == {timing.WRAPPER, timing.REFERENCE, timing.SUBMISSION}
         raise timing.TimingFailed("wrong")
 
     with pytest.raises(timing.TimingFailed, match="wrong"):
@@ -255,6 +260,33 @@ def test_probes_accept_an_output_within_tolerance_and_refuse_a_wrong_one():
         timing.check_probes(probes(y)[:, :8], expected, rtol, atol, SPEED.probe_sigmas, 256)
     with pytest.raises(timing.TimingFailed, match="malformed"):
         timing.check_probes(probes(y) * float("nan"), expected, rtol, atol, SPEED.probe_sigmas, 256)
+
+
+def test_every_column_of_a_probe_is_compared():
+    """An answer whose first column is right and whose sums of |y| or y*y are not is refused: the first column
+    alone was all that was compared once, so an answer could carry anything in the other two."""
+    rtol, atol = load_rubric().tolerance("float32")
+    y = torch.randn(2, 16, 256, dtype=torch.float64)
+    expected = probes(y)
+    for column in (1, 2):
+        forged = expected.clone()
+        forged[..., column] *= 1.001
+        with pytest.raises(timing.TimingFailed, match="absolute values or of its squares"):
+            timing.check_probes(forged, expected, rtol, atol, SPEED.probe_sigmas, 256)
+
+
+def test_timing_seeds_come_from_the_operating_system_not_from_torch():
+    """Knowing torch's generators (the one that made the hidden weights, or the global one) predicts nothing:
+    the same torch state gives other timing seeds every time."""
+    firsts = set()
+    for _ in range(3):
+        torch.manual_seed(0)
+        generator = torch.Generator().manual_seed(0)
+        torch.randn(4, generator=generator)
+        firsts.add(next(timing.fresh_seeds()))
+    assert len(firsts) == 3 and all(0 <= seed < 2**63 for seed in firsts)
+    picked = timing.pick(2, 32)
+    assert len(set(picked)) == 2 and all(0 <= i < 32 for i in picked) and picked == sorted(picked)
 
 
 # -- the rubric's [speed] --------------------------------------------------------------------------------
@@ -344,6 +376,11 @@ def test_partial_credit_and_the_gate_on_the_values(tmp_path):
     assert "values [12 heads]" not in gated.message
     # a required check that did not run (a hidden one under `check`) does not gate
     assert score([full], rubric)[0].score == 10
+    # the values right, but the forward uses a ready-made attention: gated, and told why, not "the values"
+    ready_made = Outcome("mha::test_no_ready_made_attention", "mha", "no ready-made attention", "failed", "sdpa")
+    gated = score([values, ready_made, full], rubric)[2]
+    assert gated.score == 0 and "not your own computation" in gated.message
+    assert "values of" not in gated.message
 
 
 def test_a_check_reports_its_credit_to_the_plugin(pytester, tmp_path):
@@ -366,13 +403,17 @@ import pytest
 @pytest.mark.part("mha")
 def test_matches_reference():
     """another part"""
+
+@pytest.mark.part("mha")
+def test_no_ready_made_attention():
+    """also required by the speed part"""
 ''',
     )
     plugin = ResultsPlugin(speed_rubric(tmp_path), visible_only=False)
     pytester.inline_run("-p", "no:cacheprovider", plugins=[plugin])
-    (outcome, other) = sorted(plugin.outcomes.values(), key=lambda o: o.part != "speed")
+    (outcome, *others) = sorted(plugin.outcomes.values(), key=lambda o: o.part != "speed")
     assert outcome.credit == 0.25 and outcome.status == "failed"
-    assert other.credit is None
+    assert [other.credit for other in others] == [None, None]
 
     only = ResultsPlugin(speed_rubric(tmp_path), visible_only=False, parts=("speed",))
     pytester.inline_run("-p", "no:cacheprovider", plugins=[only])
@@ -414,8 +455,8 @@ def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
         device="cpu",
     )
     args = dict(handle=info.handle, shape=[2, 6, 16], dtype="float32", out_features=8, threads=1)
-    first = reference_worker.forward_many([11, 12], **args)
-    again = reference_worker.forward_many([12], **args)
+    first, shown = reference_worker.forward_many([11, 12], show=[1], **args)
+    again, _ = reference_worker.forward_many([12], **args)
     assert [tuple(a.shape) for a in first] == [(2, 6, 3)] * 2 and first[0].dtype == torch.float64
     assert torch.equal(first[1], again[0])  # the same seed, the same input and probe
     assert not torch.equal(first[0], first[1])
@@ -426,6 +467,10 @@ def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
     with torch.no_grad():
         y = module(x).double()
     assert torch.allclose(again[0], torch.stack([(y * probe).sum(-1), y.abs().sum(-1), (y * y).sum(-1)], -1))
+    # after the calls: the whole output of the call asked for, and every call's record of PyTorch calls
+    assert len(shown.outputs) == 1 and torch.allclose(shown.outputs[0], y)
+    assert len(shown.calls) == 2 and shown.calls[0] == shown.calls[1]
+    assert shown.calls[0].get("torch.Tensor.matmul", 0) >= 2 and "torch.nn.functional.linear" in shown.calls[0]
 
     from autograder.sandbox.client import SubmissionError
 
@@ -451,12 +496,13 @@ def test_timed_calls_do_no_grader_work_but_the_exchange(reference_worker, monkey
     charged = []
     monkeypatch.setattr(reference_worker, "_cpu_budget_left", lambda: charged.append("budget") or True)
     calls = reference_worker.timed_calls(3, 30.0, handle=info.handle, shape=[2, 6, 16], dtype="float32", out_features=8)
-    charged.clear()  # opening the request (untimed) may charge the budget
+    charged.clear()  # making the request (untimed, nothing sent yet) may charge the budget
+    calls.open()
     answers = [calls.call(seed) for seed in (1, 2, 3)]
     assert charged == [] and len(answers) == 3
-    calls.finish()
+    calls.finish([])
     assert charged == ["budget"]
-    with pytest.raises(ValueError, match="more timed calls"):
+    with pytest.raises(ValueError, match="outside an open request"):
         calls.call(4)
 
 

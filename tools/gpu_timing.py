@@ -121,10 +121,13 @@ def grader_times(w: Workload, device: str, rounds: int, handle: Any) -> dict[str
                         out_features=w.d_out,
                         threads=settings.threads,
                         flush_bytes=int(w.flush_mib * (1 << 20)),
+                        record=name != timing.WRAPPER,
+                        ready_seconds=settings.ready_seconds,
                     )
                     before = gpu_state(handle) if handle is not None else None
                     cpu, waits, mine = worker.cpu_seconds(), worker.thread_waits(), procfs.own_wait()
                     start = time.perf_counter()
+                    timed.open()
                     for _ in range(calls):
                         timed.call(seed)
                         seed += 1
@@ -133,7 +136,7 @@ def grader_times(w: Workload, device: str, rounds: int, handle: Any) -> dict[str
                     # charged as a grading charges it (`timing.charge`)
                     seconds = timing.charge(wall, worker.cpu_seconds() - cpu, wait, settings.threads) / calls
                     after = gpu_state(handle) if handle is not None else None
-                    timed.finish()
+                    timed.finish([])
                     if index >= settings.warmup_rounds:
                         per_call[name].append(seconds)
                         if before is not None and after is not None:

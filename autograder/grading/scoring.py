@@ -101,10 +101,17 @@ def gate_speed(outcomes: list[Outcome], rubric: Rubric) -> list[Outcome]:
         return outcomes
     parts = list(dict.fromkeys(o.part for o in failed))
     named = " and ".join(f'"{rubric.part_title(p)}" ({p})' for p in parts)
-    reason = (
-        f"not scored: speed counts only once the values of {named} are right, and they are not yet. "
-        "Fix them first: a fast forward that computes something else earns nothing"
-    )
+    if any(o.key.endswith("::test_matches_reference") for o in failed):
+        reason = (
+            f"not scored: speed counts only once the values of {named} are right, and they are not yet. "
+            "Fix them first: a fast forward that computes something else earns nothing"
+        )
+    else:  # the values are right; what the speed part rests on besides (no ready-made attention) is not
+        reason = (
+            f"not scored: speed counts only for a forward that passes the checks of {named} it rests on (no "
+            "ready-made attention, the same computation whether or not it is observed), and one of them "
+            "failed: the speed of a forward that is not your own computation earns nothing"
+        )
 
     def gated(o: Outcome) -> Outcome:
         measured = o.credit is not None  # the speed was measured: its figures still tell the student something

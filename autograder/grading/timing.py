@@ -20,7 +20,13 @@ How (`measure`):
   clock is the same for the three workers: one small frame out, one answer in; the submission's CPU budget
   is charged between requests. The answer is, per token, a random probe of the output; every answer is
   compared with the reference's for the same seed, so caching, replaying, returning before the work is done
-  or working on another stream earn nothing but a failure.
+  or working on another stream earn nothing but a failure. The clock starts when the request is sent, so the
+  worker's time before its first call is charged too (and bounded: `ready_seconds`). The seeds come from the
+  operating system (`fresh_seeds`), never from a generator whose outputs a worker has seen.
+- Every timed call is a checked one: after each request, once its clock has stopped, the whole outputs of
+  calls picked at random only then (`Target.shown`, `pick`) and every call's record of the PyTorch functions it
+  called come back (`Calls.finish`), for `verify` to compare with the reference's outputs and with the record
+  of the same forward when its values were checked (the speed check's `verifier`).
 - Warm-up rounds first, then measured rounds in batches (`verdict`): after `min_rounds`, and every
   `batch_rounds` more, a confidence interval for the median relative speedup is asked whether it settles the
   credit; the rounds stop when it does, or at `max_rounds`. Each round draws fresh seeds, shared by the three
@@ -47,6 +53,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import secrets
 import statistics
 import threading
 import time
@@ -71,6 +78,7 @@ from autograder.grading.workers import start_trusted_workers as start_trusted_wo
 from autograder.grading.workers import trusted_config as trusted_config
 from autograder.rubric import SpeedSettings
 from autograder.sandbox.client import WorkerConfig, WorkerError
+from autograder.sandbox.protocol import TimedShown
 
 
 class TimingFailed(Exception):
@@ -143,28 +151,58 @@ class Timed(Protocol):
 
 
 class Calls(Protocol):
-    """One timed request's calls (`client.TimedCalls` is one): `call(seed)` sends one call's seed and returns
-    its answer, the only thing inside the clock; `finish()` after the last, outside it."""
+    """One timed request (`client.TimedCalls` is one): `open()` sends its settings and waits for the worker's
+    ready, `call(seed)` sends one call's seed and returns its answer: only these are inside the clock.
+    `finish(show)` after the last, outside it, returns what the request shows: the whole outputs of the calls
+    in `show`, and every call's record of the PyTorch functions it called."""
+
+    def open(self) -> None: ...
 
     def call(self, seed: int) -> Any: ...
 
-    def finish(self) -> None: ...
+    def finish(self, show: list[int]) -> TimedShown: ...
 
 
 @dataclass
 class Target:
-    """One module to time. `open(calls, timeout)` opens one timed request of that many calls (the worker
-    gets the settings and says it is ready, untimed) and returns its `Calls`; each answer is a (batch,
-    tokens, 3) tensor of probes. `worker` is the process it runs in; `calls` how many forwards it runs per
-    round (the wrapper, many times slower, needs fewer to be timed as well). `failed(error)` turns a
-    failure of the worker (a `WorkerError`) into what it means: the submission's fault (TimingFailed, or
-    a failed check) or the grader's (CannotTime)."""
+    """One module to time. `open(calls, timeout)` makes one timed request of that many calls, not sent yet
+    (the worker is started if it must be), and returns its `Calls`; each answer is a (batch, tokens, 3)
+    tensor of probes. `worker` is the process it runs in; `calls` how many forwards it runs per round (the
+    wrapper, many times slower, needs fewer to be timed as well); `shown` how many of its calls' whole
+    outputs are asked for after each request, picked at random only then (the submission's: any timed call
+    may turn out to be a checked one). `failed(error)` turns a failure of the worker (a `WorkerError`) into
+    what it means: the submission's fault (TimingFailed, or a failed check) or the grader's (CannotTime)."""
 
     name: str
     worker: Timed
     open: Callable[[int, float], Calls]
     calls: int
     failed: Callable[[WorkerError], None] = lambda error: None
+    shown: int = 0
+
+
+@dataclass
+class RoundAnswers:
+    """One round's answers, for `verify`: the seeds of its calls, and per target the probes each call
+    answered, which calls' whole outputs were asked for after the clock stopped, and what the request showed
+    (those outputs, every call's record)."""
+
+    seeds: list[int]
+    answers: dict[str, list[Any]]
+    show: dict[str, list[int]]
+    shown: dict[str, TimedShown]
+
+
+def fresh_seeds() -> Iterator[int]:
+    """Seeds for the timed calls, from the operating system's randomness: never from a generator whose
+    outputs a worker has seen (the hidden weights come from the check's own), so no submission can predict
+    the next call's input."""
+    return iter(lambda: secrets.randbits(63), None)
+
+
+def pick(count: int, among: int) -> list[int]:
+    """`count` distinct calls of `among`, chosen by the operating system's randomness, in order."""
+    return sorted(secrets.SystemRandom().sample(range(among), min(count, among)))
 
 
 @dataclass
@@ -224,7 +262,7 @@ def measure(
     targets: list[Target],
     settings: SpeedSettings,
     seeds: Iterator[int],
-    verify: Callable[[dict[str, list[torch.Tensor]]], None],
+    verify: Callable[[RoundAnswers], None],
     request_seconds: float,
     clock: Callable[[], float] = time.perf_counter,
     points: float = 1.0,
@@ -234,8 +272,9 @@ def measure(
     the sequential verdict (`verdict.decide`, on the `points` the measurement decides) settles the credit
     or `settings.max_rounds` are taken; in a round every target's inputs come from the same new seeds.
     `own_wait()` (`procfs.own_wait`), when given: the seconds this thread has waited for a CPU, which the
-    request is not charged either (its calls are a ping-pong of this thread and the worker's). `verify(answers by target)`
-    checks a round's answers (it raises TimingFailed). Raises TimingFailed when the submission's forwards
+    request is not charged either (its calls are a ping-pong of this thread and the worker's). The clock runs
+    from the request's settings to its last answer, so the worker's time before its first call is charged
+    too. `verify(round)` checks a round's answers, probes, shown outputs and records (it raises TimingFailed). Raises TimingFailed when the submission's forwards
     fail, or are so slow after warm-up that even its best time is below `give_up_below` of the reference's
     worst."""
     by_name = {t.name: t for t in targets}
@@ -249,7 +288,7 @@ def measure(
 
     def one_round(order: list[str], counted: bool) -> None:
         round_seeds = [next(seeds) for _ in range(max(t.calls for t in targets))]
-        answers = {}
+        answers, show, shown = {}, {}, {}
         for name in order:
             target = by_name[name]
             stage.run(target.worker)
@@ -263,12 +302,14 @@ def measure(
                 cpu_before, waits_before = target.worker.cpu_seconds(), target.worker.thread_waits()
                 mine_before = own_wait() if own_wait else 0.0
                 start = clock()
+                calls.open()
                 answers[name] = [calls.call(seed) for seed in round_seeds[: target.calls]]
                 wall = clock() - start
                 mine = own_wait() - mine_before if own_wait else 0.0
                 cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, target.worker.thread_waits())
                 wait += mine
-                calls.finish()
+                show[name] = pick(target.shown, target.calls)  # only now: any call may be one that is checked
+                shown[name] = calls.finish(show[name])
             except WorkerError as exc:
                 target.failed(exc)
                 raise
@@ -283,7 +324,7 @@ def measure(
                     into[name].append(value if into is result.rounds else value / target.calls)
             else:
                 warm[name].append(charged)
-        verify(answers)
+        verify(RoundAnswers(round_seeds, answers, show, shown))
 
     began = time.perf_counter()
     with Stage([t.worker for t in targets]) as stage:
@@ -328,10 +369,11 @@ def round_order(names: list[str], index: int) -> list[str]:
 
 def check_probes(mine: object, expected: torch.Tensor, rtol: float, atol: float, sigmas: float, features: int) -> None:
     """Compare one timed call's answer (per token: sum y*R, sum |y|, sum y*y over the output's features,
-    R standard normal) with the reference's for the same seed. For an output y' = y + e, the first column
-    differs by sum e*R, normal with standard deviation sqrt(sum e^2); an output within the dtype's tolerance
-    has |e| <= atol + rtol |y|, which bounds that deviation from the reference's own sums. Raises
-    TimingFailed when a token's probe is off by more than `sigmas` such deviations."""
+    R standard normal) with the reference's for the same seed, every column. For an output y' = y + e within
+    the dtype's tolerance (|e| <= atol + rtol |y|): the first column differs by sum e*R, normal with
+    standard deviation sqrt(sum e^2), which that bound bounds from the reference's own sums (`sigmas` such
+    deviations allowed); the second by at most sum |e| and the third by at most sum (2 |y| |e| + e^2), each
+    allowed twice its bound (rounding in the sums). Raises TimingFailed when a token's answer is off."""
     if not (
         isinstance(mine, torch.Tensor)
         and mine.shape == expected.shape
@@ -342,10 +384,21 @@ def check_probes(mine: object, expected: torch.Tensor, rtol: float, atol: float,
     abs_sum, square_sum = expected[..., 1], expected[..., 2]
     deviation = torch.sqrt(features * atol**2 + 2 * atol * rtol * abs_sum + rtol**2 * square_sum)
     worst = ((mine[..., 0] - expected[..., 0]).abs() / deviation).max().item()
-    if worst > sigmas:
+    abs_bound = features * atol + rtol * abs_sum
+    square_bound = 2 * (atol * abs_sum + rtol * square_sum) + features * atol**2 + 2 * atol * rtol * abs_sum
+    square_bound = square_bound + rtol**2 * square_sum
+    off_abs = ((mine[..., 1] - abs_sum).abs() / (2 * abs_bound)).max().item()
+    off_square = ((mine[..., 2] - square_sum).abs() / (2 * square_bound)).max().item()
+    if worst > sigmas or off_abs > 1 or off_square > 1:
+        found = (
+            f"a random probe of it is off by {worst:.3g} standard deviations of an output within tolerance, "
+            f"{sigmas:g} allowed"
+            if worst > sigmas
+            else "the sum of its absolute values or of its squares is off by more than any output within "
+            "tolerance can be"
+        )
         raise TimingFailed(
-            "the output of a timed forward differs from the reference's for the same input (a random probe of "
-            f"it is off by {worst:.3g} standard deviations of an output within tolerance, {sigmas:g} allowed). "
+            f"the output of a timed forward differs from the reference's for the same input ({found}). "
             "Each timed call must compute the answer for its own new input: answers cached or replayed from "
             "earlier calls earn nothing."
         )

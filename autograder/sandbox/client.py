@@ -429,30 +429,7 @@ class Worker:
         time), LoadFailed when the file cannot be loaded at all. A `timed` request (the speed part's) has
         its own deadline, and running past it does not make the submission known to hang. With `check`, the
         request, and a restart of the worker it needs, end when the check's budget does."""
-        if time.monotonic() >= self.budget_end:
-            raise BudgetSpent(
-                f"{target or op} was not run: the time budget for the whole submission "
-                f"({self.config.submission_seconds:g} s) is used up"
-            )
-        if not self._cpu_budget_left():
-            raise BudgetSpent(
-                f"{target or op} was not run: the CPU time budget for the whole submission "
-                f"({self.config.submission_cpu_seconds:g} CPU seconds, all its processes together) "
-                "is used up"
-            )
-        if target and target in self.hung:
-            raise WorkerTimeout(self.hung[target])
-        tries = self.config.crashes_before_giving_up
-        if target and len(self.crashes.get(target, ())) >= tries:
-            raise WorkerCrashed(
-                f"{self.crashes[target][-1]} (this happened {tries} times; not tried again in later checks)"
-            )
-        if self.process is not None and not self.prestarted and not self.process.alive():
-            self._ended_on_its_own()
-        if self.given_up:
-            raise WorkerCrashed(self.given_up)
-        if not self.alive():
-            self.start(check)
+        self._ready_for(op, target, check)
         if timed:
             timeout = timeout or self.config.request_seconds
         else:
@@ -485,31 +462,62 @@ class Worker:
             raise SubmissionError(reply.error)
         return reply.value
 
-    def timed_calls(
-        self, calls: int, timeout: float, target: str | None = None, check: CheckBudget | None = None, **settings: Any
-    ) -> TimedCalls:
-        """Open a `forward_many` request for `calls` timed forwards (untimed: the worker gets the settings and
-        says it is ready); the caller then times `TimedCalls.call(seed)`, one per call, and ends with
-        `TimedCalls.finish()`. Raises as `request` does."""
-        what = f"{target} (timed)" if target else "forward_many"
-        self.request(
-            "forward_many",
-            timeout=timeout,
-            target=what,
-            overrun_hint="far slower than the reference's forward, whose time sets this limit",
-            timed=True,
-            check=check,
-            calls=calls,
-            **settings,
-        )
-        return TimedCalls(self, calls, self._deadline(timeout, "far slower than the reference's forward", check), what)
+    def _ready_for(self, op: str, target: str | None, check: CheckBudget | None) -> None:
+        """Before a request is sent: refuse it when a budget is spent or its target is known to hang or
+        crash, and start the worker (again) when it is not running."""
+        if time.monotonic() >= self.budget_end:
+            raise BudgetSpent(
+                f"{target or op} was not run: the time budget for the whole submission "
+                f"({self.config.submission_seconds:g} s) is used up"
+            )
+        if not self._cpu_budget_left():
+            raise BudgetSpent(
+                f"{target or op} was not run: the CPU time budget for the whole submission "
+                f"({self.config.submission_cpu_seconds:g} CPU seconds, all its processes together) "
+                "is used up"
+            )
+        if target and target in self.hung:
+            raise WorkerTimeout(self.hung[target])
+        tries = self.config.crashes_before_giving_up
+        if target and len(self.crashes.get(target, ())) >= tries:
+            raise WorkerCrashed(
+                f"{self.crashes[target][-1]} (this happened {tries} times; not tried again in later checks)"
+            )
+        if self.process is not None and not self.prestarted and not self.process.alive():
+            self._ended_on_its_own()
+        if self.given_up:
+            raise WorkerCrashed(self.given_up)
+        if not self.alive():
+            self.start(check)
 
-    def forward_many(self, seeds: list[int], timeout: float | None = None, **settings: Any) -> list[Any]:
-        """Every seed's timed forward in one `forward_many` request (untimed here: for tests and tools)."""
+    def timed_calls(
+        self,
+        calls: int,
+        timeout: float,
+        target: str | None = None,
+        check: CheckBudget | None = None,
+        ready_seconds: float = 1.0,
+        **settings: Any,
+    ) -> TimedCalls:
+        """A `forward_many` request for `calls` timed forwards, not sent yet: the worker is (re)started here
+        when it must be, outside any clock. The caller's clock then runs from `TimedCalls.open()` (the
+        settings out, the worker's ready back within `ready_seconds`: the worker's whole time between the
+        request and its first call is timed and bounded) through one `call(seed)` per call; `finish(show)`,
+        outside the clock, ends the request. Raises as `request` does."""
+        what = f"{target} (timed)" if target else "forward_many"
+        self._ready_for("forward_many", what, check)
+        deadline = self._deadline(timeout, "far slower than the reference's forward, whose time sets this limit", check)
+        return TimedCalls(self, calls, deadline, what, settings, ready_seconds)
+
+    def forward_many(
+        self, seeds: list[int], timeout: float | None = None, show: list[int] | None = None, **settings: Any
+    ) -> tuple[list[Any], protocol.TimedShown]:
+        """Every seed's timed forward in one `forward_many` request, and what it shows after (the outputs of
+        the calls in `show`, every call's record); untimed here: for tests and tools."""
         calls = self.timed_calls(len(seeds), timeout or self.config.request_seconds, **settings)
+        calls.open()
         answers = [calls.call(seed) for seed in seeds]
-        calls.finish()
-        return answers
+        return answers, calls.finish(show or [])
 
     def _deadline(
         self, seconds: float, overrun_hint: str = "an infinite loop?", check: CheckBudget | None = None
@@ -618,27 +626,66 @@ class Worker:
 
 
 class TimedCalls:
-    """The timed calls of one `forward_many` request: `call(seed)` sends one call's seed and returns its
-    answer, and is the only work inside the caller's clock. It is the same code for every worker, the
-    reference's and the submission's alike: one small frame out, one reply in, within the request's
-    deadline, and no grader work besides (the CPU budget is charged in `finish`, between timed requests).
-    The worker learns a call's seed only when the call starts, so no call can be batched with or prepared
-    for a later one. A failure ends the calls and is handled as `Worker.request` handles it."""
+    """One timed `forward_many` request: `open()` sends its settings and waits for the worker's ready (within
+    `ready_seconds`), `call(seed)` sends one call's seed and returns its answer; both are the only work inside
+    the caller's clock, and the same code for every worker, the reference's and the submission's alike: one
+    small frame out, one reply in, within the request's deadline, and no grader work besides. `finish(show)`,
+    after the clock, asks for the whole outputs of the calls in `show` (chosen only then) and every call's
+    record, and charges the CPU budget. The worker learns a call's seed only when the call starts, so no call
+    can be batched with or prepared for a later one. A failure ends the calls and is handled as
+    `Worker.request` handles it."""
 
-    def __init__(self, worker: Worker, calls: int, deadline: Deadline, what: str):
-        self.worker, self.left, self.deadline, self.what = worker, calls, deadline, what
+    def __init__(
+        self, worker: Worker, calls: int, deadline: Deadline, what: str, settings: dict[str, Any], ready_seconds: float
+    ):
+        self.worker, self.calls, self.left, self.deadline, self.what = worker, calls, calls, deadline, what
+        self.settings, self.ready_seconds = settings, ready_seconds
+        self.opened = False
+
+    def open(self) -> None:
+        worker = self.worker
+        encoder = protocol.Encoder(worker._codec())
+        args = encoder.encode({"calls": self.calls, **self.settings})
+        frame = protocol.pack_frame({"op": "forward_many", "args": args}, encoder.blobs)
+        ready = Deadline.within(
+            min(self.ready_seconds, self.deadline.left()),
+            worker.budget_end,
+            "each timed call's input comes only with the call, so there is nothing to prepare before them",
+        )
+        self.opened = True
+        self._exchange(frame, "forward_many", ready, f"{self.what}, getting ready for its calls")
 
     def call(self, seed: int) -> Any:
-        worker, what = self.worker, self.what
-        if self.left <= 0:
-            raise ValueError("more timed calls than the request asked for")
+        if not self.opened or self.left <= 0:
+            raise ValueError("a timed call outside an open request's calls")
         self.left -= 1
+        return self._exchange(protocol.pack_frame({"seed": seed}, []), "forward_call", self.deadline)
+
+    def finish(self, show: list[int]) -> protocol.TimedShown:
+        """After the last call, outside every clock: the whole outputs of the calls in `show` and every
+        call's record; then the submission's CPU budget is charged."""
+        if self.left:
+            raise ValueError(f"{self.left} timed calls were not made")
+        shown = self._exchange(protocol.pack_frame({"show": list(show)}, []), "forward_shown", self.deadline)
+        if not isinstance(shown, protocol.TimedShown) or len(shown.outputs) != len(show):
+            self.worker.kill()
+            raise WorkerCrashed(f"the worker's answer while {self.what} did not hold the outputs asked for")
+        if not self.worker._cpu_budget_left():
+            self.worker.kill()
+            raise BudgetSpent(
+                f"{self.what} was stopped: the CPU time budget for the whole submission "
+                f"({self.worker.config.submission_cpu_seconds:g} CPU seconds) is used up"
+            )
+        return shown
+
+    def _exchange(self, frame: bytes, op: str, deadline: Deadline, what: str | None = None) -> Any:
+        worker, what = self.worker, what or self.what
         try:
             try:
-                _write_all(worker._running(what), protocol.pack_frame({"seed": seed}, []), self.deadline, what)
+                _write_all(worker._running(what), frame, deadline, what)
             except (BrokenPipeError, OSError):
                 raise worker._crashed(what) from None
-            reply = worker._receive("forward_call", self.deadline, what, charge=False)
+            reply = worker._receive(op, deadline, what, charge=False)
         except WorkerTimeout as exc:
             if not isinstance(exc, BudgetSpent):
                 worker.hung[what] = f"{exc} (not tried again in later checks)"
@@ -654,17 +701,6 @@ class TimedCalls:
             self.left = 0
             raise SubmissionError(reply.error)
         return reply.value
-
-    def finish(self) -> None:
-        """After the last call: charge the submission's CPU budget (outside every clock)."""
-        if self.left:
-            raise ValueError(f"{self.left} timed calls were not made")
-        if not self.worker._cpu_budget_left():
-            self.worker.kill()
-            raise BudgetSpent(
-                f"{self.what} was stopped: the CPU time budget for the whole submission "
-                f"({self.worker.config.submission_cpu_seconds:g} CPU seconds) is used up"
-            )
 
 
 def describe_exit(code: int | None) -> str:

@@ -469,6 +469,17 @@ class ForwardReply:
     grads: dict[str, Any] | None = None
     grad_problem: str | None = None
     y_device: str | None = None  # where y was in the worker, when it is a tensor
+    torch_calls: dict[str, int] | None = None  # worker-reported: the PyTorch functions the forward called
+
+
+@dataclass
+class TimedShown:
+    """What a timed request shows once its calls are done: the whole outputs of the calls the grader named
+    (float64, in the order it named them) and every call's record of the PyTorch functions it called
+    (worker-reported; empty when the request did not record)."""
+
+    outputs: list[Any]
+    calls: list[dict[str, int]]
 
 
 @dataclass
@@ -560,6 +571,7 @@ def parse_reply(op: str, header: dict[str, Any], decoder: Decoder) -> Reply:
                 grads,
                 None if problem is None else decoder.text(problem),
                 y_device,
+                _counts(None if raw.get("torch_calls") is None else decoder.decode(raw["torch_calls"]), decoder, what),
             ),
         )
     if op == "forward_many":  # ready for the timed calls
@@ -570,7 +582,33 @@ def parse_reply(op: str, header: dict[str, Any], decoder: Decoder) -> Reply:
         if not (isinstance(raw, dict) and raw.get("$") == "tensor"):
             raise ProtocolError(f"{what}: not a tensor")
         return Reply(True, decoder.decode(raw))
+    if op == "forward_shown":  # after the timed calls: the outputs asked for, every call's record
+        raw = _field(header, "value", dict, what)
+        listed = raw.get("outputs")
+        nodes = decoder.items(listed) if isinstance(listed, dict) and listed.get("$") == "list" else None
+        if nodes is None or not all(isinstance(n, dict) and n.get("$") == "tensor" for n in nodes):
+            raise ProtocolError(f"{what}: outputs that are not a list of tensors")
+        outputs = [decoder.decode(node) for node in nodes]
+        records = []
+        for item in _field(raw, "calls", list, what)[: decoder.limits.list_items]:
+            counts = _counts(item, decoder, what)
+            records.append(counts if counts is not None else {})
+        return Reply(True, TimedShown(outputs, records))
     return Reply(True, decoder.decode(raw))
+
+
+def _counts(value: Any, decoder: Decoder, what: str) -> dict[str, int] | None:
+    """A record of calls by name: a dict of names to non-negative counts (at most 256 names)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what}: a record of calls that is not an object")
+    counts = {}
+    for name, count in list(value.items())[:256]:
+        if not (isinstance(name, str) and type(count) is int and 0 <= count < 1 << 40):
+            raise ProtocolError(f"{what}: a record of calls with a count that is not a number")
+        counts[decoder.text(name)[:200]] = count
+    return counts
 
 
 def _strings(value: Any, decoder: Decoder, what: str) -> list[str] | None:

@@ -351,6 +351,43 @@ def count_matmuls(ops: list[str]) -> int:
     return sum(op in MATMUL_OPS for op in ops)
 
 
+# API name (the rubric's [apis]) -> the PyTorch functions that are it, as a forward's record of calls names them
+FORBIDDEN_FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "scaled_dot_product_attention": ("scaled_dot_product_attention",),
+    "nn_multihead_attention": ("multi_head_attention_forward", "MultiheadAttention"),
+    "flex_attention": ("flex_attention",),
+}
+
+
+def forbidden_calls(record: Mapping[str, int], apis: Mapping[str, bool]) -> list[str]:
+    """The APIs the rubric does not allow that a forward's record of PyTorch calls shows it used."""
+    return [
+        api
+        for api, names in FORBIDDEN_FUNCTIONS.items()
+        if not apis.get(api, False) and any(name in called for called in record for name in names)
+    ]
+
+
+def calls_difference(checked: Mapping[str, int], timed: Mapping[str, int], most: int = 6) -> str:
+    """In words, how a timed forward's record of PyTorch calls differs from a checked one's."""
+
+    def listed(counts: dict[str, int]) -> str:
+        items = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        text = ", ".join(f"{name} x{count}" for name, count in items[:most])
+        return text + (f" and {len(items) - most} more" if len(items) > most else "")
+
+    more = {
+        name: timed.get(name, 0) - checked.get(name, 0) for name in timed if timed.get(name, 0) > checked.get(name, 0)
+    }
+    fewer = {name: checked.get(name, 0) - timed.get(name, 0) for name in checked if checked[name] > timed.get(name, 0)}
+    parts = []
+    if more:
+        parts.append(f"when timed it also called {listed(more)}")
+    if fewer:
+        parts.append(f"{'and' if more else 'when timed it'} left out {listed(fewer)}")
+    return " ".join(parts) or "the records differ"
+
+
 def build_pair(
     submission: Submission,
     inputs: Inputs,

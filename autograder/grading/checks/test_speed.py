@@ -22,7 +22,16 @@ import torch
 
 from autograder.grading import timing, verdict
 from autograder.grading.checks.fixtures import GradingContext
-from autograder.grading.checks.harness import Inputs, ModuleRef, Submission, assert_close, fail, reference_forward
+from autograder.grading.checks.harness import (
+    Inputs,
+    ModuleRef,
+    Submission,
+    assert_close,
+    calls_difference,
+    fail,
+    forbidden_calls,
+    reference_forward,
+)
 from autograder.grading.devices import TimingLockError, device_key, timing_lock
 from autograder.grading.verdict import Verdict
 from autograder.rubric import Rubric, SpeedSettings, Workload
@@ -35,6 +44,8 @@ LOOP_HINT = (
     "move the heads in front of the tokens and let one batched matmul serve them all; a Python loop over "
     "the heads pays the cost of every small call once per head."
 )
+# How many of each of the submission's timed requests' calls are also checked whole, picked after its clock.
+SHOWN = 2
 
 
 @pytest.fixture(scope="module")
@@ -80,14 +91,66 @@ def same_weights(
     return mha.eval(), state, wrapper.state_dict()
 
 
-def verifier(workload: Workload, rubric: Rubric) -> Callable[[dict[str, list[torch.Tensor]]], None]:
-    """Checks a round's answers: every probe of the submission's outputs against the reference's."""
+def timed_input(seed: int, workload: Workload, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A timed call's input and probe, made from its seed exactly as the worker makes them
+    (`server.op_forward_many`): x, then R, from one generator on the device."""
+    w = workload
+    generator = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(w.shape, generator=generator, device=device, dtype=getattr(torch, w.dtype))
+    probe = torch.randn((*w.shape[:-1], w.d_out), generator=generator, device=device).double()
+    return x, probe
+
+
+def probes_of(y: torch.Tensor, probe: torch.Tensor) -> torch.Tensor:
+    """Per token, (sum y*R, sum |y|, sum y*y) over the features, as a timed call answers them."""
+    y = y.double()
+    return torch.stack([(y * probe).sum(-1), y.abs().sum(-1), (y * y).sum(-1)], -1)
+
+
+def verifier(
+    workload: Workload, rubric: Rubric, mha: ref.MultiHeadAttention, checked_calls: dict[str, int], device: str
+) -> Callable[[timing.RoundAnswers], None]:
+    """Checks a round's answers. Every timed call of the submission is a checked one: every column of its
+    probes against the reference's for the same seed; the whole outputs of the calls picked after the clock
+    stopped against the reference's output on that input, computed here, and against the probes the call
+    answered; and every call's record of PyTorch calls against the record of the same forward when its values
+    were checked (`check_values_first`). A forward that computes, or calls anything, differently when timed
+    earns no speed points, whatever it used to tell the two apart."""
     rtol, atol = rubric.tolerance(workload.dtype)
     sigmas = speed_settings(rubric).probe_sigmas
+    reference = mha.to(device)
 
-    def verify(answers: dict[str, list[torch.Tensor]]) -> None:
-        for mine, expected in zip(answers[timing.SUBMISSION], answers[timing.REFERENCE]):
-            timing.check_probes(mine, expected, rtol, atol, sigmas, workload.d_out)
+    def verify(round: timing.RoundAnswers) -> None:
+        mine = round.answers[timing.SUBMISSION]
+        for answer, expected in zip(mine, round.answers[timing.REFERENCE]):
+            timing.check_probes(answer, expected, rtol, atol, sigmas, workload.d_out)
+        shown = round.shown[timing.SUBMISSION]
+        for index, y in zip(round.show[timing.SUBMISSION], shown.outputs):
+            x, probe = timed_input(round.seeds[index], workload, device)
+            expected = reference_forward(reference, x).double().cpu()
+            if not isinstance(y, torch.Tensor) or tuple(y.shape) != tuple(expected.shape):
+                raise timing.TimingFailed("a timed forward's output, shown after the timing, was malformed")
+            if not torch.allclose(y.double(), expected, rtol=rtol, atol=atol):
+                largest = (y.double() - expected).abs().max().item()
+                raise timing.TimingFailed(
+                    "the whole output of a timed call, asked for once the timing had stopped, differs from the "
+                    f"reference's for the same input (largest difference {largest:.3g}; tolerance {atol:g} + "
+                    f"{rtol:g} x |expected|): every timed call must compute the right answer for its input"
+                )
+            if not torch.allclose(probes_of(y.to(probe.device), probe).cpu(), mine[index], rtol=1e-9, atol=1e-9):
+                raise timing.TimingFailed(
+                    "the whole output a timed call showed after the timing is not the output whose probes it "
+                    "answered while it was timed"
+                )
+        for record in shown.calls:
+            if record != checked_calls:
+                raise timing.TimingFailed(
+                    "your forward called different PyTorch functions when it was timed than when its values "
+                    f"were checked on the same workload ({calls_difference(checked_calls, record)}). The speed "
+                    "part times only a forward that computes the same way whether or not it is checked"
+                )
+        if len(shown.calls) != len(mine):
+            raise timing.TimingFailed("the timed calls' records of what they called did not come back whole")
 
     return verify
 
@@ -130,17 +193,30 @@ def check_values_first(
     workload: Workload,
     rubric: Rubric,
     device: str,
-) -> None:
+) -> dict[str, int]:
     """The submission's output on this very workload, before any timing: a timing of something wrong
-    would mean nothing."""
-    x = inputs.randn(*workload.shape, dtype=getattr(torch, workload.dtype))
-    assert_close(
-        submission.forward(module, x).y,
-        reference_forward(mha.to(device), x.to(device)).cpu(),
-        workload.dtype,
-        rubric,
-        f"output on the speed workload ({describe(workload)})",
-    )
+    would mean nothing. Twice, on two inputs, so that whatever a forward does once (a mask made on its first
+    call) is behind it; the second forward's record of PyTorch calls is what every timed call must match,
+    and it may not show an API the rubric forbids."""
+    record: dict[str, int] = {}
+    for _ in range(2):
+        x = inputs.randn(*workload.shape, dtype=getattr(torch, workload.dtype))
+        answer = submission.forward(module, x)
+        assert_close(
+            answer.y,
+            reference_forward(mha.to(device), x.to(device)).cpu(),
+            workload.dtype,
+            rubric,
+            f"output on the speed workload ({describe(workload)})",
+        )
+        record = answer.torch_calls or {}
+    used = forbidden_calls(record, rubric.apis)
+    if used:
+        fail(
+            f"{describe(workload)}: on this workload your forward calls {', '.join(used)}, which the exercise does "
+            "not allow (the speed part times the attention you write yourself)"
+        )
+    return record
 
 
 def build_references(
@@ -172,10 +248,19 @@ def build_references(
 
 
 def timing_targets(
-    submission: Submission, module: ModuleRef, reference: Built, wrapper: Built, workload: Workload, threads: int
+    submission: Submission,
+    module: ModuleRef,
+    reference: Built,
+    wrapper: Built,
+    workload: Workload,
+    threads: int,
+    ready_seconds: float,
 ) -> list[timing.Target]:
     """The three timed modules, each by its timed `forward_many` requests on the workload's inputs, through
-    the same client code (`client.TimedCalls`): only what a failure means differs."""
+    the same client code (`client.TimedCalls`): only what a failure means differs. The reference's and the
+    submission's forwards run under the call recorder (`server.CallRecorder`), so both pay its cost; the
+    wrapper's, trusted and never compared, does not. After each of the submission's requests, the whole
+    outputs of `SHOWN` of its calls, picked at random once the clock has stopped, are checked."""
     w = workload
     request_args: dict[str, Any] = dict(
         shape=list(w.shape),
@@ -183,15 +268,21 @@ def timing_targets(
         out_features=w.d_out,
         threads=threads,
         flush_bytes=int(w.flush_mib * (1 << 20)),
+        ready_seconds=ready_seconds,
     )
 
-    def in_reference_worker(built: Built, cls: str) -> Callable[[int, float], timing.Calls]:
+    def in_reference_worker(built: Built, cls: str, record: bool) -> Callable[[int, float], timing.Calls]:
         return lambda calls, timeout: built.worker.timed_calls(
-            calls, timeout, target=f"the reference's {cls}.forward", handle=built.handle, **request_args
+            calls,
+            timeout,
+            target=f"the reference's {cls}.forward",
+            handle=built.handle,
+            record=record,
+            **request_args,
         )
 
     def in_submission_worker(calls: int, timeout: float) -> timing.Calls:
-        return submission.timed_calls(module, calls, timeout, **request_args)
+        return submission.timed_calls(module, calls, timeout, record=True, **request_args)
 
     def grader_fault(exc: WorkerError) -> NoReturn:
         raise timing.CannotTime(f"the reference's timing worker failed (forward_many): {exc}") from None
@@ -200,18 +291,20 @@ def timing_targets(
         timing.Target(
             timing.WRAPPER,
             wrapper.worker,
-            in_reference_worker(wrapper, "MultiHeadAttentionWrapper"),
+            in_reference_worker(wrapper, "MultiHeadAttentionWrapper", record=False),
             w.wrapper_calls,
             grader_fault,
         ),
         timing.Target(
             timing.REFERENCE,
             reference.worker,
-            in_reference_worker(reference, "MultiHeadAttention"),
+            in_reference_worker(reference, "MultiHeadAttention", record=True),
             w.calls,
             grader_fault,
         ),
-        timing.Target(timing.SUBMISSION, submission.worker, in_submission_worker, w.calls, submission.failed),
+        timing.Target(
+            timing.SUBMISSION, submission.worker, in_submission_worker, w.calls, submission.failed, shown=SHOWN
+        ),
     ]
 
 
@@ -219,7 +312,7 @@ def measure_locked(
     context: GradingContext,
     submission: Submission,
     targets: list[timing.Target],
-    inputs: Inputs,
+    verify: Callable[[timing.RoundAnswers], None],
     workload: Workload,
     rubric: Rubric,
     device: str,
@@ -235,8 +328,8 @@ def measure_locked(
             return timing.measure(
                 targets,
                 settings,
-                iter(inputs.seed_value, None),
-                verifier(workload, rubric),
+                timing.fresh_seeds(),
+                verify,
                 submission.worker.config.request_seconds,
                 points=points,
                 own_wait=procfs.own_wait,
@@ -321,11 +414,12 @@ def test_faster_than_the_wrapper(
     module = submission.build(
         "MultiHeadAttention", w.d_in, w.d_out, w.tokens, 0.0, w.heads, state_dict=state, dtype=getattr(torch, w.dtype)
     )
-    check_values_first(submission, module, mha, inputs, w, rubric, device)
+    checked_calls = check_values_first(submission, module, mha, inputs, w, rubric, device)
     reference, wrapper = build_references(timing_workers, w, state, wrapper_state, device)  # only now: see above
     try:
-        targets = timing_targets(submission, module, reference, wrapper, w, settings.threads)
-        measurement = measure_locked(context, submission, targets, inputs, w, rubric, device, points, started)
+        targets = timing_targets(submission, module, reference, wrapper, w, settings.threads, settings.ready_seconds)
+        verify = verifier(w, rubric, mha, checked_calls, device)
+        measurement = measure_locked(context, submission, targets, verify, w, rubric, device, points, started)
     finally:
         drop(reference, wrapper)
     figures = figures_of(measurement, w, settings)

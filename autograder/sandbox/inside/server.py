@@ -37,6 +37,8 @@ MAX_ITEMS, MAX_DEPTH = 4096, 6
 # running too long (all listed: they are skipped when the file is loaded again): the report stays far below
 # the grader's limit on an answer's header.
 MAX_LOAD_ERRORS = 200
+# The functions one forward's record names at most (`CallRecorder`); calls of others are not counted.
+MAX_RECORDED_NAMES = 256
 # The grader's frames are trusted; these bounds only stop a runaway request.
 REQUEST_LIMITS = protocol.FrameLimits(
     header_bytes=256 << 20, blob_bytes=4 << 30, string_chars=1 << 24, list_items=1 << 20
@@ -304,16 +306,23 @@ class Session:
                 removers.append(head.register_forward_hook(record))
         torch.manual_seed(seed)
         recorder = OpRecorder(torch) if trace else None
+        calls = CallRecorder(torch)
         try:
             if recorder:
-                with recorder:
+                with recorder, calls:
                     y = module(x)
             else:
-                y = module(x)
+                with calls:
+                    y = module(x)
         finally:
             for remover in removers:
                 remover.remove()
-        answer = {"y": y, "x_after": x.detach().cpu().clone(), "head_calls": RawList(head_calls)}
+        answer = {
+            "y": y,
+            "x_after": x.detach().cpu().clone(),
+            "head_calls": RawList(head_calls),
+            "torch_calls": calls.counts,
+        }
         if recorder:
             answer["ops"] = recorder.ops
             answer["python_calls"] = recorder.python_calls
@@ -339,6 +348,7 @@ class Session:
         out_features: int,
         threads: int | None = None,
         flush_bytes: int = 0,
+        record: bool = True,
     ) -> Streamed:
         """Forwards for timing (eval mode, no autograd), one seed at a time. This request carries only the
         settings: the worker answers that it is ready, then the grader sends one frame per call holding that
@@ -346,9 +356,13 @@ class Session:
         on its own clock. So no input exists before its call starts: no call can be batched with, or
         prepared for, a later one, whatever the submission does to this code (it runs beside it).
         Per seed: x of `shape` and a probe R of the output's shape, both standard normal from a generator
-        seeded with it, on the device; y = module(x); the answer is, per token, (sum y*R, sum |y|, sum y*y)
-        over the output's features, in float64. It takes the whole of y, so no call can answer before its
-        forward is done; the grader compares it with the reference's answer for the same seed.
+        seeded with it, on the device; y = module(x), under the call recorder when `record` (as every forward
+        of `op_forward` is); the answer is, per token, (sum y*R, sum |y|, sum y*y) over the output's
+        features, in float64. It takes the whole of y, so no call can answer before its forward is done; the
+        grader compares it with the reference's answer for the same seed.
+        Every call's output (a float64 copy) and record are kept: after the last call the grader sends one
+        more frame, `show`, naming the calls whose whole outputs it wants, chosen only then; the answer holds
+        those outputs and every call's record. So any timed call may turn out to be a checked one.
         On CUDA a buffer of `flush_bytes` is overwritten before each forward (a cold L2 cache) and the
         device is synchronised after each one (no forward overlaps the next). An exception ends the calls:
         its error reply answers the call (or the request) it happened in."""
@@ -362,7 +376,9 @@ class Session:
         flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if cuda and flush_bytes else None
         out_shape = (*shape[:-1], out_features)
         channel = self.channel
-        channel.send(*self.reply(None))  # ready: the grader's clock starts with the first seed
+        outputs: list[Any] = []
+        records: list[dict[str, int]] = []
+        channel.send(*self.reply(None))  # ready: the grader's clock started before the request was sent
         with torch.no_grad():
             for _ in range(calls):
                 frame, _blobs = channel.receive()
@@ -374,17 +390,30 @@ class Session:
                 probe = torch.randn(out_shape, generator=generator, device=device).double()
                 if flush is not None:
                     flush.fill_(seed & 0xFF)
-                y = module(x)
+                recorder = CallRecorder(torch) if record else None
+                if recorder is not None:
+                    with recorder:
+                        y = module(x)
+                    records.append(recorder.counts)
+                else:
+                    y = module(x)
                 if not isinstance(y, torch.Tensor) or tuple(y.shape) != out_shape:
                     raise ValueError(
                         f"the forward returned {getattr(y, 'shape', type(y).__name__)} for an input of "
                         f"shape {tuple(shape)}; expected a tensor of shape {out_shape}"
                     )
-                y = y.double()
+                y = y.detach().to(torch.float64, copy=True)
+                outputs.append(y)
                 answer = torch.stack([(y * probe).sum(-1), y.abs().sum(-1), (y * y).sum(-1)], -1)
                 if cuda:
                     torch.cuda.synchronize()
                 channel.send(*self.reply(answer.cpu()))
+        frame, _blobs = channel.receive()  # the grader's clock has stopped: which outputs it wants whole
+        show = frame.get("show")
+        if not (isinstance(show, list) and all(type(i) is int and 0 <= i < calls for i in show)):
+            raise ValueError("the grader asked for timed outputs that do not exist")
+        shown = {"outputs": [outputs[i].cpu() for i in show], "calls": RawList(records)}
+        channel.send(*self.reply(Raw(shown)))
         return Streamed()
 
     def op_drop(self, handle: str) -> None:
@@ -473,6 +502,62 @@ class OpRecorder:
         for (owner, name, _), original in zip(self.patched, self.originals):
             setattr(owner, name, original)
         self.mode.__exit__(*exc)  # type: ignore[no-untyped-call]  # torch declares no types for it
+
+
+class CallRecorder:
+    """Counts, by name, the PyTorch functions a forward calls (a `TorchFunctionMode`: `torch.Tensor.matmul`,
+    `torch.nn.functional.linear`, ...). Every forward the grader asks of a module runs under one, checked and
+    timed alike (`op_forward`, `op_forward_many`), so its presence tells a forward nothing about why it runs;
+    the grader compares a timed forward's record with a checked one's. It costs a few microseconds per call
+    (the reference's and the submission's timed forwards both pay it)."""
+
+    names: dict[Any, str] = {}  # function -> its name, shared by every recorder (equal functions hash equal)
+
+    def __init__(self, library: types.ModuleType):
+        from torch.overrides import TorchFunctionMode, resolve_name
+
+        recorder, names = self, self.names
+        self.counts: dict[str, int] = {}
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(
+                self,
+                func: Any,
+                types: Any,
+                args: tuple[Any, ...] = (),
+                kwargs: dict[str, Any] | None = None,
+            ) -> Any:
+                try:
+                    name = names[func]
+                except (KeyError, TypeError):
+                    name = function_name(func, resolve_name)
+                    if len(names) < 4096:
+                        try:
+                            names[func] = name
+                        except TypeError:
+                            pass
+                counts = recorder.counts
+                if name in counts or len(counts) < MAX_RECORDED_NAMES:
+                    counts[name] = counts.get(name, 0) + 1
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+
+    def __enter__(self) -> CallRecorder:
+        self.mode.__enter__()  # type: ignore[no-untyped-call]  # torch declares no types for it
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.mode.__exit__(*exc)  # type: ignore[no-untyped-call]  # torch declares no types for it
+
+
+def function_name(func: Any, resolve_name: Any) -> str:
+    """A PyTorch function's public name (`torch.Tensor.view`), or its qualified name."""
+    try:
+        name = resolve_name(func) or getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    except Exception:
+        name = None
+    return str(name or "?")[:200]
 
 
 def safe_str(exc: BaseException) -> str:
