@@ -35,6 +35,7 @@ LOOP_HINT = (
     "move the heads in front of the tokens and let one batched matmul serve them all; a Python loop over "
     "the heads pays the cost of every small call once per head."
 )
+NOT_ONE_PASS = "too slow for speed points: the heads are not computed in one batched pass (a loop over the heads?)"
 
 
 @pytest.fixture(scope="module")
@@ -246,7 +247,8 @@ def measure_locked(
     except timing.TimingFailed as exc:
         seconds = round(time.perf_counter() - started, 3)
         record(context, workload, {"workload": asdict(workload), "failed": str(exc), "seconds": seconds})
-        fail(f"{describe(workload)}: {exc}" + (LOOP_HINT if isinstance(exc, timing.TooSlow) else ""))
+        too_slow = isinstance(exc, timing.TooSlow)
+        fail(f"{describe(workload)}: {exc}" + (LOOP_HINT if too_slow else ""), mistake=NOT_ONE_PASS if too_slow else "")
 
 
 def drop(*built: Built) -> None:
@@ -297,7 +299,8 @@ def explain_verdict(workload: Workload, figures: dict[str, Any], said: Verdict, 
         f"MultiHeadAttention {times[timing.REFERENCE]:.3g} ms and the wrapper {times[timing.WRAPPER]:.3g} ms. "
         f"Your speedup over the wrapper is {figures['speedup']:.2f}x, the reference's {figures['reference_speedup']:.2f}x "
         f"in the same run: {verdict.describe(said, settings)}. Full points from {settings.full_credit_at:g}, none "
-        f"at {settings.no_credit_at:g} or below.{hint}"
+        f"at {settings.no_credit_at:g} or below.{hint}",
+        mistake=NOT_ONE_PASS if hint else "",
     )
 
 
