@@ -452,6 +452,7 @@ def test_chromium_draws_the_score_and_speed_plots(chromium, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.long
+@pytest.mark.timeout(3600)  # 100 gradings: about 4 minutes on an idle 2-core machine, far more on a busy one
 def test_a_class_of_100_gets_one_report_of_everyone_drawn_by_chromium(chromium, tmp_path):
     """100 copies of the sample class, graded by `grade-class` as `make grade` does: class.html accounts for
     every student, counts each mistake for exactly the students whose results.json name it (read here from

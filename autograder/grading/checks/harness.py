@@ -618,7 +618,7 @@ def in_student_terms(
         return Problem(
             f"Likely mistake: {function} fails for {tokens} tokens when context_length is {context_length}: "
             f"{MASK_NOT_CUT}.\n{message}",
-            mistake=f"{function}: {MASK_NOT_CUT}",
+            mistake=MASK_NOT_CUT,
         )
     for _, pattern, text in _INTERNAL_ERRORS:
         if pattern.search(message):
