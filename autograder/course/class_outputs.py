@@ -245,7 +245,7 @@ def write_class_outputs(
     counts = {status: sum(r.status == status for r in rows) for status in STATUSES}
     console.print(", ".join(f"{n} {status_words(s)}" for s, n in counts.items() if n))
     for name, path in where.items():
-        console.print(f"{name}: {path}", markup=False)
+        console.print(f"{name}: {path}", markup=False, soft_wrap=True)  # a path on one line, to copy or click
     if note := canvas_header_note(options.canvas_assignment):
         console.print(note, style="yellow", markup=False)
     return where

@@ -23,6 +23,7 @@ import base64
 import hashlib
 import io
 import json
+import math
 import re
 import statistics
 from collections import defaultdict
@@ -127,14 +128,12 @@ def class_mistakes(rows: list[Row], released: bool) -> Mistakes:
     later, never = Withheld(), Withheld()
     later_students: set[str] = set()
     never_students: set[str] = set()
-    for key, students in unshown.items():
-        left = {s: n for s, n in students.items() if key not in found or s not in found[key].students}
-        if any(not n for n in left.values()):
-            later.mistakes += 1
-        if any(left.values()):
-            never.mistakes += 1
-        later_students |= {s for s, n in left.items() if not n}
-        never_students |= {s for s, n in left.items() if n}
+    for key, students in unshown.items():  # those a shown check also found for the student are counted there
+        left = {s: hidden for s, hidden in students.items() if key not in found or s not in found[key].students}
+        later.mistakes += any(not hidden for hidden in left.values())
+        never.mistakes += any(left.values())
+        later_students |= {s for s, hidden in left.items() if not hidden}
+        never_students |= {s for s, hidden in left.items() if hidden}
     later.students, never.students = len(later_students), len(never_students)
     order = {part: i for i, part in enumerate(PART_IDS)}
     ranked = sorted(
@@ -162,7 +161,7 @@ def speed_points(rows: list[Row]) -> tuple[dict[str, list[SpeedPoint]], dict[str
         scored = not any(c.part == "speed" and c.status == NOT_SCORED for c in run.checks)
         for name, figures in (run.speed.get("workloads") or {}).items():
             relative = figures.get("relative") if isinstance(figures, dict) else None
-            if isinstance(relative, (int, float)) and relative >= 0:
+            if isinstance(relative, (int, float)) and math.isfinite(relative) and relative >= 0:
                 points.setdefault(name, []).append(SpeedPoint(row.student, float(relative), scored))
             else:
                 not_timed[name] = not_timed.get(name, 0) + 1
