@@ -241,6 +241,19 @@ def test_a_real_grading_names_the_samples_combine_mistake_in_results_json(tmp_pa
     assert (mistake.part, mistake.words, list(mistake.students)) == ("combine", WRONG_DIMENSION[1], ["casey"])
 
 
+@pytest.mark.slow
+def test_a_real_grading_names_a_loop_over_heads_in_the_speed_part_however_the_timing_ends(tmp_path):
+    """brook's sample loops over the heads: however its timing ends (given up as too slow, past the deadline
+    the reference's time sets, or timed and scored below the bands), the speed part names that mistake."""
+    from autograder.grading.checks.mistakes import NOT_ONE_PASS
+
+    results, run = grade(SAMPLES / "brook" / "mha" / "mha.py", tmp_path, "--part", "speed")
+    if results["extra_data"]["status"] == CANNOT_GRADE:
+        pytest.skip(f"this machine could not time the speed part now: {results['extra_data']['reason'][:300]}")
+    (speed,) = [t for t in results["tests"] if t["tags"][0] == "speed"]
+    assert speed["status"] == "failed" and (speed.get("extra_data") or {}).get("mistake") == NOT_ONE_PASS, speed
+
+
 # -- the rest of the page -------------------------------------------------------------------------------
 
 

@@ -23,11 +23,12 @@ import torch
 from autograder.grading import timing, verdict
 from autograder.grading.checks.fixtures import GradingContext
 from autograder.grading.checks.harness import Inputs, ModuleRef, Submission, assert_close, fail, reference_forward
+from autograder.grading.checks.mistakes import NOT_ONE_PASS
 from autograder.grading.devices import TimingLockError, device_key, timing_lock
 from autograder.grading.verdict import Verdict
 from autograder.rubric import Rubric, SpeedSettings, Workload
 from autograder.sandbox import procfs
-from autograder.sandbox.client import Worker, WorkerError
+from autograder.sandbox.client import Worker, WorkerError, WorkerTimeout
 from reference import mha as ref
 
 LOOP_HINT = (
@@ -35,7 +36,6 @@ LOOP_HINT = (
     "move the heads in front of the tokens and let one batched matmul serve them all; a Python loop over "
     "the heads pays the cost of every small call once per head."
 )
-NOT_ONE_PASS = "too slow for speed points: the heads are not computed in one batched pass (a loop over the heads?)"
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +197,11 @@ def timing_targets(
     def grader_fault(exc: WorkerError) -> NoReturn:
         raise timing.CannotTime(f"the reference's timing worker failed (forward_many): {exc}") from None
 
+    def submission_failed(exc: WorkerError) -> NoReturn:
+        if isinstance(exc, WorkerTimeout):  # its deadline is set by the reference's time: too slow, not hung
+            fail(str(exc), mistake=NOT_ONE_PASS)
+        submission.failed(exc)
+
     return [
         timing.Target(
             timing.WRAPPER,
@@ -212,7 +217,7 @@ def timing_targets(
             w.calls,
             grader_fault,
         ),
-        timing.Target(timing.SUBMISSION, submission.worker, in_submission_worker, w.calls, submission.failed),
+        timing.Target(timing.SUBMISSION, submission.worker, in_submission_worker, w.calls, submission_failed),
     ]
 
 
