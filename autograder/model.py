@@ -46,10 +46,19 @@ class CheckResult:
     evidence: str = GRADER  # WORKER: it rests on what the worker reported about itself
     cases: list[str] = field(default_factory=list)  # the parametrised cases this row stands for (ids)
     total_cases: int = 1  # how many cases the check has in all
+    # The likely mistake a failed check named, in words that are the same for every student who made it (a
+    # description from checks/mistakes.py, or the check's own), set where the check names it, never read
+    # back from the message: what the class report counts. Empty when it named none.
+    mistake: str = ""
 
     @property
     def case_count(self) -> int:
         return len(self.cases) or 1
+
+    def extra_data(self) -> dict[str, Any]:
+        """What results.json keeps of this row beyond Gradescope's fields."""
+        extra: dict[str, Any] = {"cases": self.cases, "total_cases": self.total_cases} if self.cases else {}
+        return extra | ({"mistake": self.mistake} if self.mistake else {})
 
 
 @dataclass
@@ -166,7 +175,7 @@ class GradingRun:
                 "tags": [c.part, c.key]
                 + (["worker-reported"] if c.evidence == WORKER else [])
                 + ([NOT_SCORED_TAG] if c.status == NOT_SCORED else []),
-                **({"extra_data": {"cases": c.cases, "total_cases": c.total_cases}} if c.cases else {}),
+                **({"extra_data": c.extra_data()} if c.cases or c.mistake else {}),
             }
             for number, c in enumerate(self.checks, start=1)
         ]
@@ -213,6 +222,7 @@ class GradingRun:
                     evidence=WORKER if "worker-reported" in test["tags"] else GRADER,
                     cases=list(cases.get("cases", [])),
                     total_cases=int(cases.get("total_cases", 1)),
+                    mistake=str(cases.get("mistake", "")),
                 )
             )
         fields = {k: v for k, v in extra.items() if k in cls.__dataclass_fields__ and k not in ("load",)}

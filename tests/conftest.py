@@ -2,6 +2,7 @@
 
 import pytest
 
+from browser import find_or_install_chromium
 from helpers import REFERENCE, grade
 
 
@@ -11,3 +12,9 @@ def reference_results(tmp_path_factory) -> dict:
     results, run = grade(REFERENCE, tmp_path_factory.mktemp("reference"))
     assert run.returncode == 0, run.stderr
     return results
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's headless Chromium, installed by the test when it is missing (as root)."""
+    return find_or_install_chromium()

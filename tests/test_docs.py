@@ -25,6 +25,7 @@ WRITTEN = (
     "*autograded/*",
     "*feedback/*",
     "*feedback.html",
+    "*class.html",
     "*results/*",
     "slurm-logs/*",
     "*.venv*",

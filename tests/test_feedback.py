@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import base64
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import html5lib
 import pytest
@@ -16,6 +13,7 @@ from autograder.course.feedback import feedback_path, render, write_feedback
 from autograder.course.roster import read_roster
 from autograder.course.rows import Row
 from autograder.model import CANNOT_GRADE, FAILED, NOT_SCORED, PASSED, CheckResult, LoadReport
+from browser import headless
 from classkit import make_course, synthetic_run
 
 
@@ -221,49 +219,6 @@ def test_a_page_is_rewritten_only_when_what_it_shows_changed(tmp_path):
 
 
 # -- in a real browser ------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def chromium() -> str:
-    """Debian's headless Chromium, installed by the test when it is missing (as root)."""
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found:
-        return found
-    if not shutil.which("apt-get"):
-        pytest.skip("Chromium is not installed and there is no apt-get to install it")
-    import os
-
-    if os.geteuid() != 0:
-        pytest.skip("Chromium is not installed, and installing it with apt-get needs root")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
-        if done.returncode != 0:
-            pytest.skip(f"could not install Chromium ({' '.join(command)}): {done.stderr.strip()[-300:]}")
-    found = shutil.which("chromium")
-    if not found:
-        pytest.skip("apt-get installed chromium, but there is no chromium command")
-    return found
-
-
-def headless(chromium: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
 
 
 def test_chromium_renders_the_page_and_takes_a_screenshot(chromium, tmp_path):

@@ -678,6 +678,11 @@ def test_wrong_submission_loses_exactly_its_points(mistake, graded, reference_re
     for test in failures(results):  # a check that rests on a wrong answer is not scored, and says why
         if PROPERTY_OF_WRONG_ANSWER in test["output"]:
             assert "not-scored" in test["tags"] and test["output"].startswith("not scored"), test
+    for test in failures(results):  # a mistake named in words is recorded too, in the same words (the class report)
+        said_elsewhere = "the same as under" in test["output"]
+        if "not-scored" not in test["tags"] and "Likely mistake: " in test["output"] and not said_elsewhere:
+            recorded = (test.get("extra_data") or {}).get("mistake", "")
+            assert recorded and recorded in test["output"], f"{mistake.id}: {recorded!r} for:\n{test['output']}"
 
     for part, says in mistake.says.items():
         says = (says,) if isinstance(says, str) else says

@@ -9,6 +9,7 @@ has a row per student:
 - the gradebook database, through nbgrader's own API (`gradebook.py`);
 - `grades.csv`: per-part scores, the status and a note per student;
 - `grades-canvas.csv`: the totals in Canvas's gradebook import format;
+- `class.html`: the class report for the instructor (`class_report.py`);
 - the class at a glance on the terminal: per part, mean, median and the distribution of scores.
 """
 
@@ -26,6 +27,7 @@ from rich.table import Table
 
 from autograder.atomic import write_text_atomically
 from autograder.contract import ASSIGNMENT
+from autograder.course.class_report import report_path, write_class_report
 from autograder.course.clean import clean_for_output, csv_text
 from autograder.course.feedback import write_feedback
 from autograder.course.gradebook import GradebookError, ensure_configuration, record_grades
@@ -236,12 +238,14 @@ def write_class_outputs(
         course / "grades-canvas.csv", canvas_csv(rows, rubric, options.canvas_assignment), COURSE_FILE_MODE
     )
     where["Canvas import"] = f"{course / 'grades-canvas.csv'} (column {options.canvas_assignment!r})"
+    written = write_class_report(course, rows, rubric, released=options.released)
+    where["class report"] = f"{report_path(course)} ({'written' if written else 'unchanged'})"
     console.print(students_table(rows))
     console.print(class_table(rows, rubric))
     counts = {status: sum(r.status == status for r in rows) for status in STATUSES}
     console.print(", ".join(f"{n} {status_words(s)}" for s, n in counts.items() if n))
     for name, path in where.items():
-        console.print(f"{name}: {path}", markup=False)
+        console.print(f"{name}: {path}", markup=False, soft_wrap=True)  # a path on one line, to copy or click
     if note := canvas_header_note(options.canvas_assignment):
         console.print(note, style="yellow", markup=False)
     return where

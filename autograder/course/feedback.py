@@ -37,15 +37,13 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from autograder.atomic import write_text_atomically
 from autograder.contract import ASSIGNMENT
 from autograder.course.clean import clean_for_output
-from autograder.course.rows import Row
+from autograder.course.rows import Row, feedback_path, shown
 from autograder.course.store import COURSE_FILE_MODE
-from autograder.model import FAILED, NOT_SCORED, PASSED, CheckResult, GradingRun
+from autograder.model import FAILED, NOT_SCORED, PASSED, GradingRun
 
 TEMPLATES = Path(__file__).with_name("templates")
 TEMPLATE = "feedback.html.j2"
 CHECK_STATUS_LABELS = {PASSED: "passed", FAILED: "failed", NOT_SCORED: "not scored"}
-SHOWN_BEFORE = {"visible"}
-SHOWN_AFTER = {"visible", "after_due_date", "after_published"}
 _FINGERPRINT = re.compile(rb'<meta name="mha-feedback-fingerprint" content="([0-9a-f]+)">')
 
 
@@ -56,10 +54,6 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-
-
-def shown(check: CheckResult, released: bool) -> bool:
-    return check.visibility in (SHOWN_AFTER if released else SHOWN_BEFORE)
 
 
 def withheld_text(count: int, never: int, released: bool) -> str:
@@ -288,6 +282,7 @@ def page_context(row: Row, released: bool) -> dict[str, Any]:
 def renderer_fingerprint() -> str:
     digest = hashlib.sha256(Path(__file__).read_bytes())
     digest.update((TEMPLATES / TEMPLATE).read_bytes())
+    digest.update(Path(__file__).with_name("rows.py").read_bytes())  # what a page may show (`rows.shown`)
     return digest.hexdigest()
 
 
@@ -307,10 +302,6 @@ def render(row: Row, released: bool = False, fingerprint_value: str = "") -> str
         fingerprint=fingerprint_value or fingerprint(row, released, renderer_fingerprint()),
         **page_context(row, released),
     )
-
-
-def feedback_path(course: Path, student: str) -> Path:
-    return Path(course) / "feedback" / student / ASSIGNMENT / "feedback.html"
 
 
 def write_feedback(course: Path, rows: list[Row], released: bool = False) -> int:

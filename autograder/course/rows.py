@@ -20,11 +20,12 @@ and the documentation:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from autograder.contract import PART_IDS
+from autograder.contract import ASSIGNMENT, PART_IDS
 from autograder.course.clean import clean_for_output
 from autograder.course.roster import AMBIGUOUS, NO_SUBMISSION, Entry
-from autograder.model import CANNOT_GRADE, GRADED, GradingRun
+from autograder.model import CANNOT_GRADE, GRADED, CheckResult, GradingRun
 from autograder.rubric import Rubric
 
 NOT_GRADED = "not_graded"
@@ -88,3 +89,19 @@ class Row:
 def graded_parts(rubric: Rubric) -> list[str]:
     """The rubric's parts, in the fixed part order."""
     return [p for p in PART_IDS if p in rubric.parts] + [p for p in rubric.parts if p not in PART_IDS]
+
+
+# What a page may say of a check (its name, result, message and the mistake it names), by its visibility in
+# the rubric: before the due date, and after it (`released`: `--released`, `make grade RELEASED=1`). A hidden
+# check is only ever counted. The feedback pages and the class report follow the same rule.
+SHOWN_BEFORE = {"visible"}
+SHOWN_AFTER = {"visible", "after_due_date", "after_published"}
+
+
+def shown(check: CheckResult, released: bool) -> bool:
+    return check.visibility in (SHOWN_AFTER if released else SHOWN_BEFORE)
+
+
+def feedback_path(course: Path, student: str) -> Path:
+    """Where a student's feedback page is (`feedback.py` writes it; the class report links to it)."""
+    return Path(course) / "feedback" / student / ASSIGNMENT / "feedback.html"

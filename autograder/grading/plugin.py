@@ -52,6 +52,15 @@ class NotScored(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # py
         self.cause = cause
 
 
+class CheckFailed(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # pytest's Failed
+    """A check's own failure (`harness.fail`), with the likely mistake it names (`mistake`, in words the same
+    for every student who made it; empty when it names none), which the class report counts."""
+
+    def __init__(self, message: str, mistake: str = ""):
+        super().__init__(message, pytrace=False)
+        self.mistake = mistake
+
+
 MESSAGE_CHARS = 2500  # one check's message in results.json: every check failing at once stays small
 
 
@@ -141,6 +150,7 @@ class ResultsPlugin:
             cause = getattr(error, "cause", "")
             outcome.status = NOT_SCORED if isinstance(error, NotScored) and not cause else FAILED
             outcome.cause = cause
+            outcome.mistake = outcome.mistake or getattr(error, "mistake", "")
             outcome.message = outcome.message or _bounded(str(error.msg))
             return
         # anything else is the grader's own trouble, never the student's

@@ -40,6 +40,7 @@ class Outcome:
     credit: float | None = None  # the fraction of its points earned, when not all or nothing
     case: str = ""  # the id of a parametrised check's case
     cause: str = ""  # a problem this check shares with others (see `name_once`), in a few words
+    mistake: str = ""  # the likely mistake a failure names (`CheckResult.mistake`)
 
 
 def allocate_points(outcomes: list[Outcome], rubric: Rubric) -> list[float]:
@@ -86,6 +87,7 @@ def score(outcomes: list[Outcome], rubric: Rubric) -> list[CheckResult]:
                 evidence=outcome.evidence,
                 cases=[outcome.case] if outcome.case else [],
                 total_cases=cases[outcome.key],
+                mistake=(outcome.mistake or outcome.cause) if status == FAILED else "",
             )
         )
     return say_once(group_cases(name_once(results, [o.cause for o in outcomes])))
@@ -138,7 +140,7 @@ def name_once(results: list[CheckResult], causes: list[str]) -> list[CheckResult
         if cause and first[cause] is not result:
             where = first[cause]
             seen = f' (said in full under "{where.part}: {where.name}")' if where.visibility == "visible" else ""
-            result = replace(result, status=NOT_SCORED, message=f"not scored: {cause}{seen}")
+            result = replace(result, status=NOT_SCORED, message=f"not scored: {cause}{seen}", mistake="")
         named.append(result)
     return named
 

@@ -22,7 +22,7 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 import pytest
 import torch
 
-from autograder.grading.plugin import NotScored
+from autograder.grading.plugin import CheckFailed, NotScored
 from autograder.rubric import Rubric
 from autograder.sandbox.client import (
     CheckBudget,
@@ -58,9 +58,38 @@ def note(kind: str, **values: Any) -> None:
         NOTES.append({"check": check, "kind": kind, **values})
 
 
-def fail(message: str) -> NoReturn:
-    """Fail the current check with a message for the student (no Python traceback of ours)."""
-    pytest.fail(message, pytrace=False)
+class Problem(str):
+    """A failure message that carries the likely mistake it names (`mistake`; see `model.CheckResult`), so
+    that the diagnosis travels with the message through `attempt`, `value_problem` and the checks that
+    pass it on with `fail(problem)`. Text made from it by formatting is a plain str again: give the
+    mistake to `fail` (or a new `Problem`) where a message is reworded."""
+
+    mistake: str
+
+    def __new__(cls, message: str, mistake: str = "") -> Problem:
+        problem = super().__new__(cls, message)
+        problem.mistake = mistake
+        return problem
+
+
+def mistake_of(message: object) -> str:
+    """The likely mistake a message (a `Problem`) or a check's failure (`fail`'s) carries, or ""."""
+    return getattr(message, "mistake", "")
+
+
+def fail(message: str, mistake: str = "") -> NoReturn:
+    """Fail the current check with a message for the student (no Python traceback of ours), naming the
+    likely mistake (`mistake`, else the one `message` carries) for the class report's count."""
+    raise CheckFailed(str(message), mistake or mistake_of(message))
+
+
+# The mistakes named by what happened to the request rather than by what the code computed.
+NOT_DONE = "not done yet: the released stub still raises NotImplementedError"
+WORKER_MISTAKES: dict[type[WorkerError], str] = {
+    LoadFailed: "the file does not load",
+    WorkerTimeout: "the code does not finish in time (an endless loop?)",
+    WorkerCrashed: "the code ends the worker process (a crash, or an exit)",
+}
 
 
 @dataclass
@@ -97,7 +126,7 @@ class Submission:
         try:
             self.worker.start()
         except (LoadFailed, WorkerTimeout, WorkerCrashed) as exc:
-            fail(str(exc))
+            fail(str(exc), mistake=WORKER_MISTAKES[type(exc)])
         finally:
             self.begin_check()
 
@@ -120,10 +149,16 @@ class Submission:
         if isinstance(exc, SubmissionError):
             trace = f"\n{exc.traceback}" if exc.traceback else ""
             if exc.type == "NotImplementedError":
-                fail(f"not done yet: this still raises NotImplementedError (a stub left as released?){trace}")
-            fail(f"your code raised {exc.type}" + (f": {exc.message}" if exc.message else "") + trace)
+                fail(
+                    f"not done yet: this still raises NotImplementedError (a stub left as released?){trace}",
+                    mistake=NOT_DONE,
+                )
+            fail(
+                f"your code raised {exc.type}" + (f": {exc.message}" if exc.message else "") + trace,
+                mistake=f"your code raises {exc.type}",
+            )
         if isinstance(exc, (LoadFailed, WorkerTimeout, WorkerCrashed)):
-            fail(str(exc))
+            fail(str(exc), mistake=WORKER_MISTAKES[type(exc)])
         raise exc
 
     def value(self, name: str) -> Any:
@@ -152,7 +187,7 @@ class Submission:
         except SubmissionError as exc:
             return Raised(exc.type, exc.message)
         except (LoadFailed, WorkerTimeout, WorkerCrashed) as exc:
-            fail(str(exc))
+            fail(str(exc), mistake=WORKER_MISTAKES[type(exc)])
 
     def build(
         self,
@@ -307,10 +342,14 @@ def assert_close(
     if tuple(actual.shape) != tuple(expected.shape):
         fail(
             f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}."
-            + (f"\nLikely mistake: {hint}" if hint else "")
+            + (f"\nLikely mistake: {hint}" if hint else ""),
+            mistake=hint or "",
         )
     if actual.dtype != expected.dtype:
-        fail(f"{what}: dtype {actual.dtype}, expected {expected.dtype}.\nLikely mistake: {DTYPE_NOT_KEPT}")
+        fail(
+            f"{what}: dtype {actual.dtype}, expected {expected.dtype}.\nLikely mistake: {DTYPE_NOT_KEPT}",
+            mistake=DTYPE_NOT_KEPT,
+        )
     rtol, atol = rubric.tolerance(dtype_name)
     if not torch.allclose(actual.double(), expected.double(), rtol=rtol, atol=atol, equal_nan=False):
         diff = (actual.double() - expected.double()).abs()
@@ -320,7 +359,10 @@ def assert_close(
             if finite
             else "your output contains NaN or infinity"
         )
-        fail(f"{what}: values differ from the reference; {detail}." + (f"\nLikely mistake: {hint}" if hint else ""))
+        fail(
+            f"{what}: values differ from the reference; {detail}." + (f"\nLikely mistake: {hint}" if hint else ""),
+            mistake=hint or "",
+        )
 
 
 def matches(actual: object, candidate: torch.Tensor, atol: float = 1e-6) -> bool:
@@ -477,7 +519,7 @@ def attempt(request: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> tuple
     except NotScored:
         raise
     except pytest.fail.Exception as exc:
-        return None, str(exc.msg)
+        return None, Problem(str(exc.msg), mistake_of(exc))
 
 
 def value_problem(
@@ -492,7 +534,7 @@ def value_problem(
     try:
         assert_close(actual, expected, dtype_name, rubric, what, diagnose)
     except pytest.fail.Exception as exc:
-        return str(exc.msg)
+        return Problem(str(exc.msg), mistake_of(exc))
     return None
 
 
@@ -549,6 +591,10 @@ def constructor_problem(cls: str, given: dict[str, Any], yours: dict[str, Any]) 
     return f"{rule}; {found}. Keep the given constructor as it is and write only forward."
 
 
+MASK_NOT_CUT = (
+    "the causal mask is context_length x context_length, so cut it to T x T "
+    "(self.mask.bool()[:num_tokens, :num_tokens]) and sequences shorter than context_length work"
+)
 IN_PLACE = "{function} changes a tensor in place that gradients need (its input x?): work on new tensors instead"
 _SIZE_ERROR = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
 _INTERNAL_ERRORS = (
@@ -606,15 +652,15 @@ def in_student_terms(
         and tokens != context_length
         and {int(size.group(1)), int(size.group(2))} == {tokens, context_length}
     ):
-        return (
+        return Problem(
             f"Likely mistake: {function} fails for {tokens} tokens when context_length is {context_length}: "
-            "the causal mask is context_length x context_length, so cut it to T x T "
-            "(self.mask.bool()[:num_tokens, :num_tokens]) and sequences shorter than context_length work."
-            f"\n{message}"
+            f"{MASK_NOT_CUT}.\n{message}",
+            mistake=MASK_NOT_CUT,
         )
     for _, pattern, text in _INTERNAL_ERRORS:
         if pattern.search(message):
-            return f"Likely mistake: {text.format(function=function)}.\n{message}"
+            said = text.format(function=function)
+            return Problem(f"Likely mistake: {said}.\n{message}", mistake=said)
     return message
 
 

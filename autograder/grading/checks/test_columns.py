@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.grading.checks.harness import Inputs, Raised, Submission, attempt, fail, matches
+from autograder.grading.checks.harness import Inputs, Raised, Submission, attempt, fail, matches, mistake_of
 from autograder.grading.checks.mistakes import (
     ROWS_INSTEAD_OF_COLUMNS,
     column_range_variants,
@@ -45,7 +45,8 @@ def check_ranges(
         fail(
             f"{what}: got {ranges!r:.160}, expected "
             + (f"{len(expected)} ranges starting {expected[:3]!r}." if len(expected) > 1 else f"{expected!r}.")
-            + (f"\nLikely mistake: {mistake}" if mistake else "")
+            + (f"\nLikely mistake: {mistake}" if mistake else ""),
+            mistake=mistake or "",
         )
 
 
@@ -112,11 +113,13 @@ def test_split_columns(submission: Submission, inputs: Inputs, d_in: int, d_out:
         note = wrong_ranges(submission, d_out, num_heads)
         if note is None and d_in % num_heads and "split evenly" in problem:  # the rows were split, not the columns
             fail(
-                f"{problem}\n({d_in} rows do not split into {num_heads} heads)\nLikely mistake: {ROWS_INSTEAD_OF_COLUMNS}"
+                f"{problem}\n({d_in} rows do not split into {num_heads} heads)\nLikely mistake: {ROWS_INSTEAD_OF_COLUMNS}",
+                mistake=ROWS_INSTEAD_OF_COLUMNS,
             )
         fail(
             problem
-            + (f"\nIf split_columns uses head_column_ranges: {note}; fix that first (see its checks)." if note else "")
+            + (f"\nIf split_columns uses head_column_ranges: {note}; fix that first (see its checks)." if note else ""),
+            mistake=mistake_of(problem),
         )
     expected = ref.split_columns(W, num_heads)
     what = f"split_columns(W of shape ({d_in}, {d_out}), {num_heads})"
@@ -133,7 +136,7 @@ def test_split_columns(submission: Submission, inputs: Inputs, d_in: int, d_out:
         return  # the blocks of your own ranges: the ranges are charged in test_head_column_ranges
     for description, blocks in split_variants(W, num_heads).items():
         if same_blocks(given, blocks):
-            fail(f"{what}: wrong blocks.\nLikely mistake: {description}")
+            fail(f"{what}: wrong blocks.\nLikely mistake: {description}", mistake=description)
     shapes = [tuple(b.shape) for b in given]
     fail(
         f"{what}: got {len(given)} blocks of shapes {shapes[:4]}, expected {num_heads} blocks of shape "

@@ -53,13 +53,15 @@ def check_combine(
             if hint:
                 fail(
                     f"{what}: combine fails on heads of different widths {widths}; on heads of one width it "
-                    f"returns what this mistake gives.\n{problem}\nLikely mistake: {hint}"
+                    f"returns what this mistake gives.\n{problem}\nLikely mistake: {hint}",
+                    mistake=hint,
                 )
         joined = re.search(r"Sizes of tensors must match except in dimension (\d+)", problem)
         if joined and int(joined.group(1)) in WRONG_DIMENSION:
             fail(
                 f"{what}: heads of different widths do not line up along dimension {joined.group(1)}; only the last "
-                f"dimension may differ between heads.\n{problem}\nLikely mistake: {WRONG_DIMENSION[int(joined.group(1))]}"
+                f"dimension may differ between heads.\n{problem}\nLikely mistake: {WRONG_DIMENSION[int(joined.group(1))]}",
+                mistake=WRONG_DIMENSION[int(joined.group(1))],
             )
         fail(problem)
     assert_close(

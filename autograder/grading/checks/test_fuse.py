@@ -20,6 +20,7 @@ from autograder.grading.checks.harness import (
     Inputs,
     ModuleRef,
     NotScored,
+    Problem,
     Submission,
     assert_close,
     attempt,
@@ -28,6 +29,7 @@ from autograder.grading.checks.harness import (
     fail,
     first_match,
     in_student_terms,
+    mistake_of,
     reference_forward,
     value_problem,
     values_first,
@@ -53,6 +55,7 @@ DTYPE_HINT = (
     "fuse_heads' module does not have the wrapper's dtype: MultiHeadAttention(...) is created in the "
     "default dtype (float32) on the CPU; move it to the wrapper's, e.g. .to(wrapper.heads[0].W_query.weight)"
 )
+NOT_ON_DEVICE = "fuse_heads' module is not on the wrapper's device: create it there"
 
 
 def fused_pair(
@@ -145,11 +148,15 @@ def placement_problem(
     if problem is None:
         return None
     note = wrong_ranges(submission, width * heads, heads)
-    return problem + (
-        f"\nLikely cause: {note}. If fuse_heads places each head's weights with "
-        "head_column_ranges, fix that first (see the columns checks)."
-        if note
-        else ""
+    return Problem(
+        problem
+        + (
+            f"\nLikely cause: {note}. If fuse_heads places each head's weights with "
+            "head_column_ranges, fix that first (see the columns checks)."
+            if note
+            else ""
+        ),
+        mistake_of(problem),
     )
 
 
@@ -177,14 +184,17 @@ def test_keeps_dtype_and_device(submission: Submission, inputs: Inputs, rubric: 
         }
     )
     if dtypes != ["float64"]:
-        fail(f"Likely mistake: {DTYPE_HINT}. For a float64 wrapper the fused module's weights are {', '.join(dtypes)}.")
+        fail(
+            f"Likely mistake: {DTYPE_HINT}. For a float64 wrapper the fused module's weights are {', '.join(dtypes)}.",
+            mistake=DTYPE_HINT,
+        )
     if device != "cpu":
         d_in, _, context, _, _ = CASES[case]
         _, problem = attempt(submission.forward, fused, inputs.randn(1, context, d_in))
         if problem and "device" in problem:
             fail(
-                "Likely mistake: fuse_heads' module is not on the wrapper's device: create it there, e.g. "
-                f".to(wrapper.heads[0].W_query.weight).\n{problem}"
+                f"Likely mistake: {NOT_ON_DEVICE}, e.g. .to(wrapper.heads[0].W_query.weight).\n{problem}",
+                mistake=NOT_ON_DEVICE,
             )
 
 

@@ -165,7 +165,10 @@ def test_keeps_dtype(submission: Submission, inputs: Inputs, rubric: Rubric, dev
         answer = run(submission, reference, module, x)
         y = answer.y
         if not isinstance(y, torch.Tensor) or y.dtype != dtype:
-            fail(f"a {dtype} input gave {getattr(y, 'dtype', type(y).__name__)}.\nLikely mistake: {DTYPE_NOT_KEPT}")
+            fail(
+                f"a {dtype} input gave {getattr(y, 'dtype', type(y).__name__)}.\nLikely mistake: {DTYPE_NOT_KEPT}",
+                mistake=DTYPE_NOT_KEPT,
+            )
         if answer.y_device != str(x.to(device).device):
             fail(f"the output is on {answer.y_device}, the input on {device}: keep the input's device")
         values_first(
@@ -182,7 +185,10 @@ def test_input_not_modified(submission: Submission, inputs: Inputs, rubric: Rubr
     x = inputs.randn(*shape)
     answer = run(submission, reference, module, x)
     if not torch.equal(answer.x_after, x):
-        fail(f"the forward modified its input x in place.\nLikely mistake: {IN_PLACE.format(function=FORWARD)}.")
+        fail(
+            f"the forward modified its input x in place.\nLikely mistake: {IN_PLACE.format(function=FORWARD)}.",
+            mistake=IN_PLACE.format(function=FORWARD),
+        )
     values_first(output_problem(reference, x, answer.y, "float64", rubric, "output"), "Leaving the input unchanged")
 
 
@@ -257,7 +263,8 @@ def test_one_pass_for_all_heads(submission: Submission, inputs: Inputs, rubric: 
             f"the forward issued {two} matrix multiplies for 2 heads and {twelve} for 12: the work grows "
             "with the number of heads, so the heads are computed one at a time (a loop over heads?). "
             "Project once, view as (b, T, H, head_dim), transpose to (b, H, T, head_dim) and let one "
-            "batched matmul serve every head."
+            "batched matmul serve every head.",
+            mistake="the heads are computed one at a time (a loop over heads): the matrix multiplies grow with them",
         )
     if two == 0:
         fail("the forward issued no matrix multiplies at all that the grader could see")
@@ -276,7 +283,8 @@ def test_no_ready_made_attention(submission: Submission, inputs: Inputs, rubric:
     if used:
         fail(
             f"the forward calls {', '.join(used)}; the exercise is to write the computation yourself "
-            "(scores, mask, softmax, weighted sum), so these are not allowed here"
+            "(scores, mask, softmax, weighted sum), so these are not allowed here",
+            mistake="a ready-made attention, which the exercise does not allow",
         )
 
 

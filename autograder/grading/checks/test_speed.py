@@ -32,11 +32,12 @@ from autograder.grading.checks.harness import (
     forbidden_calls,
     reference_forward,
 )
+from autograder.grading.checks.mistakes import NOT_ONE_PASS
 from autograder.grading.devices import TimingLockError, device_key, timing_lock
 from autograder.grading.verdict import Verdict
 from autograder.rubric import Rubric, SpeedSettings, Workload
 from autograder.sandbox import procfs
-from autograder.sandbox.client import Worker, WorkerError
+from autograder.sandbox.client import Worker, WorkerError, WorkerTimeout
 from reference import mha as ref
 
 LOOP_HINT = (
@@ -287,6 +288,11 @@ def timing_targets(
     def grader_fault(exc: WorkerError) -> NoReturn:
         raise timing.CannotTime(f"the reference's timing worker failed (forward_many): {exc}") from None
 
+    def submission_failed(exc: WorkerError) -> NoReturn:
+        if isinstance(exc, WorkerTimeout):  # its deadline is set by the reference's time: too slow, not hung
+            fail(str(exc), mistake=NOT_ONE_PASS)
+        submission.failed(exc)
+
     return [
         timing.Target(
             timing.WRAPPER,
@@ -303,7 +309,7 @@ def timing_targets(
             grader_fault,
         ),
         timing.Target(
-            timing.SUBMISSION, submission.worker, in_submission_worker, w.calls, submission.failed, shown=SHOWN
+            timing.SUBMISSION, submission.worker, in_submission_worker, w.calls, submission_failed, shown=SHOWN
         ),
     ]
 
@@ -339,7 +345,8 @@ def measure_locked(
     except timing.TimingFailed as exc:
         seconds = round(time.perf_counter() - started, 3)
         record(context, workload, {"workload": asdict(workload), "failed": str(exc), "seconds": seconds})
-        fail(f"{describe(workload)}: {exc}" + (LOOP_HINT if isinstance(exc, timing.TooSlow) else ""))
+        too_slow = isinstance(exc, timing.TooSlow)
+        fail(f"{describe(workload)}: {exc}" + (LOOP_HINT if too_slow else ""), mistake=NOT_ONE_PASS if too_slow else "")
 
 
 def drop(*built: Built) -> None:
@@ -390,7 +397,8 @@ def explain_verdict(workload: Workload, figures: dict[str, Any], said: Verdict, 
         f"MultiHeadAttention {times[timing.REFERENCE]:.3g} ms and the wrapper {times[timing.WRAPPER]:.3g} ms. "
         f"Your speedup over the wrapper is {figures['speedup']:.2f}x, the reference's {figures['reference_speedup']:.2f}x "
         f"in the same run: {verdict.describe(said, settings)}. Full points from {settings.full_credit_at:g}, none "
-        f"at {settings.no_credit_at:g} or below.{hint}"
+        f"at {settings.no_credit_at:g} or below.{hint}",
+        mistake=NOT_ONE_PASS if hint else "",
     )
 
 

@@ -147,7 +147,8 @@ def test_heads_run_once_in_order_on_same_input(submission: Submission, inputs: I
         likely = f"\nLikely mistake: {HEADS_REVERSED}" if order == [3, 2, 1, 0] else ""
         fail(
             f"the heads ran in the order {order}; the wrapper must call every head of self.heads once, "
-            f"in order (head 0 first): [head(x) for head in self.heads]{likely}"
+            f"in order (head 0 first): [head(x) for head in self.heads]{likely}",
+            mistake=HEADS_REVERSED if likely else "",
         )
     changed = [c.index for c in answer.head_calls if not c.same_values]
     if changed:
