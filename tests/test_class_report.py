@@ -502,3 +502,20 @@ def test_a_class_of_100_gets_one_report_of_everyone_drawn_by_chromium(chromium, 
     plots = plots_in(chromium, page, tmp_path / "browser")
     assert set(plots) == {"scores", "speed"} and all(p.drawn() for p in plots.values()), plots
     shutil.rmtree(course / "submitted")
+
+
+def test_every_way_a_request_to_the_worker_fails_names_a_mistake_of_the_student():
+    """A new kind of worker failure (a subclass) is named by its parent's mistake, never a KeyError in
+    the grader (which would be scored as the grader's own failure: `cannot_grade`)."""
+    from autograder.grading.checks.harness import worker_mistake
+    from autograder.sandbox import client
+
+    failures = [
+        cls
+        for cls in vars(client).values()
+        if isinstance(cls, type)
+        and issubclass(cls, (client.LoadFailed, client.WorkerTimeout, client.WorkerCrashed))
+    ]
+    assert client.BudgetSpent in failures and client.CheckTimeUp in failures
+    for cls in failures:
+        assert worker_mistake(cls.__new__(cls)), cls.__name__

@@ -76,6 +76,15 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def _swap_present() -> bool:
+    """Whether this machine has swap: then a memory limit that does not cover swap lets a worker swap
+    past it, and the guarantee says so."""
+    for line in (_read(Path("/proc/meminfo")) or "").splitlines():
+        if line.startswith("SwapTotal:"):
+            return line.split()[1] != "0"
+    return False
+
+
 @dataclass
 class WorkerGroup:
     """The control groups of one worker, one per hierarchy that could be used."""
@@ -137,14 +146,18 @@ class WorkerGroup:
             return v2 is not None and controller in self.v2_controllers and _write(v2 / name, value)
 
         if limits.memory_bytes:
+            gib = f"{limits.memory_bytes / (1 << 30):g} GiB for all processes"
             if v2_set("memory", "memory.max", str(limits.memory_bytes)):
-                v2_set("memory", "memory.swap.max", "0")
-                self.limits_set["memory"] = f"{limits.memory_bytes / (1 << 30):g} GiB for all processes (cgroup v2)"
+                swap = v2_set("memory", "memory.swap.max", "0") or not _swap_present()
+                self.limits_set["memory"] = f"{gib} (cgroup v2{'' if swap else ', swap not limited'})"
             elif "memory" in self.dirs and _write(
                 self.dirs["memory"] / "memory.limit_in_bytes", str(limits.memory_bytes)
             ):
-                _write(self.dirs["memory"] / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
-                self.limits_set["memory"] = f"{limits.memory_bytes / (1 << 30):g} GiB for all processes (cgroup v1)"
+                swap = (
+                    _write(self.dirs["memory"] / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
+                    or not _swap_present()
+                )
+                self.limits_set["memory"] = f"{gib} (cgroup v1{'' if swap else ', swap not limited'})"
         if limits.processes:
             if v2_set("pids", "pids.max", str(limits.processes)):
                 self.limits_set["processes"] = f"{limits.processes} processes and threads (cgroup v2)"

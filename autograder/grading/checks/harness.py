@@ -92,6 +92,15 @@ WORKER_MISTAKES: dict[type[WorkerError], str] = {
 }
 
 
+def worker_mistake(exc: WorkerError) -> str:
+    """The mistake a worker's failure names: that of its nearest listed class (a `BudgetSpent` is a
+    `WorkerTimeout`), so that a new subclass can never turn a student's failure into the grader's."""
+    for cls in type(exc).__mro__:
+        if cls in WORKER_MISTAKES:
+            return WORKER_MISTAKES[cls]
+    return ""
+
+
 @dataclass
 class Raised:
     """An exception the student's code raised: its class name and message."""
@@ -126,7 +135,7 @@ class Submission:
         try:
             self.worker.start()
         except (LoadFailed, WorkerTimeout, WorkerCrashed) as exc:
-            fail(str(exc), mistake=WORKER_MISTAKES[type(exc)])
+            fail(str(exc), mistake=worker_mistake(exc))
         finally:
             self.begin_check()
 
@@ -158,7 +167,7 @@ class Submission:
                 mistake=f"your code raises {exc.type}",
             )
         if isinstance(exc, (LoadFailed, WorkerTimeout, WorkerCrashed)):
-            fail(str(exc), mistake=WORKER_MISTAKES[type(exc)])
+            fail(str(exc), mistake=worker_mistake(exc))
         raise exc
 
     def value(self, name: str) -> Any:
@@ -187,7 +196,7 @@ class Submission:
         except SubmissionError as exc:
             return Raised(exc.type, exc.message)
         except (LoadFailed, WorkerTimeout, WorkerCrashed) as exc:
-            fail(str(exc), mistake=WORKER_MISTAKES[type(exc)])
+            fail(str(exc), mistake=worker_mistake(exc))
 
     def build(
         self,
