@@ -198,14 +198,21 @@ class TensorCodec:
         return WireTensor(name, tuple(tensor.shape), data, str(tensor.device), bool(tensor.requires_grad))
 
     def from_wire(self, wire: WireTensor) -> torch.Tensor:
+        """The tensor of a `WireTensor` that `Decoder.tensor` has checked; whatever torch still refuses is a
+        ProtocolError (the sender's fault), never another exception."""
         library = self.torch
+        if wire.dtype not in DTYPES:
+            raise ProtocolError(f"a tensor of a dtype that is not allowed: {wire.dtype[:40]}")
         dtype = getattr(library, wire.dtype)
         tensor: torch.Tensor
-        if not wire.data:
-            tensor = library.empty(wire.shape, dtype=dtype)
-        else:  # a bytearray is used as it is (each blob makes one tensor: `Decoder.tensor`); bytes are copied
-            data = wire.data if isinstance(wire.data, bytearray) else bytearray(wire.data)
-            tensor = library.frombuffer(data, dtype=dtype).reshape(wire.shape)
+        try:
+            if not wire.data:
+                tensor = library.empty(wire.shape, dtype=dtype)
+            else:  # a bytearray is used as it is (each blob makes one tensor: `Decoder.tensor`); bytes are copied
+                data = wire.data if isinstance(wire.data, bytearray) else bytearray(wire.data)
+                tensor = library.frombuffer(data, dtype=dtype).reshape(wire.shape)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+            raise ProtocolError(f"a tensor torch cannot make ({type(exc).__name__}: {_safe_str(exc)[:200]})") from None
         return tensor
 
 
@@ -394,6 +401,16 @@ class Decoder:
             and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
         ):
             raise ProtocolError("a tensor with a malformed shape")
+        # Bounded before anything is multiplied out or handed to torch: every dimension, a zero one counted as
+        # one, so that no shape (a [0, 2**63] of 0 bytes, say) can overflow torch's sizes or strides.
+        span = 1
+        for n in shape:
+            span *= max(n, 1)
+            if span * DTYPES[dtype] > self.limits.blob_bytes:
+                raise ProtocolError(
+                    f"a tensor of shape {shape[:8]} is larger than any answer may be "
+                    f"({self.limits.blob_bytes:,} bytes, counting an empty dimension as 1)"
+                )
         if not (isinstance(index, int) and 0 <= index < len(self.blobs)) or index in self.used:
             raise ProtocolError("a tensor that refers to a missing or already used blob")
         self.used.add(index)
