@@ -108,7 +108,7 @@ def test_an_answer_that_cannot_be_decoded_is_the_workers_fault(make_worker, monk
     with pytest.raises(WorkerCrashed, match=r"could not be read safely: it could not be decoded \(KeyError"):
         w.request("ping")
     monkeypatch.undo()
-    assert w.request("ping") == {"pid": 2}  # a fresh worker answers
+    assert "pid" in w.request("ping")  # a fresh worker answers
 
 
 SPIN_AND_SPIN_AGAIN = (
