@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import os
 import shutil
@@ -408,6 +409,85 @@ def test_a_rerun_with_nothing_changed_grades_nothing_and_writes_nothing(tmp_path
         assert path.stat().st_mtime_ns == before[path][0], f"{path} was rewritten"
     assert (course / "grades.csv").read_bytes() == before[outputs[0]][1]
     assert took < 60  # (about a second; generous for a loaded machine)
+
+
+def as_a_grader_that_is_not_root(command: list[str]) -> list[str]:
+    """`command` as root without the capabilities that let root read any file (CAP_DAC_OVERRIDE and
+    CAP_DAC_READ_SEARCH): a folder's mode bits then hold as they do for a grader that is not root, while the
+    virtualenv under root's home stays readable (util-linux's setpriv)."""
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--", *command]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and util-linux's setpriv")
+def test_folders_and_files_the_grader_cannot_read_are_a_note_on_that_student(tmp_path):
+    """bob's mha/ is mode 0300 (listed by no one), cal's folder 0000, dee's mha.py 0000, to a grader that is not
+    root: once a PermissionError from the roster or the store stopped grade-class and --merge for everyone.
+    Each is now a note on that student (no submission, or cannot grade: graded again next run), the
+    others are graded, and every output is written, by grade-class and by --merge alike."""
+    course = make_course(
+        tmp_path / "course",
+        {s: {"mha.py": f"x = {n}\n"} for n, s in enumerate(("ann", "bob", "cal", "dee"))},
+    )
+    fill_record(course, {s: synthetic_run("mha.py") for s in ("ann", "bob", "cal", "dee")})
+    submitted = course / "submitted"
+    os.chmod(submitted / "bob" / "mha", 0o300)
+    os.chmod(submitted / "cal", 0)
+    os.chmod(submitted / "dee" / "mha" / "mha.py", 0)
+    try:
+        for merge in ([], ["--merge"]):
+            run = subprocess.run(
+                as_a_grader_that_is_not_root(
+                    [sys.executable, "-m", "autograder", "grade-class", str(course), "--device", "cpu", *merge]
+                ),
+                capture_output=True,
+                text=True,
+                timeout=600,
+                cwd=tmp_path,
+            )
+            said = " ".join((run.stdout + run.stderr).split())
+            assert "Traceback" not in said and run.returncode == 0, said[-2000:]
+            rows = {r["student"]: r for r in csv.DictReader(io.StringIO((course / "grades.csv").read_text()))}
+            assert rows["ann"]["status"] == GRADED and rows["ann"]["score"] == "100"
+            assert rows["bob"]["status"] == NO_SUBMISSION
+            assert "submitted/bob/mha/ cannot be read by the grader (Permission denied)" in rows["bob"]["note"]
+            assert rows["cal"]["status"] == NO_SUBMISSION
+            assert "submitted/cal/ cannot be read by the grader (Permission denied)" in rows["cal"]["note"]
+            assert rows["dee"]["status"] == CANNOT_GRADE and "Permission denied" in rows["dee"]["note"]
+    finally:
+        os.chmod(submitted / "bob" / "mha", 0o755)
+        os.chmod(submitted / "cal", 0o755)
+
+
+def test_the_store_reads_no_more_of_a_file_than_the_reader_would(tmp_path):
+    """A sparse 20 GiB mha.py: its hash is decided by stat (over the reader's size limit) before a byte is
+    read; once it was hashed whole on every class run (16 s, 66 s under load) before anyone was graded."""
+    from autograder.course.store import submission_hash
+    from autograder.grading.submission import MAX_BYTES
+
+    course = make_course(tmp_path / "course", {"ann": {"mha.py": "x = 1\n"}, "big": {"mha.py": ""}})
+    big = course / "submitted" / "big" / "mha" / "mha.py"
+    os.truncate(big, 20 << 30)
+
+    def bytes_read() -> int:
+        return int(dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())["rchar"])
+
+    before = bytes_read()
+    inputs = ClassInputs.compute(DEFAULT_RUBRIC, "cpu")
+    assert inputs.for_file(big)["submission"] == "over the size limit"
+    ann = inputs.for_file(course / "submitted" / "ann" / "mha" / "mha.py")["submission"]
+    assert bytes_read() - before < 4 * MAX_BYTES  # the grader's own files and ann's: never the 20 GiB
+    assert ann == hashlib.sha256(b"x = 1\n").hexdigest()  # within the limit: the same hash as before
+    os.truncate(big, MAX_BYTES + 1)
+    assert submission_hash(big) == "over the size limit"
+    os.truncate(big, MAX_BYTES)
+    assert submission_hash(big) == hashlib.sha256(bytes(MAX_BYTES)).hexdigest()
+    os.truncate(big, 20 << 30)
+    fill_record(course, {"ann": synthetic_run("mha.py"), "big": synthetic_run("mha.py", {"quiz": 0})})
+    started = time.monotonic()
+    again = autograder("grade-class", course, "--device", "cpu", cwd=tmp_path)
+    took = time.monotonic() - started
+    assert "2 submissions: 0 to grade, 2 already graded" in " ".join(again.stdout.split()), again.stdout + again.stderr
+    assert took < 60  # about 2 s (the command's start and the outputs); the file was once read whole: 16 s
 
 
 def test_the_class_modules_import_each_other_without_a_circle_and_at_the_top():

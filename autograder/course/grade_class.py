@@ -41,7 +41,7 @@ from autograder.course.class_outputs import OutputOptions, write_class_outputs
 from autograder.course.clean import clean_for_output
 from autograder.course.grading_pool import Grader
 from autograder.course.placement import NoDevice, Placement, placement_for
-from autograder.course.roster import Entry, read_roster
+from autograder.course.roster import Entry, RosterError, read_roster
 from autograder.course.rows import Row, status_words
 from autograder.course.shard import Shard, engine_index_in
 from autograder.course.store import ClassInputs, Record, close_to_others
@@ -242,7 +242,11 @@ def grade_class(
         console.print(f"cannot grade: {exc}", style="red", markup=False)
         return EXIT_CANNOT_GRADE
     isolation = isolation or os.environ.get("AUTOGRADER_ISOLATION", "auto")
-    roster = read_roster(course)
+    try:
+        roster = read_roster(course)
+    except RosterError as exc:
+        console.print(f"cannot grade: {clean_for_output(exc, newlines=False)}", style="red", markup=False)
+        return EXIT_CANNOT_GRADE
     known = {e.student for e in roster}
     if students is not None and set(students) - known:
         missing = ", ".join(sorted(set(students) - known))
@@ -367,7 +371,11 @@ def merge_class(
         console.print(f"cannot merge: {exc}", style="red", markup=False)
         return EXIT_CANNOT_GRADE
     close_to_others(course)
-    roster = read_roster(course)
+    try:
+        roster = read_roster(course)
+    except RosterError as exc:
+        console.print(f"cannot merge: {clean_for_output(exc, newlines=False)}", style="red", markup=False)
+        return EXIT_CANNOT_GRADE
     record = Record(course)
     class_inputs = ClassInputs.compute(rubric_path, device="")
     missing: dict[str, str] = {}

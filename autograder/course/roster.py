@@ -102,6 +102,7 @@ def read_timestamp(folder: Path) -> tuple[datetime | None, str]:
 class Scan:
     files: list[Path]  # the candidates, as named in the folder
     refused: list[str]  # why a file was not a candidate (a link out of the folder)
+    unreadable: str = ""  # why the folder could not be listed (then there are no candidates)
 
 
 def scan(folder: Path, within: Path | None = None) -> Scan:
@@ -111,8 +112,8 @@ def scan(folder: Path, within: Path | None = None) -> Scan:
     within = folder if within is None else within
     try:
         names = sorted(os.listdir(folder))
-    except OSError:
-        return Scan([], [])
+    except OSError as exc:
+        return Scan([], [], exc.strerror or str(exc))
     files, refused = [], []
     for name in names:
         path = folder / name
@@ -169,7 +170,16 @@ def choose(files: list[Path], assignment: str = ASSIGNMENT) -> tuple[Path, str]:
     return best, why
 
 
+def cannot_read(where: str, why: str) -> str:
+    """The note on a student whose folder the grader may not read: nothing of theirs was graded, and why."""
+    return (
+        f"{where} cannot be read by the grader ({why}): nothing in it was graded; make it readable by the "
+        "grader's user and run again"
+    )
+
+
 def entry_for(student_folder: Path, assignment: str = ASSIGNMENT) -> Entry:
+    """The student's entry. Never raises: a folder or file the grader may not read is a note on that student."""
     student = student_folder.name
     folder = student_folder / assignment
     if is_link(student_folder):
@@ -180,13 +190,24 @@ def entry_for(student_folder: Path, assignment: str = ASSIGNMENT) -> Entry:
             NO_SUBMISSION,
             note=f"submitted/{student}/{assignment} is a symbolic link out of {student}'s folder, not followed",
         )
-    if not folder.is_dir():
+    try:
+        is_folder = stat.S_ISDIR(os.stat(folder).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        is_folder = False
+    except OSError as exc:  # the student's folder may not be searched (mode 0600, 0000, ...)
+        return Entry(student, NO_SUBMISSION, note=cannot_read(f"submitted/{student}/", exc.strerror or str(exc)))
+    if not is_folder:
         return Entry(student, NO_SUBMISSION, note=f"no {assignment}/ folder in submitted/{student}/")
     found = scan(folder)
+    if found.unreadable:  # (mode 0300, say): not even listed
+        return Entry(student, NO_SUBMISSION, note=cannot_read(f"submitted/{student}/{assignment}/", found.unreadable))
     files = found.files
     refused = "; ".join(found.refused)
     if not files:
-        held = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+        try:
+            held = sorted(name for name in os.listdir(folder) if not name.startswith("."))
+        except OSError:
+            held = []
         seen = f" (it holds: {', '.join(held[:5])}{', ...' if len(held) > 5 else ''})" if held else " (it is empty)"
         return Entry(
             student,
@@ -223,6 +244,21 @@ def read_roster(course: Path, assignment: str = ASSIGNMENT) -> list[Entry]:
     submitted = Path(course) / "submitted"
     if not submitted.is_dir():
         return []
+    try:
+        names = sorted(os.listdir(submitted))
+    except OSError as exc:
+        raise RosterError(f"{submitted} cannot be read by the grader ({exc.strerror or exc})") from None
     # a link among the student folders is an entry too (refused by `entry_for`), never followed
-    folders = sorted(p for p in submitted.iterdir() if (p.is_dir() or is_link(p)) and not p.name.startswith("."))
+    folders = [submitted / n for n in names if not n.startswith(".") and (is_link(submitted / n) or _is_dir(submitted / n))]
     return [entry_for(folder, assignment) for folder in folders]
+
+
+class RosterError(OSError):
+    """The class's submitted/ folder cannot be read at all: nobody can be graded."""
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return False

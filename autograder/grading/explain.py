@@ -61,10 +61,10 @@ def changed_since(results: Path, submission: Path) -> list[str]:
     recorded = results.resolve().parent / "inputs.json"
     if not recorded.is_file():
         return []
-    from autograder.course.store import PACKAGE_DIR, grader_files, reference_files, sha256_file, sha256_tree
+    from autograder.course.store import PACKAGE_DIR, grader_files, reference_files, sha256_tree, submission_hash
 
     was = json.loads(recorded.read_text())
-    now = {"submission": sha256_file(submission), "grader": sha256_tree(grader_files(), PACKAGE_DIR)}
+    now = {"submission": submission_hash(submission), "grader": sha256_tree(grader_files(), PACKAGE_DIR)}
     reference = reference_files()
     now["reference"] = sha256_tree(reference, reference[0].parent) if reference else "none"
     return [name for name, value in now.items() if was.get(name) not in (None, value)]
