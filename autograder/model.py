@@ -12,11 +12,14 @@ is not a submission), in which case it carries no score and `make grade` retries
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from typing import Any, TypeVar
 
 from autograder.contract import PART_IDS
 from autograder.sandbox.protocol import CellProblem  # the worker's own report, as it crossed the wire
+from autograder.sandbox.protocol import clean_text
+
+T = TypeVar("T")
 
 GRADED, CANNOT_GRADE = "graded", "cannot_grade"
 # Other words for a run's status that results.json files written elsewhere may hold; read as ours.
@@ -28,6 +31,28 @@ PASSED, FAILED, NOT_SCORED = "passed", "failed", "not_scored"
 NOT_SCORED_TAG = "not-scored"
 GRADER, WORKER = "grader", "worker"  # who vouches for a check's evidence
 MODEL_VERSION = 1
+
+
+def clean_strings(value: T) -> T:
+    """`value` with every string in it (in lists, tuples, dicts and their keys, and the fields of dataclasses
+    such as a `GradingRun`) cleaned as the worker's strings are (`protocol.clean_text`, nothing cut): no
+    control character but newline and tab, no bidirectional control, no lone surrogate. A file name or a
+    folder name is the student's choice, and reaches results.json, the summary and `explain` through the
+    grader's own messages too; and a results.json given to `explain` may be forged."""
+    cleaned: Any
+    if isinstance(value, str):
+        cleaned = clean_text(value, len(value))
+    elif isinstance(value, list):
+        cleaned = [clean_strings(item) for item in value]
+    elif isinstance(value, tuple):
+        cleaned = tuple(clean_strings(item) for item in value)
+    elif isinstance(value, dict):
+        cleaned = {clean_strings(key): clean_strings(item) for key, item in value.items()}
+    elif is_dataclass(value) and not isinstance(value, type):
+        cleaned = replace(value, **{f.name: clean_strings(getattr(value, f.name)) for f in fields(value) if f.init})
+    else:
+        cleaned = value
+    return cleaned  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -196,11 +221,13 @@ class GradingRun:
             results["leaderboard"] = [
                 {"name": "speedup over the wrapper", "value": round(self.speed["speedup"], 3), "order": "desc"}
             ]
-        return results
+        return clean_strings(results)  # the file's name, and messages quoting it, are the student's
 
     @classmethod
     def from_gradescope(cls, data: dict[str, Any]) -> GradingRun:
-        """Read a results.json written by `to_gradescope` back into the model."""
+        """Read a results.json written by `to_gradescope` back into the model, every string cleaned
+        (`clean_strings`): the file may have been written by anyone."""
+        data = clean_strings(data)
         extra = data.get("extra_data") or {}
         if extra.get("model_version") != MODEL_VERSION:
             raise ValueError("not a results.json written by this grader (no model_version in extra_data)")

@@ -1,6 +1,7 @@
 """The commands people type: grade, preview and grade-class, including how they fail."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from autograder.sandbox.protocol import clean_text
 from helpers import REFERENCE, ROOT, mutated_reference
 
 
@@ -194,6 +196,72 @@ def test_the_names_say_which_command_runs_the_students_code_unsandboxed(tmp_path
     lines = {line.split()[1]: line for line in make.stdout.splitlines() if line.startswith("make ")}
     assert "UNSANDBOXED" in lines["selfcheck"] and "same as make selfcheck" in lines["check"]
     assert "SANDBOXED" in lines["preview"] and "UNSANDBOXED" not in lines["preview"]
+
+
+# -- names and files a student chose, on every path -----------------------------------------------------------
+
+# An OSC 8 link (a file name holds no slash), an OSC 52 clipboard write (base64 of "rm -rf ~"), a CSI, a C1 CSI and a bidi override (U+202E:
+# the name reads "mha.py"), all in one file name; a forged results.json carries the same in its fields.
+HOSTILE_NAME = "\x1b]8;;https:evil.example\x07\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x9b1mmha\u202eyp.py"
+UNSAFE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+@pytest.mark.slow  # a grading run (of one part)
+def test_a_file_name_with_escapes_reaches_neither_results_json_nor_the_summary_raw(tmp_path):
+    """The file's name (its own, and in the messages that quote it) is cleaned in results.json and in `grade`'s
+    summary: once results.json kept it raw and the summary printed it to the terminal."""
+    path = tmp_path / HOSTILE_NAME
+    path.write_bytes(b"x = 1\n\0\n")  # a NUL byte: the reader's message quotes the file's name
+    out = tmp_path / "results.json"
+    run = autograder("grade", path, "--out", out, "--part", "quiz", "--device", "cpu", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    text = out.read_text()
+    assert not UNSAFE.search(text) and "\\u001b" not in text, text[:2000]
+    results = json.loads(text)
+    assert results["extra_data"]["submission"] == clean_text(HOSTILE_NAME, 200)
+    assert "contains a NUL byte" in results["output"]
+    assert "contains a NUL byte" in run.stdout and not UNSAFE.search(run.stdout + run.stderr), run.stdout
+
+
+FORGED_RESULTS = {
+    "score": 0,
+    "max_score": 10,
+    "output": "\x1b]52;c;cm0gLXJmIH4=\x07",
+    "tests": [
+        {
+            "name": "speed: \x1b]8;;https://evil.example\x07click\x1b]8;;\x07",
+            "score": 0,
+            "max_score": 10,
+            "status": "failed",
+            "output": "\x1b]52;c;cm0gLXJmIH4=\x07 \u202e",
+            "tags": ["speed", "speed::test_\x1b[31mspeedup"],
+        }
+    ],
+    "extra_data": {
+        "model_version": 1,
+        "status": "graded",
+        "submission": HOSTILE_NAME,
+        "seed": 7,
+        "device": "cpu\x1b]52;c;cm0gLXJmIH4=\x07",
+        "torch": "2.13\x1b]8;;https://evil.example\x07",
+        "speed": {"workloads": {"\x1b]52;c;cm0gLXJmIH4=\x07cpu": {"relative": 0.5, "rounds": 5, "credit": 0}}},
+    },
+}
+
+
+def test_explain_cleans_every_field_of_a_results_json_it_is_given(tmp_path):
+    """A forged results.json (OSC 52 clipboard writes, OSC 8 links, a bidi override in its fields): explain's
+    every line, on stdout and stderr, is cleaned; once it printed them raw."""
+    forged = tmp_path / "results.json"
+    forged.write_text(json.dumps(FORGED_RESULTS))
+    (tmp_path / "mha.py").write_text("x = 1\n")
+    shown = autograder("explain", forged, "--submission", tmp_path / "mha.py", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "not reproducible by seed" in shown.stdout and "cpu" in shown.stdout
+    missing = autograder("explain", forged, cwd=tmp_path)  # it cannot find the forged file's name
+    assert missing.returncode == 2 and "cannot find" in missing.stderr
+    for said in (shown.stdout, shown.stderr, missing.stdout, missing.stderr):
+        assert not UNSAFE.search(said), repr(said[:500])
 
 
 # -- disputes: explain a failed hidden check from the recorded seed --------------------------------------------

@@ -6,12 +6,14 @@ import csv
 import hashlib
 import io
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -562,6 +564,47 @@ def test_file_and_folder_names_never_reach_a_csv_as_formulas_nor_a_terminal_as_e
     assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue() and "owned" in out.getvalue()
     page = render(rows[1])
     assert "\x1b" not in page and "\x9b" not in page
+
+
+def test_distinct_students_stay_distinct_once_their_names_are_cleaned(tmp_path):
+    """`dup\nname` and `dup name` were one name in grades.csv (the newline became a space), and a bidi override
+    (U+202E) passed through. Each student keeps a row of their own, under a label no other student has, with
+    a note saying how their folder's name is shown; safe names are shown as they are."""
+    from autograder.course.class_outputs import OutputOptions, write_class_outputs
+    from autograder.course.nbgrader_export import COLUMNS, export_rows
+
+    names = ["dup\nname", "dup name", "dup\rname", "dup\u202ename", "=x", "'=x", "ann"]
+    course = make_course(tmp_path / "course", {n: {"mha.py": "x = 1\n"} for n in names})
+    rows = [Row(e, synthetic_run("mha.py")) for e in read_roster(course)]
+    assert sorted(r.student for r in rows) == sorted(names)
+    from rich.console import Console
+
+    write_class_outputs(course, rows, load_rubric(), OutputOptions(gradebook=False), Console(file=io.StringIO()))
+    for name in ("grades.csv", "grades-canvas.csv"):
+        text = (course / name).read_text()
+        assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]", text), name
+        students = [line[0] for line in csv.reader(io.StringIO(text))][1:]
+        students = [s for s in students if s != "Points Possible"]
+        assert len(students) == len(set(students)) == len(names), (name, students)
+    grades = {r["student"]: r for r in csv.DictReader(io.StringIO((course / "grades.csv").read_text()))}
+    assert grades["dup name"]["note"] == "" and grades["ann"]["note"] == ""
+    assert {"dup\ufffdname", "dup\ufffdname (2)", "dup\ufffdname (3)"} <= set(grades)
+    assert "shown as 'dup\ufffdname" in grades["dup\ufffdname"]["note"]
+    assert "numbered to tell it from another student's" in grades["dup\ufffdname (2)"]["note"]
+    assert grades["'=x"]["note"] == "" and "read as a formula" in grades["'=x (2)"]["note"]
+
+    # nbgrader's own export (`nbgrader export`), made from the gradebook's ids
+    from nbgrader.api import MissingEntry
+
+    class Gradebook:
+        students = [SimpleNamespace(id=n, last_name="", first_name="", email="") for n in names]
+        assignments = [SimpleNamespace(name="mha", duedate=None, max_score=100)]
+
+        def find_submission(self, assignment, student):
+            raise MissingEntry()
+
+    exported = [row[COLUMNS.index("student_id")] for row in export_rows(Gradebook(), [], [])[1:]]
+    assert len(set(exported)) == len(names) and "dup name" in exported and "dup\ufffdname (2)" in exported
 
 
 def test_a_class_run_closes_the_course_to_other_users_and_writes_nothing_they_can_read(tmp_path):

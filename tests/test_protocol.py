@@ -224,6 +224,13 @@ def test_strings_from_the_worker_are_truncated_and_cleaned():
     assert decode("line one\n\tindented") == "line one\n\tindented"
 
 
+def test_bidirectional_controls_are_cleaned_like_control_characters():
+    """U+202E makes "mha\u202eyp.py" read "mha.py"; every bidirectional control goes, the rest of Unicode stays."""
+    bidi = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+    assert protocol.clean_text(f"mha{bidi}yp.py", 100) == "mha" + "\ufffd" * len(bidi) + "yp.py"
+    assert protocol.clean_text("naïve 注意 ✓ \u200d", 100) == "naïve 注意 ✓ \u200d"
+
+
 def reply(op, value):
     return parse_reply(op, {"ok": True, "value": value}, Decoder([], FrameLimits(), CODEC.from_wire))
 

@@ -282,7 +282,7 @@ def grade_class(
         for entry in roster:
             if entry.note and (students is None or entry.student in students):
                 console.print(
-                    clean_for_output(f"{entry.student}: {entry.note}", newlines=False), style="yellow", markup=False
+                    clean_for_output(f"{entry.shown}: {entry.note}", newlines=False), style="yellow", markup=False
                 )
         unfinished = {} if force else unfinished_forced(record, roster)
         if unfinished:
@@ -395,8 +395,9 @@ def merge_class(
             style="red",
             markup=False,
         )
+        shown = {entry.student: entry.shown for entry in roster}
         for student, why in sorted(missing.items()):
-            console.print(clean_for_output(f"  {student}: {why}", newlines=False), markup=False)
+            console.print(clean_for_output(f"  {shown.get(student, student)}: {why}", newlines=False), markup=False)
         console.print(
             f"grade them (their shard again, or `grade-class {course}`, which grades only what is "
             "missing) and merge again",
@@ -449,7 +450,7 @@ def grade_all(
                 progress.update(
                     task,
                     advance=1,
-                    description=escape(clean_for_output(futures[future].student, newlines=False))
+                    description=escape(clean_for_output(futures[future].entry.shown, newlines=False))
                     + ": "
                     + (f"{run.score:g}/{run.max_score:g}" if run.graded else status_words(CANNOT_GRADE)),
                 )

@@ -27,11 +27,12 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
 from autograder.contract import ASSIGNMENT
+from autograder.course.clean import distinct_labels
 from autograder.grading.submission import submission_suffix
 
 TIMESTAMP_FILE, TIMESTAMP_BYTES = "timestamp.txt", 64
@@ -49,10 +50,16 @@ class Entry:
     note: str = ""  # for the instructor: which file was graded and why, or why there is none
     timestamp: datetime | None = None  # timestamp.txt's time (UTC), for the gradebook only
     timestamp_note: str = ""  # for the instructor: why timestamp.txt was not read
+    label: str = ""  # the student as every output shows them (`clean.distinct_labels`); "" when `student` is shown
 
     @property
     def has_file(self) -> bool:
         return self.file is not None
+
+    @property
+    def shown(self) -> str:
+        """The student as the outputs show them: safe in a terminal and a CSV cell, and no other student's."""
+        return self.label or self.student
 
 
 def resolves_inside(path: Path, root: Path) -> bool:
@@ -250,7 +257,21 @@ def read_roster(course: Path, assignment: str = ASSIGNMENT) -> list[Entry]:
         raise RosterError(f"{submitted} cannot be read by the grader ({exc.strerror or exc})") from None
     # a link among the student folders is an entry too (refused by `entry_for`), never followed
     folders = [submitted / n for n in names if not n.startswith(".") and (is_link(submitted / n) or _is_dir(submitted / n))]
-    return [entry_for(folder, assignment) for folder in folders]
+    return labelled([entry_for(folder, assignment) for folder in folders])
+
+
+def labelled(entries: list[Entry]) -> list[Entry]:
+    """The entries with the labels the outputs show them by (`clean.distinct_labels`), and a note for each
+    whose label is not its folder's name."""
+    labels = distinct_labels(e.student for e in entries)
+    changed = []
+    for entry in entries:
+        label, note = labels[entry.student]
+        if label == entry.student:
+            changed.append(entry)
+            continue
+        changed.append(replace(entry, label=label, note="; ".join(n for n in (note, entry.note) if n)))
+    return changed
 
 
 class RosterError(OSError):

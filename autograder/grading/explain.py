@@ -33,6 +33,7 @@ import torch
 from autograder.grading import scoring
 from autograder.grading.checks import harness
 from autograder.model import FAILED, CheckResult, GradingRun
+from autograder.sandbox.protocol import clean_text
 
 CASES = re.compile(r" \[[^\]]*\]$")  # a row's "[case]" or "[7 of 9 cases]"
 SHOWN = 48  # a tensor with at most this many numbers is printed whole
@@ -131,32 +132,41 @@ def explain_speed(run: GradingRun, submission: str) -> str:
     return "\n".join(lines)
 
 
+def say(text: object, error: bool = False) -> None:
+    """Print `text` cleaned (`protocol.clean_text`): file and folder names are the student's, and the
+    results.json explained may be forged (an OSC 52 clipboard write, an OSC 8 link in a check's name)."""
+    line = str(text)
+    print(clean_text(line, len(line)), file=sys.stderr if error else sys.stdout)
+
+
 def explain(results_path: Path, keys: list[str] | None, submission: Path | None, device: str | None) -> int:
     from autograder.grading import grade as grading
 
-    run = GradingRun.from_gradescope(json.loads(Path(results_path).read_text()))
+    try:
+        run = GradingRun.from_gradescope(json.loads(Path(results_path).read_text()))
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        say(f"{results_path}: not a results.json this grader wrote ({type(exc).__name__}: {exc})", error=True)
+        return 2
     if not run.graded or run.seed is None:
-        print(
-            f"{results_path}: this run has no scores to explain ({run.reason or 'no seed recorded'})", file=sys.stderr
-        )
+        say(f"{results_path}: this run has no scores to explain ({run.reason or 'no seed recorded'})", error=True)
         return 2
     submission = submission or submission_of(Path(results_path), run.submission)
     if submission is None:
-        print(f"cannot find {run.submission} for {results_path}: name it with --submission", file=sys.stderr)
+        say(f"cannot find {run.submission} for {results_path}: name it with --submission", error=True)
         return 2
     rows = [c for c in run.checks if c.status == FAILED] if not keys else []
     for key in keys or []:
         base, _, case = key.partition("[")
         found = [c for c in run.checks if c.key == base and (not case or case.rstrip("]") in c.cases)]
         if not found:
-            print(f"{results_path}: no check {key} (its checks: {', '.join(sorted({c.key for c in run.checks}))})")
+            say(f"{results_path}: no check {key} (its checks: {', '.join(sorted({c.key for c in run.checks}))})")
             return 2
         rows += [c if not case else _only(c, case.rstrip("]")) for c in found]
     speed_rows = [c for c in rows if c.part == "speed"]
     rows = [c for c in rows if c.part != "speed"]
-    print(f"{submission}: seed {run.seed}, graded on {run.device}, torch {run.torch}")
+    say(f"{submission}: seed {run.seed}, graded on {run.device}, torch {run.torch}")
     for what in changed_since(Path(results_path), submission):
-        print(f"note: the {what} changed since this run was graded; what follows is today's {what}'s")
+        say(f"note: the {what} changed since this run was graded; what follows is today's {what}'s")
     if rows:
         wanted = tuple(dict.fromkeys(f"{c.key}[{case}]" if case else c.key for c in rows for case in c.cases or [""]))
         harness.NOTES = []
@@ -169,15 +179,18 @@ def explain(results_path: Path, keys: list[str] | None, submission: Path | None,
         finally:
             harness.NOTES = None
         if not again.graded:
-            print(f"cannot grade it again: {again.reason}", file=sys.stderr)
+            say(f"cannot grade it again: {again.reason}", error=True)
             return 2
         for row in rows:
             for case in row.cases or [""]:
-                print()
-                print(report(row, case, again, [n for n in notes if n["check"] == check_id(row.key, case)]))
+                say("")
+                say(report(row, case, again, [n for n in notes if n["check"] == check_id(row.key, case)]))
     if speed_rows:
-        print()
-        print(explain_speed(run, str(submission)))
+        say("")
+        try:
+            say(explain_speed(run, str(submission)))
+        except (TypeError, ValueError, AttributeError) as exc:  # figures of a results.json written elsewhere
+            say(f"speed: the figures in {results_path} cannot be read ({type(exc).__name__}: {exc})")
     return 0
 
 

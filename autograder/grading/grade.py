@@ -35,7 +35,7 @@ from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.report import print_summary
 from autograder.grading.scoring import score
 from autograder.grading.workers import EarlyStart, grades_speed, hidden_folders, worker_config
-from autograder.model import CANNOT_GRADE, GRADED, GradingRun, LoadReport
+from autograder.model import CANNOT_GRADE, GRADED, GradingRun, LoadReport, clean_strings
 from autograder.rubric import Rubric, RubricError, load_rubric
 from autograder.sandbox import machine
 from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
@@ -321,7 +321,7 @@ def grade_command(path: Path, options: Options) -> int:
         )
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        run = grade_submission(path, options)
+        run = clean_strings(grade_submission(path, options))  # the summary quotes the file's name, the student's
     finally:
         signal.signal(signal.SIGTERM, previous)
     if options.out is not None:

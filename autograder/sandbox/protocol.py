@@ -74,14 +74,26 @@ class FrameLimits:
     list_items: int = 1 << 16  # any one list, and all of a frame's value nodes together x 4
 
 
+# Unicode's bidirectional controls: they reorder what a terminal, an editor or a page shows (U+202E makes
+# "mha\u202eyp.py" read "mha.py"), so they are replaced like control characters.
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def unsafe_char(ch: str) -> bool:
+    """Whether `ch` must not reach a terminal, a page or a file as it is: a control character (C0 but newline
+    and tab, DEL, C1) or a bidirectional control."""
+    return ch not in "\n\t" and (ch < " " or 0x7F <= ord(ch) <= 0x9F or ch in BIDI_CONTROLS)
+
+
 def clean_text(text: Any, limit: int) -> str:
     """A string safe for a terminal, HTML, JSON and a CSV cell: at most `limit` characters, no lone
-    surrogates, no control characters but newline and tab (others become U+FFFD)."""
+    surrogates, no control characters but newline and tab and no bidirectional controls (each becomes
+    U+FFFD)."""
     if not isinstance(text, str):
         raise ProtocolError(f"expected a string, got {type(text).__name__}")
     cut = text[:limit]
     cut = cut.encode("utf-8", "replace").decode("utf-8")  # lone surrogates -> "?"
-    cleaned = "".join(ch if ch in "\n\t" or (ch >= " " and not 0x7F <= ord(ch) <= 0x9F) else "\ufffd" for ch in cut)
+    cleaned = "".join("\ufffd" if unsafe_char(ch) else ch for ch in cut)
     return cleaned + (f"... [{len(text) - limit:,} more characters]" if len(text) > limit else "")
 
 
