@@ -12,9 +12,12 @@ is not a submission), in which case it carries no score and `make grade` retries
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
+from autograder.atomic import open_atomically
 from autograder.contract import PART_IDS
 from autograder.sandbox.protocol import CellProblem  # the worker's own report, as it crossed the wire
 from autograder.sandbox.protocol import clean_text
@@ -22,6 +25,8 @@ from autograder.sandbox.protocol import clean_text
 T = TypeVar("T")
 
 GRADED, CANNOT_GRADE = "graded", "cannot_grade"
+# What results.json says while a grading runs: a grader killed before it writes its own leaves this behind.
+UNFINISHED = "grading did not finish: the grader was stopped before it wrote its results"
 # Other words for a run's status that results.json files written elsewhere may hold; read as ours.
 STATUS_ALIASES = {"could_not_grade": CANNOT_GRADE, "could not grade": CANNOT_GRADE, "cannot grade": CANNOT_GRADE}
 # A check's status. NOT_SCORED: it earned nothing because something it rests on is wrong (the message says
@@ -263,3 +268,17 @@ class GradingRun:
             ),
             execution_time=float(data.get("execution_time", 0.0)),
         )
+
+
+def write_results(out: Path, run: GradingRun) -> None:
+    """results.json, atomically (`atomic.open_atomically`: a temporary file renamed over the old one), readable
+    by feedback tools: a reader, or a kill at any moment, finds the old file or the new, never half of one."""
+    with open_atomically(Path(out)) as handle:
+        json.dump(run.to_gradescope(), handle, indent=2, ensure_ascii=False)
+        handle.write("\n")
+
+
+def write_unfinished(out: Path, submission: str) -> None:
+    """The placeholder results.json a grading writes before anything else (`UNFINISHED`, cannot grade): a
+    grader killed at any later moment leaves it, or its own full results, never an older run's score."""
+    write_results(out, GradingRun(status=CANNOT_GRADE, submission=submission, reason=UNFINISHED))

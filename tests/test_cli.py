@@ -1,10 +1,13 @@
 """The commands people type: grade, preview and grade-class, including how they fail."""
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -119,6 +122,89 @@ def test_the_seed_is_recorded_and_a_run_can_be_reproduced(tmp_path):
     outputs = [[t["output"] for t in json.loads(p.read_text())["tests"]] for p in (first, again)]
     assert outputs[0] == outputs[1]  # the same hidden inputs, so the same largest differences
     assert any("largest difference" in text for text in outputs[0])
+
+
+# Runs `python -m autograder grade` with an import hook that, at the first import of a module neither of the
+# standard library nor of the grader's own package, reads results.json and ends the process: what a kill -9
+# at that moment would leave behind.
+AT_FIRST_IMPORT = """
+import json, os, runpy, sys, sysconfig
+
+out = sys.argv[1]
+STDLIB = tuple(os.path.realpath(sysconfig.get_paths()[key]) for key in ("stdlib", "platstdlib"))
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in sys.stdlib_module_names or top == "autograder":
+            return None
+        found = [f.find_spec(name, path, target) for f in sys.meta_path if f is not self and hasattr(f, "find_spec")]
+        spec = next((f for f in found if f is not None), None)  # (the standard library probes for some that do not)
+        origin = os.path.realpath(spec.origin) if spec is not None and spec.origin else ""
+        if spec is not None and not origin.startswith(STDLIB):
+            with open(out) as handle:
+                data = json.load(handle)
+            extra = data.get("extra_data") or {"status": "old", "reason": data["output"]}
+            print(name, extra["status"], extra["reason"])
+            sys.stdout.flush()
+            os._exit(0)
+        return None
+
+sys.meta_path.insert(0, Watch())
+sys.argv = ["autograder", "grade", sys.argv[2], "--out", out]
+runpy.run_module("autograder", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_the_placeholder_is_written_before_any_import_beyond_the_standard_library(tmp_path):
+    """`grade --out` killed in its first seconds once left the previous run's score: the placeholder came after
+    the early start and the imports of torch and pytest. It is now the first thing written, so a kill at any
+    moment leaves either it or the full result."""
+    out = tmp_path / "results.json"
+    out.write_text(json.dumps({"score": 100, "max_score": 100, "output": "an older run", "tests": []}))
+    (tmp_path / "mha.py").write_text("x = 1\n")
+    done = subprocess.run(
+        [sys.executable, "-c", AT_FIRST_IMPORT, str(out), str(tmp_path / "mha.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    module, status, reason = done.stdout.split(" ", 2)
+    assert status == "cannot_grade" and "grading did not finish" in reason, (module, done.stdout)
+
+
+@pytest.mark.slow
+def test_a_grader_killed_at_any_moment_leaves_the_placeholder_or_its_results(tmp_path):
+    """kill -9 at moments spread over a grading (from the moment the placeholder appears to the end): what is
+    left is the placeholder or the full results, never the older run's score nor half a file."""
+    (tmp_path / "mha.py").write_text(REFERENCE.read_text())
+    left = []
+    for delay in (0.0, 0.5, 2.0, 5.0):
+        out = tmp_path / f"results-{delay}.json"
+        out.write_text(json.dumps({"score": 100, "max_score": 100, "output": "an older run", "tests": []}))
+        grader = subprocess.Popen(
+            [sys.executable, "-m", "autograder", "grade", str(tmp_path / "mha.py"), "--out", str(out), "--quiet"],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        started = time.monotonic()
+        while "an older run" in out.read_text() and grader.poll() is None and time.monotonic() - started < 60:
+            time.sleep(0.01)
+        time.sleep(delay)
+        os.killpg(grader.pid, signal.SIGKILL)
+        grader.wait()
+        results = json.loads(out.read_text())
+        assert results["output"] != "an older run"
+        left.append(results["extra_data"]["status"])
+        if results["extra_data"]["status"] == "cannot_grade":
+            assert "grading did not finish" in results["extra_data"]["reason"]
+        else:
+            assert results["score"] == 100
+    assert "cannot_grade" in left
 
 
 def test_a_broken_installation_is_not_graded_as_zero(tmp_path, monkeypatch):
