@@ -176,6 +176,7 @@ def test_the_placeholder_is_written_before_any_import_beyond_the_standard_librar
 
 
 @pytest.mark.slow
+@pytest.mark.long  # four gradings, each killed
 def test_a_grader_killed_at_any_moment_leaves_the_placeholder_or_its_results(tmp_path):
     """kill -9 at moments spread over a grading (from the moment the placeholder appears to the end): what is
     left is the placeholder or the full results, never the older run's score nor half a file."""
@@ -385,6 +386,71 @@ def test_explain_recomputes_a_failed_checks_inputs_and_values_from_the_seed(tmp_
     assert f"[[{expected[0]:.4f}, {expected[1]:.4f}]," in text.replace("tensor(", "")
     assert "input to MultiHeadAttention.forward: (2, 5, 4) float64" in text  # the "1 head" case: batch 2, 5 tokens
     assert "largest difference" in text and "NOT what it was graded" not in text
+
+
+# Right on its own, wrong once the speed part has built its module (64 heads): the speed part runs first in a
+# grading, so every later check sees the wrong values; a check regraded alone does not.
+WRONG_AFTER_THE_SPEED_BUILD = """
+_seen = []
+_init, _forward = MultiHeadAttention.__init__, MultiHeadAttention.forward
+
+def _remember(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+    _seen.append(num_heads)
+    _init(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+
+def _after_speed(self, x):
+    return _forward(self, x) * (1.5 if 64 in _seen else 1.0)
+
+MultiHeadAttention.__init__ = _remember
+MultiHeadAttention.forward = _after_speed
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.long  # three gradings: the first, and explain's (alone, then whole)
+def test_explain_says_reproduced_when_a_check_fails_only_after_what_ran_before_it(tmp_path):
+    """Regraded alone, mha's check passes (the speed part did not build its module first); explain once said
+    "NOT what it was graded: the file or the grader changed" when neither had. It now grades the whole run
+    again, finds the failure, and says why the check alone passed."""
+    from helpers import grade
+    from speed_variants import with_cell
+
+    path = tmp_path / "mha.py"
+    path.write_text(with_cell(WRONG_AFTER_THE_SPEED_BUILD))
+    results, run = grade(path, tmp_path, "--seed", "77", "--part", "speed", "--part", "mha")
+    assert run.returncode == 0, run.stderr
+    failed = {t["tags"][1] for t in results["tests"] if t["status"] == "failed"}
+    assert "mha::test_book_example" in failed, failed
+    done = subprocess.run(
+        [sys.executable, "-m", "autograder", "explain", str(tmp_path / "mha-results.json"), "--submission", str(path)]
+        + ["--check", "mha::test_book_example"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "NOT" not in text and "the file or the grader changed" not in text, text
+    assert "again: failed (reproduced, graded whole as it was" in text
+    assert "Graded alone it was passed" in text and "the speed part first" in text
+
+
+def test_explain_says_not_reproduced_only_with_the_reason():
+    """The verdict line: reproduced alone; reproduced only whole; not reproduced, because an input changed,
+    or although the class record says nothing did."""
+    from autograder.grading.explain import reproduction
+    from autograder.model import FAILED, GRADED, PASSED, CheckResult, GradingRun
+
+    row = CheckResult("mha::test_x", "mha", "x", FAILED, 0, 1, "wrong values")
+    failing = GradingRun(GRADED, "mha.py", checks=[row])
+    passing = GradingRun(GRADED, "mha.py", checks=[CheckResult("mha::test_x", "mha", "x", PASSED, 1, 1)])
+    assert reproduction(row, "", failing, None, [], False) == "again:   failed: wrong values"
+    line = reproduction(row, "", passing, failing, [], False)
+    assert line.startswith("again:   failed (reproduced, graded whole as it was") and "NOT" not in line
+    line = reproduction(row, "", passing, passing, ["submission"], True)
+    assert "NOT reproduced" in line and "the submission changed since it was graded" in line
+    line = reproduction(row, "", passing, passing, [], True)
+    assert "NOT reproduced" in line and "are as they were" in line and "varies between gradings" in line
 
 
 def test_explain_says_why_the_speed_part_is_not_reproducible(tmp_path):

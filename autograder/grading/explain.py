@@ -25,6 +25,7 @@ import argparse
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -169,22 +170,27 @@ def explain(results_path: Path, keys: list[str] | None, submission: Path | None,
         say(f"note: the {what} changed since this run was graded; what follows is today's {what}'s")
     if rows:
         wanted = tuple(dict.fromkeys(f"{c.key}[{case}]" if case else c.key for c in rows for case in c.cases or [""]))
-        harness.NOTES = []
-        try:
-            options = grading.Options(
-                device=device or run.device or "auto", out=None, quiet=True, seed=run.seed, checks=wanted
-            )
-            again = grading.grade_submission(submission, options)
-            notes = harness.NOTES
-        finally:
-            harness.NOTES = None
+        options = grading.Options(device=device or run.device or "auto", out=None, quiet=True, seed=run.seed)
+        again, notes = regrade(submission, replace(options, checks=wanted))
         if not again.graded:
             say(f"cannot grade it again: {again.reason}", error=True)
             return 2
+        whole: GradingRun | None = None
+        if any(outcome(again, row, case) != row.status for row in rows for case in row.cases or [""]):
+            # Alone, a check runs without what ran before it in the grading (the speed part first, which builds
+            # the submission's module on its own workload, then the other parts): graded whole again, as it was.
+            graded_parts = tuple(dict.fromkeys(c.part for c in run.checks))
+            whole, notes = regrade(submission, replace(options, parts=graded_parts))
+        changed = changed_since(Path(results_path), submission) + [
+            what for what, was, now in (("torch version", run.torch, torch.__version__), ("device", run.device, options.device))
+            if was and now != "auto" and was != now
+        ]
+        recorded = (Path(results_path).resolve().parent / "inputs.json").is_file()
         for row in rows:
             for case in row.cases or [""]:
                 say("")
-                say(report(row, case, again, [n for n in notes if n["check"] == check_id(row.key, case)]))
+                verdict = reproduction(row, case, again, whole, changed, recorded)
+                say(report(row, case, verdict, [n for n in notes if n["check"] == check_id(row.key, case)]))
     if speed_rows:
         say("")
         try:
@@ -195,23 +201,69 @@ def explain(results_path: Path, keys: list[str] | None, submission: Path | None,
 
 
 def _only(row: CheckResult, case: str) -> CheckResult:
-    from dataclasses import replace
-
     return replace(row, cases=[case])
 
 
-def report(row: CheckResult, case: str, again: GradingRun, notes: list[dict[str, Any]]) -> str:
-    label = f"{row.part}: {CASES.sub('', row.name)}" + (f" [{case}]" if case else "")
-    now = next((c for c in again.checks if c.key == row.key and (not case or case in c.cases)), None)
-    lines = [label, f"  graded:  {row.status}: {_first(row.message)}"]
-    if now is None:
-        lines.append("  again:   this check did not run")
-    else:
-        same = now.status == row.status
-        lines.append(
-            f"  again:   {now.status}{'' if same else ' (NOT what it was graded: the file or the grader changed)'}: "
-            f"{_first(now.message)}"
+def regrade(submission: Path, options: Any) -> tuple[GradingRun, list[dict[str, Any]]]:
+    """The submission graded again with `options` (its seed), and what the harness noted while it ran."""
+    from autograder.grading import grade as grading
+
+    harness.NOTES = []
+    try:
+        again = grading.grade_submission(submission, options)
+        return again, harness.NOTES
+    finally:
+        harness.NOTES = None
+
+
+def found(run: GradingRun, row: CheckResult, case: str) -> CheckResult | None:
+    return next((c for c in run.checks if c.key == row.key and (not case or case in c.cases)), None)
+
+
+def outcome(run: GradingRun, row: CheckResult, case: str) -> str | None:
+    """The status of `row`'s check (and case) in `run`; None when it did not run."""
+    now = found(run, row, case)
+    return None if now is None else now.status
+
+
+def reproduction(
+    row: CheckResult, case: str, alone: GradingRun, whole: GradingRun | None, changed: list[str], recorded: bool
+) -> str:
+    """The line saying whether the check's outcome was reproduced, and when it was not, why: "not reproduced"
+    only when neither the check graded alone nor the whole grading gave what it was graded."""
+    now = found(alone, row, case)
+    if now is not None and now.status == row.status:
+        return f"again:   {now.status}: {_first(now.message)}"
+    alone_said = "it did not run" if now is None else f"{now.status} ({_first(now.message)})"
+    again = found(whole, row, case) if whole is not None else None
+    if again is not None and again.status == row.status:
+        return (
+            f"again:   {again.status} (reproduced, graded whole as it was: {_first(again.message)}). Graded alone it "
+            f"was {alone_said}: alone, it runs without what runs before it in a grading (the speed part first, "
+            "which builds your module on its own workload, then the other parts), so your code behaves "
+            "differently after those"
         )
+    if whole is not None and not whole.graded:
+        why = f"and graded whole it could not be graded ({whole.reason})"
+    elif changed:
+        why = f"the {' and the '.join(changed)} changed since it was graded"
+    elif recorded:
+        why = (
+            "yet the file, the grader and the reference are as they were when it was graded (the class record "
+            "says so): its outcome varies between gradings of the same code (a deadline, the machine's load)"
+        )
+    else:
+        why = (
+            "and no record beside this results.json says whether the file or the grader changed since it was "
+            "graded (a class run's record does): either did, or its outcome varies between gradings"
+        )
+    whole_said = "" if again is None else f"; graded whole, {again.status}"
+    return f"again:   NOT reproduced: graded alone, {alone_said}{whole_said}; {why}"
+
+
+def report(row: CheckResult, case: str, verdict: str, notes: list[dict[str, Any]]) -> str:
+    label = f"{row.part}: {CASES.sub('', row.name)}" + (f" [{case}]" if case else "")
+    lines = [label, f"  graded:  {row.status}: {_first(row.message)}", f"  {verdict}"]
     for item in notes:
         if item["kind"] == "input":
             lines.append(f"  input to {item['what']}: {show(item['value'])}")
