@@ -208,14 +208,15 @@ def default_jobs() -> int:
     return min(max(2, 2 * (os.cpu_count() or 1)), 8)
 
 
-def isolation_refusal(isolation: str) -> str:
-    """Why no student could be graded here with `isolation` (no sandbox and no fresh uid), and what would
-    fix it; "" when grading can start. Said once, before anyone is graded, rather than once per student."""
-    from autograder.sandbox import machine
+def isolation_refusal(isolation: str, rubric: Path) -> str:
+    """Why no student could be graded here with `isolation` (no sandbox and no fresh uid; or a fresh uid
+    outside the sandbox that could read the grader's own files: `exposure.problem`), and what would fix it;
+    "" when grading can start. Said once, before anyone is graded, rather than once per student."""
+    from autograder.sandbox import exposure, machine
 
     here = machine.survey()
     if isolation != "auto" or here.isolation is not None:
-        return ""
+        return exposure.problem(isolation, rubric)
     return here.refusal + (f". What would fix it here: {here.advice}" if here.advice else "")
 
 
@@ -294,7 +295,7 @@ def grade_class(
             )
         todo = plan(roster, record, ClassInputs.compute(rubric_path, device), force, students, unfinished)
         # Only when there is someone to grade: a re-run with nothing changed asks the machine nothing.
-        refusal = isolation_refusal(isolation) if todo else ""
+        refusal = isolation_refusal(isolation, rubric_path) if todo else ""
         if refusal:
             console.print(f"cannot grade: {refusal}", style="red", markup=False)
             return EXIT_CANNOT_GRADE

@@ -37,7 +37,7 @@ from autograder.grading.scoring import score
 from autograder.grading.workers import EarlyStart, grades_speed, hidden_folders, worker_config
 from autograder.model import CANNOT_GRADE, GRADED, GradingRun, LoadReport, clean_strings, write_results, write_unfinished
 from autograder.rubric import Rubric, RubricError, load_rubric
-from autograder.sandbox import machine
+from autograder.sandbox import exposure, machine
 from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
 
 CHECKS_DIR = Path(__file__).with_name("checks")
@@ -216,6 +216,9 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         run.device = resolve_device(options.device)
         cells, problem = read_submission(path)
         config = worker_config(rubric, run.device, hidden_folders(path, options.out), options.isolation)
+        exposed = exposure.problem(config.isolation, rubric.path)
+        if exposed:  # a worker could read the reference's solution: no student code runs here until it cannot
+            raise CannotGrade(exposed)
         worker = (options.early and options.early.adopt(config, cells, path.name)) or start_worker(
             cells, path.name, config, options
         )

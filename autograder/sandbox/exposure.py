@@ -1,0 +1,148 @@
+"""Trusted side: whether a worker's fresh uid could read the grader's own files, under process isolation.
+
+In the namespace sandbox a worker sees only its allow list, with the grader's checkout (or, installed, its
+packages) masked (`bwrap`). Under process isolation it sees the machine's filesystem as its user may: as
+a fresh uid when the grader is root (Gradescope's and Docker's setting), which owns no file and is in no
+group. A checkout readable by every user (the usual 0755 folders and 0644 files) then hands it the
+reference's solution (`reference/mha.py`, the nbgrader source, the sample class), the rubric and the
+hidden checks; a reading of the reference once put the solution into a visible check's message.
+
+For such a uid the kernel decides by the "other" permission bits alone: it is not the owner, the group
+is not its own group, it has no supplementary groups and no ACL names it (ACL entries for named users and
+groups, and the mask, never apply to it), and it has no capabilities. So a file is readable to it exactly
+when the file has `o+r` and every folder above it `o+x`, which `readable_by_others` checks without becoming
+that uid. Security modules (AppArmor, SELinux) only ever refuse more.
+
+`refusal` says, before a grading starts a worker, which of the grader's files such a worker could read and
+the command that closes them (`chmod o-rwx` on the fewest paths: never the interpreter's own folders, which
+the worker runs); grading refuses to start until then. Deployments close them when they are built:
+`deploy/gradescope/setup.sh` (`chmod -R go-rwx` on the source) and `deploy/kubernetes/Dockerfile` (all but
+the virtualenv).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from autograder.sandbox import bwrap, probe
+
+
+def _others_may(info: os.stat_result, bit: int) -> bool:
+    return bool(info.st_mode & bit)
+
+
+def reachable_by_others(folder: str) -> bool:
+    """Whether every folder from / down to `folder` (its real path) lets other users through (`o+x`)."""
+    current = "/"
+    for part in Path(os.path.realpath(folder)).parts[1:] if folder != "/" else ():
+        current = os.path.join(current, part)
+        try:
+            if not _others_may(os.stat(current), stat.S_IXOTH):
+                return False
+        except OSError:
+            return False
+    try:
+        return _others_may(os.stat("/"), stat.S_IXOTH)
+    except OSError:
+        return False
+
+
+def first_readable(path: str, keep: tuple[str, ...] = ()) -> str | None:
+    """The first file at or below `path` (not through a link, nor into a folder of `keep`) whose bits let
+    other users read it, given that they can reach `path`'s folder; None when there is none."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISREG(info.st_mode):
+        return path if _others_may(info, stat.S_IROTH) else None
+    if not stat.S_ISDIR(info.st_mode) or not _others_may(info, stat.S_IXOTH) or _inside_any(path, keep):
+        return None  # a link (its target is checked where it lies), or a folder they cannot enter
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return None
+    for name in names:
+        found = first_readable(os.path.join(path, name), keep)
+        if found is not None:
+            return found
+    return None
+
+
+def _inside_any(path: str, folders: tuple[str, ...]) -> bool:
+    return any(bwrap.inside(path, folder) for folder in folders)
+
+
+def to_close(roots: Iterable[str], keep: tuple[str, ...]) -> dict[str, str]:
+    """The fewest paths whose `chmod o-rwx` leaves no file under `roots` readable by other users, each with
+    a file it would close; never a folder of `keep` (the interpreter's: the worker must run it) nor one
+    holding it, whose other entries are closed instead."""
+    closing: dict[str, str] = {}
+
+    def visit(path: str) -> None:
+        holds_kept = any(bwrap.inside(folder, path) and folder != path for folder in keep)
+        if _inside_any(path, keep):
+            return
+        if not holds_kept:
+            found = first_readable(path, keep)
+            if found is not None:
+                closing[path] = found
+            return
+        try:
+            names = sorted(os.listdir(path))
+        except OSError:
+            return
+        for name in names:
+            child = os.path.join(path, name)
+            if not os.path.islink(child):
+                visit(child)
+
+    for root in dict.fromkeys(os.path.realpath(r) for r in roots):
+        if os.path.exists(root) and reachable_by_others(os.path.dirname(root) or "/"):
+            visit(root)
+    return {p: f for p, f in closing.items() if not any(q != p and bwrap.inside(p, q) for q in closing)}
+
+
+def grader_secrets(rubric: Path) -> list[str]:
+    """What a worker must never read: the checkout (or, installed, the grader's packages, the reference
+    among them) and the rubric in use."""
+    return [*bwrap.grader_folders(), str(rubric)]
+
+
+def interpreter_folders() -> tuple[str, ...]:
+    """What the worker runs, and so must read: the interpreter's prefixes (a virtualenv inside a checkout)."""
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix)))
+
+
+def refusal(rubric: Path) -> str:
+    """Why a worker running as a fresh uid outside the namespace sandbox must not start here, with the
+    command that fixes it; "" when it could read none of the grader's files."""
+    closing = to_close(grader_secrets(rubric), interpreter_folders())
+    if not closing:
+        return ""
+    rubric_file = os.path.realpath(rubric)
+    found = sorted(closing.values(), key=lambda f: (f"{os.sep}reference{os.sep}" not in f, f != rubric_file, f))
+    examples = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return (
+        "each worker runs as a fresh unprivileged uid outside the namespace sandbox here, and that uid could "
+        f"read the grader's own files (the reference's solution, the rubric, the checks): {examples}. "
+        f"Close them to other users first: chmod o-rwx {' '.join(shlex.quote(p) for p in closing)}"
+    )
+
+
+def problem(isolation: str, rubric: Path) -> str:
+    """`refusal(rubric)` where a worker asked for with `isolation` (auto, namespace or process) would run as a
+    fresh uid outside the namespace sandbox (the launcher's rule); else "". Where no isolation can be chosen
+    at all, the worker's own start says why."""
+    try:
+        chosen = probe.choose_isolation(isolation)
+    except (OSError, ValueError):
+        return ""
+    if chosen != "process" or not (probe.is_root() and probe.separate_uid_available()):
+        return ""
+    return refusal(rubric)
