@@ -88,8 +88,9 @@ def test_the_refusal_names_the_solution_and_a_command_that_closes_it(open_folder
     rubric = project / "autograder" / "rubric.toml"
     monkeypatch.setattr(exposure.bwrap, "grader_folders", lambda: [str(project)])
     monkeypatch.setattr(exposure, "interpreter_folders", lambda: (str(project / ".venv"),))
+    monkeypatch.setattr(exposure, "reference_folder", lambda: str(project / "reference"))
     said = exposure.refusal(rubric)
-    assert said.index(str(project / "reference" / "mha.py")) < said.index(str(project / "autograder"))
+    assert f"the reference's solution ({project / 'reference'})" in said and f"the rubric ({rubric})" in said
     command = said.split("Close them to other users first: ", 1)[1]
     assert command.startswith("chmod o-rwx ") and str(project / ".venv") not in command
     subprocess.run(shlex.split(command), check=True)  # the advice, followed literally

@@ -22,6 +22,7 @@ the virtualenv).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import stat
@@ -114,6 +115,17 @@ def grader_secrets(rubric: Path) -> list[str]:
     return [*bwrap.grader_folders(), str(rubric)]
 
 
+def reference_folder() -> str | None:
+    """The real path of the reference's package, as the grader imports it; None when there is none."""
+    try:
+        spec = importlib.util.find_spec("reference")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.realpath(next(iter(spec.submodule_search_locations)))
+
+
 def interpreter_folders() -> tuple[str, ...]:
     """What the worker runs, and so must read: the interpreter's prefixes (a virtualenv inside a checkout)."""
     return tuple(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix)))
@@ -125,12 +137,15 @@ def refusal(rubric: Path) -> str:
     closing = to_close(grader_secrets(rubric), interpreter_folders())
     if not closing:
         return ""
-    rubric_file = os.path.realpath(rubric)
-    found = sorted(closing.values(), key=lambda f: (f"{os.sep}reference{os.sep}" not in f, f != rubric_file, f))
-    examples = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    named = {"the reference's solution": reference_folder(), "the rubric": os.path.realpath(rubric)}
+    what = [
+        f"{name} ({path})"
+        for name, path in named.items()
+        if path and reachable_by_others(os.path.dirname(path)) and first_readable(path) is not None
+    ] or [f"such as {next(iter(closing.values()))}"]
     return (
         "each worker runs as a fresh unprivileged uid outside the namespace sandbox here, and that uid could "
-        f"read the grader's own files (the reference's solution, the rubric, the checks): {examples}. "
+        f"read the grader's own files: {', '.join(what)}. "
         f"Close them to other users first: chmod o-rwx {' '.join(shlex.quote(p) for p in closing)}"
     )
 
