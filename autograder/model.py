@@ -19,8 +19,10 @@ from typing import Any, TypeVar
 
 from autograder.atomic import open_atomically
 from autograder.contract import PART_IDS
-from autograder.sandbox.protocol import CellProblem  # the worker's own report, as it crossed the wire
-from autograder.sandbox.protocol import clean_text
+from autograder.sandbox.protocol import (
+    CellProblem,  # the worker's own report, as it crossed the wire
+    clean_text,
+)
 
 T = TypeVar("T")
 

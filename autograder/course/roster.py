@@ -256,7 +256,9 @@ def read_roster(course: Path, assignment: str = ASSIGNMENT) -> list[Entry]:
     except OSError as exc:
         raise RosterError(f"{submitted} cannot be read by the grader ({exc.strerror or exc})") from None
     # a link among the student folders is an entry too (refused by `entry_for`), never followed
-    folders = [submitted / n for n in names if not n.startswith(".") and (is_link(submitted / n) or _is_dir(submitted / n))]
+    folders = [
+        submitted / n for n in names if not n.startswith(".") and (is_link(submitted / n) or _is_dir(submitted / n))
+    ]
     return labelled([entry_for(folder, assignment) for folder in folders])
 
 

@@ -182,7 +182,11 @@ def explain(results_path: Path, keys: list[str] | None, submission: Path | None,
             graded_parts = tuple(dict.fromkeys(c.part for c in run.checks))
             whole, notes = regrade(submission, replace(options, parts=graded_parts))
         changed = changed_since(Path(results_path), submission) + [
-            what for what, was, now in (("torch version", run.torch, torch.__version__), ("device", run.device, options.device))
+            what
+            for what, was, now in (
+                ("torch version", run.torch, torch.__version__),
+                ("device", run.device, options.device),
+            )
             if was and now != "auto" and was != now
         ]
         recorded = (Path(results_path).resolve().parent / "inputs.json").is_file()

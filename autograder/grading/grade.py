@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import resource
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +33,15 @@ from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.report import print_summary
 from autograder.grading.scoring import score
 from autograder.grading.workers import EarlyStart, grades_speed, hidden_folders, worker_config
-from autograder.model import CANNOT_GRADE, GRADED, GradingRun, LoadReport, clean_strings, write_results, write_unfinished
+from autograder.model import (
+    CANNOT_GRADE,
+    GRADED,
+    GradingRun,
+    LoadReport,
+    clean_strings,
+    write_results,
+    write_unfinished,
+)
 from autograder.rubric import Rubric, RubricError, load_rubric
 from autograder.sandbox import exposure, machine
 from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
