@@ -58,6 +58,19 @@ def test_a_world_readable_checkout_is_closed_by_the_fewest_paths_never_the_inter
     assert exposure.first_readable(str(project / ".venv" / "lib")) is not None  # the worker still runs it
 
 
+def test_the_graders_packages_installed_in_the_interpreters_folder_are_checked_all_the_same(open_folder):
+    """Installed (not a checkout), `autograder` and `reference` sit in the virtualenv's site-packages, which the
+    worker must read: those two folders are still the grader's, and are closed."""
+    site = open_folder / "venv" / "lib" / "python3" / "site-packages"
+    for name in ("reference/mha.py", "autograder/rubric.toml", "torch/__init__.py"):
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text("")
+    for path in [open_folder / "venv", *(open_folder / "venv").rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    closing = exposure.to_close([str(site / "autograder"), str(site / "reference")], (str(open_folder / "venv"),))
+    assert sorted(closing) == [str(site / "autograder"), str(site / "reference")]
+
+
 def test_group_and_owner_bits_and_closed_folders_above_hide_a_file_others_bits_show_it(open_folder):
     project = a_checkout(open_folder)
     solution = project / "reference" / "mha.py"

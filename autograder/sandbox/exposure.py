@@ -39,68 +39,57 @@ def _others_may(info: os.stat_result, bit: int) -> bool:
 
 def reachable_by_others(folder: str) -> bool:
     """Whether every folder from / down to `folder` (its real path) lets other users through (`o+x`)."""
-    current = "/"
-    for part in Path(os.path.realpath(folder)).parts[1:] if folder != "/" else ():
-        current = os.path.join(current, part)
-        try:
-            if not _others_may(os.stat(current), stat.S_IXOTH):
-                return False
-        except OSError:
-            return False
+    real = Path(os.path.realpath(folder))
     try:
-        return _others_may(os.stat("/"), stat.S_IXOTH)
+        return all(_others_may(os.stat(p), stat.S_IXOTH) for p in [*reversed(real.parents), real])
     except OSError:
         return False
 
 
-def first_readable(path: str, keep: tuple[str, ...] = ()) -> str | None:
-    """The first file at or below `path` (not through a link, nor into a folder of `keep`) whose bits let
-    other users read it, given that they can reach `path`'s folder; None when there is none."""
+def first_readable(path: str) -> str | None:
+    """The first file at or below `path` (never through a link) whose bits let other users read it, given
+    that they can reach `path`'s folder; None when there is none."""
     try:
         info = os.lstat(path)
     except OSError:
         return None
     if stat.S_ISREG(info.st_mode):
         return path if _others_may(info, stat.S_IROTH) else None
-    if not stat.S_ISDIR(info.st_mode) or not _others_may(info, stat.S_IXOTH) or _inside_any(path, keep):
+    if not stat.S_ISDIR(info.st_mode) or not _others_may(info, stat.S_IXOTH):
         return None  # a link (its target is checked where it lies), or a folder they cannot enter
     try:
         names = sorted(os.listdir(path))
     except OSError:
         return None
     for name in names:
-        found = first_readable(os.path.join(path, name), keep)
+        found = first_readable(os.path.join(path, name))
         if found is not None:
             return found
     return None
 
 
-def _inside_any(path: str, folders: tuple[str, ...]) -> bool:
-    return any(bwrap.inside(path, folder) for folder in folders)
-
-
 def to_close(roots: Iterable[str], keep: tuple[str, ...]) -> dict[str, str]:
     """The fewest paths whose `chmod o-rwx` leaves no file under `roots` readable by other users, each with
-    a file it would close; never a folder of `keep` (the interpreter's: the worker must run it) nor one
-    holding it, whose other entries are closed instead."""
+    a file it would close. A folder of `keep` (the interpreter's: the worker must run it) inside a root is
+    left open, and so is each folder holding one, whose other entries are closed instead; a root inside a
+    folder of `keep` (the grader's packages installed in the interpreter's site-packages) is checked."""
     closing: dict[str, str] = {}
 
     def visit(path: str) -> None:
-        holds_kept = any(bwrap.inside(folder, path) and folder != path for folder in keep)
-        if _inside_any(path, keep):
-            return
-        if not holds_kept:
-            found = first_readable(path, keep)
+        if not any(bwrap.inside(folder, path) and folder != path for folder in keep):
+            found = first_readable(path)
             if found is not None:
                 closing[path] = found
             return
         try:
+            if not _others_may(os.lstat(path), stat.S_IXOTH):
+                return  # closed already: nothing below it can be reached
             names = sorted(os.listdir(path))
         except OSError:
             return
         for name in names:
             child = os.path.join(path, name)
-            if not os.path.islink(child):
+            if not os.path.islink(child) and not any(bwrap.inside(child, folder) for folder in keep):
                 visit(child)
 
     for root in dict.fromkeys(os.path.realpath(r) for r in roots):
