@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import html
 import io
 import os
 import re
@@ -588,7 +589,7 @@ def test_distinct_students_stay_distinct_once_their_names_are_cleaned(tmp_path):
 
     names = ["dup\nname", "dup name", "dup\rname", "dup\u202ename", "=x", "'=x", "ann"]
     course = make_course(tmp_path / "course", {n: {"mha.py": "x = 1\n"} for n in names})
-    rows = [Row(e, synthetic_run("mha.py")) for e in read_roster(course)]
+    rows = [Row(e, synthetic_run("mha.py", {"quiz": 0})) for e in read_roster(course)]  # each named in class.html
     assert sorted(r.student for r in rows) == sorted(names)
     from rich.console import Console
 
@@ -605,6 +606,13 @@ def test_distinct_students_stay_distinct_once_their_names_are_cleaned(tmp_path):
     assert "shown as 'dup\ufffdname" in grades["dup\ufffdname"]["note"]
     assert "numbered to tell it from another student's" in grades["dup\ufffdname (2)"]["note"]
     assert grades["'=x"]["note"] == "" and "read as a formula" in grades["'=x (2)"]["note"]
+    # the class report lists who made each mistake: every student once, by the label grades.csv shows
+    page = (course / "class.html").read_text()
+    who = re.search(r"<summary>who</summary>(.*?)</details>", page, re.S)
+    assert who is not None, page[:2000]
+    listed = [html.unescape(n) for n in re.findall(r'<a href="[^"]*">([^<]*)</a>', who.group(1))]
+    assert sorted(listed) == sorted(r.shown for r in rows) and len(set(listed)) == len(names), listed
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]", page)
 
     # nbgrader's own export (`nbgrader export`), made from the gradebook's ids
     from nbgrader.api import MissingEntry
