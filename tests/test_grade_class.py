@@ -456,7 +456,25 @@ def test_folders_and_files_the_grader_cannot_read_are_a_note_on_that_student(tmp
             assert rows["cal"]["status"] == NO_SUBMISSION
             assert "submitted/cal/ cannot be read by the grader (Permission denied)" in rows["cal"]["note"]
             assert rows["dee"]["status"] == CANNOT_GRADE and "Permission denied" in rows["dee"]["note"]
+        # submitted/ itself unlisted: nobody can be graded, and it says so (no traceback), writing nothing
+        os.chmod(submitted, 0o300)
+        before = (course / "grades.csv").read_text()
+        for merge in ([], ["--merge"]):
+            run = subprocess.run(
+                as_a_grader_that_is_not_root(
+                    [sys.executable, "-m", "autograder", "grade-class", str(course), "--device", "cpu", *merge]
+                ),
+                capture_output=True,
+                text=True,
+                timeout=600,
+                cwd=tmp_path,
+            )
+            said = " ".join((run.stdout + run.stderr).split())
+            assert run.returncode == 2 and "Traceback" not in said, said[-2000:]
+            assert f"{submitted} cannot be read by the grader (Permission denied)" in said, said[-2000:]
+            assert (course / "grades.csv").read_text() == before
     finally:
+        os.chmod(submitted, 0o755)
         os.chmod(submitted / "bob" / "mha", 0o755)
         os.chmod(submitted / "cal", 0o755)
 

@@ -65,12 +65,13 @@ def submission_hash(path: Path) -> str:
     SHA-256 of its bytes when it is a regular file within the reader's size limit; else only that it is
     over the limit (the reader refuses it unread, whatever it holds), or that it cannot be read, and why.
     The size is checked by `stat` before any byte is read, and at most one byte past the limit is ever
-    read (opened without following a link and without blocking, as the reader opens it), so a sparse
-    20 GiB file costs a re-run nothing. Never raises."""
+    read (its real path opened without following a link and without blocking, as the reader opens it), so
+    a sparse 20 GiB file costs a re-run nothing. Never raises."""
     try:
-        if os.stat(path).st_size > MAX_BYTES:
+        target = os.path.realpath(path)
+        if os.stat(target).st_size > MAX_BYTES:
             return "over the size limit"
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        descriptor = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}"
     digest = hashlib.sha256()
