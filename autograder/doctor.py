@@ -26,8 +26,12 @@ import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from autograder.sandbox.machine import Machine, survey
+from autograder.sandbox.protocol import clean_text
+
+if TYPE_CHECKING:
+    from autograder.sandbox.machine import Machine
 
 # A loop over heads with the right values: the projections once, then each head's attention on its own.
 LOOP_OVER_HEADS = """
@@ -204,19 +208,27 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
 
 
+def say(text: str) -> None:
+    """Print `text` cleaned (`protocol.clean_text`): it quotes what the grading said, and what the machine's
+    tools said, which no one here chose."""
+    print(clean_text(text, len(text)), flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     import os
+
+    from autograder.sandbox.machine import survey
 
     machine = survey()
     isolation = args.isolation or os.environ.get("AUTOGRADER_ISOLATION", "auto")
     findings: dict = {"machine": machine.to_dict()}
     if not args.json:
-        print(machine_report(machine), flush=True)
+        say(machine_report(machine))
     status = EXIT_OK if machine.isolation else EXIT_CANNOT_GRADE
     can_grade = machine.isolation is not None or isolation != "auto"
     if args.no_speed or not can_grade:
         if not args.json and not can_grade:
-            print("\nSpeed self-test: not run (grading refuses here without --isolation process)")
+            say("\nSpeed self-test: not run (grading refuses here without --isolation process)")
     else:
         device = "cuda" if args.device == "auto" and machine.cuda.available else args.device
         device = "cpu" if device == "auto" else device
@@ -225,16 +237,16 @@ def run(args: argparse.Namespace) -> int:
         trusted, why = speed_verdict(runs)
         findings["speed"] = {"trusted": trusted, "why": why, "runs": [r.__dict__ for r in runs]}
         if not args.json:
-            print("\n" + speed_report(runs, trusted, why, time.monotonic() - started))
+            say("\n" + speed_report(runs, trusted, why, time.monotonic() - started))
         if not trusted:
             status = max(status, EXIT_SPEED_UNTRUSTED)
         if not trusted and not machine.advice:
             machine.advice = "grade on a quieter machine, or one with writable control groups"
     findings["advice"] = machine.advice
     if args.json:
-        print(json.dumps(findings, indent=2))
+        say(json.dumps(findings, indent=2))
     else:
-        print("\n" + _section("The one change that would improve grading here", [("do", machine.advice or "nothing")]))
+        say("\n" + _section("The one change that would improve grading here", [("do", machine.advice or "nothing")]))
     return status
 
 

@@ -12,13 +12,23 @@ is not a submission), in which case it carries no score and `make grade` retries
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import json
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
 
+from autograder.atomic import open_atomically
 from autograder.contract import PART_IDS
-from autograder.sandbox.protocol import CellProblem  # the worker's own report, as it crossed the wire
+from autograder.sandbox.protocol import (
+    CellProblem,  # the worker's own report, as it crossed the wire
+    clean_text,
+)
+
+T = TypeVar("T")
 
 GRADED, CANNOT_GRADE = "graded", "cannot_grade"
+# What results.json says while a grading runs: a grader killed before it writes its own leaves this behind.
+UNFINISHED = "grading did not finish: the grader was stopped before it wrote its results"
 # Other words for a run's status that results.json files written elsewhere may hold; read as ours.
 STATUS_ALIASES = {"could_not_grade": CANNOT_GRADE, "could not grade": CANNOT_GRADE, "cannot grade": CANNOT_GRADE}
 # A check's status. NOT_SCORED: it earned nothing because something it rests on is wrong (the message says
@@ -28,6 +38,28 @@ PASSED, FAILED, NOT_SCORED = "passed", "failed", "not_scored"
 NOT_SCORED_TAG = "not-scored"
 GRADER, WORKER = "grader", "worker"  # who vouches for a check's evidence
 MODEL_VERSION = 1
+
+
+def clean_strings(value: T) -> T:
+    """`value` with every string in it (in lists, tuples, dicts and their keys, and the fields of dataclasses
+    such as a `GradingRun`) cleaned as the worker's strings are (`protocol.clean_text`, nothing cut): no
+    control character but newline and tab, no bidirectional control, no lone surrogate. A file name or a
+    folder name is the student's choice, and reaches results.json, the summary and `explain` through the
+    grader's own messages too; and a results.json given to `explain` may be forged."""
+    cleaned: Any
+    if isinstance(value, str):
+        cleaned = clean_text(value, len(value))
+    elif isinstance(value, list):
+        cleaned = [clean_strings(item) for item in value]
+    elif isinstance(value, tuple):
+        cleaned = tuple(clean_strings(item) for item in value)
+    elif isinstance(value, dict):
+        cleaned = {clean_strings(key): clean_strings(item) for key, item in value.items()}
+    elif is_dataclass(value) and not isinstance(value, type):
+        cleaned = replace(value, **{f.name: clean_strings(getattr(value, f.name)) for f in fields(value) if f.init})
+    else:
+        cleaned = value
+    return cleaned  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -196,11 +228,13 @@ class GradingRun:
             results["leaderboard"] = [
                 {"name": "speedup over the wrapper", "value": round(self.speed["speedup"], 3), "order": "desc"}
             ]
-        return results
+        return clean_strings(results)  # the file's name, and messages quoting it, are the student's
 
     @classmethod
     def from_gradescope(cls, data: dict[str, Any]) -> GradingRun:
-        """Read a results.json written by `to_gradescope` back into the model."""
+        """Read a results.json written by `to_gradescope` back into the model, every string cleaned
+        (`clean_strings`): the file may have been written by anyone."""
+        data = clean_strings(data)
         extra = data.get("extra_data") or {}
         if extra.get("model_version") != MODEL_VERSION:
             raise ValueError("not a results.json written by this grader (no model_version in extra_data)")
@@ -236,3 +270,17 @@ class GradingRun:
             ),
             execution_time=float(data.get("execution_time", 0.0)),
         )
+
+
+def write_results(out: Path, run: GradingRun) -> None:
+    """results.json, atomically (`atomic.open_atomically`: a temporary file renamed over the old one), readable
+    by feedback tools: a reader, or a kill at any moment, finds the old file or the new, never half of one."""
+    with open_atomically(Path(out)) as handle:
+        json.dump(run.to_gradescope(), handle, indent=2, ensure_ascii=False)
+        handle.write("\n")
+
+
+def write_unfinished(out: Path, submission: str) -> None:
+    """The placeholder results.json a grading writes before anything else (`UNFINISHED`, cannot grade): a
+    grader killed at any later moment leaves it, or its own full results, never an older run's score."""
+    write_results(out, GradingRun(status=CANNOT_GRADE, submission=submission, reason=UNFINISHED))

@@ -2,9 +2,11 @@
 
 A checkout under root's home, or a virtualenv made from pyenv's Python (under /root, mode 0700), cannot
 be read by a normal user nor by the fresh uid a worker runs as. So the normal-user and container cases
-grade with a copy of the project in a folder everyone may read (/var/tmp/mha-exercise-envs/<checkout>/),
+grade with a copy of the project in a folder everyone may reach (/var/tmp/mha-exercise-envs/<checkout>/),
 and a virtualenv made there by Debian's own Python (/usr/bin/python3), with `tools/setup_venv.py` as
-`make setup` does: remade only when its inputs change. Everything it needs is installed here when
+`make setup` does: remade only when its inputs change. The virtualenv is readable by every user; the
+grader's own files are not (`close_to_workers`), as deploy/ closes them, since a worker's fresh uid must
+not read them. Everything it needs is installed here when
 missing (python3-venv, and python3-seccomp for tools/emulate.py), as root with apt-get.
 """
 
@@ -64,7 +66,19 @@ def system_project() -> Path:
     subprocess.run(["chmod", "-R", "a+rX", str(project)], check=True)
     subprocess.run([SYSTEM_PYTHON, "tools/setup_venv.py", "--venv", ".venv"], cwd=project, check=True)
     subprocess.run(["chmod", "-R", "a+rX", str(project)], check=True)
+    close_to_workers(project)
     return project
+
+
+def close_to_workers(project: Path) -> None:
+    """The grader's files (all but the virtualenv, which workers run) closed to other users, as deploy/'s
+    recipes close them: a worker's fresh uid outside the sandbox must read none of them, or the grader refuses
+    to start. They stay readable by the matrix's graders: the normal user (their owner), root of the pod's
+    user namespace (their group: its gid 0 is emulate.POD_IDS[0] here) and root."""
+    for entry in project.iterdir():
+        if entry.name != ".venv":
+            subprocess.run(["chown", "-R", f"{NORMAL_UID}:{emulate.POD_IDS[0]}", str(entry)], check=True)
+            subprocess.run(["chmod", "-R", "o-rwx", str(entry)], check=True)
 
 
 def ensure_venv_module():

@@ -1,13 +1,18 @@
 """The commands people type: grade, preview and grade-class, including how they fail."""
 
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
+from autograder.sandbox.protocol import clean_text
 from helpers import REFERENCE, ROOT, mutated_reference
 
 
@@ -119,6 +124,90 @@ def test_the_seed_is_recorded_and_a_run_can_be_reproduced(tmp_path):
     assert any("largest difference" in text for text in outputs[0])
 
 
+# Runs `python -m autograder grade` with an import hook that, at the first import of a module neither of the
+# standard library nor of the grader's own package, reads results.json and ends the process: what a kill -9
+# at that moment would leave behind.
+AT_FIRST_IMPORT = """
+import json, os, runpy, sys, sysconfig
+
+out = sys.argv[1]
+STDLIB = tuple(os.path.realpath(sysconfig.get_paths()[key]) for key in ("stdlib", "platstdlib"))
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in sys.stdlib_module_names or top == "autograder":
+            return None
+        found = [f.find_spec(name, path, target) for f in sys.meta_path if f is not self and hasattr(f, "find_spec")]
+        spec = next((f for f in found if f is not None), None)  # (the standard library probes for some that do not)
+        origin = os.path.realpath(spec.origin) if spec is not None and spec.origin else ""
+        if spec is not None and not origin.startswith(STDLIB):
+            with open(out) as handle:
+                data = json.load(handle)
+            extra = data.get("extra_data") or {"status": "old", "reason": data["output"]}
+            print(name, extra["status"], extra["reason"])
+            sys.stdout.flush()
+            os._exit(0)
+        return None
+
+sys.meta_path.insert(0, Watch())
+sys.argv = ["autograder", "grade", sys.argv[2], "--out", out]
+runpy.run_module("autograder", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_the_placeholder_is_written_before_any_import_beyond_the_standard_library(tmp_path):
+    """`grade --out` killed in its first seconds once left the previous run's score: the placeholder came after
+    the early start and the imports of torch and pytest. It is now the first thing written, so a kill at any
+    moment leaves either it or the full result."""
+    out = tmp_path / "results.json"
+    out.write_text(json.dumps({"score": 100, "max_score": 100, "output": "an older run", "tests": []}))
+    (tmp_path / "mha.py").write_text("x = 1\n")
+    done = subprocess.run(
+        [sys.executable, "-c", AT_FIRST_IMPORT, str(out), str(tmp_path / "mha.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    module, status, reason = done.stdout.split(" ", 2)
+    assert status == "cannot_grade" and "grading did not finish" in reason, (module, done.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.long  # four gradings, each killed
+def test_a_grader_killed_at_any_moment_leaves_the_placeholder_or_its_results(tmp_path):
+    """kill -9 at moments spread over a grading (from the moment the placeholder appears to the end): what is
+    left is the placeholder or the full results, never the older run's score nor half a file."""
+    (tmp_path / "mha.py").write_text(REFERENCE.read_text())
+    left = []
+    for delay in (0.0, 0.5, 2.0, 5.0):
+        out = tmp_path / f"results-{delay}.json"
+        out.write_text(json.dumps({"score": 100, "max_score": 100, "output": "an older run", "tests": []}))
+        grader = subprocess.Popen(
+            [sys.executable, "-m", "autograder", "grade", str(tmp_path / "mha.py"), "--out", str(out), "--quiet"],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        started = time.monotonic()
+        while "an older run" in out.read_text() and grader.poll() is None and time.monotonic() - started < 60:
+            time.sleep(0.01)
+        time.sleep(delay)
+        os.killpg(grader.pid, signal.SIGKILL)
+        grader.wait()
+        results = json.loads(out.read_text())
+        assert results["output"] != "an older run"
+        left.append(results["extra_data"]["status"])
+        if results["extra_data"]["status"] == "cannot_grade":
+            assert "grading did not finish" in results["extra_data"]["reason"]
+        else:
+            assert results["score"] == 100
+    assert "cannot_grade" in left
+
+
 def test_a_broken_installation_is_not_graded_as_zero(tmp_path, monkeypatch):
     """If the checks themselves cannot run, the grader says so and exits non-zero."""
     import autograder.grading.grade as grade
@@ -196,6 +285,72 @@ def test_the_names_say_which_command_runs_the_students_code_unsandboxed(tmp_path
     assert "SANDBOXED" in lines["preview"] and "UNSANDBOXED" not in lines["preview"]
 
 
+# -- names and files a student chose, on every path -----------------------------------------------------------
+
+# An OSC 8 link (a file name holds no slash), an OSC 52 clipboard write (base64 of "rm -rf ~"), a CSI, a C1 CSI and a bidi override (U+202E:
+# the name reads "mha.py"), all in one file name; a forged results.json carries the same in its fields.
+HOSTILE_NAME = "\x1b]8;;https:evil.example\x07\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x9b1mmha\u202eyp.py"
+UNSAFE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+@pytest.mark.slow  # a grading run (of one part)
+def test_a_file_name_with_escapes_reaches_neither_results_json_nor_the_summary_raw(tmp_path):
+    """The file's name (its own, and in the messages that quote it) is cleaned in results.json and in `grade`'s
+    summary: once results.json kept it raw and the summary printed it to the terminal."""
+    path = tmp_path / HOSTILE_NAME
+    path.write_bytes(b"x = 1\n\0\n")  # a NUL byte: the reader's message quotes the file's name
+    out = tmp_path / "results.json"
+    run = autograder("grade", path, "--out", out, "--part", "quiz", "--device", "cpu", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    text = out.read_text()
+    assert not UNSAFE.search(text) and "\\u001b" not in text, text[:2000]
+    results = json.loads(text)
+    assert results["extra_data"]["submission"] == clean_text(HOSTILE_NAME, 200)
+    assert "contains a NUL byte" in results["output"]
+    assert "contains a NUL byte" in run.stdout and not UNSAFE.search(run.stdout + run.stderr), run.stdout
+
+
+FORGED_RESULTS = {
+    "score": 0,
+    "max_score": 10,
+    "output": "\x1b]52;c;cm0gLXJmIH4=\x07",
+    "tests": [
+        {
+            "name": "speed: \x1b]8;;https://evil.example\x07click\x1b]8;;\x07",
+            "score": 0,
+            "max_score": 10,
+            "status": "failed",
+            "output": "\x1b]52;c;cm0gLXJmIH4=\x07 \u202e",
+            "tags": ["speed", "speed::test_\x1b[31mspeedup"],
+        }
+    ],
+    "extra_data": {
+        "model_version": 1,
+        "status": "graded",
+        "submission": HOSTILE_NAME,
+        "seed": 7,
+        "device": "cpu\x1b]52;c;cm0gLXJmIH4=\x07",
+        "torch": "2.13\x1b]8;;https://evil.example\x07",
+        "speed": {"workloads": {"\x1b]52;c;cm0gLXJmIH4=\x07cpu": {"relative": 0.5, "rounds": 5, "credit": 0}}},
+    },
+}
+
+
+def test_explain_cleans_every_field_of_a_results_json_it_is_given(tmp_path):
+    """A forged results.json (OSC 52 clipboard writes, OSC 8 links, a bidi override in its fields): explain's
+    every line, on stdout and stderr, is cleaned; once it printed them raw."""
+    forged = tmp_path / "results.json"
+    forged.write_text(json.dumps(FORGED_RESULTS))
+    (tmp_path / "mha.py").write_text("x = 1\n")
+    shown = autograder("explain", forged, "--submission", tmp_path / "mha.py", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "not reproducible by seed" in shown.stdout and "cpu" in shown.stdout
+    missing = autograder("explain", forged, cwd=tmp_path)  # it cannot find the forged file's name
+    assert missing.returncode == 2 and "cannot find" in missing.stderr
+    for said in (shown.stdout, shown.stderr, missing.stdout, missing.stderr):
+        assert not UNSAFE.search(said), repr(said[:500])
+
+
 # -- disputes: explain a failed hidden check from the recorded seed --------------------------------------------
 
 
@@ -231,6 +386,71 @@ def test_explain_recomputes_a_failed_checks_inputs_and_values_from_the_seed(tmp_
     assert f"[[{expected[0]:.4f}, {expected[1]:.4f}]," in text.replace("tensor(", "")
     assert "input to MultiHeadAttention.forward: (2, 5, 4) float64" in text  # the "1 head" case: batch 2, 5 tokens
     assert "largest difference" in text and "NOT what it was graded" not in text
+
+
+# Right on its own, wrong once the speed part has built its module (64 heads): the speed part runs first in a
+# grading, so every later check sees the wrong values; a check regraded alone does not.
+WRONG_AFTER_THE_SPEED_BUILD = """
+_seen = []
+_init, _forward = MultiHeadAttention.__init__, MultiHeadAttention.forward
+
+def _remember(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+    _seen.append(num_heads)
+    _init(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias)
+
+def _after_speed(self, x):
+    return _forward(self, x) * (1.5 if 64 in _seen else 1.0)
+
+MultiHeadAttention.__init__ = _remember
+MultiHeadAttention.forward = _after_speed
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.long  # three gradings: the first, and explain's (alone, then whole)
+def test_explain_says_reproduced_when_a_check_fails_only_after_what_ran_before_it(tmp_path):
+    """Regraded alone, mha's check passes (the speed part did not build its module first); explain once said
+    "NOT what it was graded: the file or the grader changed" when neither had. It now grades the whole run
+    again, finds the failure, and says why the check alone passed."""
+    from helpers import grade
+    from speed_variants import with_cell
+
+    path = tmp_path / "mha.py"
+    path.write_text(with_cell(WRONG_AFTER_THE_SPEED_BUILD))
+    results, run = grade(path, tmp_path, "--seed", "77", "--part", "speed", "--part", "mha")
+    assert run.returncode == 0, run.stderr
+    failed = {t["tags"][1] for t in results["tests"] if t["status"] == "failed"}
+    assert "mha::test_book_example" in failed, failed
+    done = subprocess.run(
+        [sys.executable, "-m", "autograder", "explain", str(tmp_path / "mha-results.json"), "--submission", str(path)]
+        + ["--check", "mha::test_book_example"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "NOT" not in text and "the file or the grader changed" not in text, text
+    assert "again: failed (reproduced, graded whole as it was" in text
+    assert "Graded alone it was passed" in text and "the speed part first" in text
+
+
+def test_explain_says_not_reproduced_only_with_the_reason():
+    """The verdict line: reproduced alone; reproduced only whole; not reproduced, because an input changed,
+    or although the class record says nothing did."""
+    from autograder.grading.explain import reproduction
+    from autograder.model import FAILED, GRADED, PASSED, CheckResult, GradingRun
+
+    row = CheckResult("mha::test_x", "mha", "x", FAILED, 0, 1, "wrong values")
+    failing = GradingRun(GRADED, "mha.py", checks=[row])
+    passing = GradingRun(GRADED, "mha.py", checks=[CheckResult("mha::test_x", "mha", "x", PASSED, 1, 1)])
+    assert reproduction(row, "", failing, None, [], False) == "again:   failed: wrong values"
+    line = reproduction(row, "", passing, failing, [], False)
+    assert line.startswith("again:   failed (reproduced, graded whole as it was") and "NOT" not in line
+    line = reproduction(row, "", passing, passing, ["submission"], True)
+    assert "NOT reproduced" in line and "the submission changed since it was graded" in line
+    line = reproduction(row, "", passing, passing, [], True)
+    assert "NOT reproduced" in line and "are as they were" in line and "varies between gradings" in line
 
 
 def test_explain_says_why_the_speed_part_is_not_reproducible(tmp_path):

@@ -146,3 +146,23 @@ def test_doctor_trusts_the_speed_part_here(tmp_path):
 def test_results_carry_the_machine_summary(reference_results):
     summary = reference_results["extra_data"]["machine"]
     assert summary == machine.survey().summary()
+
+
+def test_everything_doctor_prints_is_cleaned(monkeypatch, capsys):
+    """What doctor prints quotes what gradings and the machine's tools said (a grading's reason quotes a path,
+    a folder's name): every line is cleaned of control characters and bidi controls, as results.json is."""
+    import argparse
+    import re
+
+    escapes = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\u202e"
+    here = a_machine()
+    here.advice = f"run {escapes} here"
+    monkeypatch.setattr(machine, "survey", lambda: here)
+    monkeypatch.setattr(doctor, "survey", lambda: here, raising=False)
+    said = doctor.SpeedRun("reference", 0, 10, None, f"cannot read /srv/{escapes}/mha.py: denied", False)
+    monkeypatch.setattr(doctor, "speed_self_test", lambda device, isolation, gradings: [said])
+    args = argparse.Namespace(device="cpu", isolation="auto", gradings=1, no_speed=False, json=False)
+    assert doctor.run(args) == doctor.EXIT_SPEED_UNTRUSTED
+    printed = capsys.readouterr().out
+    assert "cannot read /srv/" in " ".join(printed.split()) and "run " in printed
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]", printed), repr(printed)

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -227,6 +229,9 @@ def test_a_hostile_submission_gains_nothing_and_leaves_nothing_running(graded, s
             assert (score, top) == reference[part], (student, part)
     if student == "reference_theft":
         assert "THEFT SUCCEEDED by" not in results["output"]
+        if graded.environment.user is None or graded.environment.expected_isolation == "namespace":
+            # a fresh uid (the grader is root) or the sandbox: not even reading the files
+            assert "THEFT SUCCEEDED" not in results["output"], results["output"][-2000:]
     assert not graded.left_running, f"left running after grading: {graded.left_running}"
 
 
@@ -271,6 +276,54 @@ def test_a_pod_without_user_namespaces_refuses_to_grade_and_says_how_to_fix_it()
     assert klass.returncode == 2, klass.stdout + klass.stderr
     assert "cannot grade" in klass.stdout + klass.stderr and "hostUsers: false" in klass.stdout + klass.stderr
     assert not (folder / "course" / "autograded").exists()
+
+
+# -- a checkout every user can read, under a fresh uid: refuse, and say how to close it ---------------------
+
+
+def test_a_world_readable_checkout_is_refused_under_a_fresh_uid_until_closed_as_the_grader_says():
+    """In the Docker-like container (process isolation, a fresh uid per worker), a checkout as `git clone`
+    leaves it (every file readable by every user): the worker's uid could read reference/mha.py, and once put
+    the solution into a visible check's message. The grader now refuses to start (exit 2, results.json says
+    why and the command that fixes it); with that command run as printed, it grades, and the submission
+    that reads the reference's files finds each closed."""
+    project = environments.system_project()  # its virtualenv, run from a checkout of the grader beside it
+    folder = environments.workspace("readable-checkout", None)
+    checkout = folder / "checkout"
+    for name in ("pyproject.toml", "autograder", "reference"):
+        source, target = ROOT / name, checkout / name
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    subprocess.run(["chmod", "-R", "a+rX", str(checkout)], check=True)
+    submission = folder / "mha.py"
+    submission.write_text(with_cells(last=reference_theft(checkout)))
+    docker = next(e for e in ENVIRONMENTS if e.name == "docker")
+    _, _, env = grader_command(docker)
+    # `python -m autograder` from the checkout's folder imports the checkout's grader and reference
+    command = [str(project / ".venv" / "bin" / "python"), "-m", "autograder", "grade", str(submission)]
+    command += ["--out", str(folder / "results.json"), "--device", "cpu", "--quiet"]
+    refused = run_in(docker, command, checkout, env, folder / "home", timeout=600)
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    results = json.loads((folder / "results.json").read_text())
+    reason = results["extra_data"]["reason"]
+    assert results["extra_data"]["status"] == "cannot_grade" and "could read the grader's own files" in reason
+    assert f"the reference's solution ({checkout / 'reference'})" in reason
+    fix = reason.split("Close them to other users first: ", 1)[1]
+    subprocess.run(shlex.split(fix), check=True)  # the advice, followed literally
+    graded = run_in(docker, command, checkout, env, folder / "home", timeout=1200)
+    assert graded.returncode == 0, graded.stdout[-2000:] + graded.stderr[-2000:]
+    results = json.loads((folder / "results.json").read_text())
+    assert results["extra_data"]["status"] == "graded" and results["extra_data"]["isolation"] == "process"
+    assert "fresh unprivileged uid" in results["extra_data"]["sandbox"]["user"]
+    output = results["output"]
+    assert "THEFT SUCCEEDED" not in output, output[-2000:]
+    for secret in (checkout / "reference" / "mha.py", checkout / "autograder" / "rubric.toml"):
+        assert f"THEFT BLOCKED reading {secret} PermissionError" in output, output[-2000:]
+    scores = part_scores(results)
+    assert scores["mha"][0] == 0 and scores["quiz"] == (scores["quiz"][1], scores["quiz"][1])
 
 
 # -- Gradescope's zip, as shipped, in the Docker-like container ----------------------------------------------

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import csv
+import hashlib
+import html
 import io
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -410,6 +414,116 @@ def test_a_rerun_with_nothing_changed_grades_nothing_and_writes_nothing(tmp_path
     assert took < 60  # (about a second; generous for a loaded machine)
 
 
+def as_a_grader_that_is_not_root(command: list[str]) -> list[str]:
+    """`command` as root without the capabilities that let root read any file (CAP_DAC_OVERRIDE and
+    CAP_DAC_READ_SEARCH): a folder's mode bits then hold as they do for a grader that is not root, while the
+    virtualenv under root's home stays readable (util-linux's setpriv)."""
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--", *command]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and util-linux's setpriv")
+def test_folders_and_files_the_grader_cannot_read_are_a_note_on_that_student(tmp_path):
+    """bob's mha/ is mode 0300 (listed by no one), cal's folder 0000, dee's mha.py 0000, to a grader that is not
+    root: once a PermissionError from the roster or the store stopped grade-class and --merge for everyone.
+    Each is now a note on that student (no submission, or cannot grade: graded again next run), the
+    others are graded, and every output is written, by grade-class and by --merge alike."""
+    course = make_course(
+        tmp_path / "course",
+        {s: {"mha.py": f"x = {n}\n"} for n, s in enumerate(("ann", "bob", "cal", "dee"))},
+    )
+    fill_record(course, {s: synthetic_run("mha.py") for s in ("ann", "bob", "cal", "dee")})
+    submitted = course / "submitted"
+    os.chmod(submitted / "bob" / "mha", 0o300)
+    os.chmod(submitted / "cal", 0)
+    os.chmod(submitted / "dee" / "mha" / "mha.py", 0)
+    try:
+        for merge in ([], ["--merge"]):
+            run = subprocess.run(
+                as_a_grader_that_is_not_root(
+                    [sys.executable, "-m", "autograder", "grade-class", str(course), "--device", "cpu", *merge]
+                ),
+                capture_output=True,
+                text=True,
+                timeout=600,
+                cwd=tmp_path,
+            )
+            said = " ".join((run.stdout + run.stderr).split())
+            assert "Traceback" not in said and run.returncode == 0, said[-2000:]
+            rows = {r["student"]: r for r in csv.DictReader(io.StringIO((course / "grades.csv").read_text()))}
+            assert rows["ann"]["status"] == GRADED and rows["ann"]["score"] == "100"
+            assert rows["bob"]["status"] == NO_SUBMISSION
+            assert "submitted/bob/mha/ cannot be read by the grader (Permission denied)" in rows["bob"]["note"]
+            assert rows["cal"]["status"] == NO_SUBMISSION
+            assert "submitted/cal/ cannot be read by the grader (Permission denied)" in rows["cal"]["note"]
+            assert rows["dee"]["status"] == CANNOT_GRADE and "Permission denied" in rows["dee"]["note"]
+        # submitted/ itself unlisted: nobody can be graded, and it says so (no traceback), writing nothing
+        os.chmod(submitted, 0o300)
+        before = (course / "grades.csv").read_text()
+        for merge in ([], ["--merge"]):
+            run = subprocess.run(
+                as_a_grader_that_is_not_root(
+                    [sys.executable, "-m", "autograder", "grade-class", str(course), "--device", "cpu", *merge]
+                ),
+                capture_output=True,
+                text=True,
+                timeout=600,
+                cwd=tmp_path,
+            )
+            said = " ".join((run.stdout + run.stderr).split())
+            assert run.returncode == 2 and "Traceback" not in said, said[-2000:]
+            assert f"{submitted} cannot be read by the grader (Permission denied)" in said, said[-2000:]
+            assert (course / "grades.csv").read_text() == before
+    finally:
+        os.chmod(submitted, 0o755)
+        os.chmod(submitted / "bob" / "mha", 0o755)
+        os.chmod(submitted / "cal", 0o755)
+
+
+def test_the_store_reads_no_more_of_a_file_than_the_reader_would(tmp_path):
+    """A sparse 20 GiB mha.py: its hash is decided by stat (over the reader's size limit) before a byte is
+    read; once it was hashed whole on every class run (16 s, 66 s under load) before anyone was graded.
+    Counted in bytes read, not seconds: a re-run with nothing changed now takes about 2 s, its start."""
+    from autograder.course.store import submission_hash
+    from autograder.grading.submission import MAX_BYTES
+
+    course = make_course(tmp_path / "course", {"ann": {"mha.py": "x = 1\n"}, "big": {"mha.py": ""}})
+    big = course / "submitted" / "big" / "mha" / "mha.py"
+    os.truncate(big, 20 << 30)
+
+    def bytes_read() -> int:
+        return int(dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())["rchar"])
+
+    before = bytes_read()
+    inputs = ClassInputs.compute(DEFAULT_RUBRIC, "cpu")
+    assert inputs.for_file(big)["submission"] == "over the size limit"
+    ann = inputs.for_file(course / "submitted" / "ann" / "mha" / "mha.py")["submission"]
+    assert bytes_read() - before < 4 * MAX_BYTES  # the grader's own files and ann's: never the 20 GiB
+    assert ann == hashlib.sha256(b"x = 1\n").hexdigest()  # within the limit: the same hash as before
+    os.truncate(big, MAX_BYTES + 1)
+    assert submission_hash(big) == "over the size limit"
+    os.truncate(big, MAX_BYTES)
+    assert submission_hash(big) == hashlib.sha256(bytes(MAX_BYTES)).hexdigest()
+    os.truncate(big, 20 << 30)
+    fill_record(course, {"ann": synthetic_run("mha.py"), "big": synthetic_run("mha.py", {"quiz": 0})})
+    # a re-run with nothing changed, as a process that says at its end how many bytes it read in all
+    counted = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('READ', open('/proc/self/io').read().split()[1], file=sys.stderr))\n"
+        "from autograder.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    again = subprocess.run(
+        [sys.executable, "-c", counted, "grade-class", str(course), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert "2 submissions: 0 to grade, 2 already graded" in " ".join(again.stdout.split()), again.stdout + again.stderr
+    read = int(again.stderr.split("READ ")[-1].split()[0])
+    assert read < 1 << 30, f"the re-run read {read:,} bytes"  # its modules and the record (the file is 20 GiB)
+
+
 def test_the_class_modules_import_each_other_without_a_circle_and_at_the_top():
     """class_outputs, feedback and gradebook all read `rows.Row`: no circle among the class modules,
     and none broken by an import inside a function."""
@@ -482,6 +596,54 @@ def test_file_and_folder_names_never_reach_a_csv_as_formulas_nor_a_terminal_as_e
     assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue() and "owned" in out.getvalue()
     page = render(rows[1])
     assert "\x1b" not in page and "\x9b" not in page
+
+
+def test_distinct_students_stay_distinct_once_their_names_are_cleaned(tmp_path):
+    """`dup\nname` and `dup name` were one name in grades.csv (the newline became a space), and a bidi override
+    (U+202E) passed through. Each student keeps a row of their own, under a label no other student has, with
+    a note saying how their folder's name is shown; safe names are shown as they are."""
+    from autograder.course.class_outputs import OutputOptions, write_class_outputs
+    from autograder.course.nbgrader_export import COLUMNS, export_rows
+
+    names = ["dup\nname", "dup name", "dup\rname", "dup\u202ename", "=x", "'=x", "ann"]
+    course = make_course(tmp_path / "course", {n: {"mha.py": "x = 1\n"} for n in names})
+    rows = [Row(e, synthetic_run("mha.py", {"quiz": 0})) for e in read_roster(course)]  # each named in class.html
+    assert sorted(r.student for r in rows) == sorted(names)
+    from rich.console import Console
+
+    write_class_outputs(course, rows, load_rubric(), OutputOptions(gradebook=False), Console(file=io.StringIO()))
+    for name in ("grades.csv", "grades-canvas.csv"):
+        text = (course / name).read_text()
+        assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]", text), name
+        students = [line[0] for line in csv.reader(io.StringIO(text))][1:]
+        students = [s for s in students if s != "Points Possible"]
+        assert len(students) == len(set(students)) == len(names), (name, students)
+    grades = {r["student"]: r for r in csv.DictReader(io.StringIO((course / "grades.csv").read_text()))}
+    assert grades["dup name"]["note"] == "" and grades["ann"]["note"] == ""
+    assert {"dup\ufffdname", "dup\ufffdname (2)", "dup\ufffdname (3)"} <= set(grades)
+    assert "shown as 'dup\ufffdname" in grades["dup\ufffdname"]["note"]
+    assert "numbered to tell it from another student's" in grades["dup\ufffdname (2)"]["note"]
+    assert grades["'=x"]["note"] == "" and "read as a formula" in grades["'=x (2)"]["note"]
+    # the class report lists who made each mistake: every student once, by the label grades.csv shows
+    page = (course / "class.html").read_text()
+    who = re.search(r"<summary>who</summary>(.*?)</details>", page, re.S)
+    assert who is not None, page[:2000]
+    listed = [html.unescape(n) for n in re.findall(r'<a href="[^"]*">([^<]*)</a>', who.group(1))]
+    assert sorted(listed) == sorted(r.shown for r in rows) and len(set(listed)) == len(names), listed
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]", page)
+
+    # nbgrader's own export (`nbgrader export`), made from the gradebook's ids
+    from nbgrader.api import MissingEntry
+
+    class Gradebook:
+        students = [SimpleNamespace(id=n, last_name="", first_name="", email="") for n in names]
+        assignments = [SimpleNamespace(name="mha", duedate=None, max_score=100)]
+
+        def find_submission(self, assignment, student):
+            raise MissingEntry()
+
+    exported = [row[COLUMNS.index("student_id")] for row in export_rows(Gradebook(), [], [])[1:]]
+    assert len(set(exported)) == len(names) and "dup name" in exported and "dup\ufffdname (2)" in exported
 
 
 def test_a_class_run_closes_the_course_to_other_users_and_writes_nothing_they_can_read(tmp_path):

@@ -168,7 +168,8 @@ def test_what_the_runner_finds_and_copies_stays_inside_the_submission_folder(tmp
 def test_the_runner_writes_a_placeholder_results_json_before_grading(tmp_path, monkeypatch):
     """A grader killed while grading (for memory, say) leaves results.json saying so, not nothing."""
     from autograder.grading import grade
-    from autograder.platforms.folder import UNFINISHED, grade_folder
+    from autograder.model import UNFINISHED
+    from autograder.platforms.folder import grade_folder
 
     (tmp_path / "submission").mkdir()
     (tmp_path / "submission" / "mha.py").write_text("x = 1\n")

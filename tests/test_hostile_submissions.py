@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +43,7 @@ import pytest
 import speed_variants
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
 from autograder.sandbox.probe import namespace_sandbox_available
+from autograder.sandbox.protocol import clean_text
 from helpers import REFERENCE, ROOT, checks_run, failures, grade, part_scores
 
 # Every test grades whole submissions; the first waits for the whole table to be graded (several minutes).
@@ -316,7 +317,12 @@ _FRAMES = {{
     # of Python objects) and a 512 MiB blob, sent in full (the grader once held it twice, then copied it)
     "bloated": lambda: (b'{{"ok":true,"value":{{"$":"list","items":[' + b",".join([b"{{}}"] * 349_000) + b"]}}}}",
                         [{reply_bytes}]),
+    # a tensor of shape [0, 2**63] in 0 bytes, "the right size": torch.empty raised TypeError in the grader
+    "overflow": lambda: (b'{{"ok":true,"value":' + _OVERFLOWING + b"}}", [0]),
+    "overflow_forward": lambda: (b'{{"ok":true,"value":{{"y":' + _OVERFLOWING + b',"x_after":' + _OVERFLOWING.replace(
+        b'"blob":0', b'"blob":1') + b',"head_calls":[]}}}}', [0, 0]),
 }}
+_OVERFLOWING = b'{{"$":"tensor","blob":0,"dtype":"float32","shape":[0,9223372036854775808]}}'
 _MESSAGE = ("\\ud800 \\x1b[2J\\x1b[H\\x1b[32mTotal: 100 / 100\\x1b[0m\\x07 " + "x" * 100) * 2_000  # 270,000 characters, twice: under the header limit, far over a message's
 
 def _receive_op(self):
@@ -660,9 +666,11 @@ class Context:
     marker: str  # a word unique to this test run
     sandboxed: bool  # namespace isolation is available, so the worker gets it
 
+    stem: str = "mha"  # the submission file's name, before its suffix
+
     @property
     def out_file(self) -> Path:
-        return self.out_dir / "mha-results.json"  # what helpers.grade passes as --out
+        return self.out_dir / f"{self.stem}-results.json"  # what helpers.grade passes as --out
 
 
 @dataclass(frozen=True)
@@ -675,6 +683,7 @@ class Case:
     suffix: str = ".py"
     limits: tuple[tuple[str, float], ...] = ()  # rubric limits changed for this case (a copy of the rubric)
     wall_seconds: float = 0  # the grading's wall-time bound (0: WALL_SECONDS)
+    stem: str = "mha"  # the file's name, before its suffix
 
 
 # fuse_heads' module runs the student's forward; no forward, or a wrong one, earns no speed points
@@ -816,6 +825,8 @@ def notebook_with_source(source) -> str:
     return json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
 
 
+# A file name holds no slash: the OSC 8 link's address has none.
+HOSTILE_STEM = "\x1b]8;;https:evil.example\x07\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x9b1mmha\u202eyp"
 ANY = "any"  # a part that must lose points, some or all
 MAY = "may"  # a part whose points depend on more than the attack (speed, for a forward that does extra work)
 
@@ -835,6 +846,17 @@ CASES += [
         {part: ANY for part in EVERY_PART},
         ("could not be read safely",),
     ),
+    # shapes that overflow torch's sizes, announced in 0 bytes: once `cannot_grade` every time (torch.empty raised
+    # TypeError in the grader); now the worker's fault, refused before torch sees them
+    Case(
+        "overflowing_reply_shapes",
+        lambda c: with_cells(last=hostile_server(call="overflow", forward="overflow_forward")),
+        {part: ANY for part in EVERY_PART if part != "quiz"},
+        ("could not be read safely", "larger than any answer may be"),
+    ),
+    # escapes in the file's own name (an OSC 8 link, an OSC 52 clipboard write, a CSI, a bidi override): graded
+    # as the reference is, and the name reaches results.json cleaned (once it was kept raw)
+    Case("escapes_in_the_file_name", lambda c: definitions(), {}, (), stem=HOSTILE_STEM),
     # the grader's memory: the largest answer the limits allow, to every forward (see GRADER_PEAK_MIB)
     Case(
         "bloated_forward_replies",
@@ -949,9 +971,31 @@ class Graded:
     before: dict[str, bool]  # host paths the submission might write -> whether they existed before grading
 
 
+class Gradings(dict):
+    """The cases graded so far, by id; a case not graded yet is graded when it is first asked for."""
+
+    def __init__(self, grade_case: Callable[[Case], Graded]):
+        super().__init__()
+        self.grade_case = grade_case
+
+    def __missing__(self, key: str) -> Graded:
+        self[key] = self.grade_case(CASES_BY_ID[key])
+        return self[key]
+
+
+def selected_cases(session: pytest.Session) -> list[Case]:
+    """The cases the selected tests are parametrised with (all of them when the whole file runs)."""
+    wanted = set()
+    for item in session.items:
+        for value in getattr(getattr(item, "callspec", None), "params", {}).values():
+            wanted.add(value.id if isinstance(value, Case) else value)
+    return [case for case in CASES if case.id in wanted]
+
+
 @pytest.fixture(scope="session")
-def graded(tmp_path_factory) -> dict[str, Graded]:
-    """Every case graded once, two at a time."""
+def graded(tmp_path_factory, request) -> Iterator[dict[str, Graded]]:
+    """Every case the selected tests ask for graded once, two at a time (the whole table when the whole file
+    runs); any other case a test asks for is graded then."""
     marker = f"hostile-{uuid.uuid4().hex[:12]}"
     # what the grader will use: namespace isolation where available, unless told otherwise
     sandboxed = namespace_sandbox_available() and os.environ.get("AUTOGRADER_ISOLATION", "auto") != "process"
@@ -968,10 +1012,10 @@ def graded(tmp_path_factory) -> dict[str, Graded]:
     host_socket.listen(8)
 
     def run(case: Case) -> Graded:
-        context = Context(root / case.id, root / f"{case.id}-out", marker, sandboxed)
+        context = Context(root / case.id, root / f"{case.id}-out", marker, sandboxed, case.stem)
         context.submission_dir.mkdir()
         context.out_dir.mkdir()
-        path = context.submission_dir / f"mha{case.suffix}"
+        path = context.submission_dir / f"{case.stem}{case.suffix}"
         path.write_text(case.build(context))
         watched = [
             p / name
@@ -985,9 +1029,12 @@ def graded(tmp_path_factory) -> dict[str, Graded]:
         wall = time.monotonic() - started
         return Graded(context, results, run.returncode, run.stderr, wall, context.out_file.stat().st_size, before)
 
+    gradings = Gradings(run)
     try:
+        cases = selected_cases(request.session)
         with ThreadPoolExecutor(max_workers=2) as pool:
-            return dict(zip([case.id for case in CASES], pool.map(run, CASES), strict=True))
+            gradings.update(zip([case.id for case in cases], pool.map(run, cases), strict=True))
+        yield gradings
     finally:
         host_socket.close()
 
@@ -1261,6 +1308,17 @@ def test_memory_is_limited_for_all_the_submissions_processes_together(graded):
 def test_a_submission_slow_in_every_answer_stops_at_its_time_budget(graded):
     got = graded["slow_every_forward"]
     assert got.results["execution_time"] < 40 + 60  # the budget, plus starting and scoring
+
+
+@pytest.mark.slow
+def test_a_file_name_with_escapes_reaches_results_json_cleaned(graded, reference_results):
+    """The file's own name is the student's choice: once results.json kept its ESC and OSC sequences raw."""
+    got = graded["escapes_in_the_file_name"]
+    text = got.context.out_file.read_text()
+    assert not CONTROL.search(text) and "\u202e" not in text, text[:1000]
+    assert got.results["extra_data"]["submission"] == clean_text(HOSTILE_STEM + ".py", 1000)
+    assert got.results["score"] == reference_results["score"] == 100
+    assert "\x1b" not in got.stderr
 
 
 # -- process isolation: the fallback cannot forge results or survive -----------------------------------------

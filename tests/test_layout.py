@@ -15,7 +15,7 @@ MAY_IMPORT = {
     "contract": set(),
     "atomic": set(),
     "rubric": {"contract"},
-    "model": {"contract", "sandbox"},
+    "model": {"contract", "atomic", "sandbox"},
     "sandbox": set(),
     "grading": {"sandbox", "reference", *TOP},
     "course": {"grading", "sandbox", *TOP},

@@ -145,7 +145,7 @@ def tensor_node(shape, dtype="float32", blob=0):
     "node,blobs,message",
     [
         (tensor_node([2, 2]), [b"\0" * 15], "sent with 15 bytes, not 16"),
-        (tensor_node([2**28]), [b"\0" * 4], "not 1,073,741,824"),  # a stride-0 expand cannot be sent as one
+        (tensor_node([2**26]), [b"\0" * 4], "not 268,435,456"),  # a stride-0 expand cannot be sent as one
         (tensor_node([2, 2], dtype="complex64"), [b"\0" * 32], "dtype that is not allowed"),
         (tensor_node([2, -1]), [b""], "malformed shape"),
         (tensor_node([1], blob=3), [b"\0" * 4], "missing or already used blob"),
@@ -159,6 +159,44 @@ def tensor_node(shape, dtype="float32", blob=0):
 def test_malformed_values_are_refused(node, blobs, message):
     with pytest.raises(ProtocolError, match=message.replace("[", r"\[").replace("]", r"\]")):
         decode(node, blobs)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        [0, 2**63],  # 0 bytes, "the right size": torch.empty raised TypeError in the grader (cannot grade)
+        [2**63, 0],
+        [0, 2**40, 2**40],  # torch: "Stride calculation overflowed" (RuntimeError)
+        [0, 2**31, 2**31, 2**31],
+        [0] * 7 + [2**64],
+        [2**62, 0],  # frombuffer's reshape would refuse it after the bytes were taken
+    ],
+)
+def test_shapes_are_bounded_before_torch_sees_them(shape):
+    """Every dimension counts, an empty one as 1: no shape can overflow torch's sizes or strides, so no
+    answer makes torch raise in the grader."""
+    for dtype in ("float32", "uint8"):
+        with pytest.raises(ProtocolError, match="larger than any answer may be"):
+            decode(tensor_node(shape, dtype=dtype), [b""])
+
+
+def test_empty_tensors_of_any_reasonable_shape_still_decode():
+    for shape in ([0], [0, 768], [4, 0, 2**20], [0] * 8):
+        assert decode(tensor_node(shape), [b""]).shape == tuple(shape)
+    limits = FrameLimits(blob_bytes=64)
+    assert decode(tensor_node([0, 16]), [b""], limits).shape == (0, 16)  # 16 x 4 bytes: at the limit
+    with pytest.raises(ProtocolError, match="larger than any answer"):
+        decode(tensor_node([0, 17]), [b""], limits)
+
+
+def test_whatever_torch_refuses_is_a_protocol_error():
+    """The codec never lets torch's own exception out: a malformed wire tensor is the sender's fault."""
+    with pytest.raises(ProtocolError, match="torch cannot make"):
+        CODEC.from_wire(protocol.WireTensor("float32", (2**62, 0), bytearray(8)))
+    with pytest.raises(ProtocolError, match="torch cannot make"):
+        CODEC.from_wire(protocol.WireTensor("float32", (0, 2**63), b""))
+    with pytest.raises(ProtocolError, match="not allowed"):
+        CODEC.from_wire(protocol.WireTensor("complex64", (1,), bytearray(8)))
 
 
 def test_nesting_and_node_counts_are_bounded():
@@ -184,6 +222,13 @@ def test_strings_from_the_worker_are_truncated_and_cleaned():
     assert text.endswith("more characters]") and len(text) < 100
     json.dumps(text).encode("utf-8")  # safe for results.json
     assert decode("line one\n\tindented") == "line one\n\tindented"
+
+
+def test_bidirectional_controls_are_cleaned_like_control_characters():
+    """U+202E makes "mha\u202eyp.py" read "mha.py"; every bidirectional control goes, the rest of Unicode stays."""
+    bidi = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+    assert protocol.clean_text(f"mha{bidi}yp.py", 100) == "mha" + "\ufffd" * len(bidi) + "yp.py"
+    assert protocol.clean_text("naïve 注意 ✓ \u200d", 100) == "naïve 注意 ✓ \u200d"
 
 
 def reply(op, value):

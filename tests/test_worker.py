@@ -73,6 +73,44 @@ def test_student_exceptions_come_back_with_their_traceback(make_worker):
     assert 'File "<mha.py, cell 1>", line 2, in f' in info.value.traceback
 
 
+# Once called, the worker's request loop answers with a tensor of shape [0, 2**63] in 0 bytes: "the right size".
+OVERFLOWING_ANSWER = """
+import os, struct, sys
+_server = sys.modules["sandbox.server"]
+_BODY = b'{"ok":true,"value":{"$":"tensor","blob":0,"dtype":"float32","shape":[0,9223372036854775808]}}'
+
+def _send(self, header, blobs=()):
+    os.write(self.fd_out, struct.pack(">4sII", b"MHA1", len(_BODY), 1) + struct.pack(">Q", 0) + _BODY)
+
+def overflow():
+    _server.Channel.send = _send
+    return 1
+"""
+
+
+def test_an_answer_that_cannot_be_decoded_is_the_workers_fault(make_worker, monkeypatch):
+    """A shape that would overflow torch's sizes (torch.empty raised TypeError in the grader: cannot grade), and
+    any exception at all while an answer is decoded: the request fails as the worker's, and the worker is
+    replaced."""
+    w = make_worker(OVERFLOWING_ANSWER)
+    with pytest.raises(WorkerCrashed, match="could not be read safely: a tensor of shape .* larger than any answer"):
+        w.request("call", fn="overflow", args=[], kwargs={})
+    from autograder.sandbox import protocol
+
+    parse_reply = protocol.parse_reply
+
+    def broken(op, header, decoder):
+        if op == "ping":
+            raise KeyError("a decoding step that raised")
+        return parse_reply(op, header, decoder)
+
+    monkeypatch.setattr(protocol, "parse_reply", broken)
+    with pytest.raises(WorkerCrashed, match=r"could not be read safely: it could not be decoded \(KeyError"):
+        w.request("ping")
+    monkeypatch.undo()
+    assert "pid" in w.request("ping")  # a fresh worker answers
+
+
 SPIN_AND_SPIN_AGAIN = (
     "def spin():\n    while True:\n        pass\n"
     "def spin_again():\n    while True:\n        pass\n"

@@ -60,7 +60,7 @@ def grades_csv(rows: list[Row], rubric: Rubric) -> str:
             cells = ["", *("" for _ in parts)]
         lines.append(
             [
-                row.student,
+                row.shown,
                 cells[0],
                 _number(rubric.max_score),
                 *cells[1:],
@@ -85,7 +85,7 @@ def canvas_csv(rows: list[Row], rubric: Rubric, assignment: str = ASSIGNMENT) ->
     for row in rows:
         run = row.scored_run
         score = _number(run.score) if run is not None else ("0" if row.status == NO_SUBMISSION else "")
-        lines.append([row.student, "", "", row.student, "", score])
+        lines.append([row.shown, "", "", row.shown, "", score])
     return csv_text(lines)
 
 
@@ -169,7 +169,7 @@ def students_table(rows: list[Row]) -> Table:
         score = f"{run.score:g} / {run.max_score:g}" if run is not None else "-"
         style = {CANNOT_GRADE: "red", NO_SUBMISSION: "yellow", NOT_GRADED: "yellow", AMBIGUOUS: "yellow"}
         table.add_row(
-            escape(clean_for_output(row.student, newlines=False)),
+            escape(clean_for_output(row.shown, newlines=False)),
             score,
             status_words(row.status),
             escape(row.note()[:200]),

@@ -258,8 +258,10 @@ def _number(value: float) -> str:
 
 
 def page_context(rows: list[Row], rubric: Rubric, released: bool) -> dict[str, Any]:
+    labels = {row.student: row.shown for row in rows}  # as every output shows them: distinct, once cleaned
+
     def name(student: str) -> str:
-        return clean_for_output(student, newlines=False)
+        return clean_for_output(labels.get(student, student), newlines=False)
 
     series = score_series(rows, rubric)
     scored = len(series[-1].scores)

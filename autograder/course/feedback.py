@@ -216,7 +216,7 @@ def page_context(row: Row, released: bool) -> dict[str, Any]:
     parts: list[dict[str, Any]] = []
     context: dict[str, Any] = {  # names and notes are the student's: cleaned as worker strings are, then HTML-escaped
         "assignment": ASSIGNMENT,
-        "student": clean_for_output(entry.student, newlines=False),
+        "student": clean_for_output(entry.shown, newlines=False),
         "submitted": entry.has_file,
         "file": clean_for_output(entry.file.name, newlines=False) if entry.file else "",
         "file_note": clean_for_output(entry.note) if entry.has_file else "",

@@ -41,7 +41,7 @@ from autograder.course.class_outputs import OutputOptions, write_class_outputs
 from autograder.course.clean import clean_for_output
 from autograder.course.grading_pool import Grader
 from autograder.course.placement import NoDevice, Placement, placement_for
-from autograder.course.roster import Entry, read_roster
+from autograder.course.roster import Entry, RosterError, read_roster
 from autograder.course.rows import Row, status_words
 from autograder.course.shard import Shard, engine_index_in
 from autograder.course.store import ClassInputs, Record, close_to_others
@@ -208,14 +208,15 @@ def default_jobs() -> int:
     return min(max(2, 2 * (os.cpu_count() or 1)), 8)
 
 
-def isolation_refusal(isolation: str) -> str:
-    """Why no student could be graded here with `isolation` (no sandbox and no fresh uid), and what would
-    fix it; "" when grading can start. Said once, before anyone is graded, rather than once per student."""
-    from autograder.sandbox import machine
+def isolation_refusal(isolation: str, rubric: Path) -> str:
+    """Why no student could be graded here with `isolation` (no sandbox and no fresh uid; or a fresh uid
+    outside the sandbox that could read the grader's own files: `exposure.problem`), and what would fix it;
+    "" when grading can start. Said once, before anyone is graded, rather than once per student."""
+    from autograder.sandbox import exposure, machine
 
     here = machine.survey()
     if isolation != "auto" or here.isolation is not None:
-        return ""
+        return exposure.problem(isolation, rubric)
     return here.refusal + (f". What would fix it here: {here.advice}" if here.advice else "")
 
 
@@ -242,7 +243,11 @@ def grade_class(
         console.print(f"cannot grade: {exc}", style="red", markup=False)
         return EXIT_CANNOT_GRADE
     isolation = isolation or os.environ.get("AUTOGRADER_ISOLATION", "auto")
-    roster = read_roster(course)
+    try:
+        roster = read_roster(course)
+    except RosterError as exc:
+        console.print(f"cannot grade: {clean_for_output(exc, newlines=False)}", style="red", markup=False)
+        return EXIT_CANNOT_GRADE
     known = {e.student for e in roster}
     if students is not None and set(students) - known:
         missing = ", ".join(sorted(set(students) - known))
@@ -278,7 +283,7 @@ def grade_class(
         for entry in roster:
             if entry.note and (students is None or entry.student in students):
                 console.print(
-                    clean_for_output(f"{entry.student}: {entry.note}", newlines=False), style="yellow", markup=False
+                    clean_for_output(f"{entry.shown}: {entry.note}", newlines=False), style="yellow", markup=False
                 )
         unfinished = {} if force else unfinished_forced(record, roster)
         if unfinished:
@@ -290,7 +295,7 @@ def grade_class(
             )
         todo = plan(roster, record, ClassInputs.compute(rubric_path, device), force, students, unfinished)
         # Only when there is someone to grade: a re-run with nothing changed asks the machine nothing.
-        refusal = isolation_refusal(isolation) if todo else ""
+        refusal = isolation_refusal(isolation, rubric_path) if todo else ""
         if refusal:
             console.print(f"cannot grade: {refusal}", style="red", markup=False)
             return EXIT_CANNOT_GRADE
@@ -367,7 +372,11 @@ def merge_class(
         console.print(f"cannot merge: {exc}", style="red", markup=False)
         return EXIT_CANNOT_GRADE
     close_to_others(course)
-    roster = read_roster(course)
+    try:
+        roster = read_roster(course)
+    except RosterError as exc:
+        console.print(f"cannot merge: {clean_for_output(exc, newlines=False)}", style="red", markup=False)
+        return EXIT_CANNOT_GRADE
     record = Record(course)
     class_inputs = ClassInputs.compute(rubric_path, device="")
     missing: dict[str, str] = {}
@@ -387,8 +396,9 @@ def merge_class(
             style="red",
             markup=False,
         )
+        shown = {entry.student: entry.shown for entry in roster}
         for student, why in sorted(missing.items()):
-            console.print(clean_for_output(f"  {student}: {why}", newlines=False), markup=False)
+            console.print(clean_for_output(f"  {shown.get(student, student)}: {why}", newlines=False), markup=False)
         console.print(
             f"grade them (their shard again, or `grade-class {course}`, which grades only what is "
             "missing) and merge again",
@@ -441,7 +451,7 @@ def grade_all(
                 progress.update(
                     task,
                     advance=1,
-                    description=escape(clean_for_output(futures[future].student, newlines=False))
+                    description=escape(clean_for_output(futures[future].entry.shown, newlines=False))
                     + ": "
                     + (f"{run.score:g}/{run.max_score:g}" if run.graded else status_words(CANNOT_GRADE)),
                 )

@@ -60,7 +60,8 @@ def serve(stdin: Iterable[str] | None = None, replies: TextIO | None = None) -> 
     if parent and os.getppid() != int(parent):  # the class run died before we asked to die with it
         return 1
 
-    from autograder.grading.grade import Options, grade_submission, write_results
+    from autograder.grading.grade import Options, grade_submission
+    from autograder.model import write_results
 
     for line in stdin or sys.stdin:
         job = json.loads(line)

@@ -16,7 +16,7 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.plugins import CsvExportPlugin
 
 from autograder.atomic import write_text_atomically
-from autograder.course.clean import csv_text
+from autograder.course.clean import csv_text, distinct_labels
 from autograder.course.store import COURSE_FILE_MODE
 
 COLUMNS = (
@@ -37,6 +37,7 @@ COLUMNS = (
 def export_rows(gradebook: Gradebook, students: list[str], assignments: list[str]) -> list[list[str]]:
     """nbgrader's export, row for row (its rules: no submission is 0, the score less the penalty)."""
     rows = [list(COLUMNS)]
+    shown = distinct_labels(student.id for student in gradebook.students)  # ids stay distinct once cleaned
     for assignment in gradebook.assignments:
         if assignments and assignment.name not in assignments:
             continue
@@ -46,7 +47,7 @@ def export_rows(gradebook: Gradebook, students: list[str], assignments: list[str
             row = {
                 "assignment": assignment.name,
                 "duedate": assignment.duedate,
-                "student_id": student.id,
+                "student_id": shown[student.id][0],
                 "last_name": student.last_name,
                 "first_name": student.first_name,
                 "email": student.email,

@@ -27,11 +27,12 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
 from autograder.contract import ASSIGNMENT
+from autograder.course.clean import distinct_labels
 from autograder.grading.submission import submission_suffix
 
 TIMESTAMP_FILE, TIMESTAMP_BYTES = "timestamp.txt", 64
@@ -49,10 +50,16 @@ class Entry:
     note: str = ""  # for the instructor: which file was graded and why, or why there is none
     timestamp: datetime | None = None  # timestamp.txt's time (UTC), for the gradebook only
     timestamp_note: str = ""  # for the instructor: why timestamp.txt was not read
+    label: str = ""  # the student as every output shows them (`clean.distinct_labels`); "" when `student` is shown
 
     @property
     def has_file(self) -> bool:
         return self.file is not None
+
+    @property
+    def shown(self) -> str:
+        """The student as the outputs show them: safe in a terminal and a CSV cell, and no other student's."""
+        return self.label or self.student
 
 
 def resolves_inside(path: Path, root: Path) -> bool:
@@ -102,6 +109,7 @@ def read_timestamp(folder: Path) -> tuple[datetime | None, str]:
 class Scan:
     files: list[Path]  # the candidates, as named in the folder
     refused: list[str]  # why a file was not a candidate (a link out of the folder)
+    unreadable: str = ""  # why the folder could not be listed (then there are no candidates)
 
 
 def scan(folder: Path, within: Path | None = None) -> Scan:
@@ -111,8 +119,8 @@ def scan(folder: Path, within: Path | None = None) -> Scan:
     within = folder if within is None else within
     try:
         names = sorted(os.listdir(folder))
-    except OSError:
-        return Scan([], [])
+    except OSError as exc:
+        return Scan([], [], exc.strerror or str(exc))
     files, refused = [], []
     for name in names:
         path = folder / name
@@ -169,7 +177,16 @@ def choose(files: list[Path], assignment: str = ASSIGNMENT) -> tuple[Path, str]:
     return best, why
 
 
+def cannot_read(where: str, why: str) -> str:
+    """The note on a student whose folder the grader may not read: nothing of theirs was graded, and why."""
+    return (
+        f"{where} cannot be read by the grader ({why}): nothing in it was graded; make it readable by the "
+        "grader's user and run again"
+    )
+
+
 def entry_for(student_folder: Path, assignment: str = ASSIGNMENT) -> Entry:
+    """The student's entry. Never raises: a folder or file the grader may not read is a note on that student."""
     student = student_folder.name
     folder = student_folder / assignment
     if is_link(student_folder):
@@ -180,13 +197,24 @@ def entry_for(student_folder: Path, assignment: str = ASSIGNMENT) -> Entry:
             NO_SUBMISSION,
             note=f"submitted/{student}/{assignment} is a symbolic link out of {student}'s folder, not followed",
         )
-    if not folder.is_dir():
+    try:
+        is_folder = stat.S_ISDIR(os.stat(folder).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        is_folder = False
+    except OSError as exc:  # the student's folder may not be searched (mode 0600, 0000, ...)
+        return Entry(student, NO_SUBMISSION, note=cannot_read(f"submitted/{student}/", exc.strerror or str(exc)))
+    if not is_folder:
         return Entry(student, NO_SUBMISSION, note=f"no {assignment}/ folder in submitted/{student}/")
     found = scan(folder)
+    if found.unreadable:  # (mode 0300, say): not even listed
+        return Entry(student, NO_SUBMISSION, note=cannot_read(f"submitted/{student}/{assignment}/", found.unreadable))
     files = found.files
     refused = "; ".join(found.refused)
     if not files:
-        held = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+        try:
+            held = sorted(name for name in os.listdir(folder) if not name.startswith("."))
+        except OSError:
+            held = []
         seen = f" (it holds: {', '.join(held[:5])}{', ...' if len(held) > 5 else ''})" if held else " (it is empty)"
         return Entry(
             student,
@@ -223,6 +251,37 @@ def read_roster(course: Path, assignment: str = ASSIGNMENT) -> list[Entry]:
     submitted = Path(course) / "submitted"
     if not submitted.is_dir():
         return []
+    try:
+        names = sorted(os.listdir(submitted))
+    except OSError as exc:
+        raise RosterError(f"{submitted} cannot be read by the grader ({exc.strerror or exc})") from None
     # a link among the student folders is an entry too (refused by `entry_for`), never followed
-    folders = sorted(p for p in submitted.iterdir() if (p.is_dir() or is_link(p)) and not p.name.startswith("."))
-    return [entry_for(folder, assignment) for folder in folders]
+    folders = [
+        submitted / n for n in names if not n.startswith(".") and (is_link(submitted / n) or _is_dir(submitted / n))
+    ]
+    return labelled([entry_for(folder, assignment) for folder in folders])
+
+
+def labelled(entries: list[Entry]) -> list[Entry]:
+    """The entries with the labels the outputs show them by (`clean.distinct_labels`), and a note for each
+    whose label is not its folder's name."""
+    labels = distinct_labels(e.student for e in entries)
+    changed = []
+    for entry in entries:
+        label, note = labels[entry.student]
+        if label == entry.student:
+            changed.append(entry)
+            continue
+        changed.append(replace(entry, label=label, note="; ".join(n for n in (note, entry.note) if n)))
+    return changed
+
+
+class RosterError(OSError):
+    """The class's submitted/ folder cannot be read at all: nobody can be graded."""
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return False

@@ -47,6 +47,11 @@ class Row:
         return self.entry.student
 
     @property
+    def shown(self) -> str:
+        """The student as every output shows them (`roster.Entry.shown`): never another student's label."""
+        return self.entry.shown
+
+    @property
     def status(self) -> str:
         if not self.entry.has_file:
             return NO_SUBMISSION

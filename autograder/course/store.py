@@ -28,6 +28,7 @@ from typing import Any
 
 from autograder.atomic import write_text_atomically
 from autograder.contract import ASSIGNMENT
+from autograder.grading.submission import MAX_BYTES
 from autograder.model import GradingRun
 
 RECORD_DIR = "results"
@@ -57,6 +58,35 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def submission_hash(path: Path) -> str:
+    """What of a submission file decides its grading, as the reader sees it (`submission.read_cells`): the
+    SHA-256 of its bytes when it is a regular file within the reader's size limit; else only that it is
+    over the limit (the reader refuses it unread, whatever it holds), or that it cannot be read, and why.
+    The size is checked by `stat` before any byte is read, and at most one byte past the limit is ever
+    read (its real path opened without following a link and without blocking, as the reader opens it), so
+    a sparse 20 GiB file costs a re-run nothing. Never raises."""
+    try:
+        target = os.path.realpath(path)
+        if os.stat(target).st_size > MAX_BYTES:
+            return "over the size limit"
+        descriptor = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+    digest = hashlib.sha256()
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return "not a regular file"
+        size = 0
+        while size <= MAX_BYTES and (block := os.read(descriptor, min(1 << 20, MAX_BYTES + 1 - size))):
+            digest.update(block)
+            size += len(block)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+    finally:
+        os.close(descriptor)
+    return "over the size limit" if size > MAX_BYTES else digest.hexdigest()
 
 
 def sha256_tree(files: list[Path], root: Path) -> str:
@@ -117,7 +147,7 @@ class ClassInputs:
 
     def for_file(self, file: Path) -> dict[str, str]:
         return {
-            "submission": sha256_file(file),
+            "submission": submission_hash(file),
             "file": file.name,
             "rubric": self.rubric,
             "grader": self.grader,

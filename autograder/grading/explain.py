@@ -25,6 +25,7 @@ import argparse
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ import torch
 from autograder.grading import scoring
 from autograder.grading.checks import harness
 from autograder.model import FAILED, CheckResult, GradingRun
+from autograder.sandbox.protocol import clean_text
 
 CASES = re.compile(r" \[[^\]]*\]$")  # a row's "[case]" or "[7 of 9 cases]"
 SHOWN = 48  # a tensor with at most this many numbers is printed whole
@@ -61,10 +63,10 @@ def changed_since(results: Path, submission: Path) -> list[str]:
     recorded = results.resolve().parent / "inputs.json"
     if not recorded.is_file():
         return []
-    from autograder.course.store import PACKAGE_DIR, grader_files, reference_files, sha256_file, sha256_tree
+    from autograder.course.store import PACKAGE_DIR, grader_files, reference_files, sha256_tree, submission_hash
 
     was = json.loads(recorded.read_text())
-    now = {"submission": sha256_file(submission), "grader": sha256_tree(grader_files(), PACKAGE_DIR)}
+    now = {"submission": submission_hash(submission), "grader": sha256_tree(grader_files(), PACKAGE_DIR)}
     reference = reference_files()
     now["reference"] = sha256_tree(reference, reference[0].parent) if reference else "none"
     return [name for name, value in now.items() if was.get(name) not in (None, value)]
@@ -131,74 +133,141 @@ def explain_speed(run: GradingRun, submission: str) -> str:
     return "\n".join(lines)
 
 
+def say(text: object, error: bool = False) -> None:
+    """Print `text` cleaned (`protocol.clean_text`): file and folder names are the student's, and the
+    results.json explained may be forged (an OSC 52 clipboard write, an OSC 8 link in a check's name)."""
+    line = str(text)
+    print(clean_text(line, len(line)), file=sys.stderr if error else sys.stdout)
+
+
 def explain(results_path: Path, keys: list[str] | None, submission: Path | None, device: str | None) -> int:
     from autograder.grading import grade as grading
 
-    run = GradingRun.from_gradescope(json.loads(Path(results_path).read_text()))
+    try:
+        run = GradingRun.from_gradescope(json.loads(Path(results_path).read_text()))
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        say(f"{results_path}: not a results.json this grader wrote ({type(exc).__name__}: {exc})", error=True)
+        return 2
     if not run.graded or run.seed is None:
-        print(
-            f"{results_path}: this run has no scores to explain ({run.reason or 'no seed recorded'})", file=sys.stderr
-        )
+        say(f"{results_path}: this run has no scores to explain ({run.reason or 'no seed recorded'})", error=True)
         return 2
     submission = submission or submission_of(Path(results_path), run.submission)
     if submission is None:
-        print(f"cannot find {run.submission} for {results_path}: name it with --submission", file=sys.stderr)
+        say(f"cannot find {run.submission} for {results_path}: name it with --submission", error=True)
         return 2
     rows = [c for c in run.checks if c.status == FAILED] if not keys else []
     for key in keys or []:
         base, _, case = key.partition("[")
         found = [c for c in run.checks if c.key == base and (not case or case.rstrip("]") in c.cases)]
         if not found:
-            print(f"{results_path}: no check {key} (its checks: {', '.join(sorted({c.key for c in run.checks}))})")
+            say(f"{results_path}: no check {key} (its checks: {', '.join(sorted({c.key for c in run.checks}))})")
             return 2
         rows += [c if not case else _only(c, case.rstrip("]")) for c in found]
     speed_rows = [c for c in rows if c.part == "speed"]
     rows = [c for c in rows if c.part != "speed"]
-    print(f"{submission}: seed {run.seed}, graded on {run.device}, torch {run.torch}")
+    say(f"{submission}: seed {run.seed}, graded on {run.device}, torch {run.torch}")
     for what in changed_since(Path(results_path), submission):
-        print(f"note: the {what} changed since this run was graded; what follows is today's {what}'s")
+        say(f"note: the {what} changed since this run was graded; what follows is today's {what}'s")
     if rows:
         wanted = tuple(dict.fromkeys(f"{c.key}[{case}]" if case else c.key for c in rows for case in c.cases or [""]))
-        harness.NOTES = []
-        try:
-            options = grading.Options(
-                device=device or run.device or "auto", out=None, quiet=True, seed=run.seed, checks=wanted
-            )
-            again = grading.grade_submission(submission, options)
-            notes = harness.NOTES
-        finally:
-            harness.NOTES = None
+        options = grading.Options(device=device or run.device or "auto", out=None, quiet=True, seed=run.seed)
+        again, notes = regrade(submission, replace(options, checks=wanted))
         if not again.graded:
-            print(f"cannot grade it again: {again.reason}", file=sys.stderr)
+            say(f"cannot grade it again: {again.reason}", error=True)
             return 2
+        whole: GradingRun | None = None
+        if any(outcome(again, row, case) != row.status for row in rows for case in row.cases or [""]):
+            # Alone, a check runs without what ran before it in the grading (the speed part first, which builds
+            # the submission's module on its own workload, then the other parts): graded whole again, as it was.
+            graded_parts = tuple(dict.fromkeys(c.part for c in run.checks))
+            whole, notes = regrade(submission, replace(options, parts=graded_parts))
+        changed = changed_since(Path(results_path), submission) + [
+            what
+            for what, was, now in (
+                ("torch version", run.torch, torch.__version__),
+                ("device", run.device, options.device),
+            )
+            if was and now != "auto" and was != now
+        ]
+        recorded = (Path(results_path).resolve().parent / "inputs.json").is_file()
         for row in rows:
             for case in row.cases or [""]:
-                print()
-                print(report(row, case, again, [n for n in notes if n["check"] == check_id(row.key, case)]))
+                say("")
+                verdict = reproduction(row, case, again, whole, changed, recorded)
+                say(report(row, case, verdict, [n for n in notes if n["check"] == check_id(row.key, case)]))
     if speed_rows:
-        print()
-        print(explain_speed(run, str(submission)))
+        say("")
+        try:
+            say(explain_speed(run, str(submission)))
+        except (TypeError, ValueError, AttributeError) as exc:  # figures of a results.json written elsewhere
+            say(f"speed: the figures in {results_path} cannot be read ({type(exc).__name__}: {exc})")
     return 0
 
 
 def _only(row: CheckResult, case: str) -> CheckResult:
-    from dataclasses import replace
-
     return replace(row, cases=[case])
 
 
-def report(row: CheckResult, case: str, again: GradingRun, notes: list[dict[str, Any]]) -> str:
-    label = f"{row.part}: {CASES.sub('', row.name)}" + (f" [{case}]" if case else "")
-    now = next((c for c in again.checks if c.key == row.key and (not case or case in c.cases)), None)
-    lines = [label, f"  graded:  {row.status}: {_first(row.message)}"]
-    if now is None:
-        lines.append("  again:   this check did not run")
-    else:
-        same = now.status == row.status
-        lines.append(
-            f"  again:   {now.status}{'' if same else ' (NOT what it was graded: the file or the grader changed)'}: "
-            f"{_first(now.message)}"
+def regrade(submission: Path, options: Any) -> tuple[GradingRun, list[dict[str, Any]]]:
+    """The submission graded again with `options` (its seed), and what the harness noted while it ran."""
+    from autograder.grading import grade as grading
+
+    harness.NOTES = []
+    try:
+        again = grading.grade_submission(submission, options)
+        return again, harness.NOTES
+    finally:
+        harness.NOTES = None
+
+
+def found(run: GradingRun, row: CheckResult, case: str) -> CheckResult | None:
+    return next((c for c in run.checks if c.key == row.key and (not case or case in c.cases)), None)
+
+
+def outcome(run: GradingRun, row: CheckResult, case: str) -> str | None:
+    """The status of `row`'s check (and case) in `run`; None when it did not run."""
+    now = found(run, row, case)
+    return None if now is None else now.status
+
+
+def reproduction(
+    row: CheckResult, case: str, alone: GradingRun, whole: GradingRun | None, changed: list[str], recorded: bool
+) -> str:
+    """The line saying whether the check's outcome was reproduced, and when it was not, why: "not reproduced"
+    only when neither the check graded alone nor the whole grading gave what it was graded."""
+    now = found(alone, row, case)
+    if now is not None and now.status == row.status:
+        return f"again:   {now.status}: {_first(now.message)}"
+    alone_said = "it did not run" if now is None else f"{now.status} ({_first(now.message)})"
+    again = found(whole, row, case) if whole is not None else None
+    if again is not None and again.status == row.status:
+        return (
+            f"again:   {again.status} (reproduced, graded whole as it was: {_first(again.message)}). Graded alone it "
+            f"was {alone_said}: alone, it runs without what runs before it in a grading (the speed part first, "
+            "which builds your module on its own workload, then the other parts), so your code behaves "
+            "differently after those"
         )
+    if whole is not None and not whole.graded:
+        why = f"and graded whole it could not be graded ({whole.reason})"
+    elif changed:
+        why = f"the {' and the '.join(changed)} changed since it was graded"
+    elif recorded:
+        why = (
+            "yet the file, the grader and the reference are as they were when it was graded (the class record "
+            "says so): its outcome varies between gradings of the same code (a deadline, the machine's load)"
+        )
+    else:
+        why = (
+            "and no record beside this results.json says whether the file or the grader changed since it was "
+            "graded (a class run's record does): either did, or its outcome varies between gradings"
+        )
+    whole_said = "" if again is None else f"; graded whole, {again.status}"
+    return f"again:   NOT reproduced: graded alone, {alone_said}{whole_said}; {why}"
+
+
+def report(row: CheckResult, case: str, verdict: str, notes: list[dict[str, Any]]) -> str:
+    label = f"{row.part}: {CASES.sub('', row.name)}" + (f" [{case}]" if case else "")
+    lines = [label, f"  graded:  {row.status}: {_first(row.message)}", f"  {verdict}"]
     for item in notes:
         if item["kind"] == "input":
             lines.append(f"  input to {item['what']}: {show(item['value'])}")

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import resource
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +33,17 @@ from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.report import print_summary
 from autograder.grading.scoring import score
 from autograder.grading.workers import EarlyStart, grades_speed, hidden_folders, worker_config
-from autograder.model import CANNOT_GRADE, GRADED, GradingRun, LoadReport
+from autograder.model import (
+    CANNOT_GRADE,
+    GRADED,
+    GradingRun,
+    LoadReport,
+    clean_strings,
+    write_results,
+    write_unfinished,
+)
 from autograder.rubric import Rubric, RubricError, load_rubric
-from autograder.sandbox import machine
+from autograder.sandbox import exposure, machine
 from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
 
 CHECKS_DIR = Path(__file__).with_name("checks")
@@ -61,6 +67,7 @@ class Options:
     checks: tuple[str, ...] | None = None  # run only these checks, "module::function[case]" (explain; None: all)
     keep_timing_workers: bool = False  # a long-lived grading process keeps the reference's timing workers
     early: EarlyStart | None = None  # workers started before the grader's imports (`python -m autograder grade`)
+    placeholder_written: bool = False  # `out` already says the grading did not finish (`model.write_unfinished`)
 
 
 # -- the steps ----------------------------------------------------------------------------------
@@ -190,23 +197,6 @@ def load_report(worker: Worker, problem: str | None) -> LoadReport:
     )
 
 
-def write_results(out: Path, run: GradingRun) -> None:
-    """results.json, atomically (a temp file renamed over the old one), readable by feedback tools."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".results-", suffix=".json")
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(run.to_gradescope(), handle, indent=2, ensure_ascii=False)
-            handle.write("\n")
-        os.replace(tmp, out)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 # -- the pipeline ------------------------------------------------------------------------------
 
 
@@ -232,6 +222,9 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         run.device = resolve_device(options.device)
         cells, problem = read_submission(path)
         config = worker_config(rubric, run.device, hidden_folders(path, options.out), options.isolation)
+        exposed = exposure.problem(config.isolation, rubric.path)
+        if exposed:  # a worker could read the reference's solution: no student code runs here until it cannot
+            raise CannotGrade(exposed)
         worker = (options.early and options.early.adopt(config, cells, path.name)) or start_worker(
             cells, path.name, config, options
         )
@@ -305,23 +298,17 @@ def _stop(signum: int, frame: FrameType | None) -> NoReturn:
 
 
 def grade_command(path: Path, options: Options) -> int:
-    """`grade` and `check`: grade, write results.json (grade only), print the summary, exit code.
+    """`grade` and `preview`: grade, write results.json (grade only), print the summary, exit code.
 
-    Before anything runs, results.json already says that grading did not finish: a grader that is
-    killed leaves that behind, never an old score. SIGTERM stops the run cleanly, with the same result."""
-    if options.out is not None:
-        write_results(
-            options.out,
-            GradingRun(
-                status=CANNOT_GRADE,
-                submission=Path(path).name,
-                torch=torch.__version__,
-                reason="grading did not finish: the grader was stopped before it wrote its results",
-            ),
-        )
+    Before anything runs, results.json already says that grading did not finish (`model.write_unfinished`;
+    `python -m autograder grade` writes it before it imports anything beyond the standard library): a grader
+    that is killed leaves that behind, never an old score. SIGTERM stops the run cleanly, with the same
+    result."""
+    if options.out is not None and not options.placeholder_written:
+        write_unfinished(options.out, Path(path).name)
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        run = grade_submission(path, options)
+        run = clean_strings(grade_submission(path, options))  # the summary quotes the file's name, the student's
     finally:
         signal.signal(signal.SIGTERM, previous)
     if options.out is not None:

@@ -34,9 +34,7 @@ from autograder.contract import ASSIGNMENT
 from autograder.course.clean import clean_for_output
 from autograder.course.roster import choose, resolves_inside, scan
 from autograder.grading.submission import MAX_BYTES, submission_suffix
-from autograder.model import CANNOT_GRADE, GradingRun
-
-UNFINISHED = "grading did not finish: the grader was stopped before it wrote its results"
+from autograder.model import CANNOT_GRADE, GradingRun, write_results, write_unfinished
 
 
 @dataclass
@@ -115,9 +113,9 @@ def copy_submission(file: Path, folder: Path, work: Path) -> Path:
 
 def grade_folder(folder: Path, out: Path, device: str = "auto", isolation: str | None = None) -> GradingRun:
     """Grade the submission in `folder` into results.json at `out` (always written); return the run."""
-    from autograder.grading.grade import Options, grade_submission, write_results
+    from autograder.grading.grade import Options, grade_submission
 
-    write_results(out, GradingRun(status=CANNOT_GRADE, submission="", reason=UNFINISHED))
+    write_unfinished(out, "")
     found = find_submission(folder)
     note = clean_for_output(found.note)
     if found.file is None:

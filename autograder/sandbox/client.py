@@ -579,6 +579,10 @@ class Worker:
             reply = parse()
         except ProtocolError as exc:
             problem = str(exc)
+        except WorkerError:  # a deadline, a budget or the worker's end, met while reading: as it is
+            raise
+        except Exception as exc:  # any other trouble decoding an answer is the answer's: the worker's fault
+            problem = f"it could not be decoded ({type(exc).__name__}: {protocol.clean_text(str(exc), 200)})"
         else:
             deadline.check(what)
             return reply

@@ -74,14 +74,26 @@ class FrameLimits:
     list_items: int = 1 << 16  # any one list, and all of a frame's value nodes together x 4
 
 
+# Unicode's bidirectional controls: they reorder what a terminal, an editor or a page shows (U+202E makes
+# "mha\u202eyp.py" read "mha.py"), so they are replaced like control characters.
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def unsafe_char(ch: str) -> bool:
+    """Whether `ch` must not reach a terminal, a page or a file as it is: a control character (C0 but newline
+    and tab, DEL, C1) or a bidirectional control."""
+    return ch not in "\n\t" and (ch < " " or 0x7F <= ord(ch) <= 0x9F or ch in BIDI_CONTROLS)
+
+
 def clean_text(text: Any, limit: int) -> str:
     """A string safe for a terminal, HTML, JSON and a CSV cell: at most `limit` characters, no lone
-    surrogates, no control characters but newline and tab (others become U+FFFD)."""
+    surrogates, no control characters but newline and tab and no bidirectional controls (each becomes
+    U+FFFD)."""
     if not isinstance(text, str):
         raise ProtocolError(f"expected a string, got {type(text).__name__}")
     cut = text[:limit]
     cut = cut.encode("utf-8", "replace").decode("utf-8")  # lone surrogates -> "?"
-    cleaned = "".join(ch if ch in "\n\t" or (ch >= " " and not 0x7F <= ord(ch) <= 0x9F) else "\ufffd" for ch in cut)
+    cleaned = "".join("\ufffd" if unsafe_char(ch) else ch for ch in cut)
     return cleaned + (f"... [{len(text) - limit:,} more characters]" if len(text) > limit else "")
 
 
@@ -198,14 +210,21 @@ class TensorCodec:
         return WireTensor(name, tuple(tensor.shape), data, str(tensor.device), bool(tensor.requires_grad))
 
     def from_wire(self, wire: WireTensor) -> torch.Tensor:
+        """The tensor of a `WireTensor` that `Decoder.tensor` has checked; whatever torch still refuses is a
+        ProtocolError (the sender's fault), never another exception."""
         library = self.torch
+        if wire.dtype not in DTYPES:
+            raise ProtocolError(f"a tensor of a dtype that is not allowed: {wire.dtype[:40]}")
         dtype = getattr(library, wire.dtype)
         tensor: torch.Tensor
-        if not wire.data:
-            tensor = library.empty(wire.shape, dtype=dtype)
-        else:  # a bytearray is used as it is (each blob makes one tensor: `Decoder.tensor`); bytes are copied
-            data = wire.data if isinstance(wire.data, bytearray) else bytearray(wire.data)
-            tensor = library.frombuffer(data, dtype=dtype).reshape(wire.shape)
+        try:
+            if not wire.data:
+                tensor = library.empty(wire.shape, dtype=dtype)
+            else:  # a bytearray is used as it is (each blob makes one tensor: `Decoder.tensor`); bytes are copied
+                data = wire.data if isinstance(wire.data, bytearray) else bytearray(wire.data)
+                tensor = library.frombuffer(data, dtype=dtype).reshape(wire.shape)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+            raise ProtocolError(f"a tensor torch cannot make ({type(exc).__name__}: {_safe_str(exc)[:200]})") from None
         return tensor
 
 
@@ -394,6 +413,16 @@ class Decoder:
             and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
         ):
             raise ProtocolError("a tensor with a malformed shape")
+        # Bounded before anything is multiplied out or handed to torch: every dimension, a zero one counted as
+        # one, so that no shape (a [0, 2**63] of 0 bytes, say) can overflow torch's sizes or strides.
+        span = 1
+        for n in shape:
+            span *= max(n, 1)
+            if span * DTYPES[dtype] > self.limits.blob_bytes:
+                raise ProtocolError(
+                    f"a tensor of shape {shape[:8]} is larger than any answer may be "
+                    f"({self.limits.blob_bytes:,} bytes, counting an empty dimension as 1)"
+                )
         if not (isinstance(index, int) and 0 <= index < len(self.blobs)) or index in self.used:
             raise ProtocolError("a tensor that refers to a missing or already used blob")
         self.used.add(index)

@@ -1,0 +1,152 @@
+"""Trusted side: whether a worker's fresh uid could read the grader's own files, under process isolation.
+
+In the namespace sandbox a worker sees only its allow list, with the grader's checkout (or, installed, its
+packages) masked (`bwrap`). Under process isolation it sees the machine's filesystem as its user may: as
+a fresh uid when the grader is root (Gradescope's and Docker's setting), which owns no file and is in no
+group. A checkout readable by every user (the usual 0755 folders and 0644 files) then hands it the
+reference's solution (`reference/mha.py`, the nbgrader source, the sample class), the rubric and the
+hidden checks; a reading of the reference once put the solution into a visible check's message.
+
+For such a uid the kernel decides by the "other" permission bits alone: it is not the owner, the group
+is not its own group, it has no supplementary groups and no ACL names it (ACL entries for named users and
+groups, and the mask, never apply to it), and it has no capabilities. So a file is readable to it exactly
+when the file has `o+r` and every folder above it `o+x`, which `readable_by_others` checks without becoming
+that uid. Security modules (AppArmor, SELinux) only ever refuse more.
+
+`refusal` says, before a grading starts a worker, which of the grader's files such a worker could read and
+the command that closes them (`chmod o-rwx` on the fewest paths: never the interpreter's own folders, which
+the worker runs); grading refuses to start until then. Deployments close them when they are built:
+`deploy/gradescope/setup.sh` (`chmod -R go-rwx` on the source) and `deploy/kubernetes/Dockerfile` (all but
+the virtualenv).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import stat
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from autograder.sandbox import bwrap, probe
+
+
+def _others_may(info: os.stat_result, bit: int) -> bool:
+    return bool(info.st_mode & bit)
+
+
+def reachable_by_others(folder: str) -> bool:
+    """Whether every folder from / down to `folder` (its real path) lets other users through (`o+x`)."""
+    real = Path(os.path.realpath(folder))
+    try:
+        return all(_others_may(os.stat(p), stat.S_IXOTH) for p in [*reversed(real.parents), real])
+    except OSError:
+        return False
+
+
+def first_readable(path: str) -> str | None:
+    """The first file at or below `path` (never through a link) whose bits let other users read it, given
+    that they can reach `path`'s folder; None when there is none."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISREG(info.st_mode):
+        return path if _others_may(info, stat.S_IROTH) else None
+    if not stat.S_ISDIR(info.st_mode) or not _others_may(info, stat.S_IXOTH):
+        return None  # a link (its target is checked where it lies), or a folder they cannot enter
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return None
+    for name in names:
+        found = first_readable(os.path.join(path, name))
+        if found is not None:
+            return found
+    return None
+
+
+def to_close(roots: Iterable[str], keep: tuple[str, ...]) -> dict[str, str]:
+    """The fewest paths whose `chmod o-rwx` leaves no file under `roots` readable by other users, each with
+    a file it would close. A folder of `keep` (the interpreter's: the worker must run it) inside a root is
+    left open, and so is each folder holding one, whose other entries are closed instead; a root inside a
+    folder of `keep` (the grader's packages installed in the interpreter's site-packages) is checked."""
+    closing: dict[str, str] = {}
+
+    def visit(path: str) -> None:
+        if not any(bwrap.inside(folder, path) and folder != path for folder in keep):
+            found = first_readable(path)
+            if found is not None:
+                closing[path] = found
+            return
+        try:
+            if not _others_may(os.lstat(path), stat.S_IXOTH):
+                return  # closed already: nothing below it can be reached
+            names = sorted(os.listdir(path))
+        except OSError:
+            return
+        for name in names:
+            child = os.path.join(path, name)
+            if not os.path.islink(child) and not any(bwrap.inside(child, folder) for folder in keep):
+                visit(child)
+
+    for root in dict.fromkeys(os.path.realpath(r) for r in roots):
+        if os.path.exists(root) and reachable_by_others(os.path.dirname(root) or "/"):
+            visit(root)
+    return {p: f for p, f in closing.items() if not any(q != p and bwrap.inside(p, q) for q in closing)}
+
+
+def grader_secrets(rubric: Path) -> list[str]:
+    """What a worker must never read: the checkout (or, installed, the grader's packages, the reference
+    among them) and the rubric in use."""
+    return [*bwrap.grader_folders(), str(rubric)]
+
+
+def reference_folder() -> str | None:
+    """The real path of the reference's package, as the grader imports it; None when there is none."""
+    try:
+        spec = importlib.util.find_spec("reference")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.realpath(next(iter(spec.submodule_search_locations)))
+
+
+def interpreter_folders() -> tuple[str, ...]:
+    """What the worker runs, and so must read: the interpreter's prefixes (a virtualenv inside a checkout)."""
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix)))
+
+
+def refusal(rubric: Path) -> str:
+    """Why a worker running as a fresh uid outside the namespace sandbox must not start here, with the
+    command that fixes it; "" when it could read none of the grader's files."""
+    closing = to_close(grader_secrets(rubric), interpreter_folders())
+    if not closing:
+        return ""
+    named = {"the reference's solution": reference_folder(), "the rubric": os.path.realpath(rubric)}
+    what = [
+        f"{name} ({path})"
+        for name, path in named.items()
+        if path and reachable_by_others(os.path.dirname(path)) and first_readable(path) is not None
+    ] or [f"such as {next(iter(closing.values()))}"]
+    return (
+        "each worker runs as a fresh unprivileged uid outside the namespace sandbox here, and that uid could "
+        f"read the grader's own files: {', '.join(what)}. "
+        f"Close them to other users first: chmod o-rwx {' '.join(shlex.quote(p) for p in closing)}"
+    )
+
+
+def problem(isolation: str, rubric: Path) -> str:
+    """`refusal(rubric)` where a worker asked for with `isolation` (auto, namespace or process) would run as a
+    fresh uid outside the namespace sandbox (the launcher's rule); else "". Where no isolation can be chosen
+    at all, the worker's own start says why."""
+    try:
+        chosen = probe.choose_isolation(isolation)
+    except (OSError, ValueError):
+        return ""
+    if chosen != "process" or not (probe.is_root() and probe.separate_uid_available()):
+        return ""
+    return refusal(rubric)
