@@ -1,0 +1,100 @@
+"""CPU time that could vanish from the speed part's charge, where no control group counts it: each attack of
+`cpu_attacks.py` graded in the Docker-like emulation of Gradescope's container (`tools/emulate.py docker`:
+root, no writable control groups, no new namespaces, so each worker is a process of a fresh uid), in one
+`grade-class` run beside the honest loop over heads it is built on.
+
+Each must be graded as that loop is: a complete results.json, no speed points and a message saying why, the
+other parts as the loop's, and nothing it started left running. Before the CPU time of every process of
+the worker's uid was kept and only its main process ran while it was timed, the pinned spinner earned full
+speed points and the unpinned spinners made the grading fail (a math domain error: cannot grade).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+import cpu_attacks
+import environments
+from helpers import part_scores
+from test_environments import ENVIRONMENTS, grader_command, run_in
+from test_hostile_submissions import processes_with
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.long,
+    pytest.mark.timeout(3600),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the emulation runs as root (it makes namespaces, drops to users)"),
+]
+
+DOCKER = next(e for e in ENVIRONMENTS if e.name == "docker")
+STUDENTS = {"loop_over_heads": cpu_attacks.loop_over_heads, **cpu_attacks.ATTACKS}
+
+
+@dataclass
+class Graded:
+    returncode: int
+    output: str
+    results: dict[str, dict]
+    left_running: list[str]
+
+
+@pytest.fixture(scope="module")
+def graded() -> Graded:
+    marker = f"hostile-{uuid.uuid4().hex[:12]}"
+    folder = environments.workspace("vanishing-cpu", DOCKER.owner)
+    course = folder / "course"
+    for student, build in STUDENTS.items():
+        path = course / "submitted" / student / "mha" / "mha.py"
+        path.parent.mkdir(parents=True)
+        path.write_text(build(marker))
+    grader, project, env = grader_command(DOCKER)
+    command = [*grader, "grade-class", str(course), "--device", "cpu", "--jobs", "1"]
+    run = run_in(DOCKER, command, project, env, folder / "home", timeout=3000)
+    time.sleep(2)  # time for anything left behind to show
+    results = {}
+    for student in STUDENTS:
+        path = course / "autograded" / student / "mha" / "results.json"
+        if path.exists():
+            results[student] = json.loads(path.read_text())
+    return Graded(run.returncode, run.stdout + run.stderr, results, processes_with(marker))
+
+
+def speed_of(results: dict) -> tuple[tuple[float, float], str, dict]:
+    """(score, top) of the speed part, its check's message, and the speed figures."""
+    message = "\n".join(t.get("output", "") for t in results["tests"] if t["tags"][0] == "speed")
+    return part_scores(results)["speed"], message, results["extra_data"].get("speed") or {}
+
+
+def test_every_submission_is_graded_as_a_fresh_uid_without_control_groups(graded):
+    assert graded.returncode == 0, graded.output[-3000:]
+    assert sorted(graded.results) == sorted(STUDENTS), graded.output[-3000:]
+    for student, results in graded.results.items():
+        extra = results["extra_data"]
+        assert extra["status"] == "graded", (student, extra.get("reason"), extra.get("grader_errors"))
+        assert extra["isolation"] == "process" and "fresh unprivileged uid" in extra["sandbox"]["user"]
+        assert extra["machine"]["control_groups"].startswith("not writable")
+        timing = extra["sandbox"]["timing"]  # what results.json says the speed part's charge rests on
+        assert "every process of its uid" in timing and "no other" in timing, timing
+
+
+@pytest.mark.parametrize("student", list(cpu_attacks.ATTACKS))
+def test_an_attack_on_the_cpu_charge_is_graded_as_the_loop_it_is(graded, student):
+    results, loop = graded.results[student], graded.results["loop_over_heads"]
+    (score, top), message, figures = speed_of(results)
+    print(f"{student}: speed {score}/{top}, relative {figures.get('relative')}: {message[:300]}")
+    assert score == 0 < top, (student, figures.get("relative"), message[:600])
+    assert message.strip(), "the speed check must say why it earned nothing"
+    scores, loop_scores = part_scores(results), part_scores(loop)
+    assert {p: s for p, s in scores.items() if p != "speed"} == {p: s for p, s in loop_scores.items() if p != "speed"}
+    assert not graded.left_running, f"left running after grading: {graded.left_running}"
+
+
+def test_the_honest_loop_earns_no_speed_points(graded):
+    (score, top), message, _ = speed_of(graded.results["loop_over_heads"])
+    assert score == 0 < top and "one batched pass" in message
