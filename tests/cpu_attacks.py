@@ -25,7 +25,8 @@ from speed_variants import LOOP_OVER_HEADS, definitions
 
 _LOOP = LOOP_OVER_HEADS.replace("MultiHeadAttention.forward = _forward", "_loop = _forward")
 
-# Children that each burn `bank` seconds of CPU, then wait; reaped by the kernel when they end.
+# Children that each burn `bank` seconds of CPU, then wait; reaped by the kernel when they end. `_bank(n)`
+# starts n and waits (within a cell's time limit) until they have; one cell per call.
 _BANKED_CHILDREN = """
 import hashlib
 import os
@@ -33,38 +34,77 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps them: their CPU time reaches no parent
 _BANK = "import time\\nwhile time.process_time() < {bank}: pass\\ntime.sleep(3600)  # {marker}"
-_banked = [subprocess.Popen([sys.executable, "-c", _BANK]) for _ in range({children})]
+_banked = []
 _timed_calls = [0]
+_spinners = []
+_EVERY_CPU = os.sched_getaffinity(0)
+
+
+def _cpu(pid):
+    try:
+        fields = open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _bank(count):
+    new = [subprocess.Popen([sys.executable, "-c", _BANK]) for _ in range(count)]
+    _banked.extend(new)
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline and any(_cpu(child.pid) < {bank} for child in new):
+        time.sleep(0.05)
 
 
 def _spin():  # hashlib lets go of the GIL on large inputs: a thread that keeps a CPU busy
+    _spinners.append(threading.get_native_id())
     data = bytes(1 << 20)
     while True:
         hashlib.sha256(data).digest()
 
 
+def _pin_beside_the_main_thread():
+    os.sched_setaffinity(0, {{min(os.sched_getaffinity(0))}})  # the main thread, on one CPU
+    threading.Thread(target=_spin, daemon=True).start()  # a new thread inherits that one CPU
+
+
 def _forward(self, x):
-    if not torch.is_grad_enabled():  # a timed call: one child per round of 32 of them vanishes
+    if not torch.is_grad_enabled():  # a timed call: in the first of each round of 32, a child vanishes
         _timed_calls[0] += 1
-        if _timed_calls[0] % 32 == 1 and _banked:
-            os.kill(_banked.pop().pid, signal.SIGKILL)
+        if _timed_calls[0] % 32 == 1:
+            _new_round(_timed_calls[0] // 32)
+            if _banked:
+                os.kill(_banked.pop().pid, signal.SIGKILL)
     return _loop(self, x)
 
 
 MultiHeadAttention.forward = _forward
 """
 
+# The warm-up round (0) as the pinned spinner, so that its charge is small but not below zero (the rounds
+# would not be measured: too slow); then every thread on any CPU, with more spinners.
 _PINNED = """
-os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # the main thread, on one CPU
-threading.Thread(target=_spin, daemon=True).start()  # a new thread inherits that one CPU
+_pin_beside_the_main_thread()
+
+
+def _new_round(index):
+    pass
 """
 
 _UNPINNED = """
-for _ in range(3):
-    threading.Thread(target=_spin, daemon=True).start()
+_pin_beside_the_main_thread()
+
+
+def _new_round(index):
+    if index == 1:
+        for thread in [0, *_spinners]:
+            os.sched_setaffinity(thread, _EVERY_CPU)
+        for _ in range(2):
+            threading.Thread(target=_spin, daemon=True).start()
 """
 
 _ESCAPED = """
@@ -114,14 +154,17 @@ def _submission(*cells: str, marker: str) -> str:
     return source.replace("{marker}", marker)
 
 
+def _vanishing_children(bank: float, mode: str, marker: str) -> str:
+    banked = _BANKED_CHILDREN.format(bank=bank, marker="{marker}")
+    return _submission(_LOOP, banked, *["_bank(2)"] * 4, mode, marker=marker)
+
+
 def vanishing_children_pinned_spinner(marker: str) -> str:
-    return _submission(_LOOP, _BANKED_CHILDREN.format(bank=1.5, children=12, marker="{marker}"), _PINNED, marker=marker)
+    return _vanishing_children(0.8, _PINNED, marker)
 
 
 def vanishing_children_unpinned_spinners(marker: str) -> str:
-    return _submission(
-        _LOOP, _BANKED_CHILDREN.format(bank=1.5, children=12, marker="{marker}"), _UNPINNED, marker=marker
-    )
+    return _vanishing_children(1.2, _UNPINNED, marker)
 
 
 def escaped_setsid_helper(marker: str) -> str:
