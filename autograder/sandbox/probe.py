@@ -285,6 +285,5 @@ def _timing_guarantees(sandbox: bool, uid: int | None, group: WorkerGroup | None
     return (
         "without a fresh uid its processes are found through its process tree and process group only: one that "
         "leaves both (a new session whose parent ended) is neither stopped while another worker is timed nor "
-        f"charged; {held}; "
-        + ("new processes are not refused (the worker runs as root)" if is_root() else weaker)
+        f"charged; {held}; " + ("new processes are not refused (the worker runs as root)" if is_root() else weaker)
     )
