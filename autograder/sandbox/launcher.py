@@ -253,7 +253,7 @@ class WorkerProcess:
         ]
         started = [key for key in now if key not in hold.others and key[0] != hold.main]
         said = [
-            f"{what} {len(keys)} other process{'es' if len(keys) > 1 else ''} (pid {', '.join(str(k[0]) for k in keys[:5])})"
+            f"{what} {len(keys)} other process{'es' if len(keys) > 1 else ''}"
             for what, keys in (("ended", ended), ("woke up", woken), ("started", started))
             if keys
         ]
