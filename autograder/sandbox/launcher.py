@@ -264,7 +264,7 @@ class WorkerProcess:
             except (OSError, ValueError):
                 pass
         if self._filler is not None and not self._filler.intact():
-            said.append("stopped the grader's process that keeps it from starting others")
+            said.append("ended the grader's process that keeps it from starting others")
         return "your code " + " and ".join(said) + " while it was timed" if said else None
 
     def _end_hold(self, filler_too: bool = False) -> None:
@@ -384,10 +384,13 @@ class QuotaFiller:
             return None
         limit += procfs.tasks_of(uid) + 8
         ready_r, ready_w = os.pipe()
+        procfs.hide_own_proc_files()  # (as `launch` does) loads the C library now: the child takes no lock to
+        # find it, which another of the grader's threads might have held at the fork
         pid = os.fork()
         if pid == 0:  # the child: nothing but system calls, and never back into the grader's code
             try:
-                os.close(ready_r)
+                os.closerange(3, ready_w)  # nothing of the grader's reaches the uid (its pipes, its files)
+                os.closerange(ready_w + 1, os.sysconf("SC_OPEN_MAX"))
                 procfs.become_uid(uid)
                 procfs.hide_own_proc_files()
                 procfs.die_with_parent(signal.SIGKILL)  # a change of uid clears it
