@@ -199,6 +199,10 @@ def wakes_and_kills_its_children(marker: str) -> str:
     return _submission(_LOOP, _WAKES, marker=marker)
 
 
+def reference(marker: str) -> str:
+    return _submission(marker=marker)
+
+
 def loop_over_heads(marker: str) -> str:
     return _submission(LOOP_OVER_HEADS, marker=marker)
 

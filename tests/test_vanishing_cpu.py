@@ -1,7 +1,7 @@
 """CPU time that could vanish from the speed part's charge, where no control group counts it: each attack of
 `cpu_attacks.py` graded in the Docker-like emulation of Gradescope's container (`tools/emulate.py docker`:
 root, no writable control groups, no new namespaces, so each worker is a process of a fresh uid), in one
-`grade-class` run beside the honest loop over heads it is built on.
+`grade-class` run beside the honest loop over heads it is built on and the reference's own definitions.
 
 Each must be graded as that loop is: a complete results.json, no speed points and a message saying why, and
 nothing it started left running (the other parts may lose more than the loop's: the spinners slow every
@@ -34,7 +34,7 @@ pytestmark = [
 ]
 
 DOCKER = next(e for e in ENVIRONMENTS if e.name == "docker")
-STUDENTS = {"loop_over_heads": cpu_attacks.loop_over_heads, **cpu_attacks.ATTACKS}
+STUDENTS = {"reference": cpu_attacks.reference, "loop_over_heads": cpu_attacks.loop_over_heads, **cpu_attacks.ATTACKS}
 
 
 @dataclass
@@ -99,3 +99,10 @@ def test_an_attack_on_the_cpu_charge_is_graded_as_the_loop_it_is(graded, student
 def test_the_honest_loop_earns_no_speed_points(graded):
     (score, top), message, _ = speed_of(graded.results["loop_over_heads"])
     assert score == 0 < top and "one batched pass" in message
+
+
+def test_the_reference_held_as_every_timed_worker_is_earns_every_point(graded):
+    """No false alarm: the reference's definitions, timed as a fresh uid held like every other timed worker
+    (only its main process running, no process able to start), earn the speed points."""
+    results = graded.results["reference"]
+    assert results["score"] == results["max_score"] == 100, speed_of(results)[1][:600]
