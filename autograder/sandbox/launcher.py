@@ -21,9 +21,9 @@ descendants.
 Timing without a control group's CPU count (`hold`, `cpu_seconds`, `thread_waits`, `hold_broken`): every
 process of the worker's fresh uid is found whatever its parentage (`procfs.owned_by`); each one's CPU time is
 kept in a ledger as last seen (`procfs.CpuLedger`), so none can take it away by ending; and while the worker
-is timed only its main process runs, unable to start another (RLIMIT_NPROC 0), so no CPU time can be spent
-where the ledger does not see it. A timed request whose worker ended, started or woke another of its
-processes meanwhile, or raised its own limit, is void (`hold_broken` says how).
+is timed only its main process runs, unable to start another (`QuotaFiller` takes every task the uid's
+RLIMIT_NPROC leaves), so no CPU time can be spent where the ledger does not see it. A timed request whose
+worker ended, started or woke another of its processes meanwhile is void (`hold_broken` says how).
 """
 
 from __future__ import annotations
@@ -348,9 +348,10 @@ class WorkerProcess:
 
 @dataclass
 class _Hold:
-    """A worker held for a timed request (`WorkerProcess.hold`): its main process, the CPU time of each of the others, stopped, as it was (None where it could not be read), those that did not
-    stop in time, whether new processes are refused, and the main process's RLIMIT_NPROC before and during
-    the hold where that is what refuses them."""
+    """A worker held for a timed request (`WorkerProcess.hold`): its main process, the CPU time of each of the
+    others, stopped, as it was (None where it could not be read), those that did not stop in time, whether
+    new processes are refused, and the main process's RLIMIT_NPROC before and during the hold where that is
+    what refuses them."""
 
     main: int
     running: list[int]
