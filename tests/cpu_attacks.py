@@ -153,7 +153,7 @@ import signal
 import subprocess
 import sys
 
-_SPIN = "import os\nos.nice(19)\nwhile True: pass  # {marker}"
+_SPIN = "import os\\nos.nice(19)\\nwhile True: pass  # {marker}"
 _children = [subprocess.Popen([sys.executable, "-c", _SPIN]) for _ in range(4)]
 _timed_calls = [0]
 

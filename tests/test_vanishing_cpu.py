@@ -78,6 +78,7 @@ def test_every_submission_is_graded_as_a_fresh_uid_without_control_groups(graded
     for student, results in graded.results.items():
         extra = results["extra_data"]
         assert extra["status"] == "graded", (student, extra.get("reason"), extra.get("grader_errors"))
+        assert extra["load"]["cells"] == [], (student, extra["load"])  # every cell ran: the attack is in place
         assert extra["isolation"] == "process" and "fresh unprivileged uid" in extra["sandbox"]["user"]
         assert extra["machine"]["control_groups"].startswith("not writable")
         timing = extra["sandbox"]["timing"]  # what results.json says the speed part's charge rests on
