@@ -274,7 +274,7 @@ def _timing_guarantees(sandbox: bool, uid: int | None, group: WorkerGroup | None
     if uid is not None:
         return (
             f"every process of its uid found whatever its parentage, stopped while another worker is timed; {held}, "
-            "and it can start no other (RLIMIT_NPROC 0)"
+            "and it can start no other (every task the uid's RLIMIT_NPROC leaves is taken)"
         )
     weaker = (
         "new processes refused by a soft RLIMIT_NPROC of 0 that the worker may raise itself: a raise is seen after "
