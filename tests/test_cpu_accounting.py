@@ -222,6 +222,7 @@ print(json.dumps(seen))
 """
 
 
+@pytest.mark.long  # the first run makes the readable copy of the project and its virtualenv
 def test_a_helper_that_leaves_the_tree_is_found_stopped_and_charged_by_its_uid():
     """Gradescope's setting: a setsid helper whose parent ended is the grader's child, in no session or
     process group of the worker's. It is found by the worker's uid, stopped while another worker is timed,
