@@ -123,15 +123,21 @@ class WorkerProcess:
         return self.process.poll() is None
 
     def pids(self) -> list[int]:
-        """Every process of this worker: its control group's list where there is one; otherwise the
-        session it was started in, every descendant of its first process, found through /proc (setsid
-        children leave the session, not the tree: the grader is their subreaper), and, under namespace
-        isolation, every process of its pid namespace."""
+        """Every process of this worker: its control group's list where there is one; otherwise, for a
+        process of a fresh uid, every process of that uid; otherwise the session it was started in, every
+        descendant of its first process, found through /proc (setsid children leave the session, not the
+        tree: the grader is their subreaper), and, under namespace isolation, every process of its pid
+        namespace (which none can leave)."""
         never = procfs.ancestry()
         if self._filler is not None:
             never.add(self._filler.pid)  # the grader's, though of the worker's uid
         if self.group is not None and self.group.can_kill():
             return [pid for pid in self.group.pids() if pid not in never]
+        if self.uid is not None and self.isolation != "namespace":
+            # a fresh uid from its first instruction on, which no process can leave: every process it has,
+            # whatever its parentage (a setsid helper whose parent ended is the grader's child, in no
+            # session or tree of the worker's)
+            return sorted(set(procfs.owned_by(self.uid)) - never)
         stats = procfs.processes()
         namespace = self.namespace()
         found = {
@@ -139,8 +145,6 @@ class WorkerProcess:
             for stat in stats
             if stat.pgid == self.pid or (namespace is not None and procfs.pid_namespace(stat.pid) == namespace)
         }
-        if self.uid is not None:  # a fresh uid: every process it has, whatever its parentage
-            found.update(procfs.owned_by(self.uid))
         children = procfs.children_of(stats)
         tree = {self.pid, *procfs.descendants(self.pid, children)}
         for pid in found - tree:
