@@ -7,15 +7,18 @@ reaps and accounts for processes.
 - Stopping and killing a tree: `stop_tree` sends SIGSTOP to everything a finder returns and asks it again
   until nothing new appears (a stopped process neither forks nor exits, so the tree holds still while it
   is read); `kill_tree` stops the whole tree before it kills any of it, since a process killed first hands
-  its children to their subreaper, out of the tree the walk follows, where a setsid child would survive.
+  its children to their subreaper, out of the tree the walk follows, where a setsid child would survive;
+  `wait_stopped` waits until SIGSTOP has taken effect.
+- A uid's share of processes: `tasks_of` counts what RLIMIT_NPROC counts, `process_limit` reads a process's
+  limit, `start_idle_threads` takes tasks (for `launcher.QuotaFiller`).
 - Reaping and dying together: `reap_orphans` waits for zombie children that are no Popen's (orphans that
   came to this process as their subreaper, `become_child_subreaper`); `die_with_parent` asks the kernel to
   signal a process when its parent dies (PR_SET_PDEATHSIG).
 - Accounting: `process_cpu_ns`, a process's CPU time to the nanosecond, its ended threads included (its
   CPU-time clock); `CpuLedger`, the CPU time of every process a worker ever had, each as last seen, so that
-  a process that ended takes nothing with it and the total never falls; `cpu_seconds` of a set of live
-  processes; `thread_schedstats` / `thread_waits` / `thread_wait`: nanoseconds each thread ran and waited
-  for a CPU; `own_wait`: the calling thread's wait (the grader's, while it times a request).
+  a process that ended takes nothing with it and the total never falls; `thread_schedstats` /
+  `thread_wait`: nanoseconds a thread ran and waited for a CPU; `own_wait`: the calling thread's wait (the
+  grader's, while it times a request).
 
 Linux only; standard library only.
 """
@@ -437,11 +440,6 @@ def thread_wait(pid: int, tid: int) -> dict[int, int]:
         return {}
 
 
-def thread_waits(pids: Iterable[int]) -> dict[int, int]:
-    """Nanoseconds each live thread of `pids` has spent ready to run but waiting for a CPU, by thread id."""
-    return {tid: waited for pid in pids for tid, (_ran, waited) in thread_schedstats(pid).items()}
-
-
 CPUCLOCK_SCHED = 2  # the kernel's process CPU-time clock of a pid: ((~pid) << 3) | CPUCLOCK_SCHED
 
 
@@ -467,17 +465,6 @@ def process_cpu(stat: ProcStat) -> float | None:
     )
     after = read_stat(stat.pid)
     return seconds if after is not None and after.start == stat.start else None
-
-
-def cpu_seconds(pids: Iterable[int]) -> float:
-    """User and system CPU time of the live processes `pids` and of the children they reaped (a snapshot: what
-    ended takes its time with it; `CpuLedger` keeps it)."""
-    total = 0.0
-    for pid in pids:
-        stat = read_stat(pid)
-        if stat is not None:
-            total += (process_cpu(stat) or 0.0) + (stat.cutime + stat.cstime) / TICKS
-    return total
 
 
 @dataclass
