@@ -17,6 +17,7 @@ import torch
 from autograder.grading import timing
 from autograder.grading.scoring import Outcome, score
 from autograder.rubric import DEFAULT_RUBRIC, RubricError, load_rubric
+from autograder.sandbox.client import HoldBroken
 from autograder.sandbox.protocol import TimedShown
 from rubric_text import rubric_file
 
@@ -46,6 +47,23 @@ def test_a_request_is_charged_its_own_time_not_the_machines():
 
 def test_waits_count_only_threads_alive_before_and_after():
     assert timing.waited({1: 100, 2: 50}, {1: 400, 3: 10_000}) == pytest.approx(300e-9)
+    assert timing.waited({1: 500}, {1: 100}) == 0  # never below zero
+
+
+def test_a_charge_is_never_negative_nor_below_the_cpu_time():
+    """Where no control group counted the CPU time of ended processes, a round's CPU time could fall (children
+    killed in it took theirs away) while its threads' waits together exceeded its wall time: the charge was
+    negative, and the statistics of it raised a math domain error (the grading could not grade)."""
+    assert timing.charge(wall=0.3, cpu=-1.2, wait=0.7, threads=1) == pytest.approx(timing.MIN_CHARGE)
+    assert timing.charge(wall=0.3, cpu=0.2, wait=0.7, threads=1) == pytest.approx(0.2)  # waits count up to the wall
+    assert timing.charge(wall=0.3, cpu=-1.0, wait=-5.0, threads=1) == pytest.approx(0.3)  # negative waits: none
+    assert timing.charge(wall=0.3, cpu=0.1, wait=0.25, threads=1) == pytest.approx(0.1)
+
+
+def test_the_geometric_mean_of_figures_never_raises():
+    assert timing.geometric_mean([2.0, 8.0]) == pytest.approx(4.0)
+    for values in ([], [1.0, -0.5], [0.0], [float("nan"), 1.0], [float("inf")]):
+        assert timing.geometric_mean(values) is None
 
 
 def measurement(wrapper, reference, submission):
@@ -86,18 +104,28 @@ class Clock:
 
 
 class FakeWorker:
-    """Records whether it is running; its CPU time grows by `cpu_per_second` per second it runs."""
+    """Records whether it is running (held for timed requests, or whole); its CPU time grows by
+    `cpu_per_second` per second it runs."""
 
     def __init__(self, name, clock, cpu_per_second=1.0):
         self.name, self.clock, self.cpu_per_second = name, clock, cpu_per_second
-        self.running, self.cpu = True, 0.0
+        self.running, self.held, self.cpu = True, False, 0.0
         self.events = []
+        self.broken: str | None = None  # what `check_hold` raises, once
 
     def suspend(self):
-        self.running = False
+        self.running = self.held = False
 
     def resume(self):
-        self.running = True
+        self.running, self.held = True, False
+
+    def hold(self):
+        self.running = self.held = True
+
+    def check_hold(self):
+        assert self.held, "a timed request ran on a worker that was not held"
+        if self.broken:
+            raise HoldBroken(self.broken)
 
     def cpu_seconds(self):
         return self.cpu
@@ -209,6 +237,19 @@ def test_a_submission_using_two_cores_is_charged_for_them():
     assert result.cpus[timing.SUBMISSION][0] == pytest.approx(0.012)
     assert result.rounds[timing.SUBMISSION][0] == pytest.approx(0.012)  # charged its CPU time, not its wall time
     assert timing.summarize(result)["relative"] == pytest.approx(0.01 / 0.012, rel=0.05)
+
+
+def test_a_worker_that_breaks_its_hold_fails_the_measurement_as_its_own_fault():
+    """A timed request during which the worker ended, started or woke another of its processes (where no
+    control group counts their CPU time) is void: the worker's failure handler decides whose fault it is."""
+    clock, failures = Clock(), []
+    targets, workers = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.01})
+    targets[2].failed = failures.append
+    workers[timing.SUBMISSION].broken = "your code ended 1 other process while it was timed"
+    with pytest.raises(HoldBroken, match="ended 1 other process"):
+        timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
+    assert [str(f) for f in failures] == ["your code ended 1 other process while it was timed"]
+    assert all(w.running and not w.held for w in workers.values())
 
 
 def test_far_too_slow_gives_up_after_warm_up_and_waits_little():

@@ -32,12 +32,18 @@ How (`measure`):
   credit; the rounds stop when it does, or at `max_rounds`. Each round draws fresh seeds, shared by the three
   targets, and times the wrapper, then the reference and the submission, which take turns at going first.
 - Only the worker being timed runs: every other worker, with every process it started, is stopped
-  (SIGSTOP), so a submission's background threads or processes cannot slow the reference down.
-- Each request is charged its wall time less the time the worker's threads, and the grader's thread that
-  times it, waited for a CPU held by other processes (so a busy machine hurts nobody: with a round trip per
-  call, the grader's own waits for a CPU would otherwise count once per call), but never less than the CPU time of all the worker's
-  processes spread over the threads it was given (equal torch threads everywhere): a submission cannot
-  win by using more cores than the reference gets, and sleeping or blocking is charged (`charge`).
+  (SIGSTOP), so a submission's background threads or processes cannot slow the reference down. Where no
+  control group counts the CPU time of all a worker's processes, the one being timed runs only its main
+  process, which can start no other (`Timed.hold`), and a request during which it ended, started or woke
+  another is void (`Timed.check_hold`): so no CPU time can be spent where it is not counted, and none
+  leaves with a process that ends (the worker's CPU time never falls).
+- Each request is charged its wall time less the time the worker's thread that answers it, and the grader's
+  thread that times it, waited for a CPU held by other processes (so a busy machine hurts nobody: with a
+  round trip per call, the grader's own waits for a CPU would otherwise count once per call), but never less
+  than the CPU time of all the worker's processes spread over the threads it was given (equal torch threads
+  everywhere): a submission cannot win by using more cores than the reference gets, and sleeping or blocking
+  is charged (`charge`). Other threads' waits are not deducted: the worker can cause them itself, and
+  together they can exceed the wall time. The charge is never below zero.
 
 The statistic (`summarize`): per round, the submission's speedup over the wrapper and the reference's own;
 their ratio (the submission's speedup as a fraction of the reference's) is the score's input, as the median
@@ -138,12 +144,19 @@ atexit.register(forget_trusted_workers)
 
 
 class Timed(Protocol):
-    """What timing needs of a worker (`client.Worker` has it): to stop and resume every process it started,
-    their CPU time, and the nanoseconds each of their live threads waited for a CPU, by thread id."""
+    """What timing needs of a worker (`client.Worker` has it): to stop and resume every process it started; to
+    let it run for timed requests (`hold`: where no control group counts the CPU time of every process, only
+    its main process runs, able to start no other) and to check afterwards that it kept to that
+    (`check_hold`, which raises a WorkerError); the CPU time of all its processes, ended ones included, which
+    never falls; and the nanoseconds its thread that answers requests waited for a CPU, by thread id."""
 
     def suspend(self) -> None: ...
 
     def resume(self) -> None: ...
+
+    def hold(self) -> None: ...
+
+    def check_hold(self) -> None: ...
 
     def cpu_seconds(self) -> float: ...
 
@@ -221,7 +234,8 @@ class Measurement:
 
 
 class Stage:
-    """Lets one worker run at a time: every other one is stopped, with all its processes."""
+    """Lets one worker run at a time, held for timed requests (`Timed.hold`): every other one is stopped, with
+    all its processes."""
 
     def __init__(self, workers: list[Timed]):
         self.workers = list({id(w): w for w in workers}.values())
@@ -236,7 +250,7 @@ class Stage:
         if self.running is not worker:
             if self.running is not None:
                 self.running.suspend()
-            worker.resume()
+            worker.hold()
             self.running = worker
 
     def __exit__(self, *exc: object) -> None:
@@ -244,18 +258,24 @@ class Stage:
             worker.resume()
 
 
+MIN_CHARGE = 1e-9  # seconds: a charge is never zero (the statistics divide by it); no forward comes near it
+
+
 def charge(wall: float, cpu: float, wait: float, threads: int) -> float:
-    """The time a request is charged: its wall time less the time the worker's threads waited for a CPU
-    that other processes held (a busy machine is nobody's fault), but never less than its CPU time spread
-    over the threads it was given (more cores earn nothing). Sleeping or blocking is charged; and since
-    waiting for a CPU means wanting one, no worker can be charged less than the CPU time it used."""
-    return max(cpu / threads, wall - wait)
+    """The time a request is charged: its wall time less the time the worker's thread that answers it, and the
+    grader's thread that times it, waited for a CPU that other processes held (a busy machine is nobody's
+    fault), but never less than its CPU time spread over the threads it was given (more cores earn nothing).
+    Sleeping or blocking is charged; and since waiting for a CPU means wanting one, no worker can be charged
+    less than the CPU time it used. Waits count up to the wall time and no further, and a CPU time below zero
+    counts as none, so the charge is never below zero (nor below MIN_CHARGE)."""
+    wait = min(max(wait, 0.0), wall)
+    return max(MIN_CHARGE, max(cpu, 0.0) / threads, wall - wait)
 
 
 def waited(before: dict[int, int], after: dict[int, int]) -> float:
     """Seconds waited for a CPU between two of a worker's `thread_waits()`, by the threads alive at both (a
-    thread that ended takes its waits with it, which can only raise the charge)."""
-    return sum(after[tid] - before[tid] for tid in after.keys() & before.keys()) / 1e9
+    thread that ended takes its waits with it, which can only raise the charge); never below zero."""
+    return sum(max(0, after[tid] - before[tid]) for tid in after.keys() & before.keys()) / 1e9
 
 
 def measure(
@@ -310,6 +330,7 @@ def measure(
                 wait += mine
                 show[name] = pick(target.shown, target.calls)  # only now: any call may be one that is checked
                 shown[name] = calls.finish(show[name])
+                target.worker.check_hold()  # nothing it ran meanwhile escaped cpu_seconds()
             except WorkerError as exc:
                 target.failed(exc)
                 raise
@@ -457,7 +478,11 @@ def summarize(measurement: Measurement) -> dict[str, Any]:
     return figures
 
 
-def geometric_mean(values: list[float]) -> float:
+def geometric_mean(values: list[float]) -> float | None:
+    """The geometric mean of positive, finite `values`; None when there are none, or any other (never a math
+    domain error: these are figures of the submission's timing, and no submission may make the grader fail)."""
+    if not values or not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values):
+        return None
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 

@@ -75,6 +75,11 @@ class CheckTimeUp(WorkerTimeout):
     """A check's budget ended what was running (see `CheckBudget`)."""
 
 
+class HoldBroken(WorkerError):
+    """While it was timed, the worker did what a timed request may not (`launcher.WorkerProcess.hold`): it
+    ended, started or woke up another of its processes, or raised its own limit on processes."""
+
+
 class WorkerCannotStart(WorkerError):
     """The worker could not start Python and torch before any of the submission's code ran: the grader's
     environment is at fault (a broken installation, a missing CUDA device), never the submission."""
@@ -210,6 +215,7 @@ class Worker:
         self.cpu_spent = 0.0  # CPU seconds of workers already ended
         self.memory_peak: int | None = None  # the most memory the worker's processes used together
         self.allowed: bwrap.AllowList | None = None  # the sandbox's allow list, if not `bwrap.allow_list()`
+        self.holding = False  # held for timed requests (`hold`), a worker restarted meanwhile too
         try:
             self.isolation = probe.choose_isolation(config.isolation)
         except (OSError, ValueError) as exc:
@@ -336,6 +342,8 @@ class Worker:
             )
             raise WorkerCannotStart(self.cannot_start) from None
         self.booted = True
+        if self.process is not None:
+            self.process.find_main(ready.value.pid)  # before any code of the submission runs
         return ready.value
 
     def alive(self) -> bool:
@@ -379,20 +387,40 @@ class Worker:
 
     # -- process control, for timing
     def suspend(self) -> None:
+        self.holding = False
         if self.process is not None:
             self.process.suspend()
 
     def resume(self) -> None:
+        self.holding = False
         if self.process is not None:
             self.process.resume()
 
+    def hold(self) -> None:
+        """Let the worker run for timed requests, and only as a timed request may
+        (`launcher.WorkerProcess.hold`); a worker started meanwhile is held once it has loaded the file."""
+        self.holding = True
+        if self.process is not None and not self.prestarted:
+            self.process.hold()
+
+    def check_hold(self) -> None:
+        """After a timed request: raise HoldBroken when the worker did what the hold forbids."""
+        problem = self.process.hold_broken() if self.process is not None and self.holding else None
+        if problem:
+            raise HoldBroken(
+                f"{problem}. While a forward is timed, only the process that answers the grader may run, and it "
+                "may start no other: everything else your code started stays stopped, so that the time it is "
+                "charged is all the CPU time it used"
+            )
+
     def cpu_seconds(self) -> float:
-        """CPU time of the running worker's processes (see `cpu_spent` for the ones already ended)."""
+        """CPU time of the running worker's processes, ended ones included (see `cpu_spent` for the workers
+        already ended)."""
         return self.process.cpu_seconds() if self.process is not None else 0.0
 
     def thread_waits(self) -> dict[int, int]:
-        """Nanoseconds each live thread of the running worker has spent ready to run but waiting for a CPU
-        (held by other processes), by thread id."""
+        """Nanoseconds the running worker's thread that answers requests has spent ready to run but waiting for
+        a CPU (held by other processes), by thread id (`launcher.WorkerProcess.thread_waits`)."""
         return self.process.thread_waits() if self.process is not None else {}
 
     def _cpu_budget_left(self) -> bool:
@@ -489,6 +517,8 @@ class Worker:
             raise WorkerCrashed(self.given_up)
         if not self.alive():
             self.start(check)
+            if self.holding and self.process is not None:
+                self.process.hold()
 
     def timed_calls(
         self,

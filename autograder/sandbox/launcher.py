@@ -17,6 +17,13 @@ limits for all of them together, and the kernel's own list of them, which is wha
 RLIMIT_NPROC for a fresh uid) and a walk of /proc (`procfs`) stand in, and `WorkerProcess.in_force` says so
 (`probe.describe_isolation`). The grader is made a child subreaper, so a worker's orphans stay its
 descendants.
+
+Timing without a control group's CPU count (`hold`, `cpu_seconds`, `thread_waits`, `hold_broken`): every
+process of the worker's fresh uid is found whatever its parentage (`procfs.owned_by`); each one's CPU time is
+kept in a ledger as last seen (`procfs.CpuLedger`), so none can take it away by ending; and while the worker
+is timed only its main process runs, unable to start another (`QuotaFiller` takes every task the uid's
+RLIMIT_NPROC leaves), so no CPU time can be spent where the ledger does not see it. A timed request whose
+worker ended, started or woke another of its processes meanwhile is void (`hold_broken` says how).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import select
 import shutil
 import signal
 import subprocess
@@ -94,6 +102,11 @@ class WorkerProcess:
         self.memory_peak: int | None = None
         self._cpu_at_exit: float | None = None
         self._namespace: str | None = None
+        self.main: int | None = None  # the process that answers requests (`find_main`)
+        self.ledger = procfs.CpuLedger()
+        self._held: _Hold | None = None
+        self._sent_stop = False  # processes were stopped by SIGSTOP (`hold`), which no thawing undoes
+        self._filler: QuotaFiller | None = None  # while it is held (`hold`), a fresh uid's tasks all taken
 
     @property
     def pid(self) -> int:
@@ -110,13 +123,21 @@ class WorkerProcess:
         return self.process.poll() is None
 
     def pids(self) -> list[int]:
-        """Every process of this worker: its control group's list where there is one; otherwise the
-        session it was started in, every descendant of its first process, found through /proc (setsid
-        children leave the session, not the tree: the grader is their subreaper), and, under namespace
-        isolation, every process of its pid namespace."""
+        """Every process of this worker: its control group's list where there is one; otherwise, for a
+        process of a fresh uid, every process of that uid; otherwise the session it was started in, every
+        descendant of its first process, found through /proc (setsid children leave the session, not the
+        tree: the grader is their subreaper), and, under namespace isolation, every process of its pid
+        namespace (which none can leave)."""
         never = procfs.ancestry()
+        if self._filler is not None:
+            never.add(self._filler.pid)  # the grader's, though of the worker's uid
         if self.group is not None and self.group.can_kill():
             return [pid for pid in self.group.pids() if pid not in never]
+        if self.uid is not None and self.isolation != "namespace":
+            # a fresh uid from its first instruction on, which no process can leave: every process it has,
+            # whatever its parentage (a setsid helper whose parent ended is the grader's child, in no
+            # session or tree of the worker's)
+            return sorted(set(procfs.owned_by(self.uid)) - never)
         stats = procfs.processes()
         namespace = self.namespace()
         found = {
@@ -130,6 +151,19 @@ class WorkerProcess:
             tree |= {pid, *procfs.descendants(pid, children)}
         return sorted(tree - never)
 
+    def find_main(self, pid_inside: int) -> None:
+        """Note which process answers requests: the one that said it was ready as `pid_inside` (its pid in its
+        own pid namespace), found before any code of the submission has run. Under process isolation that is
+        the process started; in the namespace sandbox, bubblewrap's child's child."""
+        if self.isolation != "namespace":
+            self.main = self.pid
+            return
+        for pid in self.pids():
+            inside = procfs.namespace_pids(pid)
+            if pid != self.pid and len(inside) > 1 and inside[-1] == pid_inside:
+                self.main = pid
+                return
+
     def namespace(self) -> str | None:
         """The worker's own pid namespace (namespace isolation only): never the grader's."""
         if self._namespace is None and self.isolation == "namespace":
@@ -140,33 +174,137 @@ class WorkerProcess:
         return self._namespace
 
     def suspend(self) -> None:
-        """Stop every process of the worker (the cgroup freezer, else SIGSTOP), e.g. while the reference
-        is being timed."""
+        """Stop every process of the worker (the cgroup freezer, else SIGSTOP, asking again until no new one
+        appears, and waiting until each has stopped), e.g. while the reference is being timed."""
         if not (self.group is not None and self.group.freeze(True)):
-            procfs.signal_all(self.pids(), signal.SIGSTOP)
+            procfs.wait_stopped(procfs.stop_tree(self.pids))
+        self._end_hold()
         self.stopped = True
 
     def resume(self) -> None:
-        if not (self.group is not None and self.group.freeze(False)):
+        self._end_hold(filler_too=True)
+        if not (self.group is not None and self.group.freeze(False)) or self._sent_stop:
             procfs.signal_all(self.pids(), signal.SIGCONT)
+        self._sent_stop = False
         self.stopped = False
 
+    def counts_every_cpu_second(self) -> bool:
+        """Whether the worker's control group counts the CPU time of all its processes, ended ones included:
+        then nothing can vanish, and it is timed with all of them running."""
+        return self.group is not None and self.group.cpu_seconds() is not None
+
+    def hold(self) -> None:
+        """Let the worker run for a timed request: where its control group counts every CPU second, all of it
+        (`resume`); otherwise only its main process, while every other process stays stopped, and no process
+        can start: for a fresh uid, a `QuotaFiller` takes every task its limit on processes leaves (the main
+        process cannot raise that limit, and the grader, without CAP_SYS_RESOURCE as in a container, could
+        not lower it and give it back); for the grader's own uid, the main process's soft limit is 0 (which it
+        could raise itself, `hold_broken` looks). So no process can spend CPU time the ledger does not see, or
+        end and take it away. `hold_broken` says afterwards whether the worker kept to that."""
+        if self.counts_every_cpu_second() or self.main is None:
+            self.resume()
+            return
+        everything = procfs.stop_tree(self.pids)  # from stopped (or frozen) to SIGSTOPped, the main one too
+        self._sent_stop = True
+        if self.group is not None:
+            self.group.freeze(False)  # thawed, each stays stopped by its SIGSTOP
+        running = procfs.wait_stopped(everything)
+        hold = _Hold(main=self.main, running=[pid for pid in running if pid != self.main])
+        if self.uid is not None:
+            if self._filler is None or not self._filler.intact():
+                if self._filler is not None:
+                    self._filler.close()
+                limits = [procfs.process_limit(pid) for pid in everything]
+                try:
+                    self._filler = QuotaFiller.start(self.uid, max(hard for _, hard in filter(None, limits)))
+                except (OSError, ValueError):  # ValueError: none could be read
+                    self._filler = None
+            hold.refused = self._filler is not None
+        elif os.geteuid() != 0:  # the worker is the grader's own user (the namespace sandbox's, or not)
+            try:
+                hold.limit_before = resource.prlimit(self.main, resource.RLIMIT_NPROC)
+                hold.limit = (0, hold.limit_before[1])
+                resource.prlimit(self.main, resource.RLIMIT_NPROC, hold.limit)
+                hold.refused = True
+            except (OSError, ValueError):
+                hold.limit_before = hold.limit = None
+        for pid in everything:
+            stat = procfs.read_stat(pid)
+            if stat is not None and pid != self.main and stat.state != "Z":
+                hold.others[stat.key] = procfs.process_cpu(stat)
+        self._held = hold
+        procfs.signal_all([self.main], signal.SIGCONT)
+        self.stopped = False
+
+    def hold_broken(self) -> str | None:
+        """After a timed request under `hold`: what the worker did that the hold forbids, in the student's
+        words, or None. A stopped process runs only when one of the worker's own continues it, and ends only
+        when one kills it: the grader does neither while it holds the worker."""
+        hold = self._held
+        if hold is None:
+            return None
+        if hold.running:
+            return (
+                f"your code had {len(hold.running)} other process{'es' if len(hold.running) > 1 else ''} that "
+                "could not be stopped before it was timed (in an uninterruptible wait)"
+            )
+        now = {stat.key: stat for stat in map(procfs.read_stat, self.pids()) if stat is not None and stat.state != "Z"}
+        ended = [key for key in hold.others if key not in now]
+        woken = [
+            key
+            for key, cpu in hold.others.items()
+            if key in now and (not now[key].stopped or procfs.process_cpu(now[key]) != cpu)
+        ]
+        started = [key for key in now if key not in hold.others and key[0] != hold.main]
+        said = [
+            f"{what} {len(keys)} other process{'es' if len(keys) > 1 else ''}"
+            for what, keys in (("ended", ended), ("woke up", woken), ("started", started))
+            if keys
+        ]
+        if hold.limit is not None:
+            try:
+                if resource.prlimit(hold.main, resource.RLIMIT_NPROC) != hold.limit:
+                    said.append("raised its own limit on processes")
+            except (OSError, ValueError):
+                pass
+        if self._filler is not None and not self._filler.intact():
+            said.append("ended the grader's process that keeps it from starting others")
+        return "your code " + " and ".join(said) + " while it was timed" if said else None
+
+    def _end_hold(self, filler_too: bool = False) -> None:
+        """Give the main process back the process limit it had (the worker is stopped, or about to be
+        continued whole), and, with `filler_too` (before it is continued whole), end the `QuotaFiller`."""
+        hold, self._held = self._held, None
+        if hold is not None and hold.limit_before is not None:
+            try:
+                resource.prlimit(hold.main, resource.RLIMIT_NPROC, hold.limit_before)
+            except (OSError, ValueError):
+                pass
+        if filler_too and self._filler is not None:
+            self._filler.close()
+            self._filler = None
+
     def cpu_seconds(self) -> float:
-        """User and system CPU time of every process of the worker: with a control group, including
-        processes that already ended; otherwise the live ones (and their reaped children), each to the
-        nanosecond from its live threads' schedstat, or its clock ticks when larger (threads that ended)."""
+        """User and system CPU time of every process of the worker, ended ones included: its control group's
+        count where there is one; otherwise the ledger's (`procfs.CpuLedger`: each process to the nanosecond,
+        as last seen), which never falls."""
         if self._cpu_at_exit is not None:
             return self._cpu_at_exit
         if self.group is not None:
             seconds = self.group.cpu_seconds()
             if seconds is not None:
                 return seconds
-        return procfs.cpu_seconds(self.pids())
+        return self.ledger.update(self.pids())
 
     def thread_waits(self) -> dict[int, int]:
-        """Nanoseconds each live thread of the worker's processes has spent ready to run but waiting for a
-        CPU, by thread id."""
-        return procfs.thread_waits(self.pids())
+        """Nanoseconds the thread that answers requests (the main process's first thread) has spent ready to
+        run but waiting for a CPU, by thread id: the waits deducted from its charge. Not the waits of its other
+        threads or processes: the worker may cause them itself (a thread that spins beside another makes each
+        wait), and together they can exceed the wall time. None at all while it is held where new processes
+        could start unseen (a process could run in its place while it waits)."""
+        if self.main is None or (self._held is not None and not self._held.refused):
+            return {}
+        return procfs.thread_wait(self.main, self.main)
 
     def went_over_memory(self) -> bool:
         """Whether the kernel killed a process of the worker for going over the memory limit."""
@@ -176,6 +314,7 @@ class WorkerProcess:
 
     def kill(self) -> None:
         """Kill every process of the worker, reap them, and remove its control group and scratch folder."""
+        self._end_hold(filler_too=True)
         if self.group is not None and self.group.dirs:
             self.group.kill()
             self.memory_kills = self.group.memory_kills()
@@ -209,6 +348,86 @@ class WorkerProcess:
                 pass
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+@dataclass
+class _Hold:
+    """A worker held for a timed request (`WorkerProcess.hold`): its main process, the CPU time of each of the
+    others, stopped, as it was (None where it could not be read), those that did not stop in time, whether
+    new processes are refused, and the main process's RLIMIT_NPROC before and during the hold where that is
+    what refuses them."""
+
+    main: int
+    running: list[int]
+    others: dict[tuple[int, int], float | None] = field(default_factory=dict)
+    refused: bool = False
+    limit_before: tuple[int, int] | None = None
+    limit: tuple[int, int] | None = None
+
+
+class QuotaFiller:
+    """While a worker of a fresh uid is held for timing, a process of that uid that takes every task its limit
+    on processes leaves (RLIMIT_NPROC counts a uid's processes and threads together), as threads that only
+    wait: no process of the uid can then start another, a process or a thread, whatever it does to its own
+    soft limit, and the grader needs no privilege it may lack in a container (lowering another uid's hard
+    limit and giving it back takes CAP_SYS_RESOURCE, which Docker does not grant). It is a fork of the
+    grader that becomes the uid and is not dumpable (no process of the uid can trace it and end its
+    threads); it lives while the worker is held or stopped between timed requests, and is killed before the
+    worker is continued whole."""
+
+    def __init__(self, pid: int, threads: int):
+        self.pid, self.threads = pid, threads
+
+    @classmethod
+    def start(cls, uid: int, limit: int, seconds: float = 30.0) -> QuotaFiller | None:
+        """A filler for `uid`, whose processes' limit on processes is at most `limit`, once it has taken every
+        task they could start; None when it could not. It takes `limit` tasks and more, 8 and as many as the
+        uid has already: so none can start even once every other task of the uid has ended (a thread of the
+        main process may end on its own; the kernel's count of a uid's tasks can also differ from /proc's by
+        one, for a worker started in the namespace sandbox)."""
+        if not 0 < limit <= 1 << 16:
+            return None
+        limit += procfs.tasks_of(uid) + 8
+        ready_r, ready_w = os.pipe()
+        procfs.hide_own_proc_files()  # (as `launch` does) loads the C library now: the child takes no lock to
+        # find it, which another of the grader's threads might have held at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: nothing but system calls, and never back into the grader's code
+            try:
+                os.closerange(3, ready_w)  # nothing of the grader's reaches the uid (its pipes, its files)
+                os.closerange(ready_w + 1, os.sysconf("SC_OPEN_MAX"))
+                procfs.become_uid(uid)
+                procfs.hide_own_proc_files()
+                procfs.die_with_parent(signal.SIGKILL)  # a change of uid clears it
+                resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+                taken = procfs.start_idle_threads(limit)
+                os.write(ready_w, f"{taken}\n".encode())
+                while True:
+                    signal.pause()
+            finally:
+                os._exit(1)
+        os.close(ready_w)
+        filler = cls(pid, 0)
+        ready, _, _ = select.select([ready_r], [], [], seconds)
+        said = os.read(ready_r, 64) if ready else b""
+        os.close(ready_r)
+        filler.threads = len(procfs.thread_ids(pid))
+        if not said.strip().isdigit() or procfs.tasks_of(uid) < limit:
+            filler.close()
+            return None
+        return filler
+
+    def intact(self) -> bool:
+        """Whether it still holds every task it took."""
+        stat = procfs.read_stat(self.pid)
+        return stat is not None and stat.state != "Z" and len(procfs.thread_ids(self.pid)) == self.threads
+
+    def close(self) -> None:
+        procfs.signal_all([self.pid], signal.SIGKILL)
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
 
 
 def launch(settings: LaunchSettings) -> WorkerProcess:

@@ -259,4 +259,31 @@ def describe_isolation(
         )
     if "cpu" not in facts:
         facts["cpu"] = "no CPU quota: a busy submission can slow others graded at the same time"
+    facts["timing"] = _timing_guarantees(sandbox, uid, group)
     return facts
+
+
+def _timing_guarantees(sandbox: bool, uid: int | None, group: WorkerGroup | None) -> str:
+    """What the speed part's CPU charge rests on, in words (`launcher.WorkerProcess.hold`)."""
+    if group is not None and group.cpu_seconds() is not None:
+        return (
+            "CPU time of all its processes, ended ones included, counted by its control group; all of them "
+            "frozen while another worker is timed"
+        )
+    held = "each one's CPU time kept as last seen, so none takes it away by ending; while it is timed only its main process runs"
+    if uid is not None:
+        return (
+            f"every process of its uid found whatever its parentage, stopped while another worker is timed; {held}, "
+            "and it can start no other (every task the uid's RLIMIT_NPROC leaves is taken)"
+        )
+    weaker = (
+        "new processes refused by a soft RLIMIT_NPROC of 0 that the worker may raise itself: a raise is seen after "
+        "the timed request, but not a process started and ended within it with the limit lowered again"
+    )
+    if sandbox:
+        return f"every process of its pid namespace found, stopped while another worker is timed; {held}; {weaker}"
+    return (
+        "without a fresh uid its processes are found through its process tree and process group only: one that "
+        "leaves both (a new session whose parent ended) is neither stopped while another worker is timed nor "
+        f"charged; {held}; " + ("new processes are not refused (the worker runs as root)" if is_root() else weaker)
+    )

@@ -2,17 +2,23 @@
 reaps and accounts for processes.
 
 - Finding: `read_stat` parses /proc/PID/stat (the only parser of it), `processes` lists every live process,
-  `descendants` walks the parent links, `ancestry` is this process and its ancestors (never signalled).
+  `descendants` walks the parent links, `owned_by` finds every process of a uid whatever its parentage,
+  `ancestry` is this process and its ancestors (never signalled).
 - Stopping and killing a tree: `stop_tree` sends SIGSTOP to everything a finder returns and asks it again
   until nothing new appears (a stopped process neither forks nor exits, so the tree holds still while it
   is read); `kill_tree` stops the whole tree before it kills any of it, since a process killed first hands
-  its children to their subreaper, out of the tree the walk follows, where a setsid child would survive.
+  its children to their subreaper, out of the tree the walk follows, where a setsid child would survive;
+  `wait_stopped` waits until SIGSTOP has taken effect.
+- A uid's share of processes: `tasks_of` counts what RLIMIT_NPROC counts, `process_limit` reads a process's
+  limit, `start_idle_threads` takes tasks (for `launcher.QuotaFiller`).
 - Reaping and dying together: `reap_orphans` waits for zombie children that are no Popen's (orphans that
   came to this process as their subreaper, `become_child_subreaper`); `die_with_parent` asks the kernel to
   signal a process when its parent dies (PR_SET_PDEATHSIG).
-- Accounting: `cpu_seconds` of a set of processes (from their stat and their threads' schedstat), and
-  `thread_schedstats` / `thread_waits`: nanoseconds each thread ran and waited for a CPU; `own_wait`: the
-  calling thread's wait (the grader's, while it times a request).
+- Accounting: `process_cpu_ns`, a process's CPU time to the nanosecond, its ended threads included (its
+  CPU-time clock); `CpuLedger`, the CPU time of every process a worker ever had, each as last seen, so that
+  a process that ended takes nothing with it and the total never falls; `thread_schedstats` /
+  `thread_wait`: nanoseconds a thread ran and waited for a CPU; `own_wait`: the calling thread's wait (the
+  grader's, while it times a request).
 
 Linux only; standard library only.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -58,6 +65,17 @@ class ProcStat:
     stime: int
     cutime: int  # of its children that ended and were reaped
     cstime: int
+    start: int = 0  # when it started, in clock ticks since boot: with the pid, names one process for good
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """(pid, start): unlike a pid, never another process's."""
+        return self.pid, self.start
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped by a signal (T) or for a tracer (t): it runs nothing until continued."""
+        return self.state in "Tt"
 
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -82,6 +100,7 @@ def read_stat(pid: int) -> ProcStat | None:
             int(fields[12]),
             int(fields[13]),
             int(fields[14]),
+            int(fields[19]),
         )
     except (IndexError, ValueError):
         return None
@@ -102,6 +121,70 @@ def processes() -> list[ProcStat]:
             if stat is not None:
                 found.append(stat)
     return found
+
+
+def uids_of(pid: int) -> tuple[int, ...]:
+    """The real, effective, saved and filesystem uids of `pid` (/proc/PID/status: unlike the owner of
+    /proc/PID, which a process that makes itself not dumpable hands to root); () when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("Uid:"):
+                    return tuple(int(field) for field in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return ()
+
+
+def owned_by(uid: int) -> list[int]:
+    """Every live process any of whose uids is `uid`, whatever its parentage, session or process group: for
+    a fresh uid, which nothing else has and which no process can leave, every process of one worker."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and uid in uids_of(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def thread_ids(pid: int) -> list[int]:
+    """The ids of the live threads of `pid`, sorted; [] when it is gone."""
+    try:
+        return sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task"))
+    except (OSError, ValueError):
+        return []
+
+
+def tasks_of(uid: int) -> int:
+    """How many tasks (processes and threads together, zombies included: what RLIMIT_NPROC counts) `uid` has."""
+    return sum(len(thread_ids(pid)) or 1 for pid in owned_by(uid))
+
+
+def process_limit(pid: int) -> tuple[int, int] | None:
+    """`pid`'s RLIMIT_NPROC (soft, hard), from /proc/PID/limits (prlimit would take CAP_SYS_RESOURCE for
+    another uid's process); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/limits") as handle:
+            for line in handle:
+                if line.startswith("Max processes"):
+                    soft, hard = line.split()[2:4]
+                    return tuple(  # type: ignore[return-value]
+                        resource.RLIM_INFINITY if value == "unlimited" else int(value) for value in (soft, hard)
+                    )
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def namespace_pids(pid: int) -> list[int]:
+    """`pid`'s pid in each pid namespace it is in, outermost first (/proc/PID/status's NSpid); [] when gone."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("NSpid:"):
+                    return [int(field) for field in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
 
 
 def children_of(stats: Iterable[ProcStat]) -> dict[int, list[int]]:
@@ -182,6 +265,20 @@ def kill_tree(find: Callable[[], Iterable[int]]) -> list[int]:
     tree = stop_tree(find)
     kill_stopped(tree, find)
     return tree
+
+
+def wait_stopped(pids: Iterable[int], seconds: float = 2.0) -> list[int]:
+    """Wait, at most `seconds`, until each of `pids` is stopped (or gone, or a zombie): SIGSTOP is certain but
+    not instant, a process running on another CPU stops when it next enters the kernel, and one in an
+    uninterruptible wait only when that ends. Returns those still running."""
+    pending = list(pids)
+    deadline = time.monotonic() + seconds
+    while True:
+        stats = [read_stat(pid) for pid in pending]
+        pending = [s.pid for s in stats if s is not None and not s.stopped and s.state != "Z"]
+        if not pending or time.monotonic() >= deadline:
+            return pending
+        time.sleep(0.002)
 
 
 def kill_stopped(tree: Iterable[int], find: Callable[[], Iterable[int]], rounds: int = 3) -> None:
@@ -277,6 +374,21 @@ def die_with_parent(signum: int = signal.SIGTERM, parent: int | None = None) -> 
         os._exit(1)
 
 
+def start_idle_threads(most: int, stack_bytes: int = 1 << 16) -> int:
+    """Start threads that only wait (pause(2), in the C library, never in Python), until `most` or until the
+    kernel refuses one; returns how many started. For a forked child that holds tasks (`launcher.QuotaFiller`)."""
+    libc = _libc()
+    attr = ctypes.create_string_buffer(128)  # pthread_attr_t, opaque
+    libc.pthread_attr_init(attr)
+    libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(stack_bytes))
+    routine = ctypes.cast(libc.pause, ctypes.c_void_p)
+    thread = ctypes.c_ulong()
+    started = 0
+    while started < most and libc.pthread_create(ctypes.byref(thread), attr, routine, None) == 0:
+        started += 1
+    return started
+
+
 def become_child_subreaper() -> None:
     """Orphans among this process's descendants (setsid children whose parent exited) become its children,
     not init's: they stay in the tree it kills and reaps."""
@@ -318,23 +430,90 @@ def own_wait() -> float:
         return 0.0
 
 
-def thread_waits(pids: Iterable[int]) -> dict[int, int]:
-    """Nanoseconds each live thread of `pids` has spent ready to run but waiting for a CPU, by thread id."""
-    return {tid: waited for pid in pids for tid, (_ran, waited) in thread_schedstats(pid).items()}
+def thread_wait(pid: int, tid: int) -> dict[int, int]:
+    """{tid: nanoseconds} thread `tid` of process `pid` has spent ready to run but waiting for a CPU; {} when
+    it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as handle:
+            return {tid: int(handle.read().split()[1])}
+    except (OSError, ValueError, IndexError):
+        return {}
 
 
-def cpu_seconds(pids: Iterable[int]) -> float:
-    """User and system CPU time of the live processes `pids` and their reaped children: each process to the
-    nanosecond from its live threads' schedstat, or its clock ticks when larger (threads that ended)."""
-    total = 0.0
-    for pid in pids:
-        stat = read_stat(pid)
-        if stat is not None:
-            own = max((stat.utime + stat.stime) / TICKS, _threads_runtime(pid))
-            total += own + (stat.cutime + stat.cstime) / TICKS
-    return total
+CPUCLOCK_SCHED = 2  # the kernel's process CPU-time clock of a pid: ((~pid) << 3) | CPUCLOCK_SCHED
 
 
-def _threads_runtime(pid: int) -> float:
-    """Seconds on a CPU of the live threads of `pid`."""
-    return sum(ran for ran, _ in thread_schedstats(pid).values()) / 1e9
+def process_cpu_ns(pid: int) -> int | None:
+    """User and system CPU time of process `pid`, every thread it ever had included, in nanoseconds (its
+    CPU-time clock, clock_getcpuclockid's, which any process may read); None when it is gone or the clock
+    cannot be read."""
+    try:
+        return time.clock_gettime_ns(((~pid) << 3) | CPUCLOCK_SCHED)
+    except (OSError, OverflowError):
+        return None
+
+
+def process_cpu(stat: ProcStat) -> float | None:
+    """Seconds of CPU time of the process `stat` describes (`process_cpu_ns`; where that clock cannot be
+    read, its clock ticks or its live threads' nanoseconds, whichever is larger); None when its pid no
+    longer names that process (it ended, and its pid was given to another)."""
+    nanoseconds = process_cpu_ns(stat.pid)
+    seconds = (
+        nanoseconds / 1e9
+        if nanoseconds is not None
+        else max((stat.utime + stat.stime) / TICKS, sum(ran for ran, _ in thread_schedstats(stat.pid).values()) / 1e9)
+    )
+    after = read_stat(stat.pid)
+    return seconds if after is not None and after.start == stat.start else None
+
+
+@dataclass
+class _Seen:
+    own: float  # seconds of its own CPU time, as last seen
+    reaped: float  # seconds of CPU time of the children it reaped, as last seen
+    ppid: int
+
+
+class CpuLedger:
+    """The CPU time of every process a worker ever had, each as last seen: `update(pids)` reads the live ones
+    and returns the total, which never falls. A process that ended keeps what it had when last seen, so
+    killing a process, or having the kernel reap it (SIGCHLD ignored), takes nothing away; what it used after
+    it was last seen is lost, unless a parent of the worker's reaped it, which then counts it (less what was
+    already counted of the children that ended since). Where a process may run unseen matters: while a
+    worker is timed, the others are stopped (`launcher.WorkerProcess.hold`), so nothing is lost there."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int, int], _Seen] = {}
+        self.reaped_total = 0.0  # children's CPU time that reached a parent of the worker, counted once
+
+    def update(self, pids: Iterable[int]) -> float:
+        alive: dict[tuple[int, int], ProcStat] = {}
+        for pid in pids:
+            stat = read_stat(pid)
+            if stat is not None:
+                alive[stat.key] = stat
+        ended = [key for key in self.seen if key not in alive]
+        for key, stat in alive.items():
+            own = process_cpu(stat)
+            reaped = (stat.cutime + stat.cstime) / TICKS
+            before = self.seen.get(key)
+            if before is None:
+                self.seen[key] = _Seen(own or 0.0, reaped, stat.ppid)
+                self.reaped_total += reaped  # children never seen: reaped before this process was first seen
+                continue
+            # children of this one that ended since, whose time is in the ledger already
+            counted = sum(self.seen[k].own + self.seen[k].reaped for k in ended if self.seen[k].ppid == stat.pid)
+            self.reaped_total += max(0.0, reaped - before.reaped - counted)
+            before.own = max(before.own, own or 0.0)
+            before.reaped = max(before.reaped, reaped)
+        for key in ended:
+            self.seen[key].ppid = -1  # ended: no later parent's reaping is its
+        return self.total()
+
+    def total(self) -> float:
+        return sum(seen.own for seen in self.seen.values()) + self.reaped_total
+
+    def of(self, key: tuple[int, int]) -> float | None:
+        """Seconds of CPU time of one process, as last seen."""
+        seen = self.seen.get(key)
+        return seen.own if seen is not None else None

@@ -851,7 +851,9 @@ _check_mha()
 # round, and compares your speedup over the wrapper with the reference's own: about as fast as the
 # reference earns the speed points, and a loop over heads earns none, even when its values are
 # right. To keep the comparison fair it uses one thread for everyone and stops everything else
-# your code started while the reference is timed.
+# your code started while the reference is timed; while your forward is timed, only the process
+# that runs it may run, and it may start no other process or thread (a timed call that ends, starts
+# or wakes another of your processes earns no speed points).
 #
 # The next cell times your two classes the same way on this machine, for 4, 16 and 64 heads of the
 # same total width: watch the speedup grow with the number of heads. You can call

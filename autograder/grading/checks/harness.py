@@ -26,6 +26,7 @@ from autograder.grading.plugin import CheckFailed, NotScored
 from autograder.rubric import Rubric
 from autograder.sandbox.client import (
     CheckBudget,
+    HoldBroken,
     LoadFailed,
     SubmissionError,
     TimedCalls,
@@ -89,6 +90,7 @@ WORKER_MISTAKES: dict[type[WorkerError], str] = {
     LoadFailed: "the file does not load",
     WorkerTimeout: "the code does not finish in time (an endless loop?)",
     WorkerCrashed: "the code ends the worker process (a crash, or an exit)",
+    HoldBroken: "a timed forward runs, starts or ends other processes",
 }
 
 
@@ -166,7 +168,7 @@ class Submission:
                 f"your code raised {exc.type}" + (f": {exc.message}" if exc.message else "") + trace,
                 mistake=f"your code raises {exc.type}",
             )
-        if isinstance(exc, (LoadFailed, WorkerTimeout, WorkerCrashed)):
+        if isinstance(exc, (LoadFailed, WorkerTimeout, WorkerCrashed, HoldBroken)):
             fail(str(exc), mistake=worker_mistake(exc))
         raise exc
 

@@ -1,0 +1,239 @@
+"""CPU time that cannot vanish, where no control group counts it: one worker at a time, as the speed part
+holds it (`launcher.WorkerProcess.hold`, `cpu_seconds`, `thread_waits`), without control groups.
+
+The worker runs as a fresh uid: in the namespace sandbox here (bubblewrap under root), and, for a helper that
+leaves the process tree, as a plain process in the Docker-like emulation of Gradescope's container
+(`tools/emulate.py docker`), where a process that leaves the tree is out of reach of anything but its uid.
+The end-to-end attacks, graded, are `test_vanishing_cpu.py`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+import environments
+from autograder.sandbox import procfs
+from autograder.sandbox.client import HoldBroken, Worker, WorkerConfig
+from autograder.sandbox.probe import is_root, namespace_sandbox_available
+from environments import emulate
+
+pytestmark = [
+    pytest.mark.slow,  # starts workers
+    pytest.mark.skipif(not (is_root() and namespace_sandbox_available()), reason="needs root and bubblewrap"),
+]
+
+SOURCE = """
+import os, signal, subprocess, sys, threading, time
+
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children: their CPU time reaches no one
+children = []
+
+
+def start_children(count, bank):
+    code = f"import time\\nwhile time.process_time() < {bank}: pass\\ntime.sleep(3600)"
+    children.extend(subprocess.Popen([sys.executable, "-c", code]) for _ in range(count))
+    return [child.pid for child in children]
+
+
+def kill_children():
+    for child in children:
+        os.kill(child.pid, signal.SIGKILL)
+    children.clear()
+
+
+def wake_children():
+    for child in children:
+        os.kill(child.pid, signal.SIGCONT)
+
+
+def try_fork():
+    try:
+        pid = os.fork()
+    except OSError as error:
+        return type(error).__name__
+    if pid == 0:
+        os._exit(0)
+    return "forked"
+
+
+def try_thread():
+    try:
+        thread = threading.Thread(target=time.sleep, args=(0,))
+        thread.start()
+        thread.join()
+    except RuntimeError:
+        return "refused"
+    return "started"
+
+
+def raise_own_limit():
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (hard, hard))
+    except (ValueError, OSError):
+        return "refused"
+    return "raised"
+"""
+
+
+@pytest.fixture
+def worker():
+    made = Worker(
+        [(1, 1, textwrap.dedent(SOURCE))],
+        "mha.py",
+        WorkerConfig(isolation="namespace", use_cgroups=False, load_seconds=120, request_seconds=60),
+    )
+    made.start()
+    yield made
+    made.close()
+
+
+def call(worker: Worker, fn: str, *args):
+    return worker.request("call", fn=fn, args=list(args), kwargs={})
+
+
+def wait_for(condition, seconds: float = 60.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return condition()
+
+
+def status(pid: int, field: str) -> list[int]:
+    """A line of /proc/PID/status, as numbers ([] when the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            return next((list(map(int, line.split()[1:])) for line in handle if line.startswith(field + ":")), [])
+    except OSError:
+        return []
+
+
+def outside(worker: Worker, pids: list[int]) -> list[int]:
+    """The grader's pids of processes the worker knows by `pids` in its own pid namespace."""
+    inside = {pid: status(pid, "NSpid") for pid in worker.process.pids()}
+    return sorted(pid for pid, chain in inside.items() if len(chain) > 1 and chain[-1] in pids)
+
+
+def banked(worker: Worker, count: int, bank: float) -> list[int]:
+    """`count` children of the worker that have each used `bank` seconds of CPU and now wait (the grader's
+    pids)."""
+    pids = outside(worker, call(worker, "start_children", count, bank))
+    assert len(pids) == count
+    assert wait_for(lambda: all((procfs.read_stat(p) or procfs.read_stat(1)).state == "S" for p in pids))
+    return pids
+
+
+def test_cpu_time_does_not_leave_with_a_process_the_kernel_reaped(worker):
+    """Children that banked CPU time and are killed with SIGCHLD ignored (reaped by the kernel, so their time
+    reaches no parent) take nothing away: the worker's CPU time never falls. It fell by their whole time."""
+    banked(worker, 3, 0.3)
+    before = worker.cpu_seconds()
+    assert before >= 0.9
+    call(worker, "kill_children")
+    assert worker.cpu_seconds() >= before
+
+
+def test_while_held_only_the_main_process_runs_and_it_can_start_no_other(worker):
+    children = banked(worker, 2, 0.05)
+    main = worker.process.main
+    assert main is not None and main not in children and main != worker.process.pid  # bwrap's child's child
+    assert set(worker.thread_waits()) == {main}  # the waits of the thread that answers, no other's
+    worker.suspend()
+    worker.hold()
+    assert all(procfs.read_stat(pid).stopped for pid in children)
+    assert not procfs.read_stat(main).stopped
+    assert call(worker, "try_fork") == "BlockingIOError"
+    assert call(worker, "try_thread") == "refused"
+    assert call(worker, "raise_own_limit") == "raised"  # as far as its hard limit, which it may
+    assert call(worker, "try_fork") == "BlockingIOError"  # every task that limit leaves the uid is taken
+    worker.check_hold()  # it kept to the hold
+    worker.suspend()
+    worker.resume()  # the limit is given back
+    assert call(worker, "try_fork") == "forked"
+    assert not any(procfs.read_stat(pid).stopped for pid in children)
+
+
+@pytest.mark.parametrize(
+    "fn,said", [("kill_children", "your code ended 2 other processes"), ("wake_children", "your code woke up 2")]
+)
+def test_a_timed_request_that_ends_or_wakes_another_process_is_void(worker, fn, said):
+    banked(worker, 2, 0.05)
+    worker.suspend()
+    worker.hold()
+    call(worker, fn)
+    time.sleep(0.2)  # woken, they run
+    with pytest.raises(HoldBroken, match=said):
+        worker.check_hold()
+    worker.resume()
+
+
+# -- a helper that leaves the process tree, as a plain process of a fresh uid (Gradescope) -----------------
+
+ESCAPES = """
+import os, subprocess, sys
+
+HELPER = '''
+import os
+if os.fork():
+    os._exit(0)  # its parent ends: it is handed to the grader (the subreaper), out of the worker's tree
+os.setsid()
+open("helper.pid", "w").write(str(os.getpid()))
+while True:
+    pass
+'''
+subprocess.Popen([sys.executable, "-c", HELPER], start_new_session=True).wait()
+
+
+def helper_pid():
+    import time
+    while not os.path.exists("helper.pid"):
+        time.sleep(0.05)
+    return int(open("helper.pid").read())
+"""
+
+GRADER = """
+import json, sys, time
+from autograder.sandbox import procfs
+from autograder.sandbox.client import Worker, WorkerConfig
+
+worker = Worker([(1, 1, sys.argv[1])], "mha.py", WorkerConfig(isolation="process", use_cgroups=False, load_seconds=120))
+worker.start()
+helper = worker.request("call", fn="helper_pid", args=[], kwargs={})
+uids = next(line.split()[1:] for line in open(f"/proc/{helper}/status") if line.startswith("Uid:"))
+seen = {"uid": worker.process.uid, "helper_uids": list(map(int, uids)), "found": helper in worker.process.pids()}
+seen["outside_the_tree"] = helper not in procfs.descendants(worker.process.pid)
+worker.suspend()
+seen["stopped"] = procfs.read_stat(helper).state
+worker.resume()
+start = worker.cpu_seconds()
+deadline = time.monotonic() + 60
+while worker.cpu_seconds() - start < 0.3 and time.monotonic() < deadline:  # the main process waits idle
+    time.sleep(0.1)
+seen["charged"] = worker.cpu_seconds() - start
+worker.close()
+seen["alive_after"] = procfs.alive(helper)
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.long  # the first run makes the readable copy of the project and its virtualenv
+def test_a_helper_that_leaves_the_tree_is_found_stopped_and_charged_by_its_uid():
+    """Gradescope's setting: a setsid helper whose parent ended is the grader's child, in no session or
+    process group of the worker's. It is found by the worker's uid, stopped while another worker is timed,
+    and its CPU time is the worker's; it was found only when the worker was killed (by its uid)."""
+    project = environments.system_project()
+    line = emulate.command_for("docker", [str(project / ".venv" / "bin" / "python"), "-c", GRADER, ESCAPES])
+    done = subprocess.run(line, cwd=project, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["uid"] is not None and seen["uid"] in seen["helper_uids"], seen  # a fresh uid
+    assert seen["outside_the_tree"], seen
+    assert seen["found"] and seen["stopped"] == "T", seen
+    assert seen["charged"] >= 0.3, seen
+    assert not seen["alive_after"], seen
