@@ -11,7 +11,7 @@ submission's). This command prints them, per check and case, and says whether th
 
 KEY is a check's key as results.json tags it (`mha::test_matches_reference`), optionally with one case
 (`mha::test_matches_reference[float64-12 heads]`); without --check, every failed check is explained (those
-not scored rest on another and are skipped). The submission is found beside a class's record
+not credited rest on another and are skipped). The submission is found beside a class's record
 (`results/<student>/mha/` -> `submitted/<student>/mha/`), else next to RESULTS.json; `--submission` names it.
 
 The speed part is not reproducible by seed: its inputs are, but its figures are timings, which depend on
@@ -30,12 +30,15 @@ from typing import Any
 
 import torch
 
-from autograder.grading import scoring
 from autograder.grading.checks import harness
-from autograder.model import FAILED, CheckResult, GradingRun
+from autograder.grading.checks.harness import Raised
+from autograder.model import FAILED, PASSED, CheckResult, GradingRun, points_text
+from autograder.sandbox.protocol import ModuleInfo
 
-CASES = re.compile(r" \[[^\]]*\]$")  # a row's "[case]" or "[7 of 9 cases]"
-SHOWN = 48  # a tensor with at most this many numbers is printed whole
+CASES = re.compile(r" \[[^\]]*\]$")  # a row's "[case]" or "[7 of 9 cases]", in records of an earlier grader
+FEW = 8  # values of a tensor shown: its first row's first few
+ITEMS = 4  # items of a list shown
+MESSAGE_CHARS = 1500  # of a case's failure message
 
 
 def check_id(key: str, case: str = "") -> str:
@@ -70,37 +73,56 @@ def changed_since(results: Path, submission: Path) -> list[str]:
     return [name for name, value in now.items() if was.get(name) not in (None, value)]
 
 
-def show(tensor: object) -> str:
-    if not isinstance(tensor, torch.Tensor):
-        return repr(tensor)[:400]
-    head = f"{tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"
-    values = tensor.detach().cpu().double()
-    if values.numel() <= SHOWN:
-        return f"{head}\n{_indent(str(values.to(tensor.dtype) if tensor.is_floating_point() else tensor))}"
-    first = values.reshape(-1, values.shape[-1])[0] if values.dim() else values
-    return (
-        f"{head}, mean {values.mean():.4g}, std {values.std():.4g}; its first row:\n"
-        f"{_indent(str(first[:12].to(torch.float64)))}"
-    )
+def show(value: object, depth: int = 0) -> str:
+    """What the grader sent or got, for people: a tensor's shape, dtype and a few of its values; a module
+    living in the worker by its class; a list item by item (a few); anything else bounded."""
+    if isinstance(value, torch.Tensor):
+        head = f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+        if not value.numel():
+            return f"{head}, empty"
+        numbers = value.detach().cpu().double()
+        row = numbers.reshape(-1, numbers.shape[-1])[0] if numbers.dim() else numbers.reshape(1)
+        few = ", ".join(f"{v:.4g}" for v in row[:FEW].tolist()) + (", ..." if row.numel() > FEW else "")
+        first = "its first row" if numbers.dim() > 1 else "its values"
+        stats = f"; mean {numbers.mean():.4g}, std {numbers.std():.4g}" if numbers.numel() > 1 else ""
+        return f"{head}, {first} [{few}]{stats}"
+    if isinstance(value, ModuleInfo):
+        return f"your {value.cls}"
+    if isinstance(value, Raised):
+        return f"raised {value.type}" + (f": {value.message[:200]}" if value.message else "")
+    if isinstance(value, (list, tuple)) and depth == 0:
+        items = [show(v, depth + 1) for v in value[:ITEMS]]
+        more = f", and {len(value) - ITEMS} more" if len(value) > ITEMS else ""
+        if all(not isinstance(v, (torch.Tensor, ModuleInfo, list, tuple)) for v in value):
+            return repr(value)[:300]
+        return f"a list of {len(value)}: " + "; ".join(items) + more
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 300 else text[:300] + " ..."
 
 
-def _indent(text: str, by: str = "      ") -> str:
-    return "\n".join(by + line for line in text.splitlines())
-
-
-def comparison(expected: object, actual: object) -> str:
-    lines = [f"    expected (the reference): {show(expected)}", f"    actual (the submission):  {show(actual)}"]
-    if (
-        isinstance(expected, torch.Tensor)
-        and isinstance(actual, torch.Tensor)
-        and expected.shape == actual.shape
-        and expected.numel()
-    ):
+def comparison(what: str, expected: object, actual: object) -> str:
+    """A comparison the check made: what it compares, the two sides, and where they differ most."""
+    both = isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)
+    kind = "shape, dtype and values" if both else "values"
+    lines = [
+        f"  compares {kind}: {what}",
+        f"    expected (the reference): {show(expected)}",
+        f"    actual (yours):           {show(actual)}",
+    ]
+    if not (isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)):
+        lines.append("    the same" if expected == actual else "    they differ")
+    elif expected.shape != actual.shape:
+        lines.append(f"    the shapes differ: {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+    elif expected.dtype != actual.dtype:
+        lines.append(f"    the dtypes differ: {actual.dtype}, expected {expected.dtype}")
+    elif expected.numel():
         diff = (actual.detach().cpu().double() - expected.detach().cpu().double()).abs()
         where = tuple(int(i) for i in torch.unravel_index(diff.nan_to_num(float("inf")).argmax(), diff.shape))
         lines.append(
             f"    largest difference {diff.max().item():.4g} at {list(where)}: expected "
-            f"{expected[where].item():.6g}, actual {actual[where].item():.6g}"
+            f"{expected[where].item():.6g}, yours {actual[where].item():.6g}"
         )
     return "\n".join(lines)
 
@@ -149,16 +171,22 @@ def explain(results_path: Path, keys: list[str] | None, submission: Path | None,
         base, _, case = key.partition("[")
         found = [c for c in run.checks if c.key == base and (not case or case.rstrip("]") in c.cases)]
         if not found:
-            print(f"{results_path}: no check {key} (its checks: {', '.join(sorted({c.key for c in run.checks}))})")
+            print(f"{results_path}: no check {key}; its keys, as --check (CHECK=) takes them:")
+            print(keys_text(run.checks))
             return 2
         rows += [c if not case else _only(c, case.rstrip("]")) for c in found]
-    speed_rows = [c for c in rows if c.part == "speed"]
-    rows = [c for c in rows if c.part != "speed"]
     print(f"{submission}: seed {run.seed}, graded on {run.device}, torch {run.torch}")
+    if not keys and not rows:
+        print(f"nothing failed: {points_text(run.score)} of {points_text(run.max_score)} points, every check passed")
+        return 0
     for what in changed_since(Path(results_path), submission):
         print(f"note: the {what} changed since this run was graded; what follows is today's {what}'s")
+    print("failed checks, by the key --check (CHECK=) takes:" if not keys else "the checks asked for:")
+    print(keys_text(rows))
+    speed_rows = [c for c in rows if c.part == "speed"]
+    rows = [c for c in rows if c.part != "speed"]
     if rows:
-        wanted = tuple(dict.fromkeys(f"{c.key}[{case}]" if case else c.key for c in rows for case in c.cases or [""]))
+        wanted = tuple(dict.fromkeys(key for row in rows for key in case_keys(row)))
         harness.NOTES = []
         try:
             options = grading.Options(
@@ -172,7 +200,7 @@ def explain(results_path: Path, keys: list[str] | None, submission: Path | None,
             print(f"cannot grade it again: {again.reason}", file=sys.stderr)
             return 2
         for row in rows:
-            for case in row.cases or [""]:
+            for case in explained_cases(row):
                 print()
                 print(report(row, case, again, [n for n in notes if n["check"] == check_id(row.key, case)]))
     if speed_rows:
@@ -181,39 +209,78 @@ def explain(results_path: Path, keys: list[str] | None, submission: Path | None,
     return 0
 
 
-def _only(row: CheckResult, case: str) -> CheckResult:
-    from dataclasses import replace
-
-    return replace(row, cases=[case])
+def case_keys(row: CheckResult) -> list[str]:
+    return [f"{row.key}[{case}]" for case in row.cases] if row.cases else [row.key]
 
 
-def report(row: CheckResult, case: str, again: GradingRun, notes: list[dict[str, Any]]) -> str:
-    label = f"{row.part}: {CASES.sub('', row.name)}" + (f" [{case}]" if case else "")
-    now = next((c for c in again.checks if c.key == row.key and (not case or case in c.cases)), None)
-    lines = [label, f"  graded:  {row.status}: {_first(row.message)}"]
-    if now is None:
-        lines.append("  again:   this check did not run")
-    else:
-        same = now.status == row.status
-        lines.append(
-            f"  again:   {now.status}{'' if same else ' (NOT what it was graded: the file or the grader changed)'}: "
-            f"{_first(now.message)}"
-        )
-    for item in notes:
-        if item["kind"] == "input":
-            lines.append(f"  input to {item['what']}: {show(item['value'])}")
-        elif item["kind"] == "call":
-            lines.append(f"  call {item['what']}({', '.join(show(a) for a in item['args'])})")
-        elif item["kind"] == "compared":
-            lines.append(f"  compared: {item['what']}\n{comparison(item['expected'], item['actual'])}")
-    if not notes:
-        lines.append("  (no tensor was sent or compared: the message above says what was checked)")
+def explained_cases(row: CheckResult) -> list[str]:
+    """The cases of a row to explain: those that failed (all of them when it was asked for by case)."""
+    if not row.cases:
+        return [""]
+    return [c for c in row.cases if c in row.failed_cases] or row.cases
+
+
+def keys_text(rows: list[CheckResult]) -> str:
+    lines = []
+    for row in rows:
+        cases = [c for c in row.cases if not row.failed_cases or c in row.failed_cases]
+        for key in [f"{row.key}[{case}]" for case in cases] if row.cases else [row.key]:
+            lines.append(f"  {key}  ({row.part}: {CASES.sub('', row.name)}; {row.status.replace('_', ' ')})")
     return "\n".join(lines)
 
 
-def _first(message: str) -> str:
-    lines = [line for line in scoring.COUNTED.sub("", message or "").splitlines() if line.strip()]
-    return (lines[0][:300] + (" ..." if len(lines) > 1 else "")) if lines else ""
+def _only(row: CheckResult, case: str) -> CheckResult:
+    from dataclasses import replace
+
+    return replace(row, cases=[case], failed_cases=[case] if case in row.failed_cases else [])
+
+
+def report(row: CheckResult, case: str, again: GradingRun, notes: list[dict[str, Any]]) -> str:
+    """One case of a check: its key, what it checks, the outcome graded and again, what the grader built, sent
+    and compared (inputs, expected and actual), and this case's own failure message."""
+    key = f"{row.key}[{case}]" if case else row.key
+    lines = [key, f"  checks: {CASES.sub('', row.name)}"]
+    graded = FAILED if not case or case in row.failed_cases else PASSED
+    lines.append(f"  graded: {graded.replace('_', ' ')}")
+    now = next((c for c in again.checks if c.key == row.key and (not case or case in c.cases)), None)
+    if now is None:
+        lines.append("  again:  this check did not run")
+    else:
+        status = now.status if not case or case in now.failed_cases or now.status == PASSED else PASSED
+        same = status == graded
+        lines.append(
+            f"  again:  {status.replace('_', ' ')}"
+            + ("" if same else " (NOT what it was graded: the file or the grader changed)")
+        )
+    failures = [n for n in notes if n["kind"] == "failed"]
+    for item in notes:
+        kind = item["kind"]
+        if kind == "build":
+            args = [show(a, 1) for a in item["args"]] + [f"{k}={show(v, 1)}" for k, v in item["kwargs"].items()]
+            weights = " with the hidden weights" if item.get("weights") else ""
+            dtype = f" in {item['dtype']}" if item.get("dtype") else ""
+            lines.append(f"  built {item['what']}({', '.join(args)}){weights}{dtype}")
+        elif kind == "input":
+            lines.append(f"  ran {item['what']} on x: {show(item['value'])}")
+        elif kind == "call":
+            lines.append(f"  called {item['what']}(" + ", ".join(show(a) for a in item["args"]) + ")")
+        elif kind == "returned":
+            lines.append(f"    it returned {show(item['value'])}")
+        elif kind == "compared":
+            lines.append(comparison(item["what"], item["expected"], item["actual"]))
+        elif kind == "counted":
+            lines.append(f"  compares counts: {item['what']}: {item['expected']} for 2 heads, {item['actual']} for 12")
+        elif kind == "failed" and item is not failures[-1]:  # a step the check looked at, then went on
+            lines.append(f"    that failed: {str(item['message']).splitlines()[0][:300]}")
+    if failures:  # the check's own verdict is its last failure
+        lines.append("  why it failed: " + _indent(str(failures[-1]["message"])[:MESSAGE_CHARS]).lstrip())
+    elif now is not None and now.status != PASSED:
+        lines.append("  why it failed: " + _indent(now.message[:MESSAGE_CHARS]).lstrip())
+    return "\n".join(lines)
+
+
+def _indent(text: str, by: str = "    ") -> str:
+    return "\n".join(by + line for line in text.splitlines())
 
 
 def main(argv: list[str] | None = None) -> int:

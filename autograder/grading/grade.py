@@ -190,13 +190,14 @@ def load_report(worker: Worker, problem: str | None) -> LoadReport:
     )
 
 
-def write_results(out: Path, run: GradingRun) -> None:
-    """results.json, atomically (a temp file renamed over the old one), readable by feedback tools."""
+def write_results(out: Path, run: GradingRun, mode: int = 0o644) -> None:
+    """results.json, atomically (a temp file renamed over the old one), readable by feedback tools (`mode`:
+    a class's record is private to the grader's user and group)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".results-", suffix=".json")
     try:
-        os.fchmod(fd, 0o644)
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as handle:
             json.dump(run.to_gradescope(), handle, indent=2, ensure_ascii=False)
             handle.write("\n")
