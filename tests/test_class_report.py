@@ -106,7 +106,9 @@ def test_mistakes_are_ranked_by_students_once_per_student_and_part_from_the_stru
                 failed("mha::test_values", TYPO),
                 failed("quiz::test_answer"),
                 failed("quiz::test_other"),
-                CheckResult("mha::test_loop", "mha", "loop", NOT_CREDITED, 0.0, 5.0, "not credited: ...", mistake="gated"),
+                CheckResult(
+                    "mha::test_loop", "mha", "loop", NOT_CREDITED, 0.0, 5.0, "not credited: ...", mistake="gated"
+                ),
             ],
         ),
         "dan": synthetic_run("mha.py", checks=[passed("mha::test_values")]),

@@ -1,11 +1,13 @@
 """Points from the rubric: shares within a part, parametrised cases, visibility, a round total; the model's edge."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from autograder.contract import PART_IDS
 from autograder.grading.scoring import Outcome, allocate_points, score
-from autograder.model import FAILED, GRADED, NOT_CREDITED, PASSED, GradingRun
+from autograder.model import FAILED, GRADED, NOT_CREDITED, PASSED, WORKER, GradingRun
 from autograder.rubric import load_rubric
 from rubric_text import rubric_file
 
@@ -125,11 +127,13 @@ def test_a_check_is_one_row_that_counts_and_names_its_cases(tmp_path):
     """Seven hidden cases with one diagnosis, one that fails otherwise and a passing one are one row: its points
     are those of its cases, it counts and names the cases that failed, and says each diagnosis once."""
     rubric = rubric_file(tmp_path, "[parts.columns]\npoints = 10\n")
-    wrong = "head_column_ranges({}, 2) returned {}.\nLikely mistake: inclusive ranges: stop is one past the last column"
-    outcomes = [
+    inclusive = "inclusive ranges: stop is one past the last column"
+    wrong = "head_column_ranges({}, 2) returned {}.\nLikely mistake: " + inclusive
+    outcomes = [  # each names its mistake, as the check does (`harness.fail(message, mistake=...)`)
         Outcome("columns::test_r", "columns", "ranges", FAILED, wrong.format(n, [(0, n // 2 - 1)]), case=f"{n}-2")
         for n in (4, 6, 8, 10, 12, 14, 16)
     ]
+    outcomes = [replace(outcome, mistake=inclusive) for outcome in outcomes]
     outcomes += [
         Outcome("columns::test_r", "columns", "ranges", PASSED, case="2-2"),
         Outcome("columns::test_r", "columns", "ranges", FAILED, "raised ValueError: no", case="3-1"),
@@ -215,13 +219,24 @@ def test_speed_waits_for_right_values_without_naming_a_hidden_check():
 
 def test_in_a_preview_speed_waits_for_the_visible_checks_of_the_part_it_requires():
     """`preview` runs only visible checks, so the hidden check `[speed] requires` does not run: the visible
-    checks of its part stand in for it, as the self-check's speed waits for part 6."""
+    checks of its part that compare values stand in for it (the visible one it requires runs itself), as the
+    self-check's speed waits for part 6. A structure check (what the worker reports) does not: a loop over
+    heads is timed, as in the grader."""
     rubric = load_rubric()
+    ready_made = Outcome("mha::test_no_ready_made_attention", "mha", "no ready-made", PASSED, evidence=WORKER)
     outcomes = [
         Outcome("mha::test_book_example", "mha", "the book's example", FAILED, "not done yet"),
+        ready_made,
         Outcome("speed::test_faster_than_the_wrapper", "speed", "faster", FAILED, "not done yet"),
     ]
     speed = score(outcomes, rubric)[-1]
     assert speed.status == NOT_CREDITED and "speed counts only once the values of" in speed.message
+    looped = [
+        Outcome("mha::test_book_example", "mha", "the book's example", PASSED),
+        Outcome("mha::test_one_pass_for_all_heads", "mha", "one pass", FAILED, "a loop", evidence=WORKER),
+        ready_made,
+        Outcome("speed::test_faster_than_the_wrapper", "speed", "faster", FAILED, "slow", credit=0.0),
+    ]
+    assert score(looped, rubric)[-1].status == FAILED  # timed and judged slow, not waiting
     alone = score([Outcome("speed::test_faster_than_the_wrapper", "speed", "faster", PASSED)], rubric)
     assert alone[0].status == PASSED  # `--part speed` alone: nothing of mha ran, nothing to wait for

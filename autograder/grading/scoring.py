@@ -120,18 +120,19 @@ def score(outcomes: list[Outcome], rubric: Rubric) -> list[CheckResult]:
 
 def gate_speed(outcomes: list[Outcome], rubric: Rubric) -> list[Outcome]:
     """The speed part's checks are not credited, with no points, while a check `[speed] requires` failed. Where
-    none of those ran (`preview` runs only the visible checks), the checks of their parts that ran stand in
-    for them. The reason names the part to fix, never a check the student may not see."""
+    one of those did not run (`preview` runs only the visible checks), the checks of its part that ran and
+    compare what the grader computed (not what the worker reports of itself) stand in for it. The reason
+    names the part to fix, never a check the student may not see."""
     required = set(rubric.speed.requires) if rubric.speed else set()
-    if required and not any(o.key in required for o in outcomes):  # not run here (`preview`: they are hidden):
-        parts = {key.split("::", 1)[0] for key in required}  # the visible checks of their parts stand in for them
-        required = {o.key for o in outcomes if o.part in parts}
-    failed = [o for o in outcomes if o.key in required and o.status != PASSED]
+    ran = {o.key for o in outcomes}
+    absent = {key.split("::", 1)[0] for key in required - ran}  # the parts of the required checks not run here
+    stand_ins = {o.key for o in outcomes if o.part in absent and o.evidence == GRADER and o.part != "speed"}
+    failed = [o for o in outcomes if o.key in (required & ran) | stand_ins and o.status != PASSED]
     if not failed:
         return outcomes
     parts = list(dict.fromkeys(o.part for o in failed))
     named = " and ".join(f'"{rubric.part_title(p)}" ({p})' for p in parts)
-    if any(o.key.endswith("::test_matches_reference") for o in failed):
+    if any(o.key.endswith("::test_matches_reference") or o.key in stand_ins for o in failed):
         reason = (
             f"{NOT_CREDITED_PREFIX}speed counts only once the values of {named} are right, and they are not yet. "
             "Fix them first: a fast forward that computes something else earns nothing"
