@@ -47,6 +47,8 @@ help:
 	@echo "make selfcheck SUBMISSION=...  the notebook's self-checks, part by part: runs the file's code on your machine, UNSANDBOXED"
 	@echo "make check SUBMISSION=...      the same as make selfcheck (the name students know from their kit)"
 	@echo "make preview SUBMISSION=...    instructors: the grader's visible checks on a file; its code runs SANDBOXED (needs reference/)"
+	@echo "                               check and preview end with a line saying how many passed; they exit 0 whenever"
+	@echo "                               they ran, whatever they found, and 2 when they could not run"
 	@echo "make student-kit               what students receive: $(DIST)/mha-student-kit.zip"
 	@echo "make gradescope                Gradescope's autograder: $(DIST)/mha-gradescope.zip"
 	@echo "make grade-one SUBMISSION=...  grade one submission into OUT=results.json; SEED=n repeats a run (its extra_data.seed)"
@@ -91,15 +93,16 @@ bench: setup
 release: setup
 	$(PY) -m autograder release
 
-# The self-check runs the file's code in this process, unsandboxed: only on files you trust.
+# The self-check runs the file's code in this process, unsandboxed: only on files you trust. Exit 0 whenever
+# it ran (its last line says how many parts passed; the command itself exits 1 while one is not), 2 when not.
 selfcheck: setup
-	$(PY) -m autograder.authoring.selfcheck "$(SUBMISSION)"
+	@$(PY) -m autograder.authoring.selfcheck "$(SUBMISSION)" || [ $$? -eq 1 ]
 
 check: selfcheck
 
-# The grader's visible checks: the file's code runs only in the sandboxed worker.
+# The grader's visible checks: the file's code runs only in the sandboxed worker. Exit status as make check's.
 preview: setup
-	$(PY) -m autograder preview "$(SUBMISSION)" --device $(DEVICE)
+	@$(PY) -m autograder preview "$(SUBMISSION)" --device $(DEVICE) || [ $$? -eq 1 ]
 
 grade-one: setup
 	$(PY) -m autograder grade "$(SUBMISSION)" --device $(DEVICE) --out "$(OUT)" $(if $(SEED),--seed $(SEED))
@@ -107,14 +110,17 @@ grade-one: setup
 explain: setup
 	$(PY) -m autograder explain "$(RESULTS)" $(if $(CHECK),--check "$(CHECK)")
 
+# One line each, so that make echoes the command as it runs, with only the options given.
+GRADE_OPTIONS = $(strip --device $(DEVICE) $(if $(JOBS),--jobs $(JOBS)) $(if $(FORCE),--force) \
+	$(if $(STUDENT),--student "$(STUDENT)") $(if $(RELEASED),--released) $(if $(SHARD),--shard $(SHARD)) \
+	$(if $(CANVAS_ASSIGNMENT),--canvas-assignment "$(CANVAS_ASSIGNMENT)"))
+MERGE_OPTIONS = $(strip $(if $(RELEASED),--released) $(if $(CANVAS_ASSIGNMENT),--canvas-assignment "$(CANVAS_ASSIGNMENT)"))
+
 grade: setup
-	$(PY) -m autograder grade-class "$(COURSE)" --device $(DEVICE) $(if $(JOBS),--jobs $(JOBS)) $(if $(FORCE),--force) \
-		$(if $(STUDENT),--student "$(STUDENT)") $(if $(RELEASED),--released) $(if $(SHARD),--shard $(SHARD)) \
-		$(if $(CANVAS_ASSIGNMENT),--canvas-assignment "$(CANVAS_ASSIGNMENT)")
+	$(PY) -m autograder grade-class "$(COURSE)" $(GRADE_OPTIONS)
 
 merge: setup
-	$(PY) -m autograder grade-class "$(COURSE)" --merge $(if $(RELEASED),--released) \
-		$(if $(CANVAS_ASSIGNMENT),--canvas-assignment "$(CANVAS_ASSIGNMENT)")
+	$(PY) -m autograder grade-class "$(COURSE)" --merge $(MERGE_OPTIONS)
 
 grade-slurm: setup
 	COURSE="$(COURSE)" VENV="$(VENV)" deploy/slurm/submit.sh

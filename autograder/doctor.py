@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autograder.model import add_points, points_text
 from autograder.sandbox.protocol import clean_text
 
 if TYPE_CHECKING:
@@ -96,8 +97,8 @@ def speed_self_test(device: str, isolation: str, gradings: int) -> list[SpeedRun
 def _speed_run(name: str, run) -> SpeedRun:
     if not run.graded:
         return SpeedRun(name, 0.0, 0.0, None, run.reason, False)
-    score = sum(c.score for c in run.checks)
-    top = sum(c.max_score for c in run.checks)
+    score = add_points(c.score for c in run.checks)
+    top = add_points(c.max_score for c in run.checks)
     failed = next((c.message for c in run.checks if c.status != "passed"), "")
     relative = (run.speed or {}).get("relative")
     return SpeedRun(name, score, top, relative, failed, True)
@@ -181,8 +182,8 @@ def speed_report(runs: list[SpeedRun], trusted: bool, why: str, seconds: float) 
             if unmeasured
             else "not measured"
         )
-        points = ", ".join(f"{r.score:g}/{r.max_score:g}" for r in mine)
-        rows.append((name, f"{figures}; points {points}"))
+        points = ", ".join(f"{points_text(r.score)}/{points_text(r.max_score)}" for r in mine)
+        rows.append((name, f"{figures.rstrip('.')}; points {points}"))
     rows.append(("verdict", ("can be trusted: " if trusted else "CANNOT be trusted: ") + why))
     return _section(f"Speed self-test (the speed part as graded, {seconds:.0f} s)", rows)
 
@@ -246,7 +247,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         say(json.dumps(findings, indent=2))
     else:
-        say("\n" + _section("The one change that would improve grading here", [("do", machine.advice or "nothing")]))
+        title = "The one change that would improve grading here"
+        say("\n" + (_section(title, [("do", machine.advice)]) if machine.advice else f"{title}: none"))
     return status
 
 

@@ -13,6 +13,7 @@ is not a submission), in which case it carries no score and `make grade` retries
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,13 +32,33 @@ GRADED, CANNOT_GRADE = "graded", "cannot_grade"
 UNFINISHED = "grading did not finish: the grader was stopped before it wrote its results"
 # Other words for a run's status that results.json files written elsewhere may hold; read as ours.
 STATUS_ALIASES = {"could_not_grade": CANNOT_GRADE, "could not grade": CANNOT_GRADE, "cannot grade": CANNOT_GRADE}
-# A check's status. NOT_SCORED: it earned nothing because something it rests on is wrong (the message says
-# what, and where that is said in full); it accuses the submission of nothing of its own. Gradescope knows
-# only passed and failed: results.json writes it as failed with the tag "not-scored".
-PASSED, FAILED, NOT_SCORED = "passed", "failed", "not_scored"
-NOT_SCORED_TAG = "not-scored"
+# A check's status. NOT_CREDITED: it earns none of its points while something it rests on is wrong (the
+# message says what, and where that is said in full); it accuses the submission of nothing of its own, and
+# its points come once what it rests on is right. Gradescope knows only passed and failed: results.json
+# writes it as failed with the tag "not-credited".
+PASSED, FAILED, NOT_CREDITED = "passed", "failed", "not_credited"
+NOT_CREDITED_TAG = "not-credited"
+OLD_NOT_CREDITED_TAGS = ("not-scored",)  # the same status, as records written before it was renamed say it
 GRADER, WORKER = "grader", "worker"  # who vouches for a check's evidence
 MODEL_VERSION = 1
+HUNDREDTHS = 100  # every score is a whole number of hundredths of a point (`scoring.allocate_points`)
+
+
+def hundredths(points: float) -> int:
+    """A score in whole hundredths of a point. Every score the grader makes is one already, so this only
+    undoes a float's representation error (1.88 is 1.8799999999999999), never rounds away a fraction."""
+    return round(points * HUNDREDTHS)
+
+
+def add_points(values: Iterable[float]) -> float:
+    """The sum of scores, exact: in whole hundredths, so a total is the sum of its parts as shown."""
+    return sum(hundredths(v) for v in values) / HUNDREDTHS
+
+
+def points_text(points: float) -> str:
+    """A score as every output writes it: up to two decimals, no trailing zeros ("85.63", "7.5", "100")."""
+    text = f"{hundredths(points) / HUNDREDTHS:.2f}".rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
 
 
 def clean_strings(value: T) -> T:
@@ -64,20 +85,20 @@ def clean_strings(value: T) -> T:
 
 @dataclass
 class CheckResult:
-    """One row of the results: a check, or those cases of a parametrised check that came out the same way
-    (the same status and the same diagnosis), so that a mistake met on seven hidden cases is one row."""
+    """One row of the results: a check, with all its cases when it is parametrised (a mistake met on seven
+    hidden cases is one row that counts them)."""
 
     key: str  # "module::function", the rubric's key
     part: str
     name: str  # what it checks, for people
-    status: str  # PASSED, FAILED or NOT_SCORED
-    score: float
+    status: str  # PASSED, FAILED or NOT_CREDITED
+    score: float  # whole hundredths of a point, as every output shows it
     max_score: float
     message: str = ""  # why it failed, for the student
     visibility: str = "visible"
     evidence: str = GRADER  # WORKER: it rests on what the worker reported about itself
-    cases: list[str] = field(default_factory=list)  # the parametrised cases this row stands for (ids)
-    total_cases: int = 1  # how many cases the check has in all
+    cases: list[str] = field(default_factory=list)  # a parametrised check's cases (ids), in the order they ran
+    failed_cases: list[str] = field(default_factory=list)  # those of them that did not pass
     # The likely mistake a failed check named, in words that are the same for every student who made it (a
     # description from checks/mistakes.py, or the check's own), set where the check names it, never read
     # back from the message: what the class report counts. Empty when it named none.
@@ -87,10 +108,11 @@ class CheckResult:
     def case_count(self) -> int:
         return len(self.cases) or 1
 
-    def extra_data(self) -> dict[str, Any]:
-        """What results.json keeps of this row beyond Gradescope's fields."""
-        extra: dict[str, Any] = {"cases": self.cases, "total_cases": self.total_cases} if self.cases else {}
-        return extra | ({"mistake": self.mistake} if self.mistake else {})
+    @property
+    def passed_cases(self) -> int:
+        if self.status == PASSED:
+            return self.case_count
+        return self.case_count - len(self.failed_cases) if self.cases else 0
 
 
 @dataclass
@@ -151,11 +173,11 @@ class GradingRun:
 
     @property
     def score(self) -> float:
-        return round(sum(c.score for c in self.checks), 2) if self.graded else 0.0
+        return add_points(c.score for c in self.checks) if self.graded else 0.0
 
     @property
     def max_score(self) -> float:
-        return round(sum(c.max_score for c in self.checks), 2) if self.graded else 0.0
+        return add_points(c.max_score for c in self.checks) if self.graded else 0.0
 
     def parts(self) -> list[PartResult]:
         """Per part, in the fixed part order: totals and the first failed check."""
@@ -171,13 +193,13 @@ class GradingRun:
                 PartResult(
                     part=part,
                     title=titles.get(part, part),
-                    score=round(sum(c.score for c in checks), 2),
-                    max_score=round(sum(c.max_score for c in checks), 2),
-                    passed=sum(c.case_count for c in checks if c.status == PASSED),
+                    score=add_points(c.score for c in checks),
+                    max_score=add_points(c.max_score for c in checks),
+                    passed=sum(c.passed_cases for c in checks),
                     total=sum(c.case_count for c in checks),
                     first_failure=next(
                         (c for c in checks if c.status == FAILED),
-                        next((c for c in checks if c.status == NOT_SCORED), None),
+                        next((c for c in checks if c.status == NOT_CREDITED), None),
                     ),
                 )
             )
@@ -199,15 +221,15 @@ class GradingRun:
             {
                 "name": f"{c.part}: {c.name}",
                 "number": str(number),
-                "score": round(c.score, 6),
-                "max_score": round(c.max_score, 6),
+                "score": hundredths(c.score) / HUNDREDTHS,
+                "max_score": hundredths(c.max_score) / HUNDREDTHS,
                 "status": PASSED if c.status == PASSED else FAILED,
                 "output": c.message,
                 "visibility": c.visibility,
                 "tags": [c.part, c.key]
                 + (["worker-reported"] if c.evidence == WORKER else [])
-                + ([NOT_SCORED_TAG] if c.status == NOT_SCORED else []),
-                **({"extra_data": c.extra_data()} if c.cases or c.mistake else {}),
+                + ([NOT_CREDITED_TAG] if c.status == NOT_CREDITED else []),
+                **({"extra_data": extra_of(c)} if c.cases or c.mistake else {}),
             }
             for number, c in enumerate(self.checks, start=1)
         ]
@@ -243,19 +265,20 @@ class GradingRun:
         for test in data.get("tests", []):
             part, key = test["tags"][0], test["tags"][1]
             cases = test.get("extra_data") or {}
+            credited = not ({NOT_CREDITED_TAG, *OLD_NOT_CREDITED_TAGS} & set(test["tags"]))
             checks.append(
                 CheckResult(
                     key=key,
                     part=part,
                     name=test["name"].split(": ", 1)[-1],
-                    status=NOT_SCORED if NOT_SCORED_TAG in test["tags"] else test["status"],
+                    status=test["status"] if credited else NOT_CREDITED,
                     score=float(test["score"]),
                     max_score=float(test["max_score"]),
                     message=test.get("output", ""),
                     visibility=test.get("visibility", "visible"),
                     evidence=WORKER if "worker-reported" in test["tags"] else GRADER,
                     cases=list(cases.get("cases", [])),
-                    total_cases=int(cases.get("total_cases", 1)),
+                    failed_cases=list(cases.get("failed_cases", [])),
                     mistake=str(cases.get("mistake", "")),
                 )
             )
@@ -272,10 +295,11 @@ class GradingRun:
         )
 
 
-def write_results(out: Path, run: GradingRun) -> None:
+def write_results(out: Path, run: GradingRun, mode: int = 0o644) -> None:
     """results.json, atomically (`atomic.open_atomically`: a temporary file renamed over the old one), readable
-    by feedback tools: a reader, or a kill at any moment, finds the old file or the new, never half of one."""
-    with open_atomically(Path(out)) as handle:
+    by feedback tools (`mode`: a class's record is private to the grader's user and group): a reader, or a
+    kill at any moment, finds the old file or the new, never half of one."""
+    with open_atomically(Path(out), mode) as handle:
         json.dump(run.to_gradescope(), handle, indent=2, ensure_ascii=False)
         handle.write("\n")
 
@@ -284,3 +308,13 @@ def write_unfinished(out: Path, submission: str) -> None:
     """The placeholder results.json a grading writes before anything else (`UNFINISHED`, cannot grade): a
     grader killed at any later moment leaves it, or its own full results, never an older run's score."""
     write_results(out, GradingRun(status=CANNOT_GRADE, submission=submission, reason=UNFINISHED))
+
+
+def extra_of(check: CheckResult) -> dict[str, Any]:
+    """A row's own fields that Gradescope's format has no place for (its test's `extra_data`)."""
+    extra: dict[str, Any] = {}
+    if check.cases:
+        extra.update(cases=check.cases, failed_cases=check.failed_cases)
+    if check.mistake:
+        extra["mistake"] = check.mistake
+    return extra

@@ -266,7 +266,10 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
         title = settings.get("title", part)
         if not isinstance(title, str):
             raise RubricError(f"{path}: [parts.{part}] title must be a string")
-        parts[part] = Part(part, _number(settings["points"], f"[parts.{part}] points", path), title)
+        points = _number(settings["points"], f"[parts.{part}] points", path)
+        if abs(points * 100 - round(points * 100)) > 1e-6:  # every score is a whole number of hundredths
+            raise RubricError(f"{path}: [parts.{part}] points must be a whole number of hundredths, not {points!r}")
+        parts[part] = Part(part, points, title)
 
     defaults = _table(data, "defaults", path, required=False)
     _no_unknown(defaults, ("visibility",), "in [defaults]: ", path)

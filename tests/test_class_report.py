@@ -33,7 +33,7 @@ from autograder.course.store import COURSE_FILE_MODE
 from autograder.grading.checks import harness  # torch, imported before pytester runs checks that import it
 from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.scoring import Outcome, score
-from autograder.model import CANNOT_GRADE, FAILED, NOT_SCORED, PASSED, CheckResult, GradingRun
+from autograder.model import CANNOT_GRADE, FAILED, NOT_CREDITED, PASSED, CheckResult, GradingRun
 from autograder.rubric import load_rubric
 from browser import plots_in, quantised
 from classkit import ROOT, autograder, fill_record, make_course, synthetic_run
@@ -89,7 +89,7 @@ def test_mistakes_are_ranked_by_students_once_per_student_and_part_from_the_stru
     """The count comes from `CheckResult.mistake`, never from the message: a message that says another mistake
     changes nothing. A mistake met by several checks (and cases) of one student's part counts that student once;
     the same words in another part are another row; failures that named no mistake count once per part; a check
-    that was not scored counts nothing."""
+    that was not credited counts nothing."""
     runs: dict[str, GradingRun | None] = {
         "ann": synthetic_run(
             "mha.py",
@@ -106,7 +106,9 @@ def test_mistakes_are_ranked_by_students_once_per_student_and_part_from_the_stru
                 failed("mha::test_values", TYPO),
                 failed("quiz::test_answer"),
                 failed("quiz::test_other"),
-                CheckResult("mha::test_loop", "mha", "loop", NOT_SCORED, 0.0, 5.0, "not scored: ...", mistake="gated"),
+                CheckResult(
+                    "mha::test_loop", "mha", "loop", NOT_CREDITED, 0.0, 5.0, "not credited: ...", mistake="gated"
+                ),
             ],
         ),
         "dan": synthetic_run("mha.py", checks=[passed("mha::test_values")]),
@@ -164,10 +166,10 @@ def test_hidden_checks_mistakes_are_counted_before_the_release_and_named_after_i
     ]
 
 
-def test_a_failure_carries_its_named_mistake_into_results_json_and_a_hidden_one_is_not_scored(pytester, tmp_path):
+def test_a_failure_carries_its_named_mistake_into_results_json_and_a_hidden_one_is_not_credited(pytester, tmp_path):
     """The check names its mistake where it fails (`harness.fail(..., mistake=)`, or a `harness.Problem` passed
     on through `attempt`); the plugin and the scoring keep it on the row, results.json keeps it, and it reads
-    back. A row that is not scored (speed waiting on wrong values, a shared cause said elsewhere) names none."""
+    back. A row that is not credited (speed waiting on wrong values, a shared cause said elsewhere) names none."""
     pytester.makepyfile(
         test_mha='''
 import pytest
@@ -215,15 +217,15 @@ def test_unnamed():
     assert harness.mistake_of(problem) == "m" and harness.mistake_of(problem + " (and more)") == ""
     # a problem many checks share is named by the first check that meets it, and by no other
     shared = [Outcome(f"mha::test_{n}", "mha", n, FAILED, "the story", cause="CAUSE") for n in "ab"]
-    assert [(c.status, c.mistake) for c in score(shared, rubric)] == [(FAILED, "CAUSE"), (NOT_SCORED, "")]
-    # speed waiting on wrong values is not scored, and names nothing of its own
+    assert [(c.status, c.mistake) for c in score(shared, rubric)] == [(FAILED, "CAUSE"), (NOT_CREDITED, "")]
+    # speed waiting on wrong values is not credited, and names nothing of its own
     packaged = load_rubric()
     required = packaged.speed.requires[0]  # the values
     waiting = [
         Outcome(required, required.split("::")[0], "values", FAILED, "wrong", mistake="a-typo"),
         Outcome("speed::test_faster_than_the_wrapper", "speed", "fast", FAILED, "slow", mistake="a-loop"),
     ]
-    assert [(c.status, c.mistake) for c in score(waiting, packaged)] == [(FAILED, "a-typo"), (NOT_SCORED, "")]
+    assert [(c.status, c.mistake) for c in score(waiting, packaged)] == [(FAILED, "a-typo"), (NOT_CREDITED, "")]
 
 
 @pytest.mark.slow
@@ -488,7 +490,7 @@ def test_a_class_of_100_gets_one_report_of_everyone_drawn_by_chromium(chromium, 
         named = {
             (t["tags"][0], (t.get("extra_data") or {}).get("mistake") or "")
             for t in results["tests"]
-            if t["status"] == "failed" and "not-scored" not in t["tags"] and t["visibility"] == "visible"
+            if t["status"] == "failed" and "not-credited" not in t["tags"] and t["visibility"] == "visible"
         }
         expected.update(named)
     shown = mistake_rows(page)
@@ -513,7 +515,8 @@ def test_every_way_a_request_to_the_worker_fails_names_a_mistake_of_the_student(
     failures = [
         cls
         for cls in vars(client).values()
-        if isinstance(cls, type) and issubclass(cls, (client.LoadFailed, client.WorkerTimeout, client.WorkerCrashed, client.HoldBroken))
+        if isinstance(cls, type)
+        and issubclass(cls, (client.LoadFailed, client.WorkerTimeout, client.WorkerCrashed, client.HoldBroken))
     ]
     assert client.BudgetSpent in failures and client.CheckTimeUp in failures
     for cls in failures:

@@ -165,7 +165,7 @@ def reporter_notice(result: dict) -> str:
 @pytest.mark.parametrize(
     "scores",
     [
-        {"mha": 17.14, "speed": 0.0},  # 87.14 of 100: the sample class's brook
+        {"mha": 17.14, "speed": 0.0},  # 87.14 of 100, as the sample class's brook once scored
         {"mha": 14.29, "speed": 3.33},  # 87.62, which the reporter's float sum made 87.61999999999999
         {"mha": 10 / 3, "fuse": 20 / 3},  # parts whose own rounding would drift from the total's
     ],

@@ -40,7 +40,7 @@ def test_an_unreadable_notebook_is_graded_zero_with_the_reason(tmp_path):
     assert results["score"] == 0 and results["max_score"] == 100
     assert all("not a readable Jupyter notebook" in t["output"] for t in results["tests"] if t["tags"][0] != "speed")
     (speed,) = [t for t in results["tests"] if t["tags"][0] == "speed"]  # it rests on the values, and says so
-    assert "not-scored" in speed["tags"] and "counts only once the values" in speed["output"]
+    assert "not-credited" in speed["tags"] and "counts only once the values" in speed["output"]
 
 
 @pytest.mark.slow  # a whole grading run
@@ -370,7 +370,7 @@ def test_explain_recomputes_a_failed_checks_inputs_and_values_from_the_seed(tmp_
     results, run = grade(path, tmp_path, "--seed", "12345", "--part", "mha")
     assert run.returncode == 0 and results["extra_data"]["seed"] == 12345
     out = tmp_path / "mha-results.json"
-    case = "mha::test_matches_reference[float64-1 head]"
+    case = "mha::test_matches_reference[float64-12 heads]"
     done = subprocess.run(
         [sys.executable, "-m", "autograder", "explain", str(out), "--submission", str(path)]
         + ["--check", "mha::test_book_example", "--check", case],
@@ -380,12 +380,53 @@ def test_explain_recomputes_a_failed_checks_inputs_and_values_from_the_seed(tmp_
     )
     assert done.returncode == 0, done.stderr
     text = done.stdout
-    assert "seed 12345" in text and "again:   failed: output for the book's example" in text
+    assert "seed 12345" in text and "again:  failed" in text and "NOT what it was graded" not in text
+    # the keys --check (CHECK=) takes, each case under its own key, with its own message
+    assert f"\n{case}\n" in text and "\nmha::test_book_example\n" in text
     torch.manual_seed(123)
     expected = ref.MultiHeadAttention(3, 2, 6, 0.0, 2)(ref.batch)[0, 0]  # the book's first context vector
-    assert f"[[{expected[0]:.4f}, {expected[1]:.4f}]," in text.replace("tensor(", "")
-    assert "input to MultiHeadAttention.forward: (2, 5, 4) float64" in text  # the "1 head" case: batch 2, 5 tokens
-    assert "largest difference" in text and "NOT what it was graded" not in text
+    assert f"its first row [{expected[0]:.4g}, {expected[1]:.4g}]" in text
+    one_head = text[text.index(f"\n{case}\n") :]
+    # the "12 heads" case: what was built (its sizes), its input (batch 1, 8 tokens), what it compares
+    assert "built MultiHeadAttention(12, 24, 8, 0.0, 12, qkv_bias=True) with the hidden weights" in one_head
+    assert "ran MultiHeadAttention.forward on x: (1, 8, 12) float64" in one_head
+    assert "compares shape, dtype and values: output (12 heads)" in one_head and "largest difference" in one_head
+    assert "why it failed: output (12 heads): values differ" in one_head
+    assert "ModuleInfo(" not in text and "Handle(" not in text
+
+
+@pytest.mark.slow
+def test_explain_names_each_failed_case_by_its_key_and_says_nothing_failed_for_full_marks(tmp_path):
+    """combine joined along the tokens: every failed case is explained under its own key, with its own
+    message (never another case's); a passing case is not; a run with nothing failed says so."""
+    from helpers import REFERENCE, grade, mutated_reference
+
+    path = mutated_reference(
+        tmp_path, "tokens", "return torch.cat(outputs, dim=-1)", "return torch.cat(outputs, dim=1)"
+    )
+    grade(path, tmp_path, "--seed", "7", "--part", "combine")
+    explain = [sys.executable, "-m", "autograder", "explain", str(tmp_path / "mha-results.json"), "--submission"]
+    text = subprocess.run(explain + [str(path)], capture_output=True, text=True, timeout=300).stdout
+    sections = {part.split("\n", 1)[0]: part for part in text.split("\n\n")[1:]}
+    for case, heads in (("2 heads", 2), ("4 heads", 4), ("12 heads", 12)):
+        section = sections[f"combine::test_concatenates_heads[{case}]"]
+        assert f"why it failed: combine of {case}: shape" in section and "dim=1" in section
+        assert f"a list of {heads}:" in section
+        assert section.count("why it failed") == 1
+    assert "combine::test_concatenates_heads[1 head]" not in text  # it passed
+    assert "  combine::test_concatenates_heads[4 heads]  (combine:" in text  # the keys, listed first
+
+    reference = tmp_path / "ref" / "mha.py"
+    reference.parent.mkdir()
+    reference.write_text(REFERENCE.read_text())
+    grade(reference, reference.parent, "--part", "columns")
+    done = subprocess.run(
+        [*explain[:4], str(reference.parent / "mha-results.json"), "--submission", str(reference)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and "nothing failed: 10 of 10 points, every check passed" in done.stdout
 
 
 # Right on its own, wrong once the speed part has built its module (64 heads): the speed part runs first in a
@@ -486,3 +527,36 @@ def test_explain_finds_a_class_members_file_from_the_record(tmp_path):
     assert submission_of(record, "mha (1).ipynb") == graded.resolve()
     assert submission_of(copy, "mha (1).ipynb") == graded.resolve()
     assert submission_of(record, "mha.py") is None
+
+
+def test_make_grade_echoes_one_line_with_only_the_options_given():
+    """make echoes the command it runs: one line, no dangling backslashes, the options asked for."""
+    for target, extra in (("grade", ["JOBS=3", "STUDENT=ada"]), ("merge", ["RELEASED=1"]), ("grade", [])):
+        done = subprocess.run(
+            ["make", "-n", "--no-print-directory", "-C", str(ROOT), target, *extra, f"VENV={sys.prefix}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        (command,) = [line for line in done.stdout.splitlines() if "grade-class" in line]
+        assert not command.rstrip().endswith("\\") and "  " not in command.split("grade-class", 1)[1]
+        assert all(not line.rstrip().endswith("\\") for line in done.stdout.splitlines())
+    assert (
+        '--jobs 3 --student "ada"'
+        in subprocess.run(
+            [
+                "make",
+                "-n",
+                "--no-print-directory",
+                "-C",
+                str(ROOT),
+                "grade",
+                "JOBS=3",
+                "STUDENT=ada",
+                f"VENV={sys.prefix}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    )

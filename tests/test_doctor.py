@@ -166,3 +166,22 @@ def test_everything_doctor_prints_is_cleaned(monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "cannot read /srv/" in " ".join(printed.split()) and "run " in printed
     assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]", printed), repr(printed)
+
+
+def test_the_speed_report_and_the_advice_read_as_sentences():
+    """No ".; points" after a sentence that was not measured, and no "do  nothing" when there is no advice."""
+    from autograder.doctor import SpeedRun, speed_report
+
+    unmeasured = SpeedRun("loop over heads", 0.0, 10.0, None, "speed: not timed: far too slow. Nothing to score.", True)
+    text = speed_report([unmeasured], True, "a loop over heads earns nothing", 12.0)
+    assert ".;" not in text and "; points 0/10" in text
+    done = subprocess.run(
+        [sys.executable, "-m", "autograder", "doctor", "--no-speed"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    last = done.stdout.strip().splitlines()[-1]
+    assert "do  nothing" not in done.stdout
+    assert last.startswith("The one change that would improve grading here") or last.strip().startswith("do ")

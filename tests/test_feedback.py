@@ -12,7 +12,7 @@ import pytest
 from autograder.course.feedback import feedback_path, render, write_feedback
 from autograder.course.roster import read_roster
 from autograder.course.rows import Row
-from autograder.model import CANNOT_GRADE, FAILED, NOT_SCORED, PASSED, CheckResult, LoadReport
+from autograder.model import CANNOT_GRADE, FAILED, NOT_CREDITED, PASSED, CheckResult, LoadReport
 from browser import headless
 from classkit import make_course, synthetic_run
 
@@ -120,7 +120,7 @@ def test_hidden_details_are_withheld_before_the_due_date(tmp_path):
         "0.1234",
     ):
         assert secret not in page, secret
-    assert "1 more check ran on hidden inputs; their details are shown after the due date." in page
+    assert "1 more check ran on hidden inputs; its details are shown after the due date." in page
     assert "1 check whose details are not shown." in page
 
 
@@ -195,15 +195,15 @@ def test_the_speed_part_shows_its_figures_beside_the_bands_and_a_plot_of_the_rou
     assert "test_" not in text and "::" not in text  # no check is named by its key
 
 
-def test_a_gated_check_is_shown_as_not_scored(tmp_path):
+def test_a_gated_check_is_shown_as_not_credited(tmp_path):
     run = marked_run()
     run.checks.append(
-        CheckResult("mha::test_loop", "mha", "no loop over heads", NOT_SCORED, 0.0, 5.0, "not scored: GATED-REASON")
+        CheckResult("mha::test_loop", "mha", "no loop over heads", NOT_CREDITED, 0.0, 5.0, "not credited: GATED-REASON")
     )
     tree = parse_strict(render(row_for(tmp_path, run)))
     rows = [["".join(td.itertext()).strip() for td in tr.findall("td")] for tr in tree.iter("tr")]
     row = next(r for r in rows if r and r[0].startswith("no loop over heads"))
-    assert row[1] == "not scored" and "GATED-REASON" in row[0]
+    assert row[1] == "not credited" and "GATED-REASON" in row[0]
 
 
 def test_a_page_is_rewritten_only_when_what_it_shows_changed(tmp_path):
@@ -244,3 +244,45 @@ def test_chromium_renders_the_page_and_takes_a_screenshot(chromium, tmp_path):
     # the speed part as a browser shows it: the plot of the rounds, the bands beside the scored figure, the rule
     assert 'src="data:image/png;base64,' in dom and 'class="bar"' in dom
     assert f"Full points from {SPEED['bands']['full_credit_at']:g}" in dom
+
+
+def test_the_quizs_withheld_answers_are_not_said_to_run_on_hidden_inputs_and_every_student_reads_one_count(tmp_path):
+    """The quiz's answer check is shown after the due date: it is counted as a check of the answers, and a part's
+    count is of checks (one row each), the same for a student whose cases came out differently."""
+    from autograder.grading.scoring import Outcome, score
+    from autograder.rubric import load_rubric
+
+    rubric = load_rubric()
+    pages = []
+    for statuses in ((PASSED, PASSED), (PASSED, FAILED)):
+        outcomes = [
+            Outcome("quiz::test_answer_is_a_choice", "quiz", "a letter", PASSED, case=name) for name in ("A", "B")
+        ]
+        outcomes += [
+            Outcome("quiz::test_answer", "quiz", "right", status, "wrong", case=name)
+            for name, status in zip(("A", "B"), statuses)
+        ]
+        outcomes += [
+            Outcome("wrapper::test_matches_reference", "wrapper", "values", status, "wrong", case=name)
+            for name, status in zip(("1", "2"), statuses)
+        ]
+        run = synthetic_run("mha.py", checks=score(outcomes, rubric))
+        pages.append(render(row_for(tmp_path / str(len(pages)), run)))
+    for page in pages:
+        assert "1 more check of your answers; its result is shown after the due date." in page
+        assert page.count("ran on hidden inputs") == 1  # the wrapper's, not the quiz's
+        assert "1 more check ran on hidden inputs; its details are shown after the due date." in page
+
+
+def test_the_timing_plots_log_axis_has_at_least_two_ticks_whatever_the_range():
+    from autograder.course.feedback import log_ticks, speed_figure
+
+    for low, high in ((1.1, 1.9), (0.52, 0.61), (0.6, 6.5), (0.003, 40.0)):
+        ticks = log_ticks(low, high)
+        assert len(ticks) >= 2 and all(low <= t <= high for t in ticks), (low, high, ticks)
+    rounds = {"submission": [1.2, 1.25, 1.3], "reference": [1.1, 1.15, 1.12], "wrapper": [1.8, 1.85, 1.9]}
+    figure = speed_figure({"a narrow workload": rounds}, {"full_credit_at": 0.75, "no_credit_at": 0.55})
+    times = figure.axes[0]
+    low, high = times.get_ylim()
+    labelled = [t for t in times.get_yticks() if low <= t <= high]
+    assert len(labelled) >= 2, labelled

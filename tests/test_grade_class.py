@@ -328,6 +328,14 @@ def test_crashes_floods_hangs_and_forks_never_stop_the_others_and_outputs_cover_
     assert rows["zed"]["status"] == NO_SUBMISSION
     out = " ".join(first.stdout.split())
     assert "The class at a glance" in out and "grades.csv" in out and "feedback" in out
+    # the record, as the grading processes write it, and the gradebook: 0640, as every course output
+    import stat
+
+    for path in [course / "gradebook.db", *(course / "results").glob("*/mha/*.json")]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640, path
+    # on a machine without CUDA, --device auto is the CPU: the same device, so nobody is regraded
+    auto = autograder("grade-class", course, "--device", "auto", cwd=tmp_path)
+    assert "0 to grade" in " ".join(auto.stdout.split()), auto.stdout
 
     again = autograder("grade-class", course, "--device", "cpu", "--student", "crash", "--force", cwd=tmp_path)
     assert "1 submission: 1 to grade, 0 already graded (1 forced)" in " ".join(again.stdout.split())
@@ -665,8 +673,61 @@ def test_a_class_run_closes_the_course_to_other_users_and_writes_nothing_they_ca
         course / "autograded/ann/mha/results.json",
         course / "feedback/ann/mha/feedback.html",
         course / "feedback/bob/mha/feedback.html",
+        course / "gradebook.db",
     ):
         assert stat.S_IMODE(path.stat().st_mode) == 0o640, path
+
+
+def test_the_record_written_by_a_grading_process_is_private_too(tmp_path):
+    """The grading processes of `make grade` write the record's results.json 0640, as every course output."""
+    import json
+    import stat
+
+    out = tmp_path / "results" / "ann" / "mha" / "results.json"
+    job = {"id": "ann", "submission": str(tmp_path / "none.py"), "out": str(out), "device": "cpu"}
+    job["rubric"] = str(DEFAULT_RUBRIC)  # a file that is not there: graded at once (cannot grade), no worker
+    done = subprocess.run(
+        [sys.executable, "-m", "autograder.course.grading_pool"],
+        input=json.dumps(job) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert '"id": "ann"' in done.stdout, done.stdout + done.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640
+
+
+def test_on_a_machine_without_cuda_device_auto_and_cpu_are_the_same_inputs(tmp_path, monkeypatch):
+    """Switching --device auto and --device cpu where both mean the CPU regrades nobody."""
+    from autograder.course import grade_class, placement
+
+    monkeypatch.setattr(placement, "cuda_device_count", lambda: 0)
+    course = make_course(tmp_path / "course", {"ann": {"mha.py": "x = 1\n"}})
+    fill_record(course, {"ann": synthetic_run("mha.py")}, device="cpu")
+    graded: list[str] = []
+    monkeypatch.setattr(grade_class, "grade_all", lambda todo, *a, **k: graded.extend(j.student for j in todo) or True)
+    for device in ("auto", "cpu", "auto"):
+        assert grade_class.grade_class(course, device=device) == grade_class.EXIT_DONE
+    assert graded == []
+
+
+def test_a_busy_timing_lock_shows_waiting_to_time_not_cannot_grade():
+    from autograder.course.grade_class import progress_words
+    from autograder.grading.devices import CANNOT_TIME_NOW
+
+    busy = synthetic_run("mha.py", status=CANNOT_GRADE, reason=f"{CANNOT_TIME_NOW}: the lock was held 30 s")
+    assert progress_words(busy).startswith("waiting to time")
+    assert progress_words(synthetic_run("mha.py", status=CANNOT_GRADE, reason="broken")) == "cannot grade"
+    assert progress_words(synthetic_run("mha.py")) == "100/100"
+
+
+def test_a_note_cut_in_the_students_table_ends_with_an_ellipsis():
+    from autograder.course.class_outputs import NOTE_CHARS, shortened
+
+    note = "While loading, cell 38 raised TimeLimit: stopped after 3 s (an infinite loop?); " * 5
+    cut = shortened(note, NOTE_CHARS)
+    assert len(cut) <= NOTE_CHARS and cut.endswith("…") and note.startswith(cut[:-1])
+    assert shortened("short", NOTE_CHARS) == "short"
 
 
 def test_a_forced_run_stopped_halfway_is_finished_forced_by_the_next_run_and_merge_says_so(

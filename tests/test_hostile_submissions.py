@@ -1040,12 +1040,15 @@ def graded(tmp_path_factory, request) -> Iterator[dict[str, Graded]]:
 
 
 def check_names(results: dict) -> dict[tuple[str, str], str]:
-    """{(check key, case): status}: every case of every check, whichever row reports it."""
-    return {
-        (test["tags"][1], case): test["status"]
-        for test in results["tests"]
-        for case in ((test.get("extra_data") or {}).get("cases") or [""])
-    }
+    """{(check key, case): status}: every case of every check (a row counts its cases, and names those that
+    did not pass)."""
+    names = {}
+    for test in results["tests"]:
+        extra = test.get("extra_data") or {}
+        for case in extra.get("cases") or [""]:
+            failed = test["status"] != "passed" and (not case or case in extra.get("failed_cases", [case]))
+            names[(test["tags"][1], case)] = "failed" if failed else "passed"
+    return names
 
 
 def lost_part_messages(results: dict, parts) -> str:

@@ -3,7 +3,7 @@
 import pytest
 
 from autograder.grading.plugin import ResultsPlugin
-from autograder.model import FAILED, NOT_SCORED, PASSED, WORKER
+from autograder.model import FAILED, NOT_CREDITED, PASSED, WORKER
 from rubric_text import rubric_file
 
 pytest_plugins = ["pytester"]
@@ -30,14 +30,14 @@ def test_structure():
 @pytest.mark.part("mha")
 def test_property_of_a_wrong_answer():
     """a check that rests on another"""
-    from autograder.grading.plugin import NotScored
-    raise NotScored("not scored: the output is wrong")
+    from autograder.grading.plugin import NotCredited
+    raise NotCredited("not credited: the output is wrong")
 
 @pytest.mark.part("mha")
 def test_shared_problem():
     """a check that meets a problem many share"""
-    from autograder.grading.plugin import NotScored
-    raise NotScored("the whole story", cause="a problem many checks share")
+    from autograder.grading.plugin import NotCredited
+    raise NotCredited("the whole story", cause="a problem many checks share")
 '''
 
 
@@ -74,9 +74,9 @@ def test_outcomes_names_parts_and_evidence(pytester, rubric):
     )
     assert outcomes["a check on what the worker reports", ""].evidence == WORKER
     assert outcomes["a check on what the worker reports", ""].part == "mha"
-    # a check that rests on another is not scored, not failed; a shared problem fails, with its cause
+    # a check that rests on another is not credited, not failed; a shared problem fails, with its cause
     gated = outcomes["a check that rests on another", ""]
-    assert gated.status == NOT_SCORED and gated.message == "not scored: the output is wrong"
+    assert gated.status == NOT_CREDITED and gated.message == "not credited: the output is wrong"
     shared = outcomes["a check that meets a problem many share", ""]
     assert shared.status == FAILED and shared.cause == "a problem many checks share"
 

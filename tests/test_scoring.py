@@ -1,11 +1,13 @@
 """Points from the rubric: shares within a part, parametrised cases, visibility, a round total; the model's edge."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from autograder.contract import PART_IDS
 from autograder.grading.scoring import Outcome, allocate_points, score
-from autograder.model import FAILED, GRADED, NOT_SCORED, PASSED, GradingRun
+from autograder.model import FAILED, GRADED, NOT_CREDITED, PASSED, WORKER, GradingRun
 from autograder.rubric import load_rubric
 from rubric_text import rubric_file
 
@@ -106,46 +108,68 @@ def test_a_checks_inputs_depend_only_on_the_run_seed_and_its_own_id():
     assert not torch.equal(Inputs(check_seed(123, "test_mha.py::test_dropout")).randn(3, 4), first)
 
 
-def test_a_check_resting_on_a_wrong_answer_is_not_scored_and_reads_back(tmp_path):
+def test_a_check_resting_on_a_wrong_answer_is_not_credited_and_reads_back(tmp_path):
     rubric = rubric_file(tmp_path, "[parts.mha]\npoints = 20\n")
     outcomes = [
         Outcome("mha::test_values", "mha", "values", "failed", "values differ"),
-        Outcome("mha::test_loop", "mha", "no loop over heads", NOT_SCORED, "not scored: the output is wrong"),
+        Outcome("mha::test_loop", "mha", "no loop over heads", NOT_CREDITED, "not credited: the output is wrong"),
     ]
     run = GradingRun(GRADED, "mha.py", checks=score(outcomes, rubric))
-    assert [c.status for c in run.checks] == [FAILED, NOT_SCORED] and run.score == 0
+    assert [c.status for c in run.checks] == [FAILED, NOT_CREDITED] and run.score == 0
     data = run.to_gradescope()
-    # Gradescope knows passed and failed only: a check not scored is failed, tagged, and reads back as it was
-    assert data["tests"][1]["status"] == "failed" and "not-scored" in data["tests"][1]["tags"]
+    # Gradescope knows passed and failed only: a check not credited is failed, tagged, and reads back as it was
+    assert data["tests"][1]["status"] == "failed" and "not-credited" in data["tests"][1]["tags"]
     assert GradingRun.from_gradescope(data) == run
     assert run.parts()[0].first_failure.name == "values"  # the summary shows the failure, not what rests on it
 
 
-def test_cases_failing_the_same_way_are_one_row(tmp_path):
-    """Seven hidden cases with one diagnosis are one row; a case that fails otherwise, and the passing ones,
-    are rows of their own. Points are those of the cases, and the row names them all (for `explain`)."""
+def test_a_check_is_one_row_that_counts_and_names_its_cases(tmp_path):
+    """Seven hidden cases with one diagnosis, one that fails otherwise and a passing one are one row: its points
+    are those of its cases, it counts and names the cases that failed, and says each diagnosis once."""
     rubric = rubric_file(tmp_path, "[parts.columns]\npoints = 10\n")
-    wrong = "head_column_ranges({}, 2) returned {}.\nLikely mistake: inclusive ranges: stop is one past the last column"
-    outcomes = [
+    inclusive = "inclusive ranges: stop is one past the last column"
+    wrong = "head_column_ranges({}, 2) returned {}.\nLikely mistake: " + inclusive
+    outcomes = [  # each names its mistake, as the check does (`harness.fail(message, mistake=...)`)
         Outcome("columns::test_r", "columns", "ranges", FAILED, wrong.format(n, [(0, n // 2 - 1)]), case=f"{n}-2")
         for n in (4, 6, 8, 10, 12, 14, 16)
     ]
+    outcomes = [replace(outcome, mistake=inclusive) for outcome in outcomes]
     outcomes += [
         Outcome("columns::test_r", "columns", "ranges", PASSED, case="2-2"),
         Outcome("columns::test_r", "columns", "ranges", FAILED, "raised ValueError: no", case="3-1"),
     ]
-    rows = score(outcomes, rubric)
-    assert [(r.status, len(r.cases)) for r in rows] == [(FAILED, 7), (PASSED, 1), (FAILED, 1)]
-    assert rows[0].message.startswith("7 of 9 cases: head_column_ranges(4, 2) returned [(0, 1)]")
-    assert rows[0].cases == ["4-2", "6-2", "8-2", "10-2", "12-2", "14-2", "16-2"]
-    assert rows[1].name == "ranges [2-2]" and rows[2].name == "ranges [3-1]"
-    assert sum(r.max_score for r in rows) == pytest.approx(10) and rows[1].score == pytest.approx(10 / 9)
-    data = GradingRun(GRADED, "mha.py", checks=rows).to_gradescope()
-    assert len(data["tests"]) == 3 and data["tests"][0]["extra_data"]["cases"] == rows[0].cases
-    again = GradingRun.from_gradescope(data).checks
-    assert [(c.name, c.status, c.message, c.cases, c.total_cases) for c in again] == [
-        (c.name, c.status, c.message, c.cases, c.total_cases) for c in rows
+    (row,) = score(outcomes, rubric)
+    assert (row.name, row.status, row.max_score, row.score) == ("ranges", FAILED, 10, 1.11)  # 10 / 9, in hundredths
+    assert row.cases == ["4-2", "6-2", "8-2", "10-2", "12-2", "14-2", "16-2", "2-2", "3-1"]
+    assert row.failed_cases == ["4-2", "6-2", "8-2", "10-2", "12-2", "14-2", "16-2", "3-1"]
+    assert row.message.splitlines() == [
+        "failed in 8 of 9 cases: [4-2], [6-2], [8-2], [10-2], [12-2], [14-2], [16-2] and [3-1]",
+        "[4-2], [6-2], [8-2], [10-2], [12-2], [14-2] and [16-2]: head_column_ranges(4, 2) returned [(0, 1)].",
+        "Likely mistake: inclusive ranges: stop is one past the last column",
+        "[3-1]: raised ValueError: no",
     ]
+    assert row.mistake == "inclusive ranges: stop is one past the last column"
+    data = GradingRun(GRADED, "mha.py", checks=[row]).to_gradescope()
+    assert len(data["tests"]) == 1 and data["tests"][0]["extra_data"]["failed_cases"] == row.failed_cases
+    assert GradingRun.from_gradescope(data).checks == [row]
+    (part,) = GradingRun(GRADED, "mha.py", checks=[row]).parts()
+    assert (part.passed, part.total) == (1, 9)
+
+
+def test_one_diagnosis_in_some_cases_is_said_once_with_its_cases(tmp_path):
+    rubric = rubric_file(tmp_path, "[parts.fuse]\npoints = 15\n")
+    wrong = "the fused weights ({}): values differ.\nLikely mistake: the bias is not copied"
+    outcomes = [
+        Outcome("fuse::test_w", "fuse", "weights", PASSED, case="2 heads"),
+        Outcome("fuse::test_w", "fuse", "weights", FAILED, wrong.format("3 heads, bias"), case="3 heads, bias"),
+        Outcome("fuse::test_w", "fuse", "weights", PASSED, case="1 head"),
+        Outcome("fuse::test_w", "fuse", "weights", FAILED, wrong.format("6 heads, bias"), case="6 heads, bias"),
+    ]
+    (row,) = score(outcomes, rubric)
+    assert row.message == (
+        "failed in 2 of 4 cases: [3 heads, bias] and [6 heads, bias]\n" + wrong.format("3 heads, bias")
+    )
+    assert (row.score, row.max_score) == (7.5, 15)
 
 
 def test_a_problem_many_checks_share_is_said_once_by_the_first_visible_one(tmp_path):
@@ -159,9 +183,11 @@ def test_a_problem_many_checks_share_is_said_once_by_the_first_visible_one(tmp_p
         Outcome("fuse::test_c", "fuse", "fused weights", FAILED, "the whole story", cause=cause),
     ]
     rows = score(outcomes, rubric)
-    assert [r.status for r in rows] == [NOT_SCORED, FAILED, NOT_SCORED]
+    assert [r.status for r in rows] == [NOT_CREDITED, FAILED, NOT_CREDITED]
     assert rows[1].message == "the whole story"
-    assert rows[0].message == rows[2].message == f'not scored: {cause} (said in full under "mha: the book\'s example")'
+    assert (
+        rows[0].message == rows[2].message == f'not credited: {cause} (said in full under "mha: the book\'s example")'
+    )
 
 
 def test_a_diagnosis_is_said_in_full_once_and_pointed_to_after(tmp_path):
@@ -186,6 +212,31 @@ def test_speed_waits_for_right_values_without_naming_a_hidden_check():
         Outcome("speed::test_faster_than_the_wrapper", "speed", "faster", FAILED, "1.2 ms per call", credit=0.5),
     ]
     speed = score(outcomes, rubric)[-1]
-    assert speed.status == NOT_SCORED and speed.score == 0
+    assert speed.status == NOT_CREDITED and speed.score == 0
     assert "hidden values" not in speed.message and "1 head" not in speed.message
     assert f'"{rubric.part_title("mha")}" (mha)' in speed.message and "(measured: 1.2 ms per call)" in speed.message
+
+
+def test_in_a_preview_speed_waits_for_the_visible_checks_of_the_part_it_requires():
+    """`preview` runs only visible checks, so the hidden check `[speed] requires` does not run: the visible
+    checks of its part that compare values stand in for it (the visible one it requires runs itself), as the
+    self-check's speed waits for part 6. A structure check (what the worker reports) does not: a loop over
+    heads is timed, as in the grader."""
+    rubric = load_rubric()
+    ready_made = Outcome("mha::test_no_ready_made_attention", "mha", "no ready-made", PASSED, evidence=WORKER)
+    outcomes = [
+        Outcome("mha::test_book_example", "mha", "the book's example", FAILED, "not done yet"),
+        ready_made,
+        Outcome("speed::test_faster_than_the_wrapper", "speed", "faster", FAILED, "not done yet"),
+    ]
+    speed = score(outcomes, rubric)[-1]
+    assert speed.status == NOT_CREDITED and "speed counts only once the values of" in speed.message
+    looped = [
+        Outcome("mha::test_book_example", "mha", "the book's example", PASSED),
+        Outcome("mha::test_one_pass_for_all_heads", "mha", "one pass", FAILED, "a loop", evidence=WORKER),
+        ready_made,
+        Outcome("speed::test_faster_than_the_wrapper", "speed", "faster", FAILED, "slow", credit=0.0),
+    ]
+    assert score(looped, rubric)[-1].status == FAILED  # timed and judged slow, not waiting
+    alone = score([Outcome("speed::test_faster_than_the_wrapper", "speed", "faster", PASSED)], rubric)
+    assert alone[0].status == PASSED  # `--part speed` alone: nothing of mha ran, nothing to wait for

@@ -411,7 +411,7 @@ def test_partial_credit_and_the_gate_on_the_values(tmp_path):
     full = dataclasses.replace(partial, status="passed", message="", credit=1.0)
     wrong = dataclasses.replace(values, status="failed", message="values differ")
     gated = score([wrong, full], rubric)[1]
-    assert gated.score == 0 and gated.status == "not_scored"  # it accuses the forward's speed of nothing
+    assert gated.score == 0 and gated.status == "not_credited"  # it accuses the forward's speed of nothing
     # it names the part to fix, never the check (which may be hidden from the student)
     assert "counts only once the values of" in gated.message and "(mha)" in gated.message
     assert "values [12 heads]" not in gated.message

@@ -7,7 +7,8 @@
   solution region replaced by a stub);
 - `selfcheck.py`: runs the notebook's self-checks part by part (`autograder/authoring/selfcheck.py`, standard
   library only), the students' local check;
-- `requirements.txt`: the grader's torch (its TORCH_SPEC, default the Makefile's) and numpy (requirements.lock);
+- `requirements.txt`: the grader's torch (its TORCH_SPEC, default the Makefile's) and numpy (requirements.lock,
+  every Python's pin with its environment marker, so that pip installs the grader's numpy on each);
 - `Makefile` with `make setup` and `make check`, and a short `README.md`.
 
 Before anything is written, every file is searched for every line of a solution region of
@@ -18,6 +19,7 @@ hold one is refused. The zip is deterministic (sorted names, fixed timestamps).
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -42,8 +44,11 @@ Files:
 ## Set up (once)
 
 You need Python 3.10 or newer. Make a virtual environment in this folder and install the grader's
-versions of torch and numpy into it ({torch} and {numpy}; another torch may round differently, and a
-numpy of another series warns on every run):
+versions of torch and numpy into it (another torch may round differently, and a numpy of another
+series warns on every run):
+
+- {torch_words}
+- {numpy_words}
 
 ```sh
 python3 -m venv .venv
@@ -68,6 +73,10 @@ python -m pip install notebook            # only to work in {assignment}.ipynb i
    make check                    # the file you work in (make check SUBMISSION=... for another)
    python selfcheck.py {assignment}.py    # the same, naming the file
    ```
+
+   Its last line says how many parts passed. `make check` exits 0 whenever the self-checks ran,
+   whatever they found, and 2 when they could not run (no file, no torch); `python selfcheck.py`
+   exits 0 when every part passed (or is answered), 1 while one is not, 2 when it could not run.
 
    With no file named, it says which file it checks: the one with fewer stubs left (with as many,
    the one changed last). Each part reads:
@@ -100,7 +109,8 @@ milliseconds. Code that does not finish in time earns nothing for that check and
 again.
 """
 
-REQUIREMENTS = """# The versions the grader runs: torch from its TORCH_SPEC, numpy from its requirements.lock.
+REQUIREMENTS = """# The versions the grader runs: torch from its TORCH_SPEC, numpy from its requirements.lock
+# (pip installs the line whose marker fits your Python).
 {torch}
 {numpy}
 """
@@ -114,8 +124,9 @@ setup:
 \tpython3 -m venv .venv
 \t.venv/bin/python -m pip install -r requirements.txt
 
+# exit 0 whenever the self-checks ran (the last line says how many passed), 2 when they could not run
 check:
-\t$(PYTHON) selfcheck.py $(SUBMISSION)
+\t@$(PYTHON) selfcheck.py $(SUBMISSION) || [ $$? -eq 1 ]
 """
 
 
@@ -167,12 +178,34 @@ def makefile_torch_spec(root: Path) -> str:
     raise KitError(f"{root / 'Makefile'} sets no TORCH_SPEC")
 
 
-def locked(root: Path, package: str) -> str:
-    """`package==version` as requirements.lock pins it."""
-    for line in (root / "requirements.lock").read_text().splitlines():
-        if line.lower().startswith(f"{package}=="):
-            return line.strip()
-    raise KitError(f"requirements.lock pins no {package}")
+def locked(root: Path, package: str) -> list[str]:
+    """`package==version ; marker` as requirements.lock pins it, one line per pin (one per range of Pythons)."""
+    pins = [
+        line.strip()
+        for line in (root / "requirements.lock").read_text().splitlines()
+        if line.lower().startswith(f"{package}==")
+    ]
+    if not pins:
+        raise KitError(f"requirements.lock pins no {package}")
+    return pins
+
+
+MARKER = re.compile(r"python_(?:full_)?version\s*(<=|>=|<|>|==)\s*['\"]([\d.]+)['\"]")
+MARKER_WORDS = {"<": "before {}", "<=": "up to {}", ">": "after {}", ">=": "{} and newer", "==": "{}"}
+
+
+def plain(pins: list[str]) -> str:
+    """Pins as a person reads them: 'numpy 2.2.6 (Python before 3.11) or 2.4.6 (Python 3.11 and newer)'."""
+    said: list[str] = []
+    for pin in pins:
+        requirement, _, marker = pin.partition(";")
+        name, _, version = requirement.strip().partition("==")
+        found = MARKER.fullmatch(marker.strip())
+        where = f" (Python {MARKER_WORDS[found.group(1)].format(found.group(2))})" if found else ""
+        if marker.strip() and not found:
+            where = f" (where {marker.strip()})"
+        said.append(f"{version}{where}" if said else f"{name} {version}{where}")
+    return " or ".join(said)
 
 
 def kit_files(root: Path, torch_spec: str | None = None) -> dict[str, bytes]:
@@ -188,14 +221,14 @@ def kit_files(root: Path, torch_spec: str | None = None) -> dict[str, bytes]:
     limits = load_rubric().limit
     files["README.md"] = README.format(
         assignment=ASSIGNMENT,
-        torch=torch,
-        numpy=numpy,
+        torch_words=plain([torch]),
+        numpy_words=plain(numpy),
         cell=limits("cell_seconds"),
         later=limits("later_cell_seconds"),
         request=limits("request_seconds"),
         hung=limits("hung_request_seconds"),
     ).encode()
-    files["requirements.txt"] = REQUIREMENTS.format(torch=torch, numpy=numpy).encode()
+    files["requirements.txt"] = REQUIREMENTS.format(torch=torch, numpy="\n".join(numpy)).encode()
     files["Makefile"] = MAKEFILE.format(assignment=ASSIGNMENT).encode()
     return files
 

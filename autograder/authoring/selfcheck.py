@@ -114,8 +114,7 @@ def run_cell(path: Path, cell: Cell, namespace: dict[str, Any]) -> Any:
     name = cell_name(path, cell)
     source = without_magics(cell.source)
     linecache.cache[name] = (len(source), None, [""] * (cell.line - 1) + source.splitlines(True), name)
-    tree = ast.parse(source, name)
-    ast.increment_lineno(tree, cell.line - 1)
+    tree = ast.parse("\n" * (cell.line - 1) + source, name)  # the file's line numbers, a SyntaxError's too
     last = tree.body[-1] if tree.body else None
     if isinstance(last, ast.Expr):
         tree.body.pop()
@@ -143,16 +142,42 @@ def verdict(value: object) -> tuple[str, str]:
     return found.group(1), found.group(2)
 
 
-def outcome_of(path: Path, cell: Cell, namespace: dict[str, Any]) -> tuple[str, str]:
+class Outcome(NamedTuple):
+    status: str
+    message: str
+    missing: str | None = None  # the name a NameError says is not defined
+
+
+def outcome_of(path: Path, cell: Cell, namespace: dict[str, Any]) -> Outcome:
     try:
         value = run_cell(path, cell, namespace)
     except NotImplementedError as exc:
-        return NOT_DONE, str(exc) or "a stub still raises NotImplementedError"
+        return Outcome(NOT_DONE, str(exc) or "a stub still raises NotImplementedError")
     except AssertionError as exc:
-        return FAILED, str(exc)
+        return Outcome(FAILED, str(exc))
     except Exception as exc:
-        return FAILED, f"{type(exc).__name__}: {exc}\n    {where(path, exc)}"
-    return verdict(value) if cell.part is not None else (PASSED, "")
+        missing = getattr(exc, "name", None) if isinstance(exc, NameError) else None
+        return Outcome(FAILED, f"{type(exc).__name__}: {exc}\n    {where(path, exc)}", missing)
+    return Outcome(*verdict(value)) if cell.part is not None else Outcome(PASSED, "")
+
+
+DEFINES = re.compile(r"^(?:(?:async\s+)?def|class)\s+(\w+)|^(\w+)\s*(?::[^=]*)?=(?!=)", re.MULTILINE)
+
+
+def defined_names(source: str) -> set[str]:
+    """The top-level names a cell defines (functions, classes, assignments), read without running it."""
+    return {def_name or assigned for def_name, assigned in DEFINES.findall(source)}
+
+
+def syntax_error(path: Path, cell: Cell) -> tuple[str, int] | None:
+    """The one diagnosis of a cell that cannot be parsed, and its line (the file's): where it is, and what."""
+    try:
+        ast.parse("\n" * (cell.line - 1) + without_magics(cell.source), cell_name(path, cell))
+    except SyntaxError as exc:
+        code = (exc.text or "").strip()
+        said = f"{path.name}, cell {cell.number}, line {exc.lineno}: SyntaxError: {exc.msg}"
+        return said + (f"\n    {code}" if code else ""), exc.lineno or cell.line
+    return None
 
 
 def run(path: Path) -> int:
@@ -166,8 +191,25 @@ def run(path: Path) -> int:
         return 2
     namespace: dict[str, Any] = {"__name__": "__main__"}
     results: list[tuple[str, str, str]] = []
+    unparsed: dict[str, str] = {}  # a name that a cell which could not be parsed defines -> where that cell is
     for cell in cells_of(path):
-        status, message = outcome_of(path, cell, namespace)
+        broken = syntax_error(path, cell)
+        if broken:  # one diagnosis, where the file has it; what needs the cell waits for it
+            said, at = broken
+            print(said, file=sys.stderr)
+            unparsed.update(dict.fromkeys(defined_names(cell.source), f"cell {cell.number} (line {at})"))
+            if cell.part is not None:
+                results.append((cell.part, FAILED, f"this self-check's cell cannot run: {said}"))
+            continue
+        status, message, missing = outcome_of(path, cell, namespace)
+        if missing is not None and missing in unparsed:
+            status, message = (
+                WAITING,
+                (
+                    f"{unparsed[missing]}, which defines {missing}, has a syntax error (above): fix it, and this "
+                    "self-check runs"
+                ),
+            )
         if cell.part is not None:
             results.append((cell.part, status, message))
         elif status == FAILED:

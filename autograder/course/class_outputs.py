@@ -34,7 +34,7 @@ from autograder.course.gradebook import GradebookError, ensure_configuration, re
 from autograder.course.roster import AMBIGUOUS, NO_SUBMISSION
 from autograder.course.rows import NOT_GRADED, STATUSES, Row, graded_parts, status_words
 from autograder.course.store import COURSE_FILE_MODE, Record
-from autograder.model import CANNOT_GRADE
+from autograder.model import CANNOT_GRADE, points_text
 from autograder.rubric import Rubric
 
 BARS = " ▁▂▃▄▅▆▇█"
@@ -107,7 +107,7 @@ def canvas_header_note(header: str) -> str:
 
 
 def _number(value: float) -> str:
-    return f"{round(value, 2):g}"
+    return points_text(value)
 
 
 # -- the class at a glance -------------------------------------------------------------------------
@@ -158,6 +158,16 @@ def class_table(rows: list[Row], rubric: Rubric) -> Table:
     return table
 
 
+NOTE_CHARS = 200  # of a note in the students' table (grades.csv has it whole)
+
+
+def shortened(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters at a word, with an ellipsis where it was cut."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - 1].rsplit(" ", 1)[0].rstrip(" ;,:") + "…"
+
+
 def students_table(rows: list[Row]) -> Table:
     table = Table(title="Students")
     table.add_column("student")
@@ -166,13 +176,13 @@ def students_table(rows: list[Row]) -> Table:
     table.add_column("note", overflow="fold")
     for row in rows:
         run = row.scored_run
-        score = f"{run.score:g} / {run.max_score:g}" if run is not None else "-"
+        score = f"{points_text(run.score)} / {points_text(run.max_score)}" if run is not None else "-"
         style = {CANNOT_GRADE: "red", NO_SUBMISSION: "yellow", NOT_GRADED: "yellow", AMBIGUOUS: "yellow"}
         table.add_row(
             escape(clean_for_output(row.shown, newlines=False)),
             score,
             status_words(row.status),
-            escape(row.note()[:200]),
+            escape(shortened(row.note(), NOTE_CHARS)),
             style=style.get(row.status),
         )
     return table

@@ -39,7 +39,7 @@ from autograder.contract import ASSIGNMENT, PART_IDS
 from autograder.course.clean import clean_for_output
 from autograder.course.rows import SHOWN_AFTER, STATUSES, Row, feedback_path, graded_parts, shown, status_words
 from autograder.course.store import COURSE_FILE_MODE
-from autograder.model import FAILED, NOT_SCORED, GradingRun
+from autograder.model import FAILED, NOT_CREDITED, GradingRun
 from autograder.rubric import Rubric
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -147,7 +147,7 @@ def class_mistakes(rows: list[Row], released: bool) -> Mistakes:
 class SpeedPoint:
     student: str
     relative: float  # the student's speedup over the wrapper divided by the reference's (the median of the rounds)
-    scored: bool  # False: the speed part was not scored (a part it requires was wrong)
+    scored: bool  # False: the speed part was not credited (a part it requires was wrong)
 
 
 def speed_points(rows: list[Row]) -> tuple[dict[str, list[SpeedPoint]], dict[str, int]]:
@@ -158,7 +158,7 @@ def speed_points(rows: list[Row]) -> tuple[dict[str, list[SpeedPoint]], dict[str
         run = row.scored_run
         if run is None or not run.speed:
             continue
-        scored = not any(c.part == "speed" and c.status == NOT_SCORED for c in run.checks)
+        scored = not any(c.part == "speed" and c.status == NOT_CREDITED for c in run.checks)
         for name, figures in (run.speed.get("workloads") or {}).items():
             relative = figures.get("relative") if isinstance(figures, dict) else None
             if isinstance(relative, (int, float)) and math.isfinite(relative) and relative >= 0:
@@ -209,7 +209,7 @@ def scores_plot(series: list[ScoreSeries]) -> str:
 
 def speed_plot(points: dict[str, list[SpeedPoint]], bands: dict[str, float]) -> str:
     """Per workload, a histogram of the class's relative speedups over the bands that score them; the
-    students whose speed part was not scored (a part it requires was wrong) stacked apart."""
+    students whose speed part was not credited (a part it requires was wrong) stacked apart."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -232,7 +232,7 @@ def speed_plot(points: dict[str, list[SpeedPoint]], bands: dict[str, float]) -> 
             bins=edges,
             stacked=True,
             color=["#1f2328", "#8c959f"],
-            label=["scored", "not scored (values wrong first)"],
+            label=["scored", "not credited (values wrong first)"],
         )
         axis.set_xlim(0, top)
         axis.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -296,7 +296,7 @@ def page_context(rows: list[Row], rubric: Rubric, released: bool) -> dict[str, A
                     "name": workload,
                     "timed": len(found),
                     "median": _number(statistics.median(p.relative for p in found)),
-                    "not_scored": sum(not p.scored for p in found),
+                    "not_credited": sum(not p.scored for p in found),
                     "not_timed": not_timed.get(workload, 0),
                 }
                 for workload, found in points.items()

@@ -2,7 +2,7 @@
 
 Made from the grading model alone (a `rows.Row`): the score, per part the checks (a row per check,
 or per group of cases that came out the same way) with what failed and the diagnosis, or why a check was
-not scored; and when the speed part ran, its figures in words, the scored figure beside the bands that
+not credited; and when the speed part ran, its figures in words, the scored figure beside the bands that
 score it, how it is scored, and a plot of the rounds. Everything is HTML-escaped (Jinja2's autoescape); the CSS is inline and the plot is
 an inline PNG, so the file can be mailed, uploaded to an LMS or opened offline.
 
@@ -28,6 +28,7 @@ import base64
 import hashlib
 import io
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -39,11 +40,11 @@ from autograder.contract import ASSIGNMENT
 from autograder.course.clean import clean_for_output
 from autograder.course.rows import Row, feedback_path, shown
 from autograder.course.store import COURSE_FILE_MODE
-from autograder.model import FAILED, NOT_SCORED, PASSED, GradingRun
+from autograder.model import FAILED, NOT_CREDITED, PASSED, GradingRun, points_text
 
 TEMPLATES = Path(__file__).with_name("templates")
 TEMPLATE = "feedback.html.j2"
-CHECK_STATUS_LABELS = {PASSED: "passed", FAILED: "failed", NOT_SCORED: "not scored"}
+CHECK_STATUS_LABELS = {PASSED: "passed", FAILED: "failed", NOT_CREDITED: "not credited"}
 _FINGERPRINT = re.compile(rb'<meta name="mha-feedback-fingerprint" content="([0-9a-f]+)">')
 
 
@@ -56,12 +57,20 @@ def _environment() -> Environment:
     )
 
 
-def withheld_text(count: int, never: int, released: bool) -> str:
+def withheld_text(count: int, never: int, released: bool, part: str = "") -> str:
+    """What a part's page says of the checks it does not show (a check is one row, so the count is the same
+    for every student). The quiz's answers are not checked on inputs: its checks are said otherwise."""
     texts = []
-    if count:
+    plural = "s" if count > 1 else ""
+    if count and part == "quiz":
         texts.append(
-            f"{count} more check{'s' if count > 1 else ''} ran on hidden inputs; "
-            "their details are shown after the due date."
+            f"{count} more check{plural} of your answers; {'their results are' if plural else 'its result is'} "
+            "shown after the due date."
+        )
+    elif count:
+        texts.append(
+            f"{count} more check{plural} ran on hidden inputs; "
+            f"{'their details are' if plural else 'its details are'} shown after the due date."
         )
     if never:
         texts.append(f"{never} check{'s' if never > 1 else ''} whose details are not shown.")
@@ -153,15 +162,38 @@ def speed_series(speed: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
     return series
 
 
+def log_ticks(low: float, high: float) -> list[float]:
+    """Ticks for a log axis from `low` to `high` (both > 0), at least two whatever the range: 1, 2 and 5
+    times the powers of ten in it, else a few steps between them at two significant digits."""
+    ticks = [
+        m * 10.0**e
+        for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+        for m in (1, 2, 5)
+        if low <= m * 10.0**e <= high
+    ]
+    if len(ticks) >= 2:
+        return ticks
+    steps = [low * (high / low) ** (i / 3) for i in range(4)]
+    return sorted({float(f"{t:.2g}") for t in steps if low <= float(f"{t:.2g}") <= high} | set(ticks)) or [low, high]
+
+
 def speed_plot(series: dict[str, dict[str, list[float]]], bands: dict[str, Any]) -> str:
-    """A PNG, base64 for a data: URI: per workload, each round's time per call of the three (left), and
-    each round's scored figure (the reference's time over yours: your speedup over the wrapper divided by
-    the reference's) with the bands that score it (right)."""
+    """`speed_figure` as a PNG, base64 for a data: URI."""
+    figure = speed_figure(series, bands)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", metadata={"Software": None})
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def speed_figure(series: dict[str, dict[str, list[float]]], bands: dict[str, Any]) -> Any:
+    """Per workload, each round's time per call of the three (left, a log axis with at least two ticks),
+    and each round's scored figure (the reference's time over yours: your speedup over the wrapper divided
+    by the reference's) with the bands that score it (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter
+    from matplotlib.ticker import FixedLocator, FormatStrFormatter, MaxNLocator, NullFormatter
 
     figure = Figure(figsize=(9, 3.0 * len(series)), dpi=100)
     axes = figure.subplots(len(series), 2, squeeze=False)
@@ -170,6 +202,8 @@ def speed_plot(series: dict[str, dict[str, list[float]]], bands: dict[str, Any])
         for role, label in ROLES:
             times.plot(x, rounds[role], marker="o", markersize=3, label=label)
         times.set_yscale("log")
+        low, high = times.get_ylim()
+        times.yaxis.set_major_locator(FixedLocator(log_ticks(low, high)))
         times.yaxis.set_major_formatter(FormatStrFormatter("%g"))
         times.yaxis.set_minor_formatter(NullFormatter())
         times.set_ylabel("ms per call")
@@ -190,9 +224,7 @@ def speed_plot(series: dict[str, dict[str, list[float]]], bands: dict[str, Any])
             axis.set_xlabel("round")
             axis.grid(alpha=0.3)
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", metadata={"Software": None})
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+    return figure
 
 
 def speed_context(speed: dict[str, Any]) -> dict[str, Any]:
@@ -233,8 +265,8 @@ def page_context(row: Row, released: bool) -> dict[str, Any]:
     if not (run and run.graded):
         return context
     context.update(
-        score=f"{run.score:g}",
-        max_score=f"{run.max_score:g}",
+        score=points_text(run.score),
+        max_score=points_text(run.max_score),
         load_problems=run.load.lines(),
         events=list(dict.fromkeys(run.events)),
     )
@@ -247,8 +279,8 @@ def page_context(row: Row, released: bool) -> dict[str, Any]:
             {
                 "id": part.part,
                 "title": part.title,
-                "score": f"{part.score:.4g}",
-                "max_score": f"{part.max_score:.4g}",
+                "score": points_text(part.score),
+                "max_score": points_text(part.max_score),
                 "checks": [
                     {
                         "name": c.name,
@@ -258,7 +290,7 @@ def page_context(row: Row, released: bool) -> dict[str, Any]:
                     }
                     for c in visible
                 ],
-                "withheld": withheld_text(later, never, released),
+                "withheld": withheld_text(later, never, released, part.part),
                 "speed": None,
             }
         )

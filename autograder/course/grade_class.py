@@ -46,7 +46,7 @@ from autograder.course.rows import Row, status_words
 from autograder.course.shard import Shard, engine_index_in
 from autograder.course.store import ClassInputs, Record, close_to_others
 from autograder.grading.devices import CANNOT_TIME_NOW
-from autograder.model import CANNOT_GRADE, GradingRun
+from autograder.model import CANNOT_GRADE, GradingRun, points_text
 from autograder.rubric import DEFAULT_RUBRIC, Rubric, RubricError, load_rubric
 
 EXIT_DONE, EXIT_MERGE_INCOMPLETE, EXIT_CANNOT_GRADE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -177,6 +177,17 @@ def could_not_time(run: GradingRun | None) -> bool:
     return run is not None and not run.graded and CANNOT_TIME_NOW in run.reason
 
 
+WAITING_TO_TIME = "waiting to time (another grading holds the timing lock; timed again at the end)"
+
+
+def progress_words(run: GradingRun) -> str:
+    """How the progress line shows a student just graded: the score, "waiting to time" for a run that is
+    retried once the timing lock is free (not a failure of anyone's), else "cannot grade"."""
+    if run.graded:
+        return f"{points_text(run.score)}/{points_text(run.max_score)}"
+    return WAITING_TO_TIME if could_not_time(run) else status_words(CANNOT_GRADE)
+
+
 def class_rows(roster: list[Entry], record: Record) -> list[Row]:
     """Every student of the roster with their stored run (None: no submission, or not graded yet):
     what the class outputs are written from, after grading or when merging runs graded elsewhere."""
@@ -293,7 +304,8 @@ def grade_class(
                 style="yellow",
                 markup=False,
             )
-        todo = plan(roster, record, ClassInputs.compute(rubric_path, device), force, students, unfinished)
+        # the device the runs are graded on (auto resolved), so that asking for it by another name regrades nobody
+        todo = plan(roster, record, ClassInputs.compute(rubric_path, placement.device), force, students, unfinished)
         # Only when there is someone to grade: a re-run with nothing changed asks the machine nothing.
         refusal = isolation_refusal(isolation, rubric_path) if todo else ""
         if refusal:
@@ -453,7 +465,7 @@ def grade_all(
                     advance=1,
                     description=escape(clean_for_output(futures[future].entry.shown, newlines=False))
                     + ": "
-                    + (f"{run.score:g}/{run.max_score:g}" if run.graded else status_words(CANNOT_GRADE)),
+                    + progress_words(run),
                 )
         return True
     except KeyboardInterrupt:

@@ -153,10 +153,26 @@ def record_grades(
     except (OSError, ValueError):
         last = None
     if before["database"] is not None and last == before:
+        keep_private(db_url)
         return db_url
     write_grades(db_url, course_id, rows, rubric, assignment)
+    keep_private(db_url)
     write_text_atomically(stamp_path, json.dumps(state(db_url, rows, rubric), sort_keys=True) + "\n", COURSE_FILE_MODE)
     return db_url
+
+
+def keep_private(db_url: str) -> None:
+    """A SQLite gradebook of ours gets the mode of every course output (SQLite makes it by the umask)."""
+    path = sqlite_path(db_url)
+    try:
+        if (
+            path is not None
+            and path.stat().st_uid == os.geteuid()
+            and (path.stat().st_mode & 0o777) != COURSE_FILE_MODE
+        ):
+            os.chmod(path, COURSE_FILE_MODE)
+    except OSError:
+        pass
 
 
 def write_grades(db_url: str, course_id: str, rows: list[Row], rubric: Rubric, assignment: str) -> None:

@@ -60,6 +60,7 @@ def serve(stdin: Iterable[str] | None = None, replies: TextIO | None = None) -> 
     if parent and os.getppid() != int(parent):  # the class run died before we asked to die with it
         return 1
 
+    from autograder.course.store import COURSE_FILE_MODE
     from autograder.grading.grade import Options, grade_submission
     from autograder.model import write_results
 
@@ -77,7 +78,7 @@ def serve(stdin: Iterable[str] | None = None, replies: TextIO | None = None) -> 
             keep_timing_workers=True,
         )
         run = grade_submission(Path(job["submission"]), options)
-        write_results(out, run)
+        write_results(out, run, COURSE_FILE_MODE)
         replies.write(
             json.dumps({"id": job["id"], "status": run.status, "seconds": round(time.monotonic() - started, 3)}) + "\n"
         )

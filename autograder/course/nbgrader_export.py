@@ -18,6 +18,7 @@ from nbgrader.plugins import CsvExportPlugin
 from autograder.atomic import write_text_atomically
 from autograder.course.clean import csv_text, distinct_labels
 from autograder.course.store import COURSE_FILE_MODE
+from autograder.model import points_text
 
 COLUMNS = (
     "assignment",
@@ -65,8 +66,21 @@ def export_rows(gradebook: Gradebook, students: list[str], assignments: list[str
                     late_submission_penalty=penalty,
                     score=max(0.0, submission.score - penalty),
                 )
-            rows.append(["" if row[key] is None else str(row[key]) for key in COLUMNS])
+            rows.append([cell(key, row[key]) for key in COLUMNS])
     return rows
+
+
+POINTS = ("raw_score", "late_submission_penalty", "score", "max_score")
+
+
+def cell(column: str, value: object) -> str:
+    """One cell as text; points as every output of ours writes them (the gradebook adds the parts' scores
+    as floats, 85.63000000000001, where we write 85.63)."""
+    if value is None:
+        return ""
+    if column in POINTS and isinstance(value, (int, float)):
+        return points_text(float(value))
+    return str(value)
 
 
 class SafeCsvExportPlugin(CsvExportPlugin):

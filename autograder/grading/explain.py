@@ -11,7 +11,7 @@ submission's). This command prints them, per check and case, and says whether th
 
 KEY is a check's key as results.json tags it (`mha::test_matches_reference`), optionally with one case
 (`mha::test_matches_reference[float64-12 heads]`); without --check, every failed check is explained (those
-not scored rest on another and are skipped). The submission is found beside a class's record
+not credited rest on another and are skipped). The submission is found beside a class's record
 (`results/<student>/mha/` -> `submitted/<student>/mha/`), else next to RESULTS.json; `--submission` names it.
 
 The speed part is not reproducible by seed: its inputs are, but its figures are timings, which depend on
@@ -31,13 +31,15 @@ from typing import Any
 
 import torch
 
-from autograder.grading import scoring
 from autograder.grading.checks import harness
-from autograder.model import FAILED, CheckResult, GradingRun
-from autograder.sandbox.protocol import clean_text
+from autograder.grading.checks.harness import Raised
+from autograder.model import FAILED, PASSED, CheckResult, GradingRun, points_text
+from autograder.sandbox.protocol import ModuleInfo, clean_text
 
-CASES = re.compile(r" \[[^\]]*\]$")  # a row's "[case]" or "[7 of 9 cases]"
-SHOWN = 48  # a tensor with at most this many numbers is printed whole
+CASES = re.compile(r" \[[^\]]*\]$")  # a row's "[case]" or "[7 of 9 cases]", in records of an earlier grader
+FEW = 8  # values of a tensor shown: its first row's first few
+ITEMS = 4  # items of a list shown
+MESSAGE_CHARS = 1500  # of a case's failure message
 
 
 def check_id(key: str, case: str = "") -> str:
@@ -72,37 +74,56 @@ def changed_since(results: Path, submission: Path) -> list[str]:
     return [name for name, value in now.items() if was.get(name) not in (None, value)]
 
 
-def show(tensor: object) -> str:
-    if not isinstance(tensor, torch.Tensor):
-        return repr(tensor)[:400]
-    head = f"{tuple(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"
-    values = tensor.detach().cpu().double()
-    if values.numel() <= SHOWN:
-        return f"{head}\n{_indent(str(values.to(tensor.dtype) if tensor.is_floating_point() else tensor))}"
-    first = values.reshape(-1, values.shape[-1])[0] if values.dim() else values
-    return (
-        f"{head}, mean {values.mean():.4g}, std {values.std():.4g}; its first row:\n"
-        f"{_indent(str(first[:12].to(torch.float64)))}"
-    )
+def show(value: object, depth: int = 0) -> str:
+    """What the grader sent or got, for people: a tensor's shape, dtype and a few of its values; a module
+    living in the worker by its class; a list item by item (a few); anything else bounded."""
+    if isinstance(value, torch.Tensor):
+        head = f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+        if not value.numel():
+            return f"{head}, empty"
+        numbers = value.detach().cpu().double()
+        row = numbers.reshape(-1, numbers.shape[-1])[0] if numbers.dim() else numbers.reshape(1)
+        few = ", ".join(f"{v:.4g}" for v in row[:FEW].tolist()) + (", ..." if row.numel() > FEW else "")
+        first = "its first row" if numbers.dim() > 1 else "its values"
+        stats = f"; mean {numbers.mean():.4g}, std {numbers.std():.4g}" if numbers.numel() > 1 else ""
+        return f"{head}, {first} [{few}]{stats}"
+    if isinstance(value, ModuleInfo):
+        return f"your {value.cls}"
+    if isinstance(value, Raised):
+        return f"raised {value.type}" + (f": {value.message[:200]}" if value.message else "")
+    if isinstance(value, (list, tuple)) and depth == 0:
+        items = [show(v, depth + 1) for v in value[:ITEMS]]
+        more = f", and {len(value) - ITEMS} more" if len(value) > ITEMS else ""
+        if all(not isinstance(v, (torch.Tensor, ModuleInfo, list, tuple)) for v in value):
+            return repr(value)[:300]
+        return f"a list of {len(value)}: " + "; ".join(items) + more
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 300 else text[:300] + " ..."
 
 
-def _indent(text: str, by: str = "      ") -> str:
-    return "\n".join(by + line for line in text.splitlines())
-
-
-def comparison(expected: object, actual: object) -> str:
-    lines = [f"    expected (the reference): {show(expected)}", f"    actual (the submission):  {show(actual)}"]
-    if (
-        isinstance(expected, torch.Tensor)
-        and isinstance(actual, torch.Tensor)
-        and expected.shape == actual.shape
-        and expected.numel()
-    ):
+def comparison(what: str, expected: object, actual: object) -> str:
+    """A comparison the check made: what it compares, the two sides, and where they differ most."""
+    both = isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)
+    kind = "shape, dtype and values" if both else "values"
+    lines = [
+        f"  compares {kind}: {what}",
+        f"    expected (the reference): {show(expected)}",
+        f"    actual (yours):           {show(actual)}",
+    ]
+    if not (isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)):
+        lines.append("    the same" if expected == actual else "    they differ")
+    elif expected.shape != actual.shape:
+        lines.append(f"    the shapes differ: {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+    elif expected.dtype != actual.dtype:
+        lines.append(f"    the dtypes differ: {actual.dtype}, expected {expected.dtype}")
+    elif expected.numel():
         diff = (actual.detach().cpu().double() - expected.detach().cpu().double()).abs()
         where = tuple(int(i) for i in torch.unravel_index(diff.nan_to_num(float("inf")).argmax(), diff.shape))
         lines.append(
             f"    largest difference {diff.max().item():.4g} at {list(where)}: expected "
-            f"{expected[where].item():.6g}, actual {actual[where].item():.6g}"
+            f"{expected[where].item():.6g}, yours {actual[where].item():.6g}"
         )
     return "\n".join(lines)
 
@@ -158,25 +179,31 @@ def explain(results_path: Path, keys: list[str] | None, submission: Path | None,
     rows = [c for c in run.checks if c.status == FAILED] if not keys else []
     for key in keys or []:
         base, _, case = key.partition("[")
-        found = [c for c in run.checks if c.key == base and (not case or case.rstrip("]") in c.cases)]
-        if not found:
-            say(f"{results_path}: no check {key} (its checks: {', '.join(sorted({c.key for c in run.checks}))})")
+        matched = [c for c in run.checks if c.key == base and (not case or case.rstrip("]") in c.cases)]
+        if not matched:
+            say(f"{results_path}: no check {key}; its keys, as --check (CHECK=) takes them:")
+            say(keys_text(run.checks))
             return 2
-        rows += [c if not case else _only(c, case.rstrip("]")) for c in found]
-    speed_rows = [c for c in rows if c.part == "speed"]
-    rows = [c for c in rows if c.part != "speed"]
+        rows += [c if not case else _only(c, case.rstrip("]")) for c in matched]
     say(f"{submission}: seed {run.seed}, graded on {run.device}, torch {run.torch}")
+    if not keys and not rows:
+        say(f"nothing failed: {points_text(run.score)} of {points_text(run.max_score)} points, every check passed")
+        return 0
     for what in changed_since(Path(results_path), submission):
         say(f"note: the {what} changed since this run was graded; what follows is today's {what}'s")
+    say("failed checks, by the key --check (CHECK=) takes:" if not keys else "the checks asked for:")
+    say(keys_text(rows))
+    speed_rows = [c for c in rows if c.part == "speed"]
+    rows = [c for c in rows if c.part != "speed"]
     if rows:
-        wanted = tuple(dict.fromkeys(f"{c.key}[{case}]" if case else c.key for c in rows for case in c.cases or [""]))
+        wanted = tuple(dict.fromkeys(key for row in rows for key in case_keys(row)))
         options = grading.Options(device=device or run.device or "auto", out=None, quiet=True, seed=run.seed)
         again, notes = regrade(submission, replace(options, checks=wanted))
         if not again.graded:
             say(f"cannot grade it again: {again.reason}", error=True)
             return 2
         whole: GradingRun | None = None
-        if any(outcome(again, row, case) != row.status for row in rows for case in row.cases or [""]):
+        if any(outcome(again, row, case) != graded_status(row, case) for row in rows for case in explained_cases(row)):
             # Alone, a check runs without what ran before it in the grading (the speed part first, which builds
             # the submission's module on its own workload, then the other parts): graded whole again, as it was.
             graded_parts = tuple(dict.fromkeys(c.part for c in run.checks))
@@ -191,10 +218,11 @@ def explain(results_path: Path, keys: list[str] | None, submission: Path | None,
         ]
         recorded = (Path(results_path).resolve().parent / "inputs.json").is_file()
         for row in rows:
-            for case in row.cases or [""]:
+            for case in explained_cases(row):
                 say("")
                 verdict = reproduction(row, case, again, whole, changed, recorded)
-                say(report(row, case, verdict, [n for n in notes if n["check"] == check_id(row.key, case)]))
+                shown = found(whole, row, case) if whole is not None else found(again, row, case)
+                say(report(row, case, verdict, shown, [n for n in notes if n["check"] == check_id(row.key, case)]))
     if speed_rows:
         say("")
         try:
@@ -202,10 +230,6 @@ def explain(results_path: Path, keys: list[str] | None, submission: Path | None,
         except (TypeError, ValueError, AttributeError) as exc:  # figures of a results.json written elsewhere
             say(f"speed: the figures in {results_path} cannot be read ({type(exc).__name__}: {exc})")
     return 0
-
-
-def _only(row: CheckResult, case: str) -> CheckResult:
-    return replace(row, cases=[case])
 
 
 def regrade(submission: Path, options: Any) -> tuple[GradingRun, list[dict[str, Any]]]:
@@ -220,30 +244,38 @@ def regrade(submission: Path, options: Any) -> tuple[GradingRun, list[dict[str, 
         harness.NOTES = None
 
 
-def found(run: GradingRun, row: CheckResult, case: str) -> CheckResult | None:
+def found(run: GradingRun | None, row: CheckResult, case: str) -> CheckResult | None:
+    if run is None:
+        return None
     return next((c for c in run.checks if c.key == row.key and (not case or case in c.cases)), None)
 
 
-def outcome(run: GradingRun, row: CheckResult, case: str) -> str | None:
+def graded_status(row: CheckResult, case: str) -> str:
+    """The status `row` records for one case: failed for a failed case, passed for the others."""
+    return row.status if not case or case in row.failed_cases or row.status == PASSED else PASSED
+
+
+def outcome(run: GradingRun | None, row: CheckResult, case: str) -> str | None:
     """The status of `row`'s check (and case) in `run`; None when it did not run."""
     now = found(run, row, case)
-    return None if now is None else now.status
+    return None if now is None else graded_status(now, case)
 
 
 def reproduction(
     row: CheckResult, case: str, alone: GradingRun, whole: GradingRun | None, changed: list[str], recorded: bool
 ) -> str:
-    """The line saying whether the check's outcome was reproduced, and when it was not, why: "not reproduced"
+    """The line saying whether the check's outcome was reproduced, and when it was not, why: "NOT reproduced"
     only when neither the check graded alone nor the whole grading gave what it was graded."""
-    now = found(alone, row, case)
-    if now is not None and now.status == row.status:
-        return f"again:   {now.status}: {_first(now.message)}"
-    alone_said = "it did not run" if now is None else f"{now.status} ({_first(now.message)})"
-    again = found(whole, row, case) if whole is not None else None
-    if again is not None and again.status == row.status:
+    graded = graded_status(row, case)
+    now = outcome(alone, row, case)
+    if now == graded:
+        return f"again:  {now.replace('_', ' ')}"
+    alone_said = "it did not run" if now is None else now.replace("_", " ")
+    again = outcome(whole, row, case)
+    if again == graded:
         return (
-            f"again:   {again.status} (reproduced, graded whole as it was: {_first(again.message)}). Graded alone it "
-            f"was {alone_said}: alone, it runs without what runs before it in a grading (the speed part first, "
+            f"again:  {graded.replace('_', ' ')} (reproduced, graded whole as it was). Graded alone it was "
+            f"{alone_said}: alone, it runs without what runs before it in a grading (the speed part first, "
             "which builds your module on its own workload, then the other parts), so your code behaves "
             "differently after those"
         )
@@ -261,28 +293,70 @@ def reproduction(
             "and no record beside this results.json says whether the file or the grader changed since it was "
             "graded (a class run's record does): either did, or its outcome varies between gradings"
         )
-    whole_said = "" if again is None else f"; graded whole, {again.status}"
-    return f"again:   NOT reproduced: graded alone, {alone_said}{whole_said}; {why}"
+    whole_said = "" if again is None else f"; graded whole, {again.replace('_', ' ')}"
+    return f"again:  NOT reproduced: graded alone, {alone_said}{whole_said}; {why}"
 
 
-def report(row: CheckResult, case: str, verdict: str, notes: list[dict[str, Any]]) -> str:
-    label = f"{row.part}: {CASES.sub('', row.name)}" + (f" [{case}]" if case else "")
-    lines = [label, f"  graded:  {row.status}: {_first(row.message)}", f"  {verdict}"]
-    for item in notes:
-        if item["kind"] == "input":
-            lines.append(f"  input to {item['what']}: {show(item['value'])}")
-        elif item["kind"] == "call":
-            lines.append(f"  call {item['what']}({', '.join(show(a) for a in item['args'])})")
-        elif item["kind"] == "compared":
-            lines.append(f"  compared: {item['what']}\n{comparison(item['expected'], item['actual'])}")
-    if not notes:
-        lines.append("  (no tensor was sent or compared: the message above says what was checked)")
+def case_keys(row: CheckResult) -> list[str]:
+    return [f"{row.key}[{case}]" for case in row.cases] if row.cases else [row.key]
+
+
+def explained_cases(row: CheckResult) -> list[str]:
+    """The cases of a row to explain: those that failed (all of them when it was asked for by case)."""
+    if not row.cases:
+        return [""]
+    return [c for c in row.cases if c in row.failed_cases] or row.cases
+
+
+def keys_text(rows: list[CheckResult]) -> str:
+    lines = []
+    for row in rows:
+        cases = [c for c in row.cases if not row.failed_cases or c in row.failed_cases]
+        for key in [f"{row.key}[{case}]" for case in cases] if row.cases else [row.key]:
+            lines.append(f"  {key}  ({row.part}: {CASES.sub('', row.name)}; {row.status.replace('_', ' ')})")
     return "\n".join(lines)
 
 
-def _first(message: str) -> str:
-    lines = [line for line in scoring.COUNTED.sub("", message or "").splitlines() if line.strip()]
-    return (lines[0][:300] + (" ..." if len(lines) > 1 else "")) if lines else ""
+def _only(row: CheckResult, case: str) -> CheckResult:
+    return replace(row, cases=[case], failed_cases=[case] if case in row.failed_cases else [])
+
+
+def report(row: CheckResult, case: str, verdict: str, now: CheckResult | None, notes: list[dict[str, Any]]) -> str:
+    """One case of a check: its key, what it checks, the outcome graded and again (`verdict`), what the
+    grader built, sent and compared (inputs, expected and actual), and this case's own failure message."""
+    key = f"{row.key}[{case}]" if case else row.key
+    lines = [key, f"  checks: {CASES.sub('', row.name)}"]
+    lines.append(f"  graded: {graded_status(row, case).replace('_', ' ')}")
+    lines.append(f"  {verdict}")
+    failures = [n for n in notes if n["kind"] == "failed"]
+    for item in notes:
+        kind = item["kind"]
+        if kind == "build":
+            args = [show(a, 1) for a in item["args"]] + [f"{k}={show(v, 1)}" for k, v in item["kwargs"].items()]
+            weights = " with the hidden weights" if item.get("weights") else ""
+            dtype = f" in {item['dtype']}" if item.get("dtype") else ""
+            lines.append(f"  built {item['what']}({', '.join(args)}){weights}{dtype}")
+        elif kind == "input":
+            lines.append(f"  ran {item['what']} on x: {show(item['value'])}")
+        elif kind == "call":
+            lines.append(f"  called {item['what']}(" + ", ".join(show(a) for a in item["args"]) + ")")
+        elif kind == "returned":
+            lines.append(f"    it returned {show(item['value'])}")
+        elif kind == "compared":
+            lines.append(comparison(item["what"], item["expected"], item["actual"]))
+        elif kind == "counted":
+            lines.append(f"  compares counts: {item['what']}: {item['expected']} for 2 heads, {item['actual']} for 12")
+        elif kind == "failed" and item is not failures[-1]:  # a step the check looked at, then went on
+            lines.append(f"    that failed: {str(item['message']).splitlines()[0][:300]}")
+    if failures:  # the check's own verdict is its last failure
+        lines.append("  why it failed: " + _indent(str(failures[-1]["message"])[:MESSAGE_CHARS]).lstrip())
+    elif now is not None and now.status != PASSED:
+        lines.append("  why it failed: " + _indent(now.message[:MESSAGE_CHARS]).lstrip())
+    return "\n".join(lines)
+
+
+def _indent(text: str, by: str = "    ") -> str:
+    return "\n".join(by + line for line in text.splitlines())
 
 
 def main(argv: list[str] | None = None) -> int:

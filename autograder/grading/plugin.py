@@ -6,7 +6,7 @@ of its points (the speed part) says how much with `request.node.user_properties.
 f between 0 and 1, before it fails. Which checks exist is
 the checks' business, how outcomes become points is `scoring.score`'s.
 
-Only a check's own failure (`harness.fail`, i.e. `pytest.fail`, or `NotScored`) counts against the
+Only a check's own failure (`harness.fail`, i.e. `pytest.fail`, or `NotCredited`) counts against the
 submission. Any other exception in a check, in its setup or teardown, or pytest-timeout stopping a check,
 is the grader's fault: it is recorded in `grader_errors`, and the run cannot grade.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from autograder.grading.scoring import Outcome
-from autograder.model import FAILED, GRADER, NOT_SCORED, PASSED, WORKER
+from autograder.model import FAILED, GRADER, NOT_CREDITED, PASSED, WORKER
 from autograder.rubric import Rubric, RubricError
 
 # How pytest-timeout fails a test (its whole message; no message of a check's own looks like it)
@@ -40,11 +40,11 @@ def _function_name(item: pytest.Item) -> str:
     return name
 
 
-class NotScored(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # pytest's Failed
+class NotCredited(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # pytest's Failed
     """A check that earns nothing because something it rests on is wrong, and accuses nothing of its own:
     a property of a wrong output, speed before the values are right. With a `cause` (a problem many checks
     share, such as a constructor the grader cannot load weights into), the first check in the results that
-    meets it fails with the whole message and the others are not scored, pointing to it
+    meets it fails with the whole message and the others are not credited, pointing to it
     (`scoring.name_once`)."""
 
     def __init__(self, message: str, cause: str = ""):
@@ -58,6 +58,18 @@ class CheckFailed(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # 
 
     def __init__(self, message: str, mistake: str = ""):
         super().__init__(message, pytrace=False)
+        self.mistake = mistake
+
+
+class SharedProblem(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # pytest's Failed
+    """A failure that many checks meet for one reason (`cause`: a name left undefined by a cell with a syntax
+    error): the first check in the results says it in full, the others are not credited and point to it
+    (`scoring.name_once`). Unlike `NotCredited`, a check may catch it (`harness.attempt`) and go on. Its
+    `mistake` is the cause in words the same for every student (`CheckFailed`'s)."""
+
+    def __init__(self, message: str, cause: str, mistake: str = ""):
+        super().__init__(message, pytrace=False)
+        self.cause = cause
         self.mistake = mistake
 
 
@@ -148,7 +160,7 @@ class ResultsPlugin:
         error = excinfo.value
         if isinstance(error, pytest.fail.Exception) and not PYTEST_TIMEOUT.fullmatch(str(error.msg)):
             cause = getattr(error, "cause", "")
-            outcome.status = NOT_SCORED if isinstance(error, NotScored) and not cause else FAILED
+            outcome.status = NOT_CREDITED if isinstance(error, NotCredited) and not cause else FAILED
             outcome.cause = cause
             outcome.mistake = outcome.mistake or getattr(error, "mistake", "")
             outcome.message = outcome.message or _bounded(str(error.msg))

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from autograder.model import GradingRun
+from autograder.model import GradingRun, points_text
 
 
 def print_summary(run: GradingRun, visible_only: bool = False, console: Console | None = None) -> None:
@@ -22,19 +22,28 @@ def print_summary(run: GradingRun, visible_only: bool = False, console: Console 
         problem = "" if failure is None else f"{failure.name}\n{failure.message}".strip()
         row = [part.part, f"{part.passed}/{part.total}"]
         if not visible_only:
-            row.append(f"{part.score:.4g}/{part.max_score:.4g}")
+            row.append(f"{points_text(part.score)}/{points_text(part.max_score)}")
         row.append(escape(_short(problem)))
         table.add_row(*row, style="green" if failure is None else None)
     console.print(table)
     if not visible_only:
         console.print(
-            f"Total: {run.score:g} / {run.max_score:g}   ({run.execution_time:.1f} s, device {run.device}, "
+            f"Total: {points_text(run.score)} / {points_text(run.max_score)}   ({run.execution_time:.1f} s, device {run.device}, "
             f"isolation {run.isolation})"
         )
     for line in run.load.lines()[:5]:
         console.print(escape(line), style="yellow")
     for flag in run.flags:
         console.print(escape(f"Flagged for the instructor: {flag}"), style="yellow")
+    if visible_only:
+        parts = run.parts()
+        done = [p.part for p in parts if p.first_failure is None]
+        console.print(
+            f"{sum(p.passed for p in parts)} of {sum(p.total for p in parts)} visible checks passed; "
+            f"{len(done)} of {len(parts)} parts passed every one"
+            + (f" ({', '.join(done)})" if done and len(done) < len(parts) else "")
+            + ". The grader runs more checks, on inputs you do not see."
+        )
 
 
 def _short(text: str, lines: int = 8) -> str:

@@ -2,27 +2,35 @@
 
 A check earns all of its points when it passed and none when it failed, unless it says what fraction it
 earned (`credit`, the speed part's partial credit). The speed part earns nothing while a check it
-requires (`[speed] requires`, e.g. the mha part's values) failed: it is then not scored.
+requires (`[speed] requires`, e.g. the mha part's values) failed: it is then not credited.
 
-Each mistake is named once: a problem that many checks share (`NotScored` with a cause, e.g. a constructor
-the grader cannot load weights into) is said in full by the first of them the student can see, and the
-others are not scored and point to it (`name_once`); the cases of a parametrised check that came out the
-same way (the same status, the same diagnosis) are one row, "7 of 7 cases: ..." (`group_cases`).
+One rounding rule, applied here and nowhere else: every score is a whole number of hundredths of a point.
+A part's points are shared among its checks, and a check's among its cases, by the largest remainder, so
+that they add up to the part's points exactly; a partial credit is rounded half up to a hundredth. Every
+total and part score is then an exact sum, and every output shows the same numbers
+(`model.add_points`, `model.points_text`).
+
+Each mistake is named once: a problem that many checks share (`NotCredited` with a cause, e.g. a
+constructor the grader cannot load weights into) is said in full by the first of them the student can
+see, and the others are not credited and point to it (`name_once`). A check is one row: the cases of a
+parametrised check are counted and named in it, "failed in 2 of 4 cases: [3 heads, bias] and [6 heads,
+bias]" (`group_cases`), the way `explain --check` names them.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections import defaultdict
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 from autograder.contract import PART_IDS
-from autograder.model import FAILED, GRADER, NOT_SCORED, PASSED, CheckResult
+from autograder.model import FAILED, GRADER, HUNDREDTHS, NOT_CREDITED, PASSED, CheckResult, add_points, hundredths
 from autograder.rubric import Rubric
 
 LIKELY = re.compile(r"Likely (?:mistake|cause): ([^\n]*)")  # a diagnosis is one line
-NOT_SCORED_PREFIX = "not scored: "
-COUNTED = re.compile(r"^\d+ of \d+ cases: ")
+NOT_CREDITED_PREFIX = "not credited: "
+COUNTED = re.compile(r"^(?:failed|not credited) in (?:all )?\d+ (?:of \d+ )?cases[^\n]*(?:\n|$)")
 LABEL_CHARS = 100  # a failure's leading "what: " is a label when it is no longer than this
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
@@ -34,7 +42,7 @@ class Outcome:
     key: str  # "module::function", the rubric's key
     part: str
     name: str
-    status: str | None = None  # PASSED / FAILED / NOT_SCORED; None: never ran
+    status: str | None = None  # PASSED / FAILED / NOT_CREDITED; None: never ran
     message: str = ""
     evidence: str = GRADER
     credit: float | None = None  # the fraction of its points earned, when not all or nothing
@@ -44,49 +52,66 @@ class Outcome:
 
 
 def allocate_points(outcomes: list[Outcome], rubric: Rubric) -> list[float]:
-    """A part's points are shared among its checks in proportion to their weights; the cases of one
-    parametrised check share its share equally."""
-    cases: defaultdict[str, int] = defaultdict(int)
-    for outcome in outcomes:
-        cases[outcome.key] += 1
-    part_weight: defaultdict[str, float] = defaultdict(float)
-    for key, part in {o.key: o.part for o in outcomes}.items():
-        part_weight[part] += rubric.weight(key)
-    points = []
-    for outcome in outcomes:
-        total = part_weight[outcome.part]
-        share = rubric.weight(outcome.key) / total if total else 0.0
-        points.append(rubric.part_points(outcome.part) * share / cases[outcome.key])
+    """A part's points are shared among its checks in proportion to their weights, and a check's among its
+    cases equally, each in whole hundredths by the largest remainder (ties to the earlier check or case),
+    so that the shares add up to the part's points exactly."""
+    keys: dict[str, list[int]] = {}  # check key -> the indices of its outcomes
+    for index, outcome in enumerate(outcomes):
+        keys.setdefault(outcome.key, []).append(index)
+    by_part: dict[str, list[str]] = {}
+    for key in keys:
+        by_part.setdefault(outcomes[keys[key][0]].part, []).append(key)
+    points = [0.0] * len(outcomes)
+    for part, part_keys in by_part.items():
+        total = hundredths(rubric.part_points(part))
+        for key, check_share in zip(part_keys, shares(total, [rubric.weight(k) for k in part_keys])):
+            for index, case_share in zip(keys[key], shares(check_share, [1.0] * len(keys[key]))):
+                points[index] = case_share / HUNDREDTHS
     return points
+
+
+def shares(total: int, weights: list[float]) -> list[int]:
+    """`total` whole units shared in proportion to `weights` by the largest remainder (Hamilton's method)."""
+    weight = sum(Fraction(w) for w in weights)
+    if not weight:
+        return [0] * len(weights)
+    quotas = [Fraction(total) * Fraction(w) / weight for w in weights]
+    given = [math.floor(q) for q in quotas]
+    by_remainder = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - given[i]), i))
+    for i in by_remainder[: total - sum(given)]:
+        given[i] += 1
+    return given
+
+
+def earned(max_score: float, credit: float) -> float:
+    """A partial credit's points: the fraction of the check's hundredths, rounded half up."""
+    return math.floor(hundredths(max_score) * credit + 0.5) / HUNDREDTHS
 
 
 def score(outcomes: list[Outcome], rubric: Rubric) -> list[CheckResult]:
     """Scored rows, in part order (then in the order the checks ran)."""
     order = {part: i for i, part in enumerate(PART_IDS)}
     outcomes = sorted(gate_speed(outcomes, rubric), key=lambda o: order.get(o.part, len(order)))
-    cases: dict[str, int] = defaultdict(int)
-    for outcome in outcomes:
-        cases[outcome.key] += 1
     results = []
     for outcome, max_score in zip(outcomes, allocate_points(outcomes, rubric)):
         status = outcome.status or FAILED
         message = outcome.message if status != PASSED else ""
         if outcome.status is None and not message:
             message = "not run (the grading run ended before this check)"
-        earned = outcome.credit if outcome.credit is not None and outcome.status else float(status == PASSED)
+        fraction = outcome.credit if outcome.credit is not None and outcome.status else float(status == PASSED)
         results.append(
             CheckResult(
                 key=outcome.key,
                 part=outcome.part,
                 name=outcome.name,
                 status=status,
-                score=max_score * earned,
+                score=earned(max_score, fraction),
                 max_score=max_score,
                 message=message,
                 visibility=rubric.visibility(outcome.key),
                 evidence=outcome.evidence,
                 cases=[outcome.case] if outcome.case else [],
-                total_cases=cases[outcome.key],
+                failed_cases=[outcome.case] if outcome.case and status != PASSED else [],
                 mistake=(outcome.mistake or outcome.cause) if status == FAILED else "",
             )
         )
@@ -94,23 +119,27 @@ def score(outcomes: list[Outcome], rubric: Rubric) -> list[CheckResult]:
 
 
 def gate_speed(outcomes: list[Outcome], rubric: Rubric) -> list[Outcome]:
-    """The speed part's checks are not scored, with no points, while a check `[speed] requires` failed (a
-    check that did not run in this grading, e.g. a hidden one under `check`, does not count either way). The
-    reason names the part to fix, never a check the student may not see."""
+    """The speed part's checks are not credited, with no points, while a check `[speed] requires` failed. Where
+    one of those did not run (`preview` runs only the visible checks), the checks of its part that ran and
+    compare what the grader computed (not what the worker reports of itself) stand in for it. The reason
+    names the part to fix, never a check the student may not see."""
     required = set(rubric.speed.requires) if rubric.speed else set()
-    failed = [o for o in outcomes if o.key in required and o.status != PASSED]
+    ran = {o.key for o in outcomes}
+    absent = {key.split("::", 1)[0] for key in required - ran}  # the parts of the required checks not run here
+    stand_ins = {o.key for o in outcomes if o.part in absent and o.evidence == GRADER and o.part != "speed"}
+    failed = [o for o in outcomes if o.key in (required & ran) | stand_ins and o.status != PASSED]
     if not failed:
         return outcomes
     parts = list(dict.fromkeys(o.part for o in failed))
     named = " and ".join(f'"{rubric.part_title(p)}" ({p})' for p in parts)
-    if any(o.key.endswith("::test_matches_reference") for o in failed):
+    if any(o.key.endswith("::test_matches_reference") or o.key in stand_ins for o in failed):
         reason = (
-            f"not scored: speed counts only once the values of {named} are right, and they are not yet. "
+            f"{NOT_CREDITED_PREFIX}speed counts only once the values of {named} are right, and they are not yet. "
             "Fix them first: a fast forward that computes something else earns nothing"
         )
     else:  # the values are right; what the speed part rests on besides (no ready-made attention) is not
         reason = (
-            f"not scored: speed counts only for a forward that passes the checks of {named} it rests on (no "
+            f"{NOT_CREDITED_PREFIX}speed counts only for a forward that passes the checks of {named} it rests on (no "
             "ready-made attention, the same computation whether or not it is observed), and one of them "
             "failed: the speed of a forward that is not your own computation earns nothing"
         )
@@ -119,7 +148,7 @@ def gate_speed(outcomes: list[Outcome], rubric: Rubric) -> list[Outcome]:
         measured = o.credit is not None  # the speed was measured: its figures still tell the student something
         return replace(
             o,
-            status=NOT_SCORED,
+            status=NOT_CREDITED,
             credit=0.0,
             cause="",
             message=reason + (f"\n(measured: {o.message})" if measured and o.message else ""),
@@ -130,7 +159,7 @@ def gate_speed(outcomes: list[Outcome], rubric: Rubric) -> list[Outcome]:
 
 def name_once(results: list[CheckResult], causes: list[str]) -> list[CheckResult]:
     """A problem several checks share (the same `cause`) is said in full, as a failure, by the first of
-    them the student can see (else the first); the others are not scored and point to it."""
+    them the student can see (else the first); the others are not credited and point to it."""
     first: dict[str, CheckResult] = {}
     for result, cause in sorted(zip(results, causes), key=lambda rc: rc[0].visibility != "visible"):
         if cause and cause not in first:
@@ -140,7 +169,7 @@ def name_once(results: list[CheckResult], causes: list[str]) -> list[CheckResult
         if cause and first[cause] is not result:
             where = first[cause]
             seen = f' (said in full under "{where.part}: {where.name}")' if where.visibility == "visible" else ""
-            result = replace(result, status=NOT_SCORED, message=f"not scored: {cause}{seen}", mistake="")
+            result = replace(result, status=NOT_CREDITED, message=f"{NOT_CREDITED_PREFIX}{cause}{seen}", mistake="")
         named.append(result)
     return named
 
@@ -155,6 +184,7 @@ def diagnosis(result: CheckResult) -> str:
         text = found.group(1)
     else:
         text = COUNTED.sub("", result.message)
+        text = text.removeprefix(NOT_CREDITED_PREFIX)
         label, colon, rest = text.partition(": ")
         if colon and "\n" not in label and len(label) <= LABEL_CHARS:
             text = rest
@@ -166,40 +196,70 @@ def diagnosis(result: CheckResult) -> str:
 
 
 def group_cases(results: list[CheckResult]) -> list[CheckResult]:
-    """The cases of a parametrised check with the same status and diagnosis as one row, where its first
-    case was; a failing row's message says how many cases it stands for and shows the first one's."""
-    groups: dict[tuple[object, ...], list[CheckResult]] = {}
+    """Each check one row, where its first case was: its cases' points added up, its status the worst of
+    theirs (failed, then not credited, then passed), and a message that counts and names the cases that did
+    not pass and says, once per diagnosis, what went wrong."""
+    by_key: dict[str, list[CheckResult]] = {}
     for result in results:
-        same = (result.key, result.status, diagnosis(result)) if result.cases else (id(result),)
-        groups.setdefault(same, []).append(result)
+        by_key.setdefault(result.key if result.cases else f"{result.key}#{id(result)}", []).append(result)
     rows = []
-    for members in groups.values():
+    for members in by_key.values():
         first = members[0]
         if len(members) == 1:
-            name = f"{first.name} [{first.cases[0]}]" if first.cases and first.total_cases > 1 else first.name
-            rows.append(replace(first, name=name))
+            rows.append(first)
             continue
-        count = f"{len(members)} of {first.total_cases} cases"
+        failing = [m for m in members if m.status != PASSED]
+        status = FAILED if any(m.status == FAILED for m in failing) else (NOT_CREDITED if failing else PASSED)
         rows.append(
             replace(
                 first,
-                name=first.name if len(members) == first.total_cases else f"{first.name} [{count}]",
-                score=sum(m.score for m in members),
-                max_score=sum(m.max_score for m in members),
-                message=counted(first.message, count),
-                cases=[case for m in members for case in m.cases],
+                status=status,
+                score=add_points(m.score for m in members),
+                max_score=add_points(m.max_score for m in members),
+                message=counted(failing, len(members)),
+                cases=[m.cases[0] for m in members],
+                failed_cases=[m.cases[0] for m in failing],
+                mistake=next((m.mistake for m in failing if m.mistake), ""),
             )
         )
     return rows
 
 
-def counted(message: str, count: str) -> str:
-    """A grouped row's message: how many cases it stands for, then the first case's message."""
-    if not message:
+def case_list(cases: list[str]) -> str:
+    """Cases as `explain --check KEY[case]` names them: "[2 heads], [4 heads] and [1 head]"."""
+    named = [f"[{case}]" for case in cases]
+    return named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+
+
+def counted(failing: list[CheckResult], total: int) -> str:
+    """A row's message: how many of its cases failed (or were not credited) and which, then each
+    diagnosis once, with the cases it was met in when there are several."""
+    if not failing:
         return ""
-    if message.startswith(NOT_SCORED_PREFIX):
-        return f"not scored ({count}): {message.removeprefix(NOT_SCORED_PREFIX)}"
-    return f"{count}: {message}"
+    header = []
+    for status, verb in ((FAILED, "failed"), (NOT_CREDITED, "not credited")):
+        cases = [m.cases[0] for m in failing if m.status == status]
+        if cases:
+            header.append(
+                f"{verb} in all {total} cases"
+                if len(cases) == total
+                else f"{verb} in {len(cases)} of {total} cases: {case_list(cases)}"
+            )
+    groups: dict[tuple[str, str], list[CheckResult]] = {}
+    for member in failing:  # the cases not credited wait for the same thing: one group
+        groups.setdefault((member.status, diagnosis(member) if member.status == FAILED else ""), []).append(member)
+    if len(groups) == 1 and len(header) == 1 and failing[0].message.startswith(NOT_CREDITED_PREFIX):
+        return f"{header[0]}: {failing[0].message.removeprefix(NOT_CREDITED_PREFIX)}"
+    if len(groups) == 1:
+        body = [failing[0].message]
+    else:
+        body = [f"{case_list([m.cases[0] for m in group])}: {shorter(group[0].message)}" for group in groups.values()]
+    return "\n".join(["; ".join(header), *body])
+
+
+def shorter(message: str, limit: int = 1200) -> str:
+    """One of several diagnoses in a row's message: at most `limit` characters of it."""
+    return message if len(message) <= limit else message[:limit] + " ..."
 
 
 def say_once(rows: list[CheckResult]) -> list[CheckResult]:
@@ -219,7 +279,9 @@ def say_once(rows: list[CheckResult]) -> list[CheckResult]:
             if found:
                 message = f"{row.message[: found.start(1)]}{pointer}."
             else:
-                message = f"{row.message.split(chr(10), 1)[0]} ({pointer})"
+                header = COUNTED.match(row.message)
+                head = header.group(0) if header else ""
+                message = f"{head}{row.message[len(head) :].split(chr(10), 1)[0]} ({pointer})"
             row = replace(row, message=message)
         said.append(row)
     return said

@@ -31,21 +31,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autograder.model import GradingRun
+from autograder.model import HUNDREDTHS, GradingRun, hundredths, points_text
 from autograder.platforms.folder import grade_folder
 
-SCALE = 100  # Classroom's points are hundredths of ours: whole numbers, with nothing rounded away
+SCALE = HUNDREDTHS  # Classroom's points are hundredths of ours: whole numbers, with nothing rounded away
 
 
 def scaled_part_scores(run: GradingRun) -> list[int]:
-    """Each part's score in hundredths, adding up exactly to the run's score in hundredths (a part's
-    rounding is given back to the largest part)."""
-    parts = run.parts()
-    scaled = [round(part.score * SCALE) for part in parts]
-    if scaled:
-        largest = max(range(len(parts)), key=lambda i: parts[i].score)
-        scaled[largest] += round(run.score * SCALE) - sum(scaled)
-    return scaled
+    """Each part's score in hundredths: every score is a whole number of hundredths already
+    (`scoring.allocate_points`), so they add up to the run's score exactly."""
+    return [hundredths(part.score) for part in run.parts()]
 
 
 def runner_result(run: GradingRun) -> dict[str, Any]:
@@ -78,7 +73,7 @@ def runner_result(run: GradingRun) -> dict[str, Any]:
         )
         tests.append(
             {
-                "name": f"{part.title}: {part.score:g} of {part.max_score:g} points",
+                "name": f"{part.title}: {points_text(part.score)} of {points_text(part.max_score)} points",
                 "status": "pass" if failure is None else "fail",
                 "score": points,
                 "message": message,
@@ -87,7 +82,7 @@ def runner_result(run: GradingRun) -> dict[str, Any]:
             }
         )
     status = "pass" if all(t["status"] == "pass" for t in tests) else "fail"
-    return {"version": 1, "status": status, "max_score": round(run.max_score * SCALE), "tests": tests}
+    return {"version": 1, "status": status, "max_score": hundredths(run.max_score), "tests": tests}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"result={encoded}")
     if run.graded:
         print(
-            f"Score: {run.score:g} of {run.max_score:g} points (Classroom shows it in hundredths: "
-            f"Points {round(run.score * SCALE)}/{round(run.max_score * SCALE)})",
+            f"Score: {points_text(run.score)} of {points_text(run.max_score)} points (Classroom shows it in "
+            f"hundredths: Points {hundredths(run.score)}/{hundredths(run.max_score)})",
             file=sys.stderr,
         )
     else:

@@ -4,7 +4,7 @@ Checks never see the student's objects, only what the worker answers: decoded te
 (`protocol.ModuleInfo` for a module living in the worker, `protocol.Foreign` for anything else).
 Everything a check compares against is computed here, in the trusted process, by `reference/`.
 
-A check fails the student only through `fail()` (or `NotScored`, when what it rests on is wrong). Any
+A check fails the student only through `fail()` (or `NotCredited`, when what it rests on is wrong). Any
 other exception in a check is the grader's own fault: the run then cannot grade rather than charge the
 student.
 """
@@ -12,7 +12,9 @@ student.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -22,7 +24,7 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 import pytest
 import torch
 
-from autograder.grading.plugin import CheckFailed, NotScored
+from autograder.grading.plugin import CheckFailed, NotCredited, SharedProblem
 from autograder.rubric import Rubric
 from autograder.sandbox.client import (
     CheckBudget,
@@ -38,13 +40,13 @@ from autograder.sandbox.client import (
 from autograder.sandbox.protocol import MISSING, Foreign, ForwardReply, Handle, ModuleInfo
 
 # The cause of every check that cannot load its weights into the student's module (see scoring.name_once).
-CONSTRUCTOR_CAUSE = "your {} does not keep the given constructor's attributes, so the grader cannot load its weights"
+CONSTRUCTOR_CAUSE = "your {} does not keep the given constructor, so the grader cannot build it with its weights"
 MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "mv", "dot", "addmv", "linear", "_addmm_activation"}
 ModuleRef = ModuleInfo  # a module living in the worker, known by its handle
 P = ParamSpec("P")
 R = TypeVar("R")
 M = TypeVar("M", bound=torch.nn.Module)
-__all__ = ["Foreign", "ForwardReply", "ModuleRef", "NotScored"]
+__all__ = ["Foreign", "ForwardReply", "ModuleRef", "NotCredited"]
 
 
 # What the running checks sent to the submission and compared, while a disputed grade is explained
@@ -78,12 +80,6 @@ def mistake_of(message: object) -> str:
     return getattr(message, "mistake", "")
 
 
-def fail(message: str, mistake: str = "") -> NoReturn:
-    """Fail the current check with a message for the student (no Python traceback of ours), naming the
-    likely mistake (`mistake`, else the one `message` carries) for the class report's count."""
-    raise CheckFailed(str(message), mistake or mistake_of(message))
-
-
 # The mistakes named by what happened to the request rather than by what the code computed.
 NOT_DONE = "not done yet: the released stub still raises NotImplementedError"
 WORKER_MISTAKES: dict[type[WorkerError], str] = {
@@ -92,6 +88,40 @@ WORKER_MISTAKES: dict[type[WorkerError], str] = {
     WorkerCrashed: "the code ends the worker process (a crash, or an exit)",
     HoldBroken: "a timed forward runs, starts or ends other processes",
 }
+_FRAME = re.compile(r'^  File "<[^"\n]*>", line \d+, in (\w+)$', re.MULTILINE)
+
+
+UNDEFINED = re.compile(r"name '(\w+)' is not defined|(\w+) is not defined in your file")  # the worker says either
+DEFINES = re.compile(r"^(?:(?:async\s+)?def|class)\s+(\w+)|^(\w+)\s*(?::[^=]*)?=(?!=)", re.MULTILINE)
+
+
+def defined_names(source: str) -> set[str]:
+    """The top-level names a cell's text defines (functions, classes, assignments), read without running it.
+    (The self-check reads a cell that cannot be parsed the same way.)"""
+    return {def_name or assigned for def_name, assigned in DEFINES.findall(source)}
+
+
+def raised_in(problem: str | None) -> str | None:
+    """The function of the student's file that raised the error a failure message reports (the deepest frame
+    of its traceback), or None: so that a check blames a part it depends on only when the error is in it."""
+    frames = _FRAME.findall(problem or "")
+    return frames[-1] if frames else None
+
+
+SYNTAX_ERROR = "a cell of the file has a syntax error, so the names it defines are missing"
+SYNTAX = re.compile(r"cell (\d+) of your file, which defines \w+, has a syntax error: (.*?)\. Fix it first")
+
+
+def fail(message: str, mistake: str = "") -> NoReturn:
+    """Fail the current check with a message for the student (no Python traceback of ours), naming the
+    likely mistake (`mistake`, else the one `message` carries) for the class report's count. A failure for a
+    cell with a syntax error (`Submission.undefined`), which many checks meet, is said in full once."""
+    note("failed", message=str(message))
+    broken = SYNTAX.search(message)
+    if broken:
+        cause = f"cell {broken.group(1)} of your file has a syntax error: {broken.group(2)}"
+        raise SharedProblem(message, cause=cause, mistake=SYNTAX_ERROR)
+    raise CheckFailed(str(message), mistake or mistake_of(message))
 
 
 def worker_mistake(exc: WorkerError) -> str:
@@ -155,6 +185,24 @@ class Submission:
         except WorkerError as exc:
             self.failed(exc)
 
+    def unparsed(self, name: str) -> str | None:
+        """When `name` is missing because the cell that defines it has a syntax error (the file loaded, that
+        cell did not): where that cell is, and the error, in the file's lines; else None. Read from the cells'
+        text and the load report, in this process: nothing of the file runs here."""
+        report = self.worker.load_report
+        for problem in report.errors if report is not None else []:
+            if problem.type != "SyntaxError":
+                continue
+            for number, _line, source in self.worker.cells:
+                if number == problem.cell and name in defined_names(str(source)):
+                    return f"cell {number} of your file, which defines {name}, has a syntax error: {problem.message}"
+        return None
+
+    def undefined(self, name: str, message: str) -> NoReturn:
+        """Fail for a name the file does not define; one diagnosis, said once, when a syntax error is why."""
+        broken = self.unparsed(name)
+        fail(f"{broken}. Fix it first: nothing in that cell runs until then" if broken else message)
+
     def failed(self, exc: WorkerError) -> NoReturn:
         """Fail the check for what went wrong in the worker, in the student's terms."""
         if isinstance(exc, SubmissionError):
@@ -164,10 +212,11 @@ class Submission:
                     f"not done yet: this still raises NotImplementedError (a stub left as released?){trace}",
                     mistake=NOT_DONE,
                 )
-            fail(
-                f"your code raised {exc.type}" + (f": {exc.message}" if exc.message else "") + trace,
-                mistake=f"your code raises {exc.type}",
-            )
+            said = f"your code raised {exc.type}" + (f": {exc.message}" if exc.message else "") + trace
+            missing = UNDEFINED.fullmatch(exc.message or "")
+            if exc.type == "NameError" and missing:
+                self.undefined(missing.group(1) or missing.group(2), said)
+            fail(said, mistake=f"your code raises {exc.type}")
         if isinstance(exc, (LoadFailed, WorkerTimeout, WorkerCrashed, HoldBroken)):
             fail(str(exc), mistake=worker_mistake(exc))
         raise exc
@@ -175,18 +224,20 @@ class Submission:
     def value(self, name: str) -> Any:
         answer = self._ask("get", name=name)
         if answer is MISSING:
-            fail(f"`{name}` is not defined in your file")
+            self.undefined(name, f"`{name}` is not defined in your file")
         return answer
 
     def call(self, fn: str, *args: Any, target: str | None = None, **kwargs: Any) -> Any:
         note("call", what=fn, args=list(args))
-        return self._ask("call", target=target or fn, fn=fn, args=_wire(list(args)), kwargs=_wire(kwargs))
+        answer = self._ask("call", target=target or fn, fn=fn, args=_wire(list(args)), kwargs=_wire(kwargs))
+        note("returned", what=fn, value=answer)
+        return answer
 
     def try_call(self, fn: str, *args: Any, target: str | None = None) -> Any:
         """Like call, but when the student's code raises, return that exception as a `Raised`."""
         note("call", what=fn, args=list(args))
         try:
-            return self.worker.request(
+            answer = self.worker.request(
                 "call",
                 timeout=self._timeout(),
                 target=target or fn,
@@ -196,9 +247,12 @@ class Submission:
                 kwargs={},
             )
         except SubmissionError as exc:
+            note("returned", what=fn, value=Raised(exc.type, exc.message))
             return Raised(exc.type, exc.message)
         except (LoadFailed, WorkerTimeout, WorkerCrashed) as exc:
             fail(str(exc), mistake=worker_mistake(exc))
+        note("returned", what=fn, value=answer)
+        return answer
 
     def build(
         self,
@@ -209,24 +263,55 @@ class Submission:
         **kwargs: Any,
     ) -> ModuleInfo:
         """The student's `cls(*args, **kwargs)`, holding `state_dict` (the hidden weights) when given. A
-        module the grader cannot load them into (its constructor makes other attributes than the given
-        one) is one problem, said once (`NotScored` with a cause), in the student's terms."""
+        constructor that is not the given one (other arguments, or other attributes than the grader loads
+        its weights into) is one problem, said once (`NotCredited` with a cause), in the student's terms."""
         dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else None
+        note("build", what=cls, args=list(args), kwargs=kwargs, weights=state_dict is not None, dtype=dtype_name)
         request: dict[str, Any] = dict(
             target=f"{cls}.__init__", cls=cls, args=list(args), kwargs=kwargs, device=self.device
         )
         answer, problem = attempt(self._ask, "build", state_dict=state_dict, dtype=dtype_name, **request)
         if problem is not None:
-            if state_dict is not None and "Error(s) in loading state_dict" in problem:
-                unloaded, _ = attempt(self._ask, "build", state_dict=None, dtype=dtype_name, **request)
-                if isinstance(unloaded, ModuleInfo) and unloaded.state_dict is not None:
-                    words = constructor_problem(cls, state_dict, unloaded.state_dict)
-                    if words:
-                        raise NotScored(words, cause=CONSTRUCTOR_CAUSE.format(cls))
+            words = self.constructor_changed(cls, args, kwargs, state_dict, dtype_name)
+            if words:
+                raise NotCredited(words, cause=CONSTRUCTOR_CAUSE.format(cls))
             fail(problem)
         if not isinstance(answer, ModuleInfo):
             fail(f"building {cls} did not give a module")
         return answer
+
+    def constructor_changed(
+        self,
+        cls: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        state_dict: dict[str, torch.Tensor] | None,
+        dtype_name: str | None,
+    ) -> str | None:
+        """Why a build failed when the student's constructor is not the given one, in the student's terms: it
+        takes the given arguments in another order (it builds when they are named) or takes others, or it
+        makes other attributes than those the grader loads its weights into. None: the constructor is not the
+        reason (the build's own failure says what is)."""
+        request: dict[str, Any] = dict(
+            target=f"{cls}.__init__", cls=cls, device=self.device, state_dict=None, dtype=dtype_name
+        )
+        unloaded, problem = attempt(self._ask, "build", args=list(args), kwargs=kwargs, **request)
+        if problem is not None:
+            names = given_arguments(cls)
+            if names is None or len(args) > len(names):
+                return None
+            named = {**dict(zip(names, args)), **kwargs}
+            built, by_name = attempt(self._ask, "build", args=[], kwargs=named, **request)
+            given = f"{cls}{given_signature(cls)}"
+            rule = f"the grader builds your {cls} with the given constructor's arguments, in their order: {given}"
+            if built is not None:
+                return f"{rule}; yours takes them in another order. Keep the given constructor as it is."
+            if by_name and re.search(r"unexpected keyword argument|required positional argument", by_name):
+                return f"{rule}; yours takes other arguments. Keep the given constructor as it is."
+            return None
+        if state_dict is not None and isinstance(unloaded, ModuleInfo) and unloaded.state_dict is not None:
+            return constructor_problem(cls, state_dict, unloaded.state_dict)
+        return None
 
     def to_device(self, module: ModuleInfo, target: str) -> ModuleInfo:
         """Move a module the student's code returned to the grading device (`build` puts the modules the
@@ -518,16 +603,14 @@ def check_gradients(
 # part. A check of a property (no input mutation, dtype kept, gradients, structure) counts only when
 # the part's values are right on the check's own case.
 
-import re  # noqa: E402  (kept with the helpers that use it)
-
 
 def attempt(request: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> tuple[R | None, str | None]:
     """Run one Submission request: (its answer, None), or (None, the message the check would have failed
     with), so that a check can explain a failure before reporting it. A check that cannot be scored at all
-    (`NotScored`) stays so."""
+    (`NotCredited`) stays so."""
     try:
         return request(*args, **kwargs), None
-    except NotScored:
+    except NotCredited:
         raise
     except pytest.fail.Exception as exc:
         return None, Problem(str(exc.msg), mistake_of(exc))
@@ -550,14 +633,14 @@ def value_problem(
 
 
 def values_first(problem: str | None, what: str) -> None:
-    """A property check whose case's output is wrong is not scored: a property of a wrong answer earns
+    """A property check whose case's output is wrong is not credited: a property of a wrong answer earns
     nothing, and the check accuses the code of nothing of its own (its name may say "no loop over heads"
     of code that has no loop). The reason keeps what is wrong with the output, not the likely mistake,
     which the value checks name."""
     if problem is not None:
         wrong = problem.split("\nLikely mistake:")[0]
-        raise NotScored(
-            f"not scored: {what[:1].lower()}{what[1:]} counts only once the output on this check's input is right, "
+        raise NotCredited(
+            f"not credited: {what[:1].lower()}{what[1:]} counts only once the output on this check's input is right, "
             f"and it is not yet ({wrong})"
         )
 
@@ -571,6 +654,23 @@ def attribute_names(state: dict[str, Any]) -> list[str]:
     module's own tensors (mask), each in the order the constructor made them."""
     names = dict.fromkeys(key.split(".")[0] for key in state)
     return [n for n in names if any(k.startswith(f"{n}.") for k in state)] + [n for n in names if n in state]
+
+
+def given_arguments(cls: str) -> list[str] | None:
+    """The arguments of the given constructor of `cls` (the reference's class of that name), in order."""
+    signature = given_signature(cls)
+    return list(signature.parameters) if signature is not None else None
+
+
+def given_signature(cls: str) -> inspect.Signature | None:
+    from reference import mha as ref
+
+    given = getattr(ref, cls, None)
+    return inspect.signature(given) if isinstance(given, type) else None
+
+
+def shapes_of(keys: list[str], state: dict[str, Any]) -> str:
+    return join_names([f"{key} {tuple(getattr(state[key], 'shape', ()))}" for key in keys])
 
 
 def constructor_problem(cls: str, given: dict[str, Any], yours: dict[str, Any]) -> str | None:
@@ -590,6 +690,15 @@ def constructor_problem(cls: str, given: dict[str, Any], yours: dict[str, Any]) 
         found = f"your {cls} has no {join_names(missing)}"
     elif extra:
         found = f"your {cls} also has {join_names(extra)}, which the grader cannot fill"
+    elif set(given) != set(yours):  # the same attributes, made otherwise (raw tensors instead of layers?)
+        absent, added = [k for k in given if k not in yours], [k for k in yours if k not in given]
+        found = (
+            f"your {cls} holds {shapes_of(added, yours)} where the given constructor holds {shapes_of(absent, given)}"
+            if absent and added
+            else f"your {cls} has no {join_names(absent)}"
+            if absent
+            else f"your {cls} also has {join_names(added)}, which the grader cannot fill"
+        )
     else:
         shapes = [
             f"{key} is {tuple(yours[key].shape)} in yours, {tuple(value.shape)} in the given constructor"

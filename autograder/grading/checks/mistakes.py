@@ -315,6 +315,34 @@ def describe_module_mistake(fused_state: dict[str, torch.Tensor], wrapper: ref.M
     return None
 
 
+def misplaced_block(fused_state: dict[str, torch.Tensor], wrapper: ref.MultiHeadAttentionWrapper) -> str | None:
+    """The first of head h's weights or biases that is not where the fused module must hold it, in the
+    notebook's terms: head h owns the half-open columns (start, stop) of each W, which are the rows
+    start:stop of `.weight` and the entries start:stop of `.bias`. (The notebook's self-check says the same.)"""
+    heads = list(wrapper.heads)
+    ranges = ref.head_column_ranges(sum(head.W_query.weight.shape[0] for head in heads), len(heads))
+    for kind in ("weight", "bias"):
+        for name in HEAD_PARTS:
+            fused = fused_state.get(f"{name}.{kind}")
+            for h, (head, (start, stop)) in enumerate(zip(heads, ranges)):
+                own = getattr(getattr(head, name), kind)
+                if own is None or not isinstance(fused, torch.Tensor):
+                    continue
+                block = fused[start:stop].detach().double()
+                if block.shape == own.shape and torch.allclose(block, own.detach().double(), rtol=1e-5, atol=1e-6):
+                    continue
+                hint = (
+                    ": every head's bias goes into its range too, fused.W_query.bias[start:stop] = head.W_query.bias"
+                    if kind == "bias"
+                    else ""
+                )
+                return (
+                    f"the fused {name}.{kind}[{start}:{stop}] (head {h}'s columns ({start}, {stop}) of W) is not "
+                    f"head {h}'s {name}.{kind}{hint}"
+                )
+    return None
+
+
 def describe_changed_heads(wrapper_state: dict[str, torch.Tensor]) -> str | None:
     """A wrapper whose heads are no longer plain CausalAttention modules, read off its state dict: projections
     of different widths inside one head, or parts a CausalAttention does not have."""

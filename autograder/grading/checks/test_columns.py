@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.grading.checks.harness import Inputs, Raised, Submission, attempt, fail, matches, mistake_of
+from autograder.grading.checks.harness import Inputs, Raised, Submission, attempt, fail, matches, mistake_of, note
 from autograder.grading.checks.mistakes import (
     ROWS_INSTEAD_OF_COLUMNS,
     column_range_variants,
@@ -37,6 +37,7 @@ def as_ranges(value: object) -> list[tuple[int, int]] | None:
 def check_ranges(
     given: object, expected: list[tuple[int, int]], what: str, variants: dict[str, list[tuple[int, int]]]
 ) -> None:
+    note("compared", what=what, expected=expected, actual=given)
     ranges = as_ranges(given)
     if ranges is None:
         fail(f"{what}: expected a list of (start, stop) pairs of ints, got {given!r:.120}")

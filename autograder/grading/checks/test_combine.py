@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from autograder.grading.checks.harness import (
+    DTYPE_NOT_KEPT,
     Inputs,
     Submission,
     assert_close,
@@ -19,6 +20,8 @@ from autograder.grading.checks.harness import (
     book_batch,
     fail,
     first_match,
+    value_problem,
+    values_first,
 )
 from autograder.grading.checks.mistakes import WRONG_DIMENSION, combine_variants
 from autograder.rubric import Rubric
@@ -96,4 +99,10 @@ def test_concatenates_heads(submission: Submission, inputs: Inputs, rubric: Rubr
 def test_keeps_dtype(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
     """combine keeps the heads' dtype (float32 in, float32 out)"""
     outputs = head_outputs(inputs, 2, 3, [2, 2], dtype=torch.float32)
-    check_combine(submission, rubric, outputs, "float32", "combine of float32 heads")
+    got, problem = attempt(submission.call, "combine", outputs)
+    if problem:
+        fail(problem)
+    if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
+        fail(f"combine of float32 heads gave {got.dtype}.\nLikely mistake: {DTYPE_NOT_KEPT}", mistake=DTYPE_NOT_KEPT)
+    # its values: a property of a wrong answer earns nothing, and accuses nothing (the values are charged above)
+    values_first(value_problem(got, ref.combine(outputs), "float32", rubric, "combine"), "Keeping the dtype")

@@ -10,16 +10,17 @@ head_column_ranges is wrong, the message says so: fuse_heads may use it.
 
 from __future__ import annotations
 
-from typing import Any
+import re
 
 import pytest
 import torch
 
 from autograder.grading.checks.harness import (
     CONSTRUCTOR_CAUSE,
+    NOT_DONE,
     Inputs,
     ModuleRef,
-    NotScored,
+    NotCredited,
     Problem,
     Submission,
     assert_close,
@@ -30,11 +31,17 @@ from autograder.grading.checks.harness import (
     first_match,
     in_student_terms,
     mistake_of,
+    raised_in,
     reference_forward,
     value_problem,
     values_first,
 )
-from autograder.grading.checks.mistakes import describe_module_mistake, fuse_variants, wrong_ranges
+from autograder.grading.checks.mistakes import (
+    describe_module_mistake,
+    fuse_variants,
+    misplaced_block,
+    wrong_ranges,
+)
 from autograder.rubric import Rubric
 from reference import mha as ref
 
@@ -70,11 +77,11 @@ def fused_pair(
     if problem:
         if "object has no attribute" in problem:  # fuse_heads may use what the given constructor makes
             constructor_kept(submission, d_in, width * heads, context, heads, bias)
-        note = wrong_ranges(submission, width * heads, heads)
-        if note:
-            raise NotScored(
-                f"not scored: fuse_heads raised an error, and {note}: if fuse_heads places each head's weights "
-                f"with head_column_ranges, fix that first (see the columns checks).\n{problem}"
+        if ranges_caused(submission, problem, width, heads):
+            note = wrong_ranges(submission, width * heads, heads)
+            raise NotCredited(
+                f"not credited: fuse_heads raised an error, and {note}: this check counts once head_column_ranges "
+                f"is right (see the columns checks).\n{problem}"
             )
         fail(problem)
     if not isinstance(fused, ModuleRef):
@@ -84,21 +91,39 @@ def fused_pair(
     return wrapper_ref, wrapper, fused
 
 
-def attributes(state: dict[str, Any]) -> set[str]:
-    return {key.split(".")[0] for key in state}
+SIZES = re.compile(r"\d+")
+
+
+def ranges_caused(submission: Submission, problem: str, width: int, heads: int) -> bool:
+    """Whether an error fuse_heads raised comes from a wrong head_column_ranges: raised inside it, or a size
+    mismatch in fuse_heads' own lines between a head's width and the width of one of those wrong ranges. A
+    stub left in fuse_heads, or any other error of its own, is fuse_heads' own."""
+    where = raised_in(problem)
+    if where == "head_column_ranges":
+        return wrong_ranges(submission, width * heads, heads) is not None
+    if where != "fuse_heads" or mistake_of(problem) == NOT_DONE:
+        return False
+    given = submission.try_call("head_column_ranges", width * heads, heads)
+    if not isinstance(given, (list, tuple)):
+        return False
+    widths = {
+        r[1] - r[0]
+        for r in given
+        if isinstance(r, (list, tuple)) and len(r) == 2 and all(isinstance(v, int) for v in r)
+    }
+    numbers = {int(n) for n in SIZES.findall(problem.split("\n", 1)[0])}  # the error's own message
+    return bool(widths - {width}) and width in numbers and bool((widths - {width}) & numbers)
 
 
 def constructor_kept(submission: Submission, d_in: int, d_out: int, context: int, heads: int, bias: bool) -> None:
-    """Not scored, pointing to the mha part's diagnosis, when the student's MultiHeadAttention does not make
-    the attributes of the given constructor (which fuse_heads fills)."""
+    """Not credited, pointing to the mha part's diagnosis, when the student's MultiHeadAttention is not built
+    by the given constructor (which fuse_heads fills): other arguments, or other weights."""
     expected = ref.MultiHeadAttention(d_in, d_out, context, 0.0, heads, qkv_bias=bias).state_dict()
     built, _ = attempt(submission.build, "MultiHeadAttention", d_in, d_out, context, 0.0, heads, qkv_bias=bias)
     state = getattr(built, "state_dict", None)
-    if state is not None and attributes(state) != attributes(expected):
-        raise NotScored(
-            constructor_problem("MultiHeadAttention", expected, state) or "its attributes differ from the given ones",
-            cause=CONSTRUCTOR_CAUSE.format("MultiHeadAttention"),
-        )
+    words = constructor_problem("MultiHeadAttention", expected, state) if state is not None else None
+    if words:
+        raise NotCredited(words, cause=CONSTRUCTOR_CAUSE.format("MultiHeadAttention"))
 
 
 def placement_problem(
@@ -114,11 +139,8 @@ def placement_problem(
     state = fused.state_dict or {}
     module = ref.MultiHeadAttention(d_in, width * heads, context, 0.0, heads, qkv_bias=bias)
     expected = module.state_dict()
-    if attributes(state) != attributes(expected):  # the student's MultiHeadAttention is made otherwise
-        raise NotScored(
-            constructor_problem("MultiHeadAttention", expected, state) or "its attributes differ from the given ones",
-            cause=CONSTRUCTOR_CAUSE.format("MultiHeadAttention"),
-        )
+    if set(state) != set(expected):  # perhaps the student's MultiHeadAttention is made otherwise
+        constructor_kept(submission, d_in, width * heads, context, heads, bias)
     for name, tensor in expected.items():
         if name not in state or not isinstance(state[name], torch.Tensor) or state[name].shape != tensor.shape:
             got = tuple(state[name].shape) if isinstance(state.get(name), torch.Tensor) else "nothing"
@@ -143,7 +165,11 @@ def placement_problem(
         dtype_name,
         rubric,
         f"the reference forward with your fused weights ({case})",
-        diagnose=lambda y: describe_module_mistake(state, wrapper_ref) or first_match(y, fuse_variants(wrapper_ref, x)),
+        diagnose=lambda y: (
+            describe_module_mistake(state, wrapper_ref)
+            or first_match(y, fuse_variants(wrapper_ref, x))
+            or misplaced_block(state, wrapper_ref)
+        ),
     )
     if problem is None:
         return None

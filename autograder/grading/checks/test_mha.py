@@ -30,6 +30,7 @@ from autograder.grading.checks.harness import (
     first_match,
     forward_checked,
     in_student_terms,
+    note,
     reference_forward,
     value_problem,
     values_first,
@@ -258,6 +259,7 @@ def test_one_pass_for_all_heads(submission: Submission, inputs: Inputs, rubric: 
     """the forward issues as many matrix multiplies for 12 heads as for 2 (no loop over heads)"""
     two = count_matmuls(traced(submission, inputs, rubric, 2).ops or [])
     twelve = count_matmuls(traced(submission, inputs, rubric, 12).ops or [])
+    note("counted", what="matrix multiplies of one forward, 12 heads against 2", expected=two, actual=twelve)
     if twelve != two:
         fail(
             f"the forward issued {two} matrix multiplies for 2 heads and {twelve} for 12: the work grows "

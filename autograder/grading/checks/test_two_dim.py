@@ -16,7 +16,7 @@ import torch
 from autograder.grading.checks.harness import (
     Inputs,
     ModuleRef,
-    NotScored,
+    NotCredited,
     Problem,
     Submission,
     attempt,
@@ -236,8 +236,8 @@ def test_output_is_the_heads_side_by_side(submission: Submission, inputs: Inputs
     d_in, context, tokens = HIDDEN_CASES[case]
     module = built(submission, d_in, context)
     if layout_problem(module, d_in, context, bias=False):
-        raise NotScored(
-            "not scored: the output is checked once make_2d_wrapper builds 2 heads of width 1 (see the checks above)"
+        raise NotCredited(
+            "not credited: the output is checked once make_2d_wrapper builds 2 heads of width 1 (see the checks above)"
         )
     x = inputs.randn(3, tokens, d_in, dtype=torch.float32)
     problem = output_problem(submission, module, d_in, context, False, x, rubric, f"2-D wrapper output ({case})")

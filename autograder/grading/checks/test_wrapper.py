@@ -18,6 +18,7 @@ from autograder.grading.checks.harness import (
     ForwardReply,
     Inputs,
     ModuleRef,
+    NotCredited,
     Raised,
     Submission,
     attempt,
@@ -27,6 +28,7 @@ from autograder.grading.checks.harness import (
     fail,
     first_match,
     in_student_terms,
+    raised_in,
     value_problem,
     values_first,
 )
@@ -107,19 +109,24 @@ def run_wrapper(
     x: torch.Tensor,
     **kwargs: Any,
 ) -> ForwardReply:
-    """The wrapper's forward; when it fails because combine does, the message says so."""
+    """The wrapper's forward. When it fails inside combine, and combine fails on the heads' right outputs too,
+    combine is the cause: the check is not credited and waits for it. Any other failure (a stub left in the
+    forward, an error in its own lines) is the wrapper's own."""
     answer, problem = attempt(submission.forward, module, x, **kwargs)
     if answer is not None:
         return answer
-    raised = submission.try_call("combine", reference_heads(reference, x))
-    if isinstance(raised, Raised):
-        state = (
-            "is not written yet" if raised.type == "NotImplementedError" else f"raises {raised.type}: {raised.message}"
-        )
-        fail(
-            f"the wrapper's forward calls combine, and your combine {state}: fix combine first "
-            f"(see the combine checks).\n{problem}"
-        )
+    if raised_in(problem) == "combine":
+        raised = submission.try_call("combine", reference_heads(reference, x))
+        if isinstance(raised, Raised):
+            state = (
+                "is not written yet"
+                if raised.type == "NotImplementedError"
+                else f"raises {raised.type}: {raised.message}"
+            )
+            raise NotCredited(
+                f"not credited: the wrapper's forward calls combine, and your combine {state}: this check counts "
+                f"once combine works (see the combine checks).\n{problem}"
+            )
     fail(in_student_terms(problem or "", FORWARD))
 
 
