@@ -382,8 +382,13 @@ class Ran:
     """One container's run: its exit status, output, and what it left in its output folder."""
 
     returncode: int
-    output: str
+    output: str  # stdout and stderr
     folder: Path
+    stdout: str = ""
+
+    def findings(self) -> dict:
+        """What `--json` printed (stdout alone)."""
+        return json.loads(self.stdout)
 
     def json(self, name: str) -> dict:
         return json.loads((self.folder / name).read_text())

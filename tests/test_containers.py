@@ -180,7 +180,7 @@ def docker_run(
         daemon.docker("kill", name, timeout=120)
         return Ran(124, f"timed out after {timeout} s", folder)
     (folder / "docker-run.log").write_text(done.stdout + done.stderr)
-    return Ran(done.returncode, done.stdout + done.stderr, folder)
+    return Ran(done.returncode, done.stdout + done.stderr, folder, done.stdout)
 
 
 def gradescope_submission(daemon: Daemon, image: str, folder: Path, name: str, text: str, extra: list[str]) -> Ran:
@@ -276,7 +276,7 @@ def runs(daemon, images, tmp_path_factory) -> Runs:
 
     def gradescope_advised() -> tuple[Ran, Ran, Ran]:
         shipped = gradescope_doctor(daemon, images.gradescope, work / "gradescope-doctor", [])
-        advice["gradescope"] = advised_options(json.loads(shipped.output)["advice"])
+        advice["gradescope"] = advised_options(shipped.findings()["advice"])
         followed = gradescope_doctor(
             daemon, images.gradescope, work / "gradescope-doctor-advised", advice["gradescope"]
         )
@@ -297,7 +297,7 @@ def runs(daemon, images, tmp_path_factory) -> Runs:
 
     def kubernetes_advised() -> tuple[Ran, Ran]:
         shipped = kubernetes(daemon, images.kubernetes, advised, [], "doctor", "--no-speed", "--json")
-        advice["kubernetes"] = advised_options(json.loads(shipped.output)["advice"])
+        advice["kubernetes"] = advised_options(shipped.findings()["advice"])
         followed = kubernetes(
             daemon, images.kubernetes, advised, advice["kubernetes"], "doctor", "--no-speed", "--json"
         )
@@ -417,7 +417,7 @@ def test_a_hostile_submission_gains_nothing_and_leaves_nothing_running(runs, stu
 def test_the_kubernetes_image_refuses_as_a_normal_user_and_says_what_to_change(runs):
     doctor = runs.doctor["kubernetes"]
     assert doctor.returncode == 2, doctor.output[-3000:]
-    findings = json.loads(doctor.output)
+    findings = doctor.findings()
     assert findings["machine"]["isolation"] is None
     assert "No module named" not in doctor.output
     grade = runs.kubernetes["grade"]
@@ -457,7 +457,7 @@ def test_the_kubernetes_image_grades_with_process_isolation_as_a_normal_user(run
 
 
 def test_gradescopes_container_follows_its_advice_into_the_namespace_sandbox(runs):
-    shipped = json.loads(runs.doctor["gradescope"].output)
+    shipped = runs.doctor["gradescope"].findings()
     assert shipped["machine"]["isolation"] == "process"
     assert runs.advice["gradescope"] == [
         "--security-opt",
@@ -469,7 +469,7 @@ def test_gradescopes_container_follows_its_advice_into_the_namespace_sandbox(run
     ]
     followed = runs.doctor["gradescope, advice followed"]
     assert followed.returncode == 0, followed.output[-3000:]
-    assert json.loads(followed.output)["machine"]["isolation"] == "namespace"
+    assert followed.findings()["machine"]["isolation"] == "namespace"
     results = gradescope_results(runs.gradescope["ada, advice followed"])
     assert results["extra_data"]["isolation"] == "namespace"
     assert results["score"] == results["max_score"] == 100, part_scores(results)
@@ -484,7 +484,7 @@ def test_a_normal_users_container_follows_its_advice_into_the_namespace_sandbox(
     ]
     followed = runs.doctor["kubernetes, advice followed"]
     assert followed.returncode == 0, followed.output[-3000:]
-    assert json.loads(followed.output)["machine"]["isolation"] == "namespace"
+    assert followed.findings()["machine"]["isolation"] == "namespace"
     graded = runs.kubernetes["grade, advice followed"]
     assert graded.returncode == 0, graded.output[-3000:]
     results = graded.json("results.json")
