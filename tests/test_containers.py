@@ -2,8 +2,8 @@
 
 The environment matrix (tests/test_environments.py) emulates these places on the machine itself; here they
 are real: Debian's docker.io (runc, Docker's default seccomp profile and capabilities, the host's control
-groups read-only), images made from a debootstrap'd Debian 12 (tests/docker_env.py). What runs, all at once
-(four containers at a time), once the images are built:
+groups read-only), images made from a debootstrap'd Debian 12 (tests/docker_env.py). What runs, three
+containers at a time, once the images are built:
 
 | container | what it shows |
 | --- | --- |
@@ -40,28 +40,34 @@ from test_hostile_submissions import BACKGROUND_BURNER, BROKEN_MHA_FORWARD, esca
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(5400)]
 
 SKIPPED = "real containers not tested"  # what .ci/run looks for in the skip summary
-PARALLEL = 4  # containers at once: four of Gradescope's half a CPU fill two cores
+# Containers at once: two of Gradescope's (half a CPU each: with more, a container's share of a busy machine
+# falls below what starting Python and torch in the grader and three workers within the rubric's 60 s takes),
+# beside one of the Kubernetes image's.
+GRADESCOPE_AT_ONCE = 2
 GRADER_UID = "1000:1000"  # the Kubernetes image's grader as a normal user (docs/clusters.md)
 GRADESCOPE_SOURCE = Path("/autograder/source")
 SAMPLE_STUDENTS = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir())
 
-# Around run_autograder in each Gradescope container: the container's memory sampled every 0.2 s (what it
-# uses, less the page cache the kernel can drop, as `docker stats` counts it), the kernel's OOM kills, and
-# every process left once run_autograder has returned, all written to /autograder/results.
+# Around run_autograder in each Gradescope container, written to /autograder/results/container: the container's
+# memory sampled every 0.2 s, what the kernel can never take back (anonymous memory: the processes' own, as
+# no swap is there) and that with the files they map (torch's libraries: the kernel may drop those pages,
+# but they are read back at once), the peak the kernel saw (page cache included), its OOM kills, and every
+# process left once run_autograder has returned.
 AROUND_RUN_AUTOGRADER = r"""
 out=/autograder/results/container
 mkdir -p $out
-mem=/sys/fs/cgroup/memory; [ -e $mem/memory.usage_in_bytes ] || mem=/sys/fs/cgroup
+mem=/sys/fs/cgroup/memory anon_keys=" total_rss total_shmem " mapped_key=total_mapped_file  # cgroup v1
+[ -e $mem/memory.stat ] || mem=/sys/fs/cgroup anon_keys=" anon shmem " mapped_key=file_mapped  # v2
 sample() {
-  local peak=0 used inactive key value
+  local anon_peak=0 mapped_peak=0 anon mapped key value
   while :; do
-    if [ -e $mem/memory.usage_in_bytes ]; then read -r used < $mem/memory.usage_in_bytes
-    else read -r used < $mem/memory.current; fi
-    inactive=0
+    anon=0 mapped=0
     while read -r key value; do
-      case $key in inactive_file|total_inactive_file) inactive=$value;; esac
+      [[ $anon_keys == *" $key "* ]] && anon=$(( anon + value ))
+      [[ $key == "$mapped_key" ]] && mapped=$value
     done < $mem/memory.stat
-    if (( used - inactive > peak )); then peak=$(( used - inactive )); echo $peak > $out/memory_peak; fi
+    if (( anon > anon_peak )); then anon_peak=$anon; echo $anon_peak > $out/anon_peak; fi
+    if (( anon + mapped > mapped_peak )); then mapped_peak=$(( anon + mapped )); echo $mapped_peak > $out/mapped_peak; fi
     sleep 0.2
   done
 }
@@ -254,12 +260,14 @@ class Runs:
 
 
 @pytest.fixture(scope="module")
-def runs(daemon, images, tmp_path_factory) -> Runs:
-    """Every container, four at a time: each submission in Gradescope's, the Kubernetes image's refusals and
+def runs(daemon, images) -> Runs:
+    """Every container, three at a time: each submission in Gradescope's, the Kubernetes image's refusals and
     its gradings, and both with the advice followed."""
     started = time.monotonic()
-    work = tmp_path_factory.mktemp("containers")
-    work.chmod(0o755)
+    work = docker_env.CACHE / "runs"  # beside the daemon's data: mounted into containers, kept to be read after
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(mode=0o755)
     submissions = {s: Submission(sample(s)) for s in SAMPLE_STUDENTS} | HOSTILE
     kube = work / "kubernetes"
     course_folder(kube, ["ada", "brook"])
@@ -307,15 +315,15 @@ def runs(daemon, images, tmp_path_factory) -> Runs:
         )  # fmt: skip
         return followed, graded
 
-    with ThreadPoolExecutor(PARALLEL) as pool:
-        refusals = pool.submit(kubernetes_refusals)
-        process = pool.submit(
+    with ThreadPoolExecutor(GRADESCOPE_AT_ONCE) as pool, ThreadPoolExecutor(1) as others:
+        refusals = others.submit(kubernetes_refusals)
+        process = others.submit(
             kubernetes, daemon, images.kubernetes, kube, [], "grade-class", "/course", "--device", "cpu",
             "--jobs", "1", "--isolation", "process",
         )  # fmt: skip
-        gradescope_advice = pool.submit(gradescope_advised)
-        kubernetes_advice = pool.submit(kubernetes_advised)
+        kubernetes_advice = others.submit(kubernetes_advised)
         graded = {student: pool.submit(gradescope_job, student) for student in submissions}
+        gradescope_advice = pool.submit(gradescope_advised)
         doctor, grade, klass = refusals.result()
         gradescope_shipped, gradescope_followed, gradescope_namespace = gradescope_advice.result()
         kubernetes_followed, kubernetes_namespace = kubernetes_advice.result()
@@ -339,7 +347,7 @@ def runs(daemon, images, tmp_path_factory) -> Runs:
             advice=advice,
             seconds=time.monotonic() - started,
         )
-    print(f"\ncontainers ran in {result.seconds:.0f} s ({PARALLEL} at a time)")
+    print(f"\ncontainers ran in {result.seconds:.0f} s ({GRADESCOPE_AT_ONCE + 1} at a time)")
     return result
 
 
@@ -350,12 +358,15 @@ def gradescope_results(ran: Ran) -> dict:
 
 
 def memory_figures(ran: Ran) -> dict[str, int]:
-    peak = ran.text("container/memory_peak").strip()
+    def mib(name: str) -> int:
+        return int((ran.text(f"container/{name}").split() or ["0"])[0]) >> 20
+
     oom = ran.text("container/oom").split()
     return {
-        "peak_mib": int(peak or 0) >> 20,
-        "max_usage_mib": int((ran.text("container/memory_max_usage").split() or ["0"])[0]) >> 20,
-        "oom_kills": int(oom[1]) if len(oom) > 1 else -1,
+        "anonymous_peak_mib": mib("anon_peak"),
+        "with_mapped_files_peak_mib": mib("mapped_peak"),
+        "kernel_peak_mib": mib("memory_max_usage"),  # page cache included, which the kernel reclaims at the limit
+        "oom_kills": int(oom[oom.index("oom_kill") + 1]) if "oom_kill" in oom else -1,
     }
 
 
@@ -375,7 +386,7 @@ def test_the_sample_class_is_graded_within_gradescopes_default_memory(runs, stud
     print(f"\n{student}: score {results['score']}, memory {figures} (limit {docker_env.GRADESCOPE_MEMORY})")
     assert results["extra_data"]["status"] == "graded", results["extra_data"].get("reason")
     assert figures["oom_kills"] == 0, figures
-    assert 0 < figures["peak_mib"] < 768, figures
+    assert 0 < figures["anonymous_peak_mib"] <= figures["with_mapped_files_peak_mib"] < 768, figures
     assert results["extra_data"]["isolation"] == "process"
     assert "fresh unprivileged uid" in results["extra_data"]["sandbox"]["user"]
     assert results["extra_data"]["machine"]["control_groups"].startswith("not writable")
@@ -406,7 +417,9 @@ def test_a_hostile_submission_gains_nothing_and_leaves_nothing_running(runs, stu
             assert score < top, (student, part)
         elif part != "speed":
             assert (score, top) == reference[part], (student, part)
-    assert "THEFT SUCCEEDED" not in json.dumps(results) + ran.text("container/run_autograder.log")
+    if student == "reference_theft":
+        assert "THEFT BLOCKED" in results["output"], results["output"][-2000:]  # it did try
+        assert "THEFT SUCCEEDED" not in results["output"]
     left = [p for p in ran.json("container/left_running.json") if p["state"] != "Z"]
     assert not left, f"left running after run_autograder: {left}"
 
@@ -433,7 +446,8 @@ def test_the_kubernetes_image_refuses_as_a_normal_user_and_says_what_to_change(r
 def test_grade_class_refuses_before_it_changes_anything_in_the_course(runs):
     klass = runs.kubernetes["grade-class"]
     assert klass.returncode == 2, klass.output[-3000:]
-    assert "cannot grade" in klass.output and "--isolation process" in klass.output
+    said = " ".join(klass.output.split())  # as the terminal wraps it
+    assert "cannot grade" in said and "--isolation process" in said and "docker run --security-opt" in said
     assert runs.course_after_refusal == runs.course_before
 
 
