@@ -48,7 +48,10 @@ def refused(sysctls=None, seccomp="none", tried="a user namespace") -> Namespace
     "changes, says",
     [
         ({}, ""),  # nothing to improve
-        ({"bubblewrap": Bubblewrap(None, "", "not installed"), "isolation": "process"}, "apt-get install bubblewrap"),
+        (
+            {"bubblewrap": Bubblewrap(None, "", "not installed"), "isolation": "process"},
+            "apt-get install -y bubblewrap",
+        ),
         (  # GitHub's ubuntu-24.04 runners, as a normal user
             {
                 "root": False,

@@ -410,7 +410,7 @@ def _sandbox_steps(machine: Machine) -> list[str]:
     steps = []
     if not bwrap_found.path:
         steps.append(
-            "install bubblewrap, the namespace sandbox: `apt-get install bubblewrap` as root (Debian, Ubuntu"
+            "install bubblewrap, the namespace sandbox: `apt-get install -y bubblewrap` as root (Debian, Ubuntu"
             + ("; in a container, in its image)" if _in_container(machine) else ")")
         )
     elif bwrap_found.needs:
