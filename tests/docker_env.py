@@ -161,10 +161,10 @@ class Daemon:
             self._lock = None
 
     def has_image(self, tag: str) -> bool:
-        return self.docker("image", "inspect", tag, timeout=60).returncode == 0
+        return self.docker("image", "inspect", tag, timeout=600).returncode == 0
 
     def image_id(self, tag: str) -> str:
-        return self.docker("image", "inspect", "--format", "{{.Id}}", tag, timeout=60).stdout.strip()
+        return self.docker("image", "inspect", "--format", "{{.Id}}", tag, timeout=600).stdout.strip()
 
 
 class BuildError(RuntimeError):
@@ -289,7 +289,7 @@ def gradescope_image(daemon: Daemon, archive: Path) -> str:
         for key, value in PIP_SETTINGS.items():
             create += ["-e", f"{key}={value}"]
         create += [base, "bash", "-c", "cp /autograder/source/run_autograder /autograder/ && bash ./setup.sh"]
-        daemon.docker("rm", "-f", name, timeout=120)
+        daemon.docker("rm", "-f", name)
         checked(daemon.docker(*create), "docker create")
         try:
             checked(daemon.docker("cp", f"{source.parent}", f"{name}:/"), "docker cp")
@@ -298,16 +298,22 @@ def gradescope_image(daemon: Daemon, archive: Path) -> str:
             checked(setup, "setup.sh")
             checked(daemon.docker("commit", name, tag), "docker commit")
         finally:
-            daemon.docker("rm", "-f", name, timeout=120)
+            daemon.docker("rm", "-f", name)  # a large container's removal is slow on a busy machine
     return tag
 
 
 class WheelServer:
-    """The wheelhouse over HTTP on the loopback, for `docker build --network host` (a build mounts nothing)."""
+    """The wheelhouse over HTTP on the loopback, for `docker build --network host` (a build mounts nothing).
+    On the same port every time where it is free: the build's cache keys include the URL."""
+
+    PORT = 38427
 
     def __init__(self, folder: Path):
         handler = functools.partial(_QuietHandler, directory=str(folder))
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        try:
+            self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.PORT), handler)
+        except OSError:
+            self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

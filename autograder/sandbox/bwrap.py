@@ -13,7 +13,7 @@ Not every bubblewrap has every option `command` would use (`features`, read from
 none of `--perms`, `--size` and `--disable-userns`, 0.5 adds `--perms`, 0.7 `--size` and 0.8 `--disable-userns`
 (Ubuntu 22.04 ships 0.6.1, Debian 12 0.8.0). `command` uses only the options the installed one has;
 `Features.refusal` says when what is missing leaves no sandbox worth the name (as root, without `--perms`, the
-worker's fresh uid could not write its /tmp), and `Features.lacking` what the others cost.
+worker's fresh uid could not write its /tmp), and `Features.costs` what the others cost.
 
 The environment is an allow list too (`worker_env`), for both isolations.
 """
