@@ -7,7 +7,10 @@ wheelhouse. What is missing is installed here, as root, with apt-get (Debian's `
 `debootstrap`), as on a fresh CI machine.
 
 - `Daemon.start()`: `dockerd` on its own socket and data root, started by the tests and stopped after them
-  (`stop`); one at a time on a machine (a lock file). `Daemon.unavailable` says why it could not start.
+  (`stop`); one at a time on a machine (a lock file). `Daemon.unavailable` says why it could not start. It
+  keeps out of the way of a Docker installed on the machine (Debian's docker.io starts one where systemd
+  runs): its own containerd namespace, and no bridge or iptables rules of its own, so its containers have
+  no network unless they ask for the host's (`HOST_NETWORK`: the builds, which run apt-get).
 - `base_image`: Debian 12 (debootstrap's minbase, with python3), imported once per recipe.
 - `python_image`: the base with the venv module: what `python:3.11-slim-bookworm` (the Kubernetes
   Dockerfile's default `BASE`) gives, a Debian 12 with Python 3.11.
@@ -51,6 +54,7 @@ BASE_PACKAGES = ("python3",)  # Gradescope's base images have python3; setup.sh 
 TORCH_CPU = "torch==2.13.0+cpu"  # what setup.sh installs by default, and the Kubernetes image is built with here
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 PACKAGES = {"dockerd": "docker.io", "debootstrap": "debootstrap"}
+HOST_NETWORK = ("--network", "host")  # the daemon makes no network of its own: what needs one uses the host's
 GRADESCOPE_MEMORY, GRADESCOPE_CPUS = "768m", "0.5"  # Gradescope's default container
 
 
@@ -119,6 +123,10 @@ class Daemon:
             f"--exec-root={exec_root}",
             f"--pidfile={self.root / 'dockerd.pid'}",
             f"--host=unix://{self.socket}",
+            "--containerd-namespace=mha-tests",  # beside a system Docker sharing its containerd: apart
+            "--containerd-plugins-namespace=mha-tests-plugins",
+            "--bridge=none",  # no docker0 and no iptables rules: the host's network is left as it was
+            "--iptables=false",
         ]
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -214,7 +222,7 @@ def python_image(daemon: Daemon) -> str:
                 f"FROM {base}\nRUN apt-get update && apt-get install -y --no-install-recommends python3-venv "
                 "&& rm -rf /var/lib/apt/lists/*\n"
             )
-            checked(daemon.docker("build", "-q", "-t", tag, context), "the Python image")
+            checked(daemon.docker("build", *HOST_NETWORK, "-q", "-t", tag, context), "the Python image")
     return tag
 
 
@@ -284,7 +292,7 @@ def gradescope_image(daemon: Daemon, archive: Path) -> str:
                 opened.extract(info, source)
                 target.chmod((info.external_attr >> 16) & 0o777 or 0o644)  # as unzip keeps them
         name = f"mha-tests-gradescope-setup-{os.getpid()}"
-        create = ["create", "--name", name, "--workdir", "/autograder/source"]
+        create = ["create", "--name", name, "--workdir", "/autograder/source", *HOST_NETWORK]  # setup.sh: apt-get
         create += ["-v", f"{wheelhouse()}:/wheelhouse:ro", "-v", f"{CACHE / 'pip-cache'}:/root/.cache/pip"]
         for key, value in PIP_SETTINGS.items():
             create += ["-e", f"{key}={value}"]
@@ -357,8 +365,7 @@ def kubernetes_image(daemon: Daemon) -> str:
     try:
         build = daemon.docker(
             "build",
-            "--network",
-            "host",
+            *HOST_NETWORK,
             "-f",
             "deploy/kubernetes/Dockerfile",
             "--build-arg",
@@ -380,6 +387,7 @@ def kubernetes_image(daemon: Daemon) -> str:
         checked(build, "building the Kubernetes image")
     finally:
         server.close()
+    daemon.docker("image", "prune", "--force")  # the image this one replaced (3 GB); the build cache stays
     return tag
 
 

@@ -8,7 +8,7 @@ containers at a time, once the images are built:
 | container | what it shows |
 | --- | --- |
 | Gradescope's image (`make gradescope`'s zip, setup.sh run unmodified), `--memory 768m --cpus 0.5`, one fresh container per submission | the sample class graded within Gradescope's default memory (the figures are printed); ada (the reference's twin) 100 with every speed point, brook's loop over heads none; hostile submissions gain nothing and leave nothing running |
-| the Kubernetes image, as uid 1000 (group 1000), Docker's defaults | `doctor` and `grade` refuse (exit 2, results.json saying why and what to change); `grade-class` refuses and the course folder is left as it was; with `--isolation process` the class is graded right and `extra_data.machine` says so |
+| the Kubernetes image, as uid 1000 (`--user 1000`, as `runAsUser: 1000`), Docker's defaults | `doctor` and `grade` refuse (exit 2, results.json saying why and what to change); `grade-class` refuses and the course folder is left as it was; with `--isolation process` the class is graded right and `extra_data.machine` says so |
 | either image, with exactly the `docker run` options the grader's advice names | the advice followed literally: doctor then says `namespace`, and a grading runs in it |
 
 A machine where the daemon cannot start skips these tests, saying why (`.ci/run` repeats it at its end).
@@ -44,7 +44,7 @@ SKIPPED = "real containers not tested"  # what .ci/run looks for in the skip sum
 # falls below what starting Python and torch in the grader and three workers within the rubric's 60 s takes),
 # beside one of the Kubernetes image's.
 GRADESCOPE_AT_ONCE = 2
-GRADER_UID = "1000:1000"  # the Kubernetes image's grader as a normal user (docs/clusters.md)
+GRADER_UID = "1000"  # the Kubernetes image's grader as a normal user: `runAsUser: 1000` alone (docs/clusters.md)
 GRADESCOPE_SOURCE = Path("/autograder/source")
 SAMPLE_STUDENTS = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir())
 
@@ -231,7 +231,8 @@ KUBERNETES_PYTHON = [".venv/bin/python", "-m", "autograder"]  # the manifests' c
 
 
 def kubernetes(daemon: Daemon, image: str, folder: Path, extra: list[str], *arguments: str) -> Ran:
-    """The Kubernetes image as uid 1000 (group 1000), /course and /out mounted from `folder`."""
+    """The Kubernetes image as uid 1000 (its group, 1000, from the image's own user), /course and /out mounted
+    from `folder`."""
     options = ["--user", GRADER_UID, "-v", f"{folder / 'course'}:/course", "-v", f"{folder / 'out'}:/out", *extra]
     return docker_run(daemon, folder / "out", options, image, [*KUBERNETES_PYTHON, *arguments])
 
@@ -309,8 +310,12 @@ def runs(daemon, images) -> Runs:
         (work / "gradescope-no-bubblewrap").mkdir()
         script = "cd /autograder/source && apt-get remove -y -qq bubblewrap > /dev/null && PYTHONPATH=. "
         script += f"/autograder/venv/bin/python -c {shlex.quote(FOLLOW_INSTALL_ADVICE)}"
-        installed = docker_run(
-            daemon, work / "gradescope-no-bubblewrap", advice["gradescope"], images.gradescope, ["bash", "-c", script]
+        installed = docker_run(  # apt-get needs a network: the host's (the tests' daemon makes none)
+            daemon,
+            work / "gradescope-no-bubblewrap",
+            [*advice["gradescope"], *docker_env.HOST_NETWORK],
+            images.gradescope,
+            ["bash", "-c", script],
         )
         return shipped, followed, graded, installed
 
