@@ -64,7 +64,7 @@ test: setup
 	$(PY) -m pytest -m "not long"
 
 test-long: setup
-	$(PY) -m pytest -m "long and not verdicts and not cuda"
+	$(PY) -m pytest -m "long and not verdicts and not cuda" -rs
 	$(MAKE) --no-print-directory test-pythons
 
 test-pythons:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -112,3 +113,80 @@ def test_the_check_finds_what_is_gone():
     assert exists("autograder/grading/checks/mistakes.py", files, DOCS[0])
     assert exists("checks/test_<part>.py", files, DOCS[0]) and exists("sandbox/client.py", files, DOCS[0])
     assert "worker_main.py" not in make_targets() and {"grade", "explain", "release"} <= make_targets()
+
+
+# -- what proves each place: the tables of docs/clusters.md ------------------------------------------------
+
+CLUSTERS = ROOT / "docs" / "clusters.md"
+PROOF_COLUMNS = ("proved by", "followed by")
+TEST_ID = re.compile(r"`(tests/test_\w+\.py)(?:::(\w+)(\[[^`]*\])?)?`")
+NO_TEST = "no test here"
+
+
+def proof_cells(text: str) -> list[tuple[str, str]]:
+    """(the row's first cell, its proof cell) for every row of every table with a proof column."""
+    cells, column = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            column = None
+            continue
+        row = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if column is None:
+            column = next((i for i, cell in enumerate(row) if cell in PROOF_COLUMNS), -1)
+        elif column >= 0 and not set(line) <= set("|- "):
+            cells.append((row[0], row[column] if column < len(row) else ""))
+    return cells
+
+
+def unproved(text: str, collected: set[str]) -> list[str]:
+    """The rows whose proof cell names no test, or a test that does not exist (`collected`: pytest's ids)."""
+    wrong = []
+    for row, cell in proof_cells(text):
+        named = TEST_ID.findall(cell)
+        if not named and not cell.startswith(NO_TEST):
+            wrong.append(f"{row}: names no test")
+        for path, function, param in named:
+            wanted = f"{path}::{function}{param}" if function else path
+            if not any(
+                test == wanted or test.startswith(f"{wanted}[") or test.startswith(f"{wanted}::") for test in collected
+            ):
+                wrong.append(f"{row}: {wanted} does not exist")
+    return wrong
+
+
+@pytest.fixture(scope="module")
+def collected_tests() -> set[str]:
+    files = sorted({path for _, cell in proof_cells(CLUSTERS.read_text()) for path, _, _ in TEST_ID.findall(cell)})
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    tests = {line for line in done.stdout.splitlines() if line.startswith("tests/")}
+    assert tests, done.stdout[-2000:] + done.stderr[-2000:]
+    return tests
+
+
+@pytest.mark.slow
+def test_every_place_in_clusters_md_names_the_test_that_proves_it(collected_tests):
+    text = CLUSTERS.read_text()
+    assert len(proof_cells(text)) >= 20  # the tables of places, pod options, bubblewraps and advice
+    assert unproved(text, collected_tests) == []
+
+
+@pytest.mark.slow
+def test_the_proof_check_finds_a_row_without_a_test_and_a_test_that_is_gone(collected_tests):
+    table = (
+        "| where | proved by |\n| --- | --- |\n"
+        "| a | the machine itself |\n"
+        "| b | `tests/test_doctor.py::test_no_such_test` |\n"
+        "| c | `tests/test_doctor.py::test_the_advice_names_the_one_change_and_its_command[no-such-id]` |\n"
+        "| d | `tests/test_doctor.py::test_the_advice_names_the_one_change_and_its_command[docker-user]` |\n"
+        "| e | no test here (no such runner) |\n"
+    )
+    assert unproved(table, collected_tests) == [
+        "a: names no test",
+        "b: tests/test_doctor.py::test_no_such_test does not exist",
+        "c: tests/test_doctor.py::test_the_advice_names_the_one_change_and_its_command[no-such-id] does not exist",
+    ]

@@ -10,7 +10,7 @@ import pytest
 
 from autograder import doctor
 from autograder.sandbox import machine, probe
-from autograder.sandbox.machine import Bubblewrap, ControlGroups, Cuda, Machine, Namespaces
+from autograder.sandbox.machine import Bubblewrap, Container, ControlGroups, Cuda, Machine, Namespaces
 from helpers import ROOT
 
 
@@ -48,7 +48,10 @@ def refused(sysctls=None, seccomp="none", tried="a user namespace") -> Namespace
     "changes, says",
     [
         ({}, ""),  # nothing to improve
-        ({"bubblewrap": Bubblewrap(None, "", "not installed"), "isolation": "process"}, "apt-get install bubblewrap"),
+        (
+            {"bubblewrap": Bubblewrap(None, "", "not installed"), "isolation": "process"},
+            "apt-get install -y bubblewrap",
+        ),
         (  # GitHub's ubuntu-24.04 runners, as a normal user
             {
                 "root": False,
@@ -76,12 +79,93 @@ def refused(sysctls=None, seccomp="none", tried="a user namespace") -> Namespace
         ),
         ({"root": False, "user": "uid 1000", "cgroups": READ_ONLY}, "Delegate=yes"),  # a Slurm job
         ({"cgroups": READ_ONLY}, "/sys/fs/cgroup writable"),
+        (  # Docker's defaults as root: every option bubblewrap needs, in one `docker run`
+            {
+                "isolation": "process",
+                "namespaces": refused(seccomp="a filter", tried="mount, pid, network, IPC and UTS namespaces"),
+                "cgroups": READ_ONLY,
+                "container": Container("Docker", ["SYS_ADMIN", "NET_ADMIN"], True, ""),
+            },
+            "`docker run --security-opt seccomp=unconfined --cap-add SYS_ADMIN --cap-add NET_ADMIN`",
+        ),
+        (  # seccomp=unconfined and SYS_ADMIN given, bubblewrap still fails on the loopback: NET_ADMIN is missing
+            {
+                "isolation": "process",
+                "bubblewrap": Bubblewrap(
+                    "/usr/bin/bwrap", "0.8.0", "bubblewrap exited with status 1 (bwrap: loopback: Failed RTM_NEWADDR)"
+                ),
+                "cgroups": READ_ONLY,
+                "container": Container("Docker", ["NET_ADMIN"], True, ""),
+            },
+            "`docker run --cap-add NET_ADMIN`",
+        ),
+        (  # a normal user in Docker: no capability helps, an unmasked /proc does
+            {
+                "root": False,
+                "user": "uid 1000",
+                "isolation": None,
+                "namespaces": refused(seccomp="a filter"),
+                "cgroups": READ_ONLY,
+                "container": Container("Docker", [], True, ""),
+            },
+            "`docker run --security-opt seccomp=unconfined --security-opt systempaths=unconfined`",
+        ),
+        (  # under AppArmor's docker-default profile
+            {
+                "isolation": "process",
+                "namespaces": refused(seccomp="a filter", tried="mount, pid, network, IPC and UTS namespaces"),
+                "cgroups": READ_ONLY,
+                "container": Container("Docker", ["SYS_ADMIN"], True, "docker-default (enforce)"),
+            },
+            "--cap-add SYS_ADMIN --security-opt apparmor=unconfined`",
+        ),
     ],
-    ids=["all-there", "no-bwrap", "apparmor", "userns-clone", "kubernetes", "docker", "slurm", "root-read-only"],
+    ids=[
+        "all-there",
+        "no-bwrap",
+        "apparmor",
+        "userns-clone",
+        "kubernetes",
+        "docker",
+        "slurm",
+        "root-read-only",
+        "docker-root",
+        "docker-net-admin",
+        "docker-user",
+        "docker-apparmor",
+    ],
 )
 def test_the_advice_names_the_one_change_and_its_command(changes, says):
     advice = a_machine(**changes).advice
     assert (says in advice) if says else advice == ""
+
+
+def test_a_refusal_names_what_is_missing_in_whole_sentences():
+    """The refusal quotes bubblewrap's own words whole (its full stop dropped, not a fragment ">., and"), and
+    never tells to install a bubblewrap that is installed."""
+    said = probe.bubblewrap_said(
+        "bwrap: No permissions to create a new namespace, likely because the kernel does not allow\n"
+        "non-privileged user namespaces. See <https://deb.li/bubblewrap> or\n"
+        "<file:///usr/share/doc/bubblewrap/README.Debian.gz>.\n"
+    )
+    assert said.endswith("README.Debian.gz>") and "\n" not in said
+    in_docker = a_machine(
+        root=False,
+        user="uid 1000",
+        isolation=None,
+        namespaces=refused(seccomp="a filter"),
+        container=Container("Docker", [], True, ""),
+    )
+    assert "install bubblewrap" not in in_docker.advice.lower()
+
+
+def test_results_say_the_isolation_the_grading_used():
+    """`extra_data.machine` describes the isolation asked for with --isolation, not what `auto` would do."""
+    refusing = a_machine(root=False, user="uid 1000", isolation=None, refusal="no sandbox", fresh_uid=False)
+    summary = refusing.summary(used="process")
+    assert summary["isolation"].startswith("process (asked for; `auto` would refuse here)")
+    assert "grader's own user" in summary["guarantee_isolation"]
+    assert refusing.summary()["isolation"] == "none: no sandbox"
 
 
 def test_the_survey_agrees_with_what_grading_chooses():

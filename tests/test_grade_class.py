@@ -786,3 +786,17 @@ def test_the_canvas_file_can_name_an_existing_canvas_assignment_as_canvas_reads_
     lines = list(csv.reader(io.StringIO(canvas_csv(class_rows(tmp_path), rubric, header))))
     assert lines[0][5] == header and canvas_header_note(header) == ""
     assert "makes a new one" in canvas_header_note("mha") and "Name (id)" in canvas_header_note("mha")
+
+
+def test_a_refusal_changes_nothing_in_the_course(tmp_path, monkeypatch):
+    """Where grading would refuse (no sandbox here), grade-class refuses before it changes anything in the
+    course: no lock file, no `chmod o-rwx`, no record."""
+    from autograder.course import grade_class
+
+    course = make_course(tmp_path / "course", {"ada": {"mha.py": "x = 1\n"}})
+    course.chmod(0o755)
+    before = sorted((str(p), p.stat().st_mode, p.stat().st_mtime_ns) for p in [course, *course.rglob("*")])
+    monkeypatch.setattr(grade_class, "isolation_refusal", lambda isolation, rubric: "no sandbox is available here")
+    assert grade_class.grade_class(course, device="cpu") == grade_class.EXIT_CANNOT_GRADE
+    after = sorted((str(p), p.stat().st_mode, p.stat().st_mtime_ns) for p in [course, *course.rglob("*")])
+    assert after == before

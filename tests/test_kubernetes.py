@@ -77,4 +77,4 @@ def test_the_pods_grade_as_root_of_a_user_namespace_of_their_own():
     ][0]["command"]
     assert "--isolation" not in command  # auto: a fresh uid per worker, or bubblewrap where the pod allows it
     dockerfile = (ROOT / "deploy" / "kubernetes" / "Dockerfile").read_text()
-    assert "chmod -R go-rwx" in dockerfile and "bubblewrap" in dockerfile and "USER 1000" not in dockerfile
+    assert "chmod -R g+rX,g-w,o-rwx" in dockerfile and "bubblewrap" in dockerfile and "USER 1000" not in dockerfile

@@ -286,11 +286,21 @@ def grade_class(
             f"{', '.join(placement.devices)}, each grading process on one",
             markup=False,
         )
+    record = Record(course)
+    # the device the runs are graded on (auto resolved), so that asking for it by another name regrades nobody
+    inputs = ClassInputs.compute(rubric_path, placement.device)
+    # Refused before anything in the course changes (its lock file, its mode), and only when there is someone
+    # to grade (a re-run with nothing changed asks the machine nothing); the plan is made again under the lock.
+    unfinished = {} if force else unfinished_forced(record, roster)
+    todo = plan(roster, record, inputs, force, students, unfinished)
+    refusal = isolation_refusal(isolation, rubric_path) if todo else ""
+    if refusal:
+        console.print(f"cannot grade: {refusal}", style="red", markup=False)
+        return EXIT_CANNOT_GRADE
     if close_to_others(course):
         console.print(f"closed {course} to other users (chmod o-rwx): a worker may run as another uid", markup=False)
     lock = hold_course(course, console, shard)
     try:
-        record = Record(course)
         for entry in roster:
             if entry.note and (students is None or entry.student in students):
                 console.print(
@@ -304,13 +314,7 @@ def grade_class(
                 style="yellow",
                 markup=False,
             )
-        # the device the runs are graded on (auto resolved), so that asking for it by another name regrades nobody
-        todo = plan(roster, record, ClassInputs.compute(rubric_path, placement.device), force, students, unfinished)
-        # Only when there is someone to grade: a re-run with nothing changed asks the machine nothing.
-        refusal = isolation_refusal(isolation, rubric_path) if todo else ""
-        if refusal:
-            console.print(f"cannot grade: {refusal}", style="red", markup=False)
-            return EXIT_CANNOT_GRADE
+        todo = plan(roster, record, inputs, force, students, unfinished)
         if force:  # recorded first: a forced run killed halfway is finished by the next run, forced or not
             forced = record.start_forced([j.student for j in todo])
             for job in todo:

@@ -262,6 +262,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     if _stopped:
         plugin.grader_errors.insert(0, f"grading was stopped ({signal.Signals(_stopped[0]).name}) before it finished")
     run.isolation = worker.isolation  # after the run: a fallback may have changed it
+    run.machine = here.summary(used=worker.isolation)  # the machine as this grading used it
     run.sandbox = dict(worker.in_force)
     run.worker_starts = worker.starts
     run.resources = resources(worker)

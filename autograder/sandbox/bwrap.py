@@ -9,13 +9,21 @@ own pid, network, IPC, UTS and cgroup namespaces, a new session, and death with 
 without a user namespace (one would map the worker to root) and with only the capabilities it takes to
 change uid, else with a user namespace that maps it to the grader's own unprivileged uid.
 
+Not every bubblewrap has every option `command` would use (`features`, read from `bwrap --help`): 0.4 has
+none of `--perms`, `--size` and `--disable-userns`, 0.5 adds `--perms`, 0.7 `--size` and 0.8 `--disable-userns`
+(Ubuntu 22.04 ships 0.6.1, Debian 12 0.8.0). `command` uses only the options the installed one has;
+`Features.refusal` says when what is missing leaves no sandbox worth the name (as root, without `--perms`, the
+worker's fresh uid could not write its /tmp), and `Features.costs` what the others cost.
+
 The environment is an allow list too (`worker_env`), for both isolations.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import struct
+import subprocess
 import sys
 import sysconfig
 from dataclasses import dataclass
@@ -29,6 +37,69 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 PROJECT_ROOT = CHECKOUT if (CHECKOUT / "pyproject.toml").is_file() else None
 GRADER_PACKAGES = ("autograder", "reference")
 WORKDIR = "/tmp"  # the worker's empty scratch folder, inside the namespace sandbox
+# The options of `command` that older bubblewraps lack, with the release that added each and what is lost
+# without it; every other option it uses is in bubblewrap 0.4.0 (the oldest supported).
+NEWER_OPTIONS = {
+    "--perms": ("0.5.0", "the worker's /tmp and folders get bubblewrap's default modes"),
+    "--size": ("0.7.0", "the worker's /tmp has no size limit of its own"),
+    "--disable-userns": ("0.8.0", "the worker may make user namespaces of its own inside the sandbox"),
+}
+
+
+@dataclass(frozen=True)
+class Features:
+    """What one bubblewrap executable offers: its version and the options its `--help` lists."""
+
+    executable: str
+    version: str  # as `bwrap --version` says it ("0.8.0"), "" when it said nothing
+    options: frozenset[str]
+
+    @property
+    def name(self) -> str:
+        return f"bubblewrap {self.version or '(version unknown)'} ({self.executable})"
+
+    def has(self, option: str) -> bool:
+        return option in self.options
+
+    def lacking(self, as_root: bool) -> list[str]:
+        """The newer options `command` would use that this bubblewrap lacks (and so leaves out)."""
+        wanted = [o for o in NEWER_OPTIONS if not (as_root and o == "--disable-userns")]  # no user namespace as root
+        return [option for option in wanted if not self.has(option)]
+
+    def refusal(self, as_root: bool) -> str | None:
+        """Why the namespace sandbox cannot be built with this bubblewrap, or None when it can."""
+        if not self.options:
+            return f"{self.name} listed no options (`bwrap --help` failed)"
+        if as_root and not self.has("--perms"):
+            release = NEWER_OPTIONS["--perms"][0]
+            return (
+                f"{self.name} has no --perms, which the sandbox needs when the grader is root (its /tmp must be "
+                f"writable by the worker's fresh uid); bubblewrap {release} and later have it"
+            )
+        return None
+
+    def costs(self, as_root: bool) -> str:
+        """What the options it lacks cost, in words ("" when it lacks none)."""
+        return "; ".join(
+            f"without {option} (bubblewrap {NEWER_OPTIONS[option][0]}), {NEWER_OPTIONS[option][1]}"
+            for option in self.lacking(as_root)
+        )
+
+
+@cache
+def features(executable: str) -> Features:
+    """The version and options of the bubblewrap at `executable`, read from `--version` and `--help`."""
+
+    def said(flag: str) -> str:
+        try:
+            run = subprocess.run([executable, flag], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return run.stdout + run.stderr if run.returncode == 0 else ""
+
+    version = said("--version").strip().removeprefix("bubblewrap").strip()
+    options = frozenset(re.findall(r"^\s+(--[a-z0-9][a-z0-9-]*)", said("--help"), flags=re.MULTILINE))
+    return Features(executable, version, options)
 
 
 def elf_interpreter(path: str) -> str | None:
@@ -183,8 +254,14 @@ def command(
 ) -> list[str]:
     """`executable` (bubblewrap, by its full path) and its options for a worker on `device` with a /tmp of
     `scratch_bytes`, started by a grader that is root (`as_root`) or not, showing it `allowed` (by default
-    `allow_list()`); the interpreter's command line follows."""
+    `allow_list()`); the interpreter's command line follows. Only the options this bubblewrap has are used
+    (`features`)."""
     allowed = allowed or allow_list()
+    found = features(executable)
+
+    def perms(mode: str) -> list[str]:
+        return ["--perms", mode] if found.has("--perms") else []
+
     argv = [
         executable,
         "--die-with-parent",
@@ -202,10 +279,15 @@ def command(
         # what it takes to change uid, and the worker drops to a fresh uid before student code runs.
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
-        argv += ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
+        argv += [
+            "--unshare-user",
+            *(["--disable-userns"] if found.has("--disable-userns") else []),
+            "--cap-drop",
+            "ALL",
+        ]
     # The scratch folder first: the interpreter, its packages and the checkout may themselves live under
     # /tmp (a CI runner's clone), and their binds must land on top of it, not under it.
-    argv += ["--size", str(scratch_bytes), "--perms", "1777", "--tmpfs", WORKDIR]
+    argv += [*(["--size", str(scratch_bytes)] if found.has("--size") else []), *perms("1777"), "--tmpfs", WORKDIR]
     made: set[str] = {"/", WORKDIR}
     for path in [*allowed.binds, *(link for link, _ in allowed.links)]:
         for parent in map(str, list(Path(path).parents)[::-1]):
@@ -214,7 +296,7 @@ def command(
                 and not any(inside(parent, b) for b in allowed.binds)
                 and parent not in dict(allowed.links)
             ):
-                argv += ["--perms", "0755", "--dir", parent]
+                argv += [*perms("0755"), "--dir", parent]
                 made.add(parent)
     for path in allowed.binds:
         argv += ["--ro-bind", path, path]

@@ -26,7 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from autograder.sandbox import probe
+from autograder.sandbox import bwrap, probe
 from autograder.sandbox.cgroups import ROOT as CGROUP_ROOT
 from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
 
@@ -58,6 +58,18 @@ class Bubblewrap:
     path: str | None
     version: str
     problem: str | None  # why it cannot start the worker's interpreter here; None when it can
+    lacks: str = ""  # what the newer options it lacks cost (`bwrap.Features.costs`), "" when it lacks none
+    needs: str = ""  # the release the sandbox needs when this one is too old for it ("0.5.0"), else ""
+
+
+@dataclass
+class Container:
+    """Signs that the grader runs in a container, and what of it keeps bubblewrap from starting there."""
+
+    kind: str = ""  # "Docker", "Podman", "Kubernetes": what marks it (`/.dockerenv`, ...); "" when nothing does
+    missing_capabilities: list[str] = field(default_factory=list)  # what bubblewrap needs as root, not held
+    proc_masked: bool = False  # paths of /proc masked over (a normal user's bubblewrap cannot mount a /proc)
+    apparmor: str = ""  # the AppArmor profile confining the grader, "" when none
 
 
 @dataclass
@@ -93,9 +105,18 @@ class Machine:
     refusal: str  # why `auto` refuses, when it does
     guarantees: dict[str, str]  # limits, control and timing, in words
     advice: str  # the one change that would improve grading here most, with its command ("" if none)
+    container: Container = field(default_factory=Container)
 
-    def summary(self) -> dict[str, str]:
-        """What results.json carries (`extra_data.machine`): short, one line per fact."""
+    def summary(self, used: str | None = None) -> dict[str, str]:
+        """What results.json carries (`extra_data.machine`): short, one line per fact. `used`: the isolation
+        the grading used, when it was asked for (`--isolation`) rather than chosen by `auto`; the isolation and
+        guarantees said are then that one's."""
+        isolation, guarantees = self.isolation or f"none: {self.refusal}", self.guarantees
+        if used and used != self.isolation:
+            guarantees = _guarantees(used, self.root, self.fresh_uid, self.cgroups)
+            isolation = f"{used} (asked for; `auto` would " + (
+                f"choose {self.isolation})" if self.isolation else "refuse here)"
+            )
         return {
             "user": self.user,
             "user_namespaces": _namespaces_line(self.namespaces),
@@ -103,8 +124,8 @@ class Machine:
             "fresh_uid": "yes" if self.fresh_uid else f"no ({self.fresh_uid_problem})",
             "control_groups": _cgroups_line(self.cgroups),
             "cuda": _cuda_line(self.cuda),
-            "isolation": self.isolation or f"none: {self.refusal}",
-            **{f"guarantee_{key}": value for key, value in self.guarantees.items()},
+            "isolation": isolation,
+            **{f"guarantee_{key}": value for key, value in guarantees.items()},
             "advice": self.advice,
         }
 
@@ -187,16 +208,56 @@ def _refused_by(found: Namespaces, root: bool) -> str:
     return "the kernel, for this user"
 
 
-def bubblewrap() -> Bubblewrap:
+def bubblewrap(root: bool) -> Bubblewrap:
     path = probe.bwrap_path()
-    version = ""
-    if path:
+    if not path:
+        return Bubblewrap(None, "", probe.namespace_sandbox_problem())
+    found = bwrap.features(path)
+    needs = bwrap.NEWER_OPTIONS["--perms"][0] if found.refusal(root) and found.options else ""
+    return Bubblewrap(path, found.version or "unknown", probe.namespace_sandbox_problem(), found.costs(root), needs)
+
+
+CAPABILITIES = {"SYS_ADMIN": 21, "NET_ADMIN": 12}  # what bubblewrap needs as root: mounts, and the loopback
+CONTAINER_MARKS = (("/.dockerenv", "Docker"), ("/run/.containerenv", "Podman"))
+
+
+def container(root: bool) -> Container:
+    """What marks a container here, and what of it bubblewrap would miss: as root, the capabilities it needs
+    (`CAPABILITIES`); as a normal user, an unmasked /proc (the kernel lets a user namespace mount a /proc only
+    where no path of the container's is masked over); and either way AppArmor's profile."""
+    kind = next((name for mark, name in CONTAINER_MARKS if os.path.exists(mark)), "")
+    if "KUBERNETES_SERVICE_HOST" in os.environ:
+        kind = "Kubernetes"
+    held = 0
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                held = int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    missing = [name for name, bit in CAPABILITIES.items() if root and not held >> bit & 1]
+    return Container(kind, missing, _proc_masked(), _apparmor_profile())
+
+
+def _proc_masked() -> bool:
+    """Whether something is mounted over a path of /proc (a container's masked paths), other than the empty
+    folder of binfmt_misc, which the kernel allows."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return False
+    points = [line.split()[4] for line in lines if len(line.split()) > 4]
+    return any(p.startswith("/proc/") and not p.startswith("/proc/sys/fs/binfmt_misc") for p in points)
+
+
+def _apparmor_profile() -> str:
+    for path in ("/proc/self/attr/apparmor/current", "/proc/self/attr/current"):
         try:
-            version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            version = "unknown"
-        version = version.removeprefix("bubblewrap ").strip()
-    return Bubblewrap(path, version, probe.namespace_sandbox_problem())
+            profile = Path(path).read_text().strip("\0\n ")
+        except OSError:
+            continue
+        return "" if profile in ("", "unconfined") else profile
+    return ""
 
 
 def _mounted_cgroups() -> list[str]:
@@ -308,56 +369,94 @@ def _guarantees(isolation: str | None, root: bool, fresh: bool, groups: ControlG
 
 
 def _advice(machine: Machine) -> str:
-    """The one change that would improve grading here most, with the command to make it."""
-    ns, bwrap, groups = machine.namespaces, machine.bubblewrap, machine.cgroups
+    """The one change that would improve grading here most, with the command to make it: what it takes to
+    get the namespace sandbox (every step of it, so that following the advice is enough), else to get
+    control groups, else nothing."""
+    groups = machine.cgroups
     if machine.isolation == "namespace" and groups.writable:
         return ""
-    if not bwrap.path and (ns.allowed or machine.root):
-        return "install bubblewrap, the namespace sandbox: `apt-get install bubblewrap` (Debian, Ubuntu)"
-    if machine.isolation != "namespace" and not ns.allowed:
-        settings = ns.sysctls
-        if not machine.root and settings.get("kernel.apparmor_restrict_unprivileged_userns") == "1":
-            return (
-                "allow unprivileged user namespaces (Ubuntu 24.04's AppArmor restricts them): "
-                "`sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`, or give bwrap an AppArmor "
-                "profile that allows `userns` (docs/clusters.md)"
+    if machine.isolation != "namespace":
+        steps = _sandbox_steps(machine)
+        if steps and machine.isolation is None:
+            steps.append(
+                "or run the grader as root, which gives each worker a fresh uid (Kubernetes: root of the pod's "
+                "own user namespace, `hostUsers: false`, deploy/kubernetes/), or accept the grader's own user "
+                "with `--isolation process`"
             )
-        if not machine.root and settings.get("kernel.unprivileged_userns_clone") == "0":
-            return "allow unprivileged user namespaces: `sudo sysctl -w kernel.unprivileged_userns_clone=1`"
-        if settings.get("user.max_user_namespaces") == "0":
-            return "allow user namespaces: `sudo sysctl -w user.max_user_namespaces=15000`"
-        if ns.seccomp == "a filter":
-            if machine.root:
-                return (
-                    "this container's seccomp profile refuses new namespaces, so each worker runs as a fresh "
-                    "uid without bubblewrap's allow list; to sandbox it, run the container with a profile that "
-                    "allows them (Docker: `--security-opt seccomp=unconfined --cap-add SYS_ADMIN`; "
-                    "Kubernetes: docs/clusters.md)"
-                )
+        if steps:
+            return "; ".join(steps)
+        if machine.isolation is None:
             return (
-                "in a container as a normal user, nothing can isolate the student's code: run the grader as "
-                "root in a pod user namespace (Kubernetes: `hostUsers: false`, deploy/kubernetes/), or "
-                "accept the grader's own user with `--isolation process`"
+                "run the grader as root (each worker then gets a fresh uid), or pass `--isolation process` to "
+                "grade as your own user"
             )
-    if machine.isolation is None:
-        return (
-            "run the grader as root (each worker then gets a fresh uid), or pass `--isolation process` to "
-            "grade as your own user"
-        )
-    if bwrap.problem and bwrap.path and ns.allowed:
-        return f"bubblewrap is installed but fails here ({bwrap.problem}): check that it can start `{sys.executable}`"
-    if not groups.writable:
+    if not groups.writable and not _in_container(machine):
         if machine.root:
-            return (
-                f"make {CGROUP_ROOT} writable for the grader (a container: run it with its own writable "
-                "cgroup namespace, e.g. Docker `--cgroupns=private` with a read-write /sys/fs/cgroup), so "
-                "limits hold for a submission's processes together"
-            )
+            return f"make {CGROUP_ROOT} writable for the grader, so limits hold for a submission's processes together"
         return (
             "grade in a control group delegated to you, so limits hold for a submission's processes together "
             "(on a systemd machine: `systemd-run --user --scope -p Delegate=yes make grade`)"
         )
     return ""
+
+
+def _in_container(machine: Machine) -> bool:
+    return bool(machine.container.kind) or machine.namespaces.seccomp == "a filter"
+
+
+def _sandbox_steps(machine: Machine) -> list[str]:
+    """What it takes to get the namespace sandbox here, step by step; [] when nothing known would."""
+    ns, bwrap_found = machine.namespaces, machine.bubblewrap
+    steps = []
+    if not bwrap_found.path:
+        steps.append(
+            "install bubblewrap, the namespace sandbox: `apt-get install -y bubblewrap` as root (Debian, Ubuntu"
+            + ("; in a container, in its image)" if _in_container(machine) else ")")
+        )
+    elif bwrap_found.needs:
+        steps.append(f"install bubblewrap {bwrap_found.needs} or later: {bwrap_found.problem}")
+    if _in_container(machine):
+        flags = _container_flags(machine)
+        if flags:
+            steps.append(
+                "run the container with what bubblewrap needs: `docker run "
+                + " ".join(docker for docker, _ in flags)
+                + "` (Kubernetes: in the container's securityContext, "
+                + ", ".join(dict.fromkeys(pod for _, pod in flags))
+                + "; docs/clusters.md)"
+            )
+        return steps
+    if not ns.allowed and not machine.root:
+        settings = ns.sysctls
+        if settings.get("kernel.apparmor_restrict_unprivileged_userns") == "1":
+            steps.append(
+                "allow unprivileged user namespaces (Ubuntu 24.04's AppArmor restricts them): "
+                "`sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`, or give bwrap an AppArmor "
+                "profile that allows `userns` (docs/clusters.md)"
+            )
+        elif settings.get("kernel.unprivileged_userns_clone") == "0":
+            steps.append("allow unprivileged user namespaces: `sudo sysctl -w kernel.unprivileged_userns_clone=1`")
+        elif settings.get("user.max_user_namespaces") == "0":
+            steps.append("allow user namespaces: `sudo sysctl -w user.max_user_namespaces=15000`")
+    elif bwrap_found.path and bwrap_found.problem and not bwrap_found.needs and not steps:
+        steps.append(f"find out why bubblewrap fails here ({bwrap_found.problem})")
+    return steps
+
+
+def _container_flags(machine: Machine) -> list[tuple[str, str]]:
+    """What the container must allow for bubblewrap, as (`docker run` option, pod securityContext field)."""
+    ns, found = machine.namespaces, machine.container
+    flags = []
+    if not ns.allowed and ns.seccomp == "a filter":
+        flags.append(("--security-opt seccomp=unconfined", "`seccompProfile: {type: Unconfined}`"))
+    capabilities = ", ".join(found.missing_capabilities)
+    for name in found.missing_capabilities:
+        flags.append((f"--cap-add {name}", f"`capabilities: {{add: [{capabilities}]}}`"))
+    if not machine.root and found.proc_masked:
+        flags.append(("--security-opt systempaths=unconfined", "`procMount: Unmasked`"))
+    if found.apparmor:
+        flags.append(("--security-opt apparmor=unconfined", "`appArmorProfile: {type: Unconfined}`"))
+    return flags
 
 
 @cache
@@ -375,7 +474,7 @@ def survey() -> Machine:
         root=root,
         python=f"{sys.executable} ({sys.version.split()[0]})",
         namespaces=namespaces(root),
-        bubblewrap=bubblewrap(),
+        bubblewrap=bubblewrap(root),
         fresh_uid=fresh,
         fresh_uid_problem="" if fresh else _fresh_uid_problem(root),
         cgroups=groups,
@@ -384,6 +483,7 @@ def survey() -> Machine:
         refusal=refusal,
         guarantees=_guarantees(isolation, root, fresh, groups),
         advice="",
+        container=container(root),
     )
     machine.advice = _advice(machine)
     return machine
@@ -398,10 +498,11 @@ def _namespaces_line(ns: Namespaces) -> str:
     return f"{head}; seccomp: {ns.seccomp}" + (f"; {settings}" if settings else "")
 
 
-def _bubblewrap_line(bwrap: Bubblewrap) -> str:
-    if not bwrap.path:
+def _bubblewrap_line(found: Bubblewrap) -> str:
+    if not found.path:
         return "not installed"
-    return f"{bwrap.version} at {bwrap.path}: " + ("starts the worker" if bwrap.problem is None else bwrap.problem)
+    said = f"{found.version} at {found.path}: " + ("starts the worker" if found.problem is None else found.problem)
+    return said + (f" ({found.lacks})" if found.lacks and found.problem is None else "")
 
 
 def _cgroups_line(groups: ControlGroups) -> str:

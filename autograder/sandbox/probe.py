@@ -71,10 +71,14 @@ def namespace_sandbox_available() -> bool:
 
 @cache
 def namespace_sandbox_problem() -> str | None:
-    """Why bubblewrap cannot start this interpreter in the sandbox here, or None when it can."""
+    """Why bubblewrap cannot start this interpreter in the sandbox here, or None when it can: not installed,
+    too old for what the sandbox needs (`bwrap.Features.refusal`), or refused when tried (its own words)."""
     executable = bwrap_path()
     if not executable:
         return "bubblewrap (`bwrap`) is not installed"
+    too_old = bwrap.features(executable).refusal(is_root())
+    if too_old:
+        return too_old
     try:
         probe = subprocess.run(
             bwrap.command(
@@ -89,9 +93,17 @@ def namespace_sandbox_problem() -> str | None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bubblewrap could not be run: {exc}"
     if probe.returncode != 0:
-        said = " ".join(probe.stderr.decode(errors="replace").split())[-300:]
-        return f"bubblewrap exited with status {probe.returncode}" + (f": {said}" if said else "")
+        said = bubblewrap_said(probe.stderr.decode(errors="replace"))
+        return f"bubblewrap exited with status {probe.returncode}" + (f" ({said})" if said else "")
     return None
+
+
+def bubblewrap_said(stderr: str) -> str:
+    """bubblewrap's complaint, whole, on one line and without its closing full stop: it is quoted inside
+    our own sentences (its last 400 characters when longer)."""
+    said = " ".join(stderr.split())
+    said = said if len(said) <= 400 else "..." + said[-400:]
+    return said.rstrip(".")
 
 
 @cache
@@ -146,11 +158,11 @@ def choose_isolation(wanted: str) -> str:
         instead = (
             "a fresh unprivileged uid cannot read the interpreter and torch" if is_root() else "the grader is not root"
         )
+        # What would fix it depends on the machine: `machine.survey().advice` says it, beside this refusal.
         raise OSError(
-            f"no sandbox is available here: {namespace_sandbox_problem()}, and {instead}, so the "
-            "student's code would run as the grader's own user. Install bubblewrap "
-            "(Debian/Ubuntu: apt-get install bubblewrap), or pass --isolation process (or set "
-            "AUTOGRADER_ISOLATION=process) to grade without a sandbox anyway"
+            f"no sandbox is available here: {namespace_sandbox_problem()}; and {instead}, so the student's code "
+            "would run as the grader's own user. --isolation process (or AUTOGRADER_ISOLATION=process) grades "
+            "it so anyway"
         )
     if wanted == "namespace" and not namespace_sandbox_available():
         raise OSError(f"namespace isolation was asked for, but it cannot start here: {namespace_sandbox_problem()}")
@@ -222,11 +234,15 @@ def describe_isolation(
     process (`rlimit_memory`), a private /tmp of `scratch_bytes` and a limit of `processes`."""
     facts: dict[str, str] = {}
     if sandbox:
+        found = bwrap.features(bwrap_path() or "bwrap")
+        tmp = f"{scratch_bytes >> 20} MiB /tmp" if found.has("--size") else "/tmp (no size limit of its own)"
         facts["filesystem"] = (
-            "an allow list (bubblewrap): the interpreter and its libraries read-only, a private "
-            f"{scratch_bytes >> 20} MiB /tmp, a minimal /dev, its own /proc"
+            f"an allow list (bubblewrap): the interpreter and its libraries read-only, a private {tmp}, "
+            "a minimal /dev, its own /proc"
         )
         facts["namespaces"] = "pid, network, IPC, UTS and cgroup namespaces of its own; dies with the grader"
+        if found.lacking(uid is not None):
+            facts["bubblewrap"] = f"{found.name}: {found.costs(uid is not None)}"
         facts["user"] = (
             "a fresh unprivileged uid (the grader is root)"
             if uid is not None

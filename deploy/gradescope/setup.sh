@@ -6,13 +6,15 @@
 # worker runs as a fresh unprivileged uid), and makes $ROOT/venv with the system's python3 (Ubuntu
 # 22.04: 3.10, 24.04: 3.12), torch and exactly the locked dependencies.
 #
-# TORCH_SPEC: torch's pip arguments (default: the CPU build, from PyTorch's own index).
+# TORCH_SPEC: torch's pip arguments. The default is the CPU build (`+cpu`: only PyTorch's own index has it, so
+# pip cannot fall back to PyPI's torch, a CUDA build that loads far more than the 768 MB a Gradescope container
+# has by default, with no GPU to use it). For a GPU image: TORCH_SPEC="torch==2.13.0", and more memory.
 # AUTOGRADER_ROOT (default /autograder) and PYTHON (default python3): to try it elsewhere.
 set -euo pipefail
 ROOT="${AUTOGRADER_ROOT:-/autograder}"
 SOURCE="$ROOT/source"
 PYTHON="${PYTHON:-python3}"
-TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0+cpu --extra-index-url https://download.pytorch.org/whl/cpu}"
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     export DEBIAN_FRONTEND=noninteractive
@@ -29,5 +31,14 @@ PIP=("$ROOT/venv/bin/python" -m pip install --disable-pip-version-check --constr
 # shellcheck disable=SC2086  # TORCH_SPEC is a list of pip arguments
 "${PIP[@]}" $TORCH_SPEC
 "${PIP[@]}" --requirement "$SOURCE/requirements.txt"
+# Say which torch this is: a CUDA build loads far more than the CPU build, more than the default container holds.
+"$ROOT/venv/bin/python" -c '
+import torch
+if torch.version.cuda:
+    print(f"setup.sh: installed torch {torch.__version__}, a CUDA {torch.version.cuda} build: it may not fit in "
+          "the 768 MB a Gradescope container has by default (raise the memory in the autograder settings)")
+else:
+    print(f"setup.sh: installed torch {torch.__version__}, the CPU build")
+'
 # The student's code runs as another, unprivileged uid, never as root: it cannot read the grader's source.
 chmod -R go-rwx "$SOURCE"
