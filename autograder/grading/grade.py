@@ -269,6 +269,8 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     if _stopped:
         plugin.grader_errors.insert(0, f"grading was stopped ({signal.Signals(_stopped[0]).name}) before it finished")
     run.isolation = worker.isolation  # after the run: a fallback may have changed it
+    if worker.fresh_because:
+        run.machine["workers"] = f"started fresh, not forked from a fork server: {worker.fresh_because}"
     run.sandbox = dict(worker.in_force)
     run.worker_starts = worker.starts
     run.resources = resources(worker)
