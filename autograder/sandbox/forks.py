@@ -130,7 +130,8 @@ class ForkServer:
                 )
         except OSError as exc:
             ours.close()
-            self.problem = f"the fork server stopped taking requests ({exc})"
+            self.ready.wait(5)  # it may have failed to start: that is the reason to give
+            self.problem = self.problem or f"the fork server stopped taking requests ({exc})"
             raise ForkFailed(self.problem) from None
         finally:
             theirs.close()
@@ -235,7 +236,8 @@ class ForkedProcess:
                 raise ForkFailed("the child's process id did not come with its message")
             said = _decode(data)
             if not data:
-                raise ForkFailed("the fork server ended")
+                self.server.ready.wait(5)  # it may never have started: that is the reason to give
+                raise ForkFailed(self.server.problem or "the fork server ended")
             raise ForkFailed(str((said or {}).get("error", "the fork server answered something else")))
 
     def _finish(self, code: int) -> None:

@@ -331,8 +331,10 @@ def own_namespaces(child: Child) -> None:
         if target != "/proc" and not target.startswith("/proc/"):  # /proc: its own, below
             _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
     size = int(config["scratch_bytes"])
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
+    for folder in ("/tmp", "/dev/shm"):  # empty, as the fork server's were, with the same owner and mode
+        found = os.stat(folder)
+        owner = f"mode={found.st_mode & 0o7777:o},uid={found.st_uid},gid={found.st_gid}"
+        _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},{owner}")
     _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
     init = os.fork()
     if init:
@@ -455,9 +457,11 @@ def unprivileged(child: Child) -> None:
 
 
 def dumpable(child: Child) -> None:
-    """Dumpable, as a freshly exec'd process is: the fork server is not, and a change of uid without exec clears
-    it, which would leave the worker's /proc files root's, unlike a fresh worker's."""
-    _prctl(PR_SET_DUMPABLE, 1)
+    """Dumpable or not as a fresh worker is: not where it changes to its uid itself, after exec (in the namespace
+    sandbox of a root grader: the change clears it), dumpable elsewhere (exec makes it so). The fork server is
+    not dumpable, and a change of uid without exec would clear it where a fresh worker's is set."""
+    config = child.config
+    _prctl(PR_SET_DUMPABLE, 0 if config["sandbox"] and config.get("uid") is not None else 1)
 
 
 def no_new_privileges(child: Child) -> None:
@@ -509,7 +513,7 @@ AFTER_FORK: tuple[tuple[str, str, Callable[[Child], None]], ...] = (
     ("limits", "no core files, its address-space and process limits", limits),
     ("namespaces", "its own mount (/tmp, /dev/shm), network, IPC, UTS, cgroup and pid namespaces", own_namespaces),
     ("uid", "its fresh unprivileged uid, or no capability in a user namespace", unprivileged),
-    ("dumpable", "as a freshly exec'd process", dumpable),
+    ("dumpable", "as a fresh worker is", dumpable),
     ("no_new_privs", "nothing it runs can gain privileges", no_new_privileges),
     ("environment", "a fresh worker's environment and argv", environment),
     ("working folder", "its own scratch folder", working_folder),
