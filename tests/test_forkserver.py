@@ -22,7 +22,7 @@ import pytest
 from autograder.sandbox import forks, launcher, probe
 from autograder.sandbox.client import Worker, WorkerConfig, WorkerCrashed
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.smoke]  # make test-pythons runs these on every Python
 
 
 def inside(name: str) -> types.ModuleType:
@@ -542,3 +542,116 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# -- end to end: hostile gradings, then an honest one, through one grading process's fork server -------------
+
+ATTACKS = [
+    # torch and the worker's own modules patched
+    "import sys, torch\n"
+    "torch.matmul = lambda *a, **k: torch.zeros(1)\n"
+    "torch.Tensor.__matmul__ = lambda *a, **k: torch.zeros(1)\n"
+    "torch.softmax = lambda *a, **k: torch.zeros(2)\n"
+    "sys.modules['sandbox.forkserver'].AFTER_FORK = ()\n"
+    "sys.modules['sandbox.jail'].drop_privileges = lambda uid: None\n",
+    # /tmp and /dev/shm filled
+    "for _folder in ('/tmp', '/dev/shm'):\n"
+    "    try:\n"
+    "        with open(_folder + '/filler', 'wb') as _handle:\n"
+    "            for _ in range(300):\n"
+    "                _handle.write(b'x' * (1 << 20))\n"
+    "    except OSError:\n"
+    "        pass\n",
+    # torch's and the interpreter's folders written into
+    "import os, sys, torch\n"
+    "for _path in (torch.__file__, os.path.join(os.path.dirname(torch.__file__), 'evil.py'), sys.prefix + '/x.pth'):\n"
+    "    try:\n"
+    "        open(_path, 'a').write('raise SystemExit\\n')\n"
+    "    except OSError:\n"
+    "        pass\n",
+    # every process it can see signalled and traced, its parent killed
+    "import ctypes, os, signal\n"
+    "for _pid in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:\n"
+    "    for _signum in (signal.SIGSTOP, signal.SIGKILL):\n"
+    "        try:\n"
+    "            os.kill(_pid, _signum)\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "    ctypes.CDLL(None).ptrace(16, _pid, 0, 0)\n"
+    "try:\n"
+    "    os.kill(os.getppid(), signal.SIGKILL)\n"
+    "except OSError:\n"
+    "    pass\n",
+    # threads and setsid processes left behind, one writing into /tmp later
+    "import subprocess, sys, threading, time\n"
+    "threading.Thread(target=lambda: time.sleep(3600), daemon=True).start()\n"
+    'subprocess.Popen([sys.executable, \'-c\', \'import time; time.sleep(5); open("/tmp/late", "w").write("x"); '
+    "time.sleep(3600)'], start_new_session=True)\n",
+    # the process limit, then memory
+    "import os, time\n"
+    "try:\n"
+    "    for _ in range(400):\n"
+    "        if os.fork() == 0:\n"
+    "            time.sleep(3600)\n"
+    "            os._exit(0)\n"
+    "except OSError:\n"
+    "    pass\n"
+    "_hoard = []\n"
+    "try:\n"
+    "    for _ in range(100):\n"
+    "        _hoard.append(bytearray(64 << 20))\n"
+    "except MemoryError:\n"
+    "    pass\n"
+    "del _hoard\n",
+]
+# garbage on every descriptor it holds, its reply pipe among them: its own load breaks
+CORRUPTS_THE_CHANNEL = "import os\nfor _fd in range(3, 256):\n    try:\n        os.write(_fd, b'\\xff' * 4096)\n    except OSError:\n        pass\n"
+
+
+def comparable(results: dict) -> list[tuple]:
+    """What must be the same in two gradings of one submission: every check's name, status and points, and its
+    message but for the speed part's (its figures are measurements)."""
+    return [
+        (t["name"], t["status"], t["score"], t["max_score"], None if t["tags"][0] == "speed" else t["output"])
+        for t in results["tests"]
+    ]
+
+
+@pytest.mark.long
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(not probe.namespace_sandbox_available(), reason="the attacks need the namespace sandbox here")
+def test_hostile_gradings_change_nothing_of_an_honest_one_graded_after_them_by_the_same_fork_server(tmp_path):
+    """Hostile submissions graded one after another in one grading process (so through one fork server), then
+    a correct one: its results are those of a grading with fresh workers (the rubric's forks_per_server = 0)."""
+    from helpers import SAMPLES, GradingPool, grade
+    from rubric_text import required_sections
+    from speed_variants import definitions
+
+    hostile = {
+        "attacks": definitions() + "".join(f"# %%\n{cell}\n" for cell in ATTACKS),
+        "corrupts": definitions() + f"# %%\n{CORRUPTS_THE_CHANNEL}\n",
+    }
+    honest = SAMPLES / "ada" / "mha" / "mha.ipynb"
+    pool = GradingPool()
+    try:
+        for name, source in hostile.items():
+            path = tmp_path / name / "mha.py"
+            path.parent.mkdir()
+            path.write_text(source)
+            results, outcome = pool.grade(path, path.parent)
+            assert outcome.ok and results["extra_data"]["status"] == "graded", outcome.problem
+            assert "workers" not in results["extra_data"]["machine"]  # forked, not started fresh
+        after, outcome = pool.grade(honest, tmp_path)
+        assert outcome.ok and "workers" not in after["extra_data"]["machine"]
+    finally:
+        pool.close()
+    rubric = tmp_path / "fresh-rubric.toml"
+    default = (Path(launcher.__file__).parents[1] / "rubric.toml").read_text()
+    assert "forks_per_server = 50" in default and required_sections()
+    rubric.write_text(default.replace("forks_per_server = 50", "forks_per_server = 0"))
+    fresh_dir = tmp_path / "fresh"
+    fresh_dir.mkdir()
+    fresh, run = grade(honest, fresh_dir, "--rubric", str(rubric))
+    assert run.returncode == 0, run.stderr
+    assert comparable(after) == comparable(fresh)
+    assert after["score"] == fresh["score"] == after["max_score"]
