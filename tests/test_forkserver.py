@@ -492,6 +492,26 @@ def test_a_fork_server_that_misbehaves_is_let_go_and_the_worker_starts_fresh(mon
         forks.SERVERS.close()
 
 
+def test_a_forked_worker_let_go_before_it_is_handed_over_ran_nothing(tmp_path):
+    """A worker started early and closed unused (a grading that did not adopt it) is let go before it joins its
+    group: it ends by itself, having run nothing, and costs nothing of the submission's time."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(0o777)
+    marker = folder / "ran"
+    w = worker("process", 50, f"open({str(marker)!r}, 'w').write('x')\n")
+    w.prestart()
+    process = w.process
+    assert process is not None and process.forked
+    w.close()
+    assert w.cpu_spent == 0.0 and process.pids() == []
+    server = process.process.server
+    deadline = time.monotonic() + 30
+    while not server.idle() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.idle() and not marker.exists()
+
+
 def test_forking_is_refused_with_a_second_thread_or_cuda():
     import threading
 

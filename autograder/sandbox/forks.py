@@ -190,6 +190,10 @@ class ForkedProcess:
             raise ProcessLookupError("the forked worker has not been handed over")
         return self._pid
 
+    def handed_over(self) -> bool:
+        """Whether it runs in its group, its process id known."""
+        return self._pid is not None
+
     def _hand_over(self) -> None:
         try:
             pid = self._arrival()

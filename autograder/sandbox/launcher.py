@@ -141,6 +141,8 @@ class WorkerProcess:
         session it was started in, every descendant of its first process, found through /proc (setsid
         children leave the session, not the tree: the grader is their subreaper), and, under namespace
         isolation, every process of its pid namespace."""
+        if isinstance(self.process, forks.ForkedProcess) and not self.process.handed_over():
+            return []  # not yet handed over: it has run nothing, and its process id is not known yet
         never = procfs.ancestry()
         if self.group is not None and self.group.can_kill():
             return [pid for pid in self.group.pids() if pid not in never]
@@ -204,6 +206,7 @@ class WorkerProcess:
     def kill(self) -> None:
         """Kill every process of the worker, reap them, and remove its control group and scratch folder."""
         if isinstance(self.process, forks.ForkedProcess) and self.process.cancel():
+            self._cpu_at_exit = 0.0
             self._release()  # never handed over: it ends by itself, having run nothing
             return
         if self.group is not None and self.group.dirs:
