@@ -61,6 +61,7 @@ MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
 MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 1, 4, 24, 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
+CAP_SETGID_SETUID = (1 << 6) | (1 << 7)  # what bubblewrap keeps for a root grader's worker (`bwrap.command`)
 PROTECTED_PROC = ("sys", "sysrq-trigger", "irq", "bus")  # read-only in the child's /proc, as bubblewrap's --proc
 MESSAGE_BYTES = 1 << 20
 
@@ -428,9 +429,20 @@ def drop_privileges(child: Child) -> None:
     left); in a user namespace, every capability the fork server held to make namespaces, dropped for good."""
     uid = child.config.get("uid")
     if uid is not None:
+        if child.config["sandbox"] and os.geteuid() == 0:  # not changed yet (the init's worker inherits it)
+            # what bubblewrap leaves a fresh worker of a root grader before it changes uid: the change clears the
+            # effective and permitted sets, not the inheritable one, which must not keep the fork server's extras
+            _set_capabilities(CAP_SETGID_SETUID)
         jail.drop_privileges(uid)
     elif child.config.get("userns"):
         _drop_capabilities()
+
+
+def _set_capabilities(mask: int) -> None:
+    """The effective, permitted and inheritable sets, each `mask` (capabilities 0 to 31)."""
+    header = ctypes.create_string_buffer(struct.pack("Ii", 0x20080522, 0))  # _LINUX_CAPABILITY_VERSION_3
+    data = ctypes.create_string_buffer(struct.pack("6I", mask, mask, mask, 0, 0, 0))
+    _check(_libc().capset(header, data), "capset")
 
 
 def _drop_capabilities() -> None:
@@ -440,9 +452,7 @@ def _drop_capabilities() -> None:
     for capability in range(last + 1):
         libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0)
     libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    header = ctypes.create_string_buffer(struct.pack("Ii", 0x20080522, 0))  # _LINUX_CAPABILITY_VERSION_3
-    data = ctypes.create_string_buffer(bytes(24))  # effective, permitted, inheritable: 0, twice
-    _check(libc.capset(header, data), "capset")
+    _set_capabilities(0)
     with open("/proc/self/status") as handle:
         status = dict(line.split(":", 1) for line in handle if ":" in line)
     if any(int(status[key].strip(), 16) for key in ("CapEff", "CapPrm", "CapAmb", "CapBnd") if key in status):
