@@ -467,6 +467,23 @@ def test_where_the_fork_server_cannot_start_workers_start_fresh_and_say_why(monk
         second.close()
 
 
+def test_a_grading_whose_fork_server_cannot_start_grades_with_fresh_workers_and_says_so(monkeypatch):
+    """The fall-back, end to end: the same checks pass, and results.json's `extra_data.machine` says why the
+    workers started fresh."""
+    from autograder.grading.grade import Options, grade_submission
+    from helpers import REFERENCE
+
+    def broken(key, control, log):
+        raise OSError("no such interpreter")
+
+    monkeypatch.setattr(launcher, "start_fork_server", broken)
+    monkeypatch.setattr(forks, "SERVERS", forks.ForkServers())
+    run = grade_submission(REFERENCE, Options(device="cpu", out=None, parts=("wrapper",)))
+    assert run.graded and run.checks and all(check.status == "passed" for check in run.checks), run.reason
+    note = run.machine.get("workers", "")
+    assert note.startswith("started fresh") and "could not be started: no such interpreter" in note, note
+
+
 def test_a_fork_server_that_misbehaves_is_let_go_and_the_worker_starts_fresh(monkeypatch):
     """A fork server that says it is ready but hands over garbage: the worker starts fresh, saying why."""
     fake = (

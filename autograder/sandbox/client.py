@@ -212,7 +212,6 @@ class Worker:
         self.memory_peak: int | None = None  # the most memory the worker's processes used together
         self.allowed: bwrap.AllowList | None = None  # the sandbox's allow list, if not `bwrap.allow_list()`
         self.fresh_because: str | None = None  # why a worker was started fresh although a fork was asked for
-        self.events_of_launch: list[str] = []  # what went wrong with forking it (the grader's, not the submission's)
         try:
             self.isolation = probe.choose_isolation(config.isolation)
         except (OSError, ValueError) as exc:
@@ -368,24 +367,22 @@ class Worker:
                 if not process.forked or (reply.ok and isinstance(reply.value, Ready)):
                     return reply
                 problem = "a forked worker's first answer was not `ready`"
-        self._discard()
-        self.fresh_because = problem
-        self.events_of_launch.append(problem)
+        said = self._discard()
+        self.fresh_because = problem + (f"; it said: {said}" if said else "")
         self._spawn(fork=False)
         return self._receive("ready", self._deadline(self.config.boot_seconds, check=check), what)
 
-    def _discard(self) -> None:
+    def _discard(self) -> str:
         """End a forked worker that never became one (nothing of the submission ran in it): its output and CPU
-        time are not the submission's."""
+        time are not the submission's. Returns the last lines it printed (the grader's trouble, for the note)."""
         process, capture = self.process, self.capture
         self.process, self.capture = None, None
         if process is not None:
             process.kill()
-        if capture is not None:
-            capture.join(timeout=2)
-            said = capture.text().strip().splitlines()[-3:]
-            if said:
-                self.events_of_launch.append(" | ".join(said))
+        if capture is None:
+            return ""
+        capture.join(timeout=2)
+        return " | ".join(capture.text().strip().splitlines()[-3:])
 
     def alive(self) -> bool:
         """Whether a started worker runs (and has loaded the file): a prestarted one is not started yet."""
