@@ -31,7 +31,7 @@ help:
 	@echo "make test-fast                 the quick tests only (no whole-submission grading, no CUDA)"
 	@echo "make test-long                 the long suites: hostile and wrong submissions, Slurm, the wheel, the"
 	@echo "                               environment matrix (Docker, Slurm, Kubernetes emulated), then test-pythons"
-	@echo "make test-pythons              make setup and the quick tests on every supported Python here (3.10-3.13, the system's), PYTHONS_JOBS at once (1)"
+	@echo "make test-pythons              make setup and the smoke set on every supported Python here (3.10-3.13, the system's), PYTHONS_JOBS at once (1)"
 	@echo "make test-speed                the speed part's verdicts, each graded 10 times beside a CPU burner (long)"
 	@echo "make doctor                    what this machine allows the grader, and whether its speed part can be trusted"
 	@echo "make lint                      ruff's checks and formatting, and mypy's type check of the whole package (strict)"
@@ -59,7 +59,8 @@ setup:
 	@$(PYTHON) tools/setup_venv.py --venv "$(VENV)" --torch "$(TORCH_SPEC)"
 
 # One marker scheme selects every suite: `slow` (more than a few seconds), `long` (minutes: whole suites of
-# gradings, a cluster, the environment matrix), `verdicts` (the speed verdicts, also long), `cuda`.
+# gradings, a cluster, the environment matrix), `verdicts` (the speed verdicts, also long), `cuda`, and `smoke`
+# (slow tests that every other supported Python runs too: make test-pythons).
 test: setup
 	$(PY) -m pytest -m "not long"
 

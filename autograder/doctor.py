@@ -94,6 +94,36 @@ def speed_self_test(device: str, isolation: str, gradings: int) -> list[SpeedRun
     return runs
 
 
+def worker_start(device: str, isolation: str) -> tuple[bool, str]:
+    """Whether a worker here is forked from the grading process's fork server (or started fresh, and why), as
+    grading starts one: with the rubric's settings, a ping through it."""
+    from autograder.grading.workers import worker_config
+    from autograder.rubric import load_rubric
+    from autograder.sandbox.client import Worker, WorkerError
+
+    config = worker_config(load_rubric(), device, [], isolation)
+    if config.forks_per_server == 0:
+        return False, "started fresh: the rubric's forks_per_server is 0"
+    started = time.monotonic()
+    try:
+        worker = Worker([], "mha.py", config)
+    except WorkerError as exc:
+        return False, f"no worker can start here: {exc}"
+    try:
+        worker.request("ping")
+        forked = worker.process is not None and worker.process.forked
+    except WorkerError as exc:
+        return False, f"no worker could start here: {exc}"
+    finally:
+        worker.close()
+    if forked:
+        return True, (
+            "forked from the grading process's fork server, each re-establishing a fresh worker's isolation "
+            f"(the first, with the fork server's start: {time.monotonic() - started:.1f} s)"
+        )
+    return False, f"started fresh, each a new Python and torch: {worker.fresh_because}"
+
+
 def _speed_run(name: str, run) -> SpeedRun:
     if not run.graded:
         return SpeedRun(name, 0.0, 0.0, None, run.reason, False)
@@ -227,12 +257,17 @@ def run(args: argparse.Namespace) -> int:
         say(machine_report(machine))
     status = EXIT_OK if machine.isolation else EXIT_CANNOT_GRADE
     can_grade = machine.isolation is not None or isolation != "auto"
+    device = "cuda" if args.device == "auto" and machine.cuda.available else args.device
+    device = "cpu" if device == "auto" else device
+    if can_grade:
+        forked, said = worker_start(device, isolation)
+        findings["workers"] = {"forked": forked, "said": said}
+        if not args.json:
+            print("\n" + _section("How workers start here", [("workers", said)]), flush=True)
     if args.no_speed or not can_grade:
         if not args.json and not can_grade:
             say("\nSpeed self-test: not run (grading refuses here without --isolation process)")
     else:
-        device = "cuda" if args.device == "auto" and machine.cuda.available else args.device
-        device = "cpu" if device == "auto" else device
         started = time.monotonic()
         runs = speed_self_test(device, isolation, max(1, args.gradings))
         trusted, why = speed_verdict(runs)

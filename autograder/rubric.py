@@ -47,7 +47,9 @@ LIMITS = {
     "output_kib": (float, "how much of the worker's stdout/stderr is kept"),
     "reply_mib": (float, "the largest answer the grader reads from the worker"),
     "worker_threads": (int, "torch threads in the worker (and in the reference's, when timing)"),
+    "forks_per_server": (int, "workers forked from one fork server before a new one replaces it (0: none forked)"),
 }
+LIMIT_MINIMUM = {"forks_per_server": 0}  # the others: 1 for a count, 0.001 for a number
 
 
 # [speed]: name -> (type, smallest allowed value, meaning). Every one is required when there is a speed part.
@@ -308,7 +310,8 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
     for name, (kind, meaning) in LIMITS.items():
         if name not in table:
             raise RubricError(f"{path}: [limits] {name} is missing ({meaning})")
-        limits[name] = _number(table[name], f"[limits] {name}", path, minimum=1 if kind is int else 1e-3, kind=kind)
+        least = LIMIT_MINIMUM.get(name, 1 if kind is int else 1e-3)
+        limits[name] = _number(table[name], f"[limits] {name}", path, minimum=least, kind=kind)
 
     table = _table(data, "apis", path)
     _no_unknown(table, API_NAMES, "in [apis]: ", path)

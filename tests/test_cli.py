@@ -55,6 +55,7 @@ def test_preview_runs_only_visible_checks_and_names_the_mistake(tmp_path):
 
 
 @pytest.mark.slow  # a whole grading run
+@pytest.mark.smoke  # the one whole grading every supported Python runs (make test-pythons)
 def test_grade_prints_a_summary_per_part(tmp_path):
     run = autograder("grade", REFERENCE, "--out", tmp_path / "r.json", cwd=tmp_path)
     assert run.returncode == 0

@@ -128,10 +128,11 @@ def test_no_modules_import_each_other_in_a_circle():
 
 
 def test_the_worker_side_imports_nothing_of_the_grader():
-    """What the worker boots imports only itself and the protocol (`from . import jail, protocol`, as the
-    boot's package `sandbox` names them; the grader's names only for the type checker)."""
+    """What the worker boots imports only itself and the protocol (`from . import jail, protocol`, and the fork
+    server `server`, as the boot's package `sandbox` names them; the grader's names only for the type checker)."""
     for path in (PACKAGE / "sandbox" / "inside").glob("*.py"):
-        assert imports(path) <= {"autograder.sandbox.inside", "autograder.sandbox.inside.jail"}, path.name
+        inside = {"autograder.sandbox.inside", "autograder.sandbox.inside.jail", "autograder.sandbox.inside.server"}
+        assert imports(path) <= inside, path.name
 
 
 def test_the_checks_find_a_wrong_arrow_and_a_circle():

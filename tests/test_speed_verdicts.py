@@ -1,7 +1,8 @@
 """The speed part's verdicts, each graded many times on a busy machine: they must never flake.
 
-Every submission below is graded `GRADINGS` times (`grade --part speed`, one at a time) while another process
-burns a core. The reference's own definitions must earn the speed points in every grading; a loop over heads
+Every submission below is graded `GRADINGS` times (the speed part alone, one at a time, in a long-lived grading
+process as `grade-class` grades: its start, its fork server and the reference's timing workers are paid once
+for all the gradings, not once per grading) while another process burns a core. The reference's own definitions must earn the speed points in every grading; a loop over heads
 with the right values (two of them: the sample class's, and the tightest one, which loops over nothing but the
 two attention matmuls), a forward that sleeps 50 ms, a submission that burns the CPU from import on,
 caching by shape, and a loop that batches the timed calls it can see coming (from its callers' frames, or by
@@ -28,7 +29,7 @@ import sys
 
 import pytest
 
-from helpers import grade
+from helpers import GradingPool
 from speed_variants import NEAR_EDGES, VARIANTS, slowed
 
 GRADINGS = int(os.environ.get("SPEED_VERDICT_GRADINGS", "10"))
@@ -49,6 +50,14 @@ def neighbour():
     burner.wait()
 
 
+@pytest.fixture(scope="module")
+def graders():
+    """One long-lived grading process for every grading of the module (replaced every 25, as in a class)."""
+    pool = GradingPool()
+    yield pool
+    pool.close()
+
+
 def speed_figures(results: dict) -> dict:
     """The workload's figures; none when the check stopped before timing (e.g. a timed forward that
     overran its deadline)."""
@@ -56,8 +65,8 @@ def speed_figures(results: dict) -> dict:
     return next(iter(workloads.values()), {})
 
 
-def grade_many(source: str, variant: str, tmp_path) -> list[dict]:
-    """`source` graded GRADINGS times (`grade --part speed`); per grading, the check's score and figures."""
+def grade_many(source: str, variant: str, tmp_path, graders: GradingPool) -> list[dict]:
+    """`source` graded GRADINGS times (the speed part alone); per grading, the check's score and figures."""
     path = tmp_path / variant / "mha.py"
     path.parent.mkdir()
     path.write_text(source)
@@ -65,8 +74,8 @@ def grade_many(source: str, variant: str, tmp_path) -> list[dict]:
     for number in range(GRADINGS):
         out_dir = tmp_path / f"grading-{number}"
         out_dir.mkdir()
-        results, run = grade(path, out_dir, "--part", "speed")
-        assert run.returncode == 0, run.stderr
+        results, outcome = graders.grade(path, out_dir, parts=["speed"])
+        assert outcome.ok and results["extra_data"]["status"] == "graded", (outcome.problem, results.get("output"))
         (check,) = results["tests"]
         figures = speed_figures(results)
         said = figures.get("verdict") or {}
@@ -93,8 +102,8 @@ def grade_many(source: str, variant: str, tmp_path) -> list[dict]:
 
 @pytest.mark.timeout(GRADINGS * 300 + 60)
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_verdict_holds_in_every_grading(tmp_path, neighbour, variant):
-    rows = grade_many(VARIANTS[variant](), variant, tmp_path)
+def test_verdict_holds_in_every_grading(tmp_path, neighbour, graders, variant):
+    rows = grade_many(VARIANTS[variant](), variant, tmp_path, graders)
     assert neighbour.poll() is None, "the neighbour stopped burning"
     report(variant, rows, tmp_path)
     if variant in EARNS_ALL:
@@ -122,8 +131,8 @@ NEAR_EDGE_CREDIT = {"slowed_to_0.55": (0.0, 0.85), "slowed_to_0.65": (0.1, 1.0),
 
 @pytest.mark.timeout(GRADINGS * 300 + 60)
 @pytest.mark.parametrize("variant", sorted(NEAR_EDGES))
-def test_near_an_edge_the_credit_is_steady(tmp_path, neighbour, variant):
-    rows = grade_many(slowed(NEAR_EDGES[variant]), variant, tmp_path)
+def test_near_an_edge_the_credit_is_steady(tmp_path, neighbour, graders, variant):
+    rows = grade_many(slowed(NEAR_EDGES[variant]), variant, tmp_path, graders)
     assert neighbour.poll() is None, "the neighbour stopped burning"
     report(variant, rows, tmp_path)
     low, high = NEAR_EDGE_CREDIT[variant]

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in one run (about 10 minutes on one GPU once torch is installed):
+# The checks that need a GPU, in one run (about 12 minutes on one GPU once torch is installed):
 #   1. the CUDA-marked tests (the speed part's included),
 #   2. a CUDA grading of the sample class (in a copy of assignments/, so the checkout is unchanged),
 #   3. the benchmark (`make bench`) on the GPU,
 #   4. the speed part's clock against torch.utils.benchmark's adaptive_autorange and triton's do_bench (when
 #      triton imports), the SM clock, temperature and throttle reasons around each timed round (with
-#      nvidia-ml-py), and whether a frozen helper's queued GPU work slows the reference (tools/gpu_timing.py).
+#      nvidia-ml-py), and whether a frozen helper's queued GPU work slows the reference (tools/gpu_timing.py),
+#   5. the fork server on the device (tools/fork_check.py): it holds no CUDA while two workers forked from it
+#      each make a context of their own, and a correct grading's cost from the command line and in a
+#      long-lived grading process (wall, CPU, execution_time).
 # Everything it prints is also kept under $OUT (default gpu-check/): the test log, the class table and
-# each results.json, bench.json and bench.png, gpu-timing.txt and gpu-timing.json.
+# each results.json, bench.json and bench.png, gpu-timing.txt and gpu-timing.json, fork-check.txt and
+# fork-check.json, and the sample class's time (grade-class.time).
 #
 #   tools/gpu_check.sh                      # uses .venv, installing a CUDA build of torch if it has none
 #   VENV=/opt/venv tools/gpu_check.sh       # an environment that already has a CUDA build of torch
@@ -42,7 +46,9 @@ echo "== 1. CUDA tests"
 echo "== 2. the sample class graded on $DEVICE"
 rm -rf "$OUT/course" && cp -r assignments "$OUT/course"
 rm -rf "$OUT/course/autograded" "$OUT/course/feedback"
+started=$SECONDS
 "$PY" -m autograder grade-class "$OUT/course" --device "$DEVICE" --force 2>&1 | tee "$OUT/grade-class.txt" || status=1
+echo "the sample class graded in $((SECONDS - started)) s (load $(cut -d' ' -f1 /proc/loadavg))" | tee "$OUT/grade-class.time"
 "$PY" - "$OUT/course" <<'PYTHON' | tee "$OUT/speed.txt"
 import json, sys
 from pathlib import Path
@@ -70,6 +76,9 @@ if [ "$DEVICE" = cuda ] && ! "$PY" -c "import pynvml" 2>/dev/null; then
         || echo "(nvidia-ml-py could not be installed: no clocks)"
 fi
 "$PY" tools/gpu_timing.py --device "$DEVICE" --out "$OUT" 2>&1 | tee "$OUT/gpu-timing.txt" || status=1
+
+echo "== 5. the fork server on $DEVICE: no CUDA in it, a context per worker; a correct grading's cost"
+"$PY" tools/fork_check.py --device "$DEVICE" --out "$OUT" 2>&1 | tee "$OUT/fork-check.txt" || status=1
 
 echo "== done (status $status): see $OUT/"
 exit $status

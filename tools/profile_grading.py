@@ -53,19 +53,19 @@ def main() -> int:
     phases: dict[str, float] = {}
     original_receive, original_start = client.Worker._receive, client.Worker.start
 
-    def receive(self, op, deadline, what):
+    def receive(self, op, deadline, what, *more, **named):
         started = time.monotonic()
         try:
-            return original_receive(self, op, deadline, what)
+            return original_receive(self, op, deadline, what, *more, **named)
         finally:
             key = "worker start (python + torch, to ready)" if op == "ready" else None
             if key:
                 phases[key] = phases.get(key, 0.0) + time.monotonic() - started
 
-    def start(self):
+    def start(self, *more, **named):
         started = time.monotonic()
         try:
-            return original_start(self)
+            return original_start(self, *more, **named)
         finally:
             phases["worker start + load"] = phases.get("worker start + load", 0.0) + time.monotonic() - started
 

@@ -1,14 +1,14 @@
-"""`make test-pythons`: set up the project and run its quick suite on every supported Python found here.
+"""`make test-pythons`: set up the project and run its smoke set on every supported Python found here.
 
 For each supported minor version (3.10 to 3.13) it looks for an interpreter: `python3.X` on PATH, then
 pyenv's (`$PYENV_ROOT/versions/3.X.*`); and the system's own `/usr/bin/python3` (Debian 12's 3.11.2,
 Ubuntu 22.04's 3.10, 24.04's 3.12), which may be older than a release of 3.X that a package needs. Each
 gets its own virtualenv (`.venvs/<name>`, made by `make setup PYTHON=... VENV=...`, remade only when its
-inputs change) and runs the quick suite (`make test-fast`'s selection) in it; another release of the
-default Python's minor version (the one `make test` runs) runs only the lock's tests and the worker's
-(`SAME_MINOR`), since what a patch release changes is what installs. A table says, per Python,
-whether the setup and the suite passed. Pythons not on this machine are listed, not failed; any setup or
-suite that fails makes the whole run fail.
+inputs change) and runs the smoke set in it (`SMOKE`): what differs from one Python to another is what
+installs and what the interpreter does at the trust boundary, so the lock's tests, the worker's and the
+sandbox's quick tests, the fork server's tests and one whole grading; `make test` runs everything else on the
+default Python. A table says, per Python, whether the setup and the smoke set passed. Pythons not on this
+machine are listed, not failed; any setup or smoke set that fails makes the whole run fail.
 
 torch 2.13.0 for Python 3.11 is the CPU wheel where pip finds one; for the others, pip takes PyPI's
 build, which carries CUDA's runtime (about 3 GB), and runs on the CPU all the same.
@@ -29,10 +29,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MINORS = ("3.10", "3.11", "3.12", "3.13")
-QUICK = "not slow and not long and not cuda"
-# Another release of the default Python's minor version (Debian 12's 3.11.2 beside 3.11.7): what differs is
-# what installs (the lock's markers), so it gets `make setup`, the lock's tests and the worker's boot only.
-SAME_MINOR = ["tests/test_lock.py", "tests/test_sandbox.py", "tests/test_worker.py"]
+# The smoke set: these files' tests but the slow ones not marked `smoke` (the fork server's tests, one whole
+# grading), and never a long or a CUDA one.
+SMOKE_MARKERS = "not long and not cuda and (not slow or smoke)"
+SMOKE = [
+    "tests/test_lock.py",
+    "tests/test_worker.py",
+    "tests/test_sandbox.py",
+    "tests/test_forkserver.py",
+    "tests/test_cli.py::test_grade_prints_a_summary_per_part",
+]
 
 
 def version_of(python: str) -> str | None:
@@ -119,7 +125,7 @@ def copy_of_tree(name: str) -> Path:
 def run_one(
     name: str, python: str, torch: str, pytest_args: list[str], log: Path | None = None
 ) -> tuple[str, str, float]:
-    """`make setup` and the quick suite (or `pytest_args`) for one Python. With a `log`, in a copy of the
+    """`make setup` and the smoke set (or `pytest_args`) for one Python. With a `log`, in a copy of the
     tree (`copy_of_tree`), everything it prints going to the log."""
     venv = ROOT / ".venvs" / name
     started = time.monotonic()
@@ -136,7 +142,7 @@ def run_one(
         if setup.returncode:
             return "failed", "not run", time.monotonic() - started
         suite = subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-m", QUICK, *pytest_args],
+            [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-m", SMOKE_MARKERS, *(pytest_args or SMOKE)],
             cwd=where,
             stdout=out,
             stderr=err,
@@ -167,8 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows: dict[str, tuple[str, str, str, str, float]] = {}
     default = base_of(ROOT / args.skip_venv) if args.skip_venv else None
-    default_version = (version_of(default) if default else None) or ""
-    runs: list[tuple[str, str, str, list[str], bool]] = []  # name, interpreter, its label, pytest args, same minor
+    runs: list[tuple[str, str, str, list[str]]] = []  # name, interpreter, its label, pytest args
     for name, python in find_pythons().items():
         if args.only and name not in args.only:
             continue
@@ -180,11 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         if default and real_interpreter(python) == default:
             rows[name] = (name, label, "the default", "make test: the full suite", 0.0)
             continue
-        same_minor = default is not None and version.rsplit(".", 1)[0] == default_version.rsplit(".", 1)[0]
-        runs.append((name, python, label, args.pytest_args or (SAME_MINOR if same_minor else []), same_minor))
+        runs.append((name, python, label, args.pytest_args))
 
-    def run(job: tuple[str, str, str, list[str], bool]) -> None:
-        name, python, label, pytest_args, same_minor = job
+    def run(job: tuple[str, str, str, list[str]]) -> None:
+        name, python, label, pytest_args = job
         title = f"\n== Python {name}: {label}"
         if args.jobs <= 1:
             print(title, flush=True)
@@ -192,16 +196,13 @@ def main(argv: list[str] | None = None) -> int:
         setup, suite, seconds = run_one(name, python, args.torch, pytest_args, log)
         if log:
             print(title + f" (in .venvs/{name}.src, beside others)\n" + log.read_text(errors="replace"), flush=True)
-        suite += (
-            " (setup, lock, worker only: the minor version of the default)" if same_minor and suite == "passed" else ""
-        )
         rows[name] = (name, label, setup, suite, seconds)
 
     (ROOT / ".venvs").mkdir(exist_ok=True)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         list(pool.map(run, runs))
     ordered = [rows[name] for name in (*MINORS, "system") if name in rows]
-    print("\nPython   interpreter                                        make setup  quick suite")
+    print("\nPython   interpreter                                        make setup  smoke set")
     for name, python, setup, suite, seconds in ordered:
         print(f"{name:<8} {python:<50} {setup:<11} {suite}" + (f"  ({seconds:.0f} s)" if seconds else ""))
     failed = [row for row in ordered if row[2] == "failed" or row[3].startswith("failed")]

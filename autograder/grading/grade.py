@@ -48,6 +48,11 @@ from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerErro
 
 CHECKS_DIR = Path(__file__).with_name("checks")
 EXIT_GRADED, EXIT_CHECKS_FAILED, EXIT_CANNOT_GRADE = 0, 1, 2
+# torch threads of the grader itself. Its tensors are the checks' small inputs, which one thread computes
+# faster than two can agree on them: each operation with a second thread waits for it to be scheduled, which
+# on a busy machine costs far more than the work (a grading of the reference's twin took 6 to 8 s of the
+# grader's CPU with 2 threads, 1.8 s with one, on a 2-core machine at load 19). Timing runs in the workers.
+GRADER_THREADS = 1
 
 
 class CannotGrade(Exception):
@@ -204,6 +209,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     """Grade one file into a `GradingRun` (status graded or cannot_grade). Never raises for the
     submission's sake; only a broken installation escapes as an exception."""
     started = time.monotonic()
+    torch.set_num_threads(GRADER_THREADS)
     path = Path(path)
     run = GradingRun(
         status=CANNOT_GRADE,
@@ -263,6 +269,8 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         plugin.grader_errors.insert(0, f"grading was stopped ({signal.Signals(_stopped[0]).name}) before it finished")
     run.isolation = worker.isolation  # after the run: a fallback may have changed it
     run.machine = here.summary(used=worker.isolation)  # the machine as this grading used it
+    if worker.fresh_because:
+        run.machine["workers"] = f"started fresh, not forked from a fork server: {worker.fresh_because}"
     run.sandbox = dict(worker.in_force)
     run.worker_starts = worker.starts
     run.resources = resources(worker)

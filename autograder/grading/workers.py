@@ -49,6 +49,7 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
         threads=int(rubric.limit("worker_threads")),
         limits=protocol.FrameLimits(blob_bytes=int(rubric.limit("reply_mib") * (1 << 20))),
         contract=CONTRACT_NAMES,
+        forks_per_server=int(rubric.limit("forks_per_server")),
     )
 
 

@@ -250,12 +250,18 @@ def _package_folder(name: str) -> str | None:
 
 
 def command(
-    executable: str, device: str, scratch_bytes: int, as_root: bool, allowed: AllowList | None = None
+    executable: str,
+    device: str,
+    scratch_bytes: int,
+    as_root: bool,
+    allowed: AllowList | None = None,
+    fork_server: bool = False,
 ) -> list[str]:
     """`executable` (bubblewrap, by its full path) and its options for a worker on `device` with a /tmp of
     `scratch_bytes`, started by a grader that is root (`as_root`) or not, showing it `allowed` (by default
     `allow_list()`); the interpreter's command line follows. Only the options this bubblewrap has are used
-    (`features`)."""
+    (`features`). For the `fork_server`, the same sandbox, keeping what its children need to make their own
+    namespaces and mounts before they drop it for good (`inside/forkserver.py`)."""
     allowed = allowed or allow_list()
     found = features(executable)
 
@@ -278,6 +284,12 @@ def command(
         # No user namespace (it would map the worker to root): real root makes the namespaces, keeps only
         # what it takes to change uid, and the worker drops to a fresh uid before student code runs.
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        if fork_server:
+            argv += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"]
+    elif fork_server:
+        # user namespaces are refused to the workers by each child itself, once it has made its own
+        argv += ["--unshare-user", "--cap-drop", "ALL"]
+        argv += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP", "--cap-add", "CAP_SYS_RESOURCE"]
     else:
         argv += [
             "--unshare-user",

@@ -187,7 +187,11 @@ class WorkerGroup:
 
     def attach_self(self) -> None:
         """Move the calling process into every group (called in the child, between fork and exec)."""
-        pid = str(os.getpid()).encode()
+        self.attach(os.getpid())
+
+    def attach(self, process: int) -> None:
+        """Move the process `process` (a worker forked from the fork server, before it goes on) into every group."""
+        pid = str(process).encode()
         for folder in dict.fromkeys(self.dirs.values()):
             fd = os.open(folder / "cgroup.procs", os.O_WRONLY)
             try:

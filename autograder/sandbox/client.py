@@ -159,6 +159,7 @@ class WorkerConfig:
     threads: int = 1
     limits: protocol.FrameLimits = field(default_factory=protocol.FrameLimits)
     contract: tuple[str, ...] = ()
+    forks_per_server: int = 50  # fork workers from this process's fork server, replaced after so many (0: never)
 
 
 class OutputCapture(threading.Thread):
@@ -216,6 +217,7 @@ class Worker:
         self.memory_peak: int | None = None  # the most memory the worker's processes used together
         self.allowed: bwrap.AllowList | None = None  # the sandbox's allow list, if not `bwrap.allow_list()`
         self.holding = False  # held for timed requests (`hold`), a worker restarted meanwhile too
+        self.fresh_because: str | None = None  # why a worker was started fresh although a fork was asked for
         try:
             self.isolation = probe.choose_isolation(config.isolation)
         except (OSError, ValueError) as exc:
@@ -223,7 +225,9 @@ class Worker:
         self.budget_end = time.monotonic() + config.submission_seconds
 
     # -- lifecycle
-    def _spawn(self) -> None:
+    def _spawn(self, fork: bool = True) -> None:
+        """Start a worker process: forked from this process's fork server when the settings ask for one and it
+        can, else fresh (`fresh_because` says why, when a fork was asked for)."""
         self.process = launcher.launch(
             launcher.LaunchSettings(
                 isolation=self.isolation,
@@ -237,8 +241,11 @@ class Worker:
                 contract=self.config.contract,
                 use_cgroups=self.config.use_cgroups,
                 allowed=self.allowed,
+                forks_per_server=self.config.forks_per_server if fork else 0,
+                boot_seconds=self.config.boot_seconds,
             )
         )
+        self.fresh_because = self.process.fresh_because or self.fresh_because
         self.in_force = dict(self.process.in_force)
         self.capture = OutputCapture(self.process.output, self.config.output_bytes)
         self.capture.start()
@@ -327,7 +334,7 @@ class Worker:
         The first worker failing here is the grader's environment's fault, never the submission's."""
         try:
             what = "starting Python and torch"
-            ready = self._receive("ready", self._deadline(self.config.boot_seconds, check=check), what)
+            ready = self._ready(check, what)
             if not ready.ok or not isinstance(ready.value, Ready):
                 raise WorkerCrashed("the worker could not start")
         except WorkerError as exc:
@@ -345,6 +352,45 @@ class Worker:
         if self.process is not None:
             self.process.find_main(ready.value.pid)  # before any code of the submission runs
         return ready.value
+
+    def _ready(self, check: CheckBudget | None, what: str) -> protocol.Reply:
+        """The new worker's first frame. A forked worker that its fork server did not hand over, or that ended
+        before it was ready (before any code of the submission ran), is let go, and a fresh one started instead:
+        the fork server's trouble is never the submission's, nor a reason not to grade."""
+        deadline = self._deadline(self.config.boot_seconds, check=check)
+        process = self._running(what)
+        problem = process.started(deadline.left())
+        if problem is None:
+            try:
+                reply = self._receive("ready", deadline, what)
+            except WorkerTimeout:
+                if not process.forked:
+                    raise
+                problem = "a forked worker did not say it was ready in time"
+            except WorkerError as exc:
+                if not process.forked:
+                    raise
+                problem = f"a forked worker ended before it was ready ({exc})"
+            else:
+                if not process.forked or (reply.ok and isinstance(reply.value, Ready)):
+                    return reply
+                problem = "a forked worker's first answer was not `ready`"
+        said = self._discard()
+        self.fresh_because = problem + (f"; it said: {said}" if said else "")
+        self._spawn(fork=False)
+        return self._receive("ready", self._deadline(self.config.boot_seconds, check=check), what)
+
+    def _discard(self) -> str:
+        """End a forked worker that never became one (nothing of the submission ran in it): its output and CPU
+        time are not the submission's. Returns the last lines it printed (the grader's trouble, for the note)."""
+        process, capture = self.process, self.capture
+        self.process, self.capture = None, None
+        if process is not None:
+            process.kill()
+        if capture is None:
+            return ""
+        capture.join(timeout=2)
+        return " | ".join(capture.text().strip().splitlines()[-3:])
 
     def alive(self) -> bool:
         """Whether a started worker runs (and has loaded the file): a prestarted one is not started yet."""

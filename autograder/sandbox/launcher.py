@@ -28,12 +28,14 @@ worker ended, started or woke another of its processes meanwhile is void (`hold_
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,27 +43,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from autograder.sandbox import bwrap, probe, procfs
+from autograder.sandbox import bwrap, forks, probe, procfs
 from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
 
 SANDBOX_DIR = Path(__file__).resolve().parent
 SERVER_MODULES = ("protocol", "jail", "server")  # loaded, in this order, inside the worker
+FORK_SERVER_MODULES = (*SERVER_MODULES, "forkserver")  # and inside the fork server
 
-# Loads the untrusted-side modules from the sources passed on the command line, as the package
-# `sandbox`, then hands over to the server. argv: FD_IN FD_OUT CONFIG SOURCE...
-BOOT = f"""
+
+def boot_code(modules: tuple[str, ...], entry: str, arguments: int) -> str:
+    """Loads the untrusted-side `modules` from the sources passed on the command line after its `arguments`, as
+    the package `sandbox`, then hands over to `entry`'s `main` with those arguments."""
+    return f"""
 import sys, types
 package = types.ModuleType("sandbox")
 package.__path__ = []
 sys.modules["sandbox"] = package
-for name, source in zip({SERVER_MODULES!r}, sys.argv[4:]):
+for name, source in zip({modules!r}, sys.argv[{arguments + 1}:]):
     module = types.ModuleType("sandbox." + name)
     module.__package__ = "sandbox"
     sys.modules[module.__name__] = module
     exec(compile(source, "<sandbox/" + name + ".py>", "exec"), module.__dict__)
     setattr(package, name, module)
-sys.modules["sandbox.server"].main(sys.argv[1:4])
+sys.modules["sandbox.{entry}"].main(sys.argv[1:{arguments + 1}])
 """
+
+
+BOOT = boot_code(SERVER_MODULES, "server", 3)  # a worker's; argv: FD_IN FD_OUT CONFIG SOURCE...
+FORK_SERVER_BOOT = boot_code(FORK_SERVER_MODULES, "forkserver", 2)  # argv: CONTROL_FD CONFIG SOURCE...
+
+
+def sources(modules: tuple[str, ...]) -> list[str]:
+    return [(SANDBOX_DIR / ("" if name == "protocol" else "inside") / f"{name}.py").read_text() for name in modules]
 
 
 @dataclass
@@ -78,6 +91,8 @@ class LaunchSettings:
     contract: tuple[str, ...] = ()
     use_cgroups: bool = True
     allowed: bwrap.AllowList | None = None  # what the namespace sandbox shows (None: `bwrap.allow_list()`)
+    forks_per_server: int = 0  # fork the worker from this process's fork server, replaced after so many (0: never)
+    boot_seconds: float = 60.0  # how long a fork server may take to hand a worker over
 
 
 class WorkerProcess:
@@ -85,7 +100,7 @@ class WorkerProcess:
 
     def __init__(
         self,
-        process: subprocess.Popen[bytes],
+        process: subprocess.Popen[bytes] | forks.ForkedProcess,
         to_worker: int,
         from_worker: int,
         scratch: str | None,
@@ -107,6 +122,18 @@ class WorkerProcess:
         self._held: _Hold | None = None
         self._sent_stop = False  # processes were stopped by SIGSTOP (`hold`), which no thawing undoes
         self._filler: QuotaFiller | None = None  # while it is held (`hold`), a fresh uid's tasks all taken
+        self.fresh_because: str | None = None  # why it was started fresh although a fork was asked for
+
+    @property
+    def forked(self) -> bool:
+        return isinstance(self.process, forks.ForkedProcess)
+
+    def started(self, seconds: float) -> str | None:
+        """None once the worker runs in its control group (at once for a fresh one); for a forked one, why its
+        fork server did not hand it over within `seconds`, when it did not."""
+        if isinstance(self.process, forks.ForkedProcess):
+            return self.process.started(seconds)
+        return None
 
     @property
     def pid(self) -> int:
@@ -128,6 +155,8 @@ class WorkerProcess:
         descendant of its first process, found through /proc (setsid children leave the session, not the
         tree: the grader is their subreaper), and, under namespace isolation, every process of its pid
         namespace (which none can leave)."""
+        if isinstance(self.process, forks.ForkedProcess) and not self.process.handed_over():
+            return []  # not yet handed over: it has run nothing, and its process id is not known yet
         never = procfs.ancestry()
         if self._filler is not None:
             never.add(self._filler.pid)  # the grader's, though of the worker's uid
@@ -315,6 +344,10 @@ class WorkerProcess:
     def kill(self) -> None:
         """Kill every process of the worker, reap them, and remove its control group and scratch folder."""
         self._end_hold(filler_too=True)
+        if isinstance(self.process, forks.ForkedProcess) and self.process.cancel():
+            self._cpu_at_exit = 0.0
+            self._release()  # never handed over: it ends by itself, having run nothing
+            return
         if self.group is not None and self.group.dirs:
             self.group.kill()
             self.memory_kills = self.group.memory_kills()
@@ -339,6 +372,10 @@ class WorkerProcess:
         procfs.reap_orphans()
         if walked:
             procfs.wait_gone(tree)  # a control group's kill waits for it to empty; a walked tree is waited here
+        self._release()
+
+    def _release(self) -> None:
+        """Remove its control group and scratch folder, and close the grader's ends of its channel."""
         if self.group is not None:
             self.group.remove()
         for fd in (self.to_worker, self.from_worker):
@@ -456,16 +493,6 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
         "workdir": workdir,
         "contract": list(settings.contract),
     }
-    sources = [
-        (SANDBOX_DIR / ("" if name == "protocol" else "inside") / f"{name}.py").read_text() for name in SERVER_MODULES
-    ]
-    # -u: unbuffered, so what the student's code printed is captured even when the worker is killed
-    command = [sys.executable, "-I", "-u", "-c", BOOT, str(req_r), str(resp_w), json.dumps(config), *sources]
-    if sandbox:
-        executable = probe.bwrap_path() or "bwrap"
-        command = bwrap.command(
-            executable, settings.device, settings.scratch_bytes, probe.is_root(), settings.allowed
-        ) + ["--", *command]
     # RLIMIT_AS makes a huge allocation a clean MemoryError/RuntimeError; it breaks CUDA, where only the
     # control group's limit holds
     memory = settings.memory_bytes if settings.device == "cpu" else None
@@ -474,6 +501,42 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
         group = WorkerGroup.create(ResourceLimits(settings.memory_bytes, settings.processes, settings.cpus))
         if not group.dirs:
             group = None
+    in_force = probe.describe_isolation(
+        sandbox=sandbox,
+        uid=uid,
+        group=group,
+        rlimit_memory=memory,
+        scratch_bytes=settings.scratch_bytes,
+        processes=settings.processes,
+    )
+    fresh_because = None
+    if settings.forks_per_server > 0:
+        child = {
+            **config,
+            "uid": uid,
+            "env": {**bwrap.worker_env(workdir), **({"PWD": workdir} if sandbox else {})},  # bubblewrap sets PWD
+            "memory_bytes": memory,
+            "nproc": settings.processes if uid is not None and group is None else None,
+            "scratch_bytes": settings.scratch_bytes,
+            "userns": sandbox and not probe.is_root(),
+            "separate_namespaces": not sandbox and uid is not None,
+        }
+        forked = fork_worker(settings, child, (req_r, resp_w), group)
+        if isinstance(forked, forks.ForkedProcess):
+            os.close(req_r)
+            os.close(resp_w)
+            return WorkerProcess(forked, req_w, resp_r, scratch, settings.isolation, group, uid, in_force)
+        fresh_because = forked
+    # -u: unbuffered, so what the student's code printed is captured even when the worker is killed
+    command = [
+        *(sys.executable, "-I", "-u", "-c", BOOT, str(req_r), str(resp_w), json.dumps(config)),
+        *sources(SERVER_MODULES),
+    ]
+    if sandbox:
+        executable = probe.bwrap_path() or "bwrap"
+        command = bwrap.command(
+            executable, settings.device, settings.scratch_bytes, probe.is_root(), settings.allowed
+        ) + ["--", *command]
     grader = os.getpid()
 
     def in_child() -> None:
@@ -505,12 +568,77 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
     )
     os.close(req_r)
     os.close(resp_w)
-    in_force = probe.describe_isolation(
-        sandbox=sandbox,
-        uid=uid,
-        group=group,
-        rlimit_memory=memory,
-        scratch_bytes=settings.scratch_bytes,
-        processes=settings.processes,
+    worker = WorkerProcess(process, req_w, resp_r, scratch, settings.isolation, group, uid, in_force)
+    worker.fresh_because = fresh_because
+    return worker
+
+
+def fork_worker(
+    settings: LaunchSettings, child: dict[str, object], channel: tuple[int, int], group: WorkerGroup | None
+) -> forks.ForkedProcess | str:
+    """The worker as a child of this process's fork server for its kind (`forks.SERVERS`), or why it cannot be
+    one. The child gets the channel's two ends and an output pipe of its own."""
+    key = forks.ServerKey(
+        sys.executable,
+        settings.isolation,
+        settings.device,
+        settings.scratch_bytes,
+        (settings.allowed or bwrap.allow_list()) if settings.isolation == "namespace" else None,
     )
-    return WorkerProcess(process, req_w, resp_r, scratch, settings.isolation, group, uid, in_force)
+    out_r, out_w = os.pipe()
+    try:
+        forked = forks.SERVERS.fork(
+            key,
+            settings.forks_per_server,
+            functools.partial(start_fork_server, key),
+            child,
+            (*channel, out_w),
+            group,
+            settings.boot_seconds,
+        )
+    finally:
+        os.close(out_w)
+    if isinstance(forked, str):
+        os.close(out_r)
+        return forked
+    forked.stdout = os.fdopen(out_r, "rb", buffering=0)
+    return forked
+
+
+def start_fork_server(key: forks.ServerKey, control: socket.socket, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start a fork server by exec, where and as a worker of `key`'s kind starts: in the namespace sandbox
+    with the same allow list (keeping, for its children, what it takes to make their own namespaces), or as a
+    separate process (as root under a root grader, so that each child can take a fresh uid); with a fresh
+    worker's environment, the grader's packages hidden, dying with the grader. Its children re-establish the
+    rest (`inside/forkserver.py`)."""
+    sandbox = key.isolation == "namespace"
+    hide = sorted({*bwrap.grader_folders(), tempfile.gettempdir()})
+    keep = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    workdir = bwrap.WORKDIR if sandbox else "/"
+    config = {"hide": hide, "keep": [k for k in keep if any(bwrap.inside(k, h) for h in hide)], "workdir": workdir}
+    command = [
+        *(sys.executable, "-I", "-u", "-c", FORK_SERVER_BOOT, str(control.fileno()), json.dumps(config)),
+        *sources(FORK_SERVER_MODULES),
+    ]
+    if sandbox:
+        executable = probe.bwrap_path() or "bwrap"
+        command = bwrap.command(
+            executable, key.device, key.scratch_bytes, probe.is_root(), key.allowed, fork_server=True
+        ) + ["--", *command]
+    grader = os.getpid()
+
+    def in_child() -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        procfs.die_with_parent(signal.SIGKILL, parent=grader)
+
+    return subprocess.Popen(
+        command,
+        cwd="/",
+        env=bwrap.worker_env(workdir),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        pass_fds=(control.fileno(),),
+        start_new_session=True,
+        preexec_fn=in_child,
+    )

@@ -596,6 +596,12 @@ def main(argv: list[str]) -> None:
     import torch
 
     torch.set_num_threads(config.get("threads") or torch.get_num_threads())
+    serve(torch, config, fd_in, fd_out)
+
+
+def serve(torch: types.ModuleType, config: dict[str, Any], fd_in: int, fd_out: int) -> None:
+    """Say `ready`, then answer the grader's requests until it closes the channel: the same for a worker
+    started fresh (`main`) and for one forked from the fork server (`forkserver`)."""
     channel = Channel(fd_in, fd_out)
     session = Session(torch, config, channel)
     channel.send({"ok": True, "value": {"pid": os.getpid(), "cuda": bool(torch.cuda.is_available())}})
