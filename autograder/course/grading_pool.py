@@ -36,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, TextIO
 
+from autograder.course.store import COURSE_FILE_MODE
 from autograder.sandbox import procfs
 
 PARENT_VARIABLE = "AUTOGRADER_POOL_PARENT"
@@ -60,7 +61,6 @@ def serve(stdin: Iterable[str] | None = None, replies: TextIO | None = None) -> 
     if parent and os.getppid() != int(parent):  # the class run died before we asked to die with it
         return 1
 
-    from autograder.course.store import COURSE_FILE_MODE
     from autograder.grading.grade import Options, grade_submission
     from autograder.model import write_results
 
