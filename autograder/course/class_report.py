@@ -37,7 +37,16 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from autograder.atomic import write_text_atomically
 from autograder.contract import ASSIGNMENT, PART_IDS
 from autograder.course.clean import clean_for_output
-from autograder.course.rows import SHOWN_AFTER, STATUSES, Row, feedback_path, graded_parts, shown, status_words
+from autograder.course.rows import (
+    SHOWN_AFTER,
+    STATUSES,
+    Row,
+    feedback_path,
+    graded_parts,
+    page_is_current,
+    shown,
+    status_words,
+)
 from autograder.course.store import COURSE_FILE_MODE
 from autograder.model import FAILED, NOT_CREDITED, GradingRun
 from autograder.rubric import Rubric
@@ -393,12 +402,7 @@ def write_class_report(course: Path, rows: list[Row], rubric: Rubric, released: 
     """Write class.html where it is missing or out of date; return whether it was written."""
     path = report_path(course)
     value = fingerprint(rows, rubric, released)
-    try:
-        with open(path, "rb") as handle:
-            match = _FINGERPRINT.search(handle.read(4096))
-    except OSError:
-        match = None
-    if match and match.group(1).decode() == value:
+    if page_is_current(path, _FINGERPRINT, value):
         return False
     write_text_atomically(path, render(rows, rubric, released, value), COURSE_FILE_MODE)
     return True

@@ -38,7 +38,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from autograder.atomic import write_text_atomically
 from autograder.contract import ASSIGNMENT
 from autograder.course.clean import clean_for_output
-from autograder.course.rows import Row, feedback_path, shown
+from autograder.course.rows import Row, feedback_path, page_is_current, shown
 from autograder.course.store import COURSE_FILE_MODE
 from autograder.model import FAILED, NOT_CREDITED, PASSED, GradingRun, points_text
 
@@ -343,12 +343,7 @@ def write_feedback(course: Path, rows: list[Row], released: bool = False) -> int
     for row in rows:
         path = feedback_path(course, row.student)
         value = fingerprint(row, released, renderer)
-        try:
-            with open(path, "rb") as handle:
-                match = _FINGERPRINT.search(handle.read(4096))
-        except OSError:
-            match = None
-        if match and match.group(1).decode() == value:
+        if page_is_current(path, _FINGERPRINT, value):
             continue
         write_text_atomically(path, render(row, released, value), COURSE_FILE_MODE)
         written += 1

@@ -19,6 +19,7 @@ and the documentation:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,3 +111,14 @@ def shown(check: CheckResult, released: bool) -> bool:
 def feedback_path(course: Path, student: str) -> Path:
     """Where a student's feedback page is (`feedback.py` writes it; the class report links to it)."""
     return Path(course) / "feedback" / student / ASSIGNMENT / "feedback.html"
+
+
+def page_is_current(path: Path, fingerprint: re.Pattern[bytes], value: str) -> bool:
+    """Whether the page at `path` was written from the same inputs: its `fingerprint` (a pattern whose group
+    is the value, in the page's first 4 KiB) says `value`. A page that cannot be read is not current."""
+    try:
+        with open(path, "rb") as handle:
+            match = fingerprint.search(handle.read(4096))
+    except OSError:
+        return False
+    return match is not None and match.group(1).decode() == value
