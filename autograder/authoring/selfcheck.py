@@ -12,8 +12,10 @@ ends with a call of its `_check_<part>()`, whose value (what Jupyter shows under
 - `waiting: ...`: the part's own code looks right, but what it produces depends on another part that is
   not right or not written yet (the message names it);
 - `answered: ...`: the quiz, whose answers only the grader can judge;
-- a stub that still raises NotImplementedError is `not done yet`; an AssertionError is `failed`, with the
-  self-check's message; any other exception is `failed` with where it was raised.
+- a stub that still raises NotImplementedError is `not done yet` (but `waiting` when its message starts with
+  "waiting: ": the speed part's self-check, which has no code of its own, raises so while part 6 is a stub,
+  so that the untouched notebook earns nothing under nbgrader either); an AssertionError is `failed`, with
+  the self-check's message; any other exception is `failed` with where it was raised.
 
 Only `passed` counts as passed; the exit status is 0 when every part is `passed` or `answered`, 1 otherwise.
 
@@ -152,7 +154,10 @@ def outcome_of(path: Path, cell: Cell, namespace: dict[str, Any]) -> Outcome:
     try:
         value = run_cell(path, cell, namespace)
     except NotImplementedError as exc:
-        return Outcome(NOT_DONE, str(exc) or "a stub still raises NotImplementedError")
+        said = str(exc)
+        if said.startswith(f"{WAITING}: "):  # a part with no code of its own, whose part is a stub: it waits
+            return Outcome(WAITING, said.removeprefix(f"{WAITING}: "))
+        return Outcome(NOT_DONE, said or "a stub still raises NotImplementedError")
     except AssertionError as exc:
         return Outcome(FAILED, str(exc))
     except Exception as exc:
