@@ -30,8 +30,6 @@ T = TypeVar("T")
 GRADED, CANNOT_GRADE = "graded", "cannot_grade"
 # What results.json says while a grading runs: a grader killed before it writes its own leaves this behind.
 UNFINISHED = "grading did not finish: the grader was stopped before it wrote its results"
-# Other words for a run's status that results.json files written elsewhere may hold; read as ours.
-STATUS_ALIASES = {"could_not_grade": CANNOT_GRADE, "could not grade": CANNOT_GRADE, "cannot grade": CANNOT_GRADE}
 # A check's status. NOT_CREDITED: it earns none of its points while something it rests on is wrong (the
 # message says what, and where that is said in full); it accuses the submission of nothing of its own, and
 # its points come once what it rests on is right. Gradescope knows only passed and failed: results.json
@@ -283,8 +281,6 @@ class GradingRun:
                 )
             )
         fields = {k: v for k, v in extra.items() if k in cls.__dataclass_fields__ and k not in ("load",)}
-        if "status" in fields:
-            fields["status"] = STATUS_ALIASES.get(fields["status"], fields["status"])
         return cls(
             **fields,
             checks=checks,

@@ -238,12 +238,11 @@ def test_grades_csv_has_a_row_per_student_with_parts_status_file_and_note(tmp_pa
 
 def test_one_status_vocabulary_in_results_json_grades_csv_and_the_tables(tmp_path):
     """A run that could not grade is `cannot_grade` in results.json, grades.csv and (with a space) on the
-    terminal; a results.json that says it another way still reads back as that status."""
+    terminal."""
     from rich.console import Console
 
     from autograder.course.class_outputs import students_table
     from autograder.course.rows import STATUSES, status_words
-    from autograder.model import GradingRun
 
     rows = class_rows(tmp_path)
     written = {r["student"]: r["status"] for r in csv.DictReader(io.StringIO(grades_csv(rows, load_rubric())))}
@@ -254,9 +253,6 @@ def test_one_status_vocabulary_in_results_json_grades_csv_and_the_tables(tmp_pat
     console.print(students_table(rows))
     shown = console.export_text()
     assert status_words(CANNOT_GRADE) in shown and "could not" not in shown
-    old = dan.run.to_gradescope()
-    old["extra_data"]["status"] = "could_not_grade"
-    assert GradingRun.from_gradescope(old).status == CANNOT_GRADE
 
 
 def test_the_canvas_export_has_canvas_columns_points_possible_and_totals(tmp_path):
