@@ -42,11 +42,10 @@ from autograder.sandbox.protocol import MISSING, Foreign, ForwardReply, Handle, 
 # The cause of every check that cannot load its weights into the student's module (see scoring.name_once).
 CONSTRUCTOR_CAUSE = "your {} does not keep the given constructor, so the grader cannot build it with its weights"
 MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "mv", "dot", "addmv", "linear", "_addmm_activation"}
-ModuleRef = ModuleInfo  # a module living in the worker, known by its handle
 P = ParamSpec("P")
 R = TypeVar("R")
 M = TypeVar("M", bound=torch.nn.Module)
-__all__ = ["Foreign", "ForwardReply", "ModuleRef", "NotCredited"]
+__all__ = ["Foreign", "ForwardReply", "NotCredited"]
 
 
 # What the running checks sent to the submission and compared, while a disputed grade is explained

@@ -19,7 +19,6 @@ from autograder.grading.checks.harness import (
     CONSTRUCTOR_CAUSE,
     NOT_DONE,
     Inputs,
-    ModuleRef,
     NotCredited,
     Problem,
     Submission,
@@ -43,6 +42,7 @@ from autograder.grading.checks.mistakes import (
     wrong_ranges,
 )
 from autograder.rubric import Rubric
+from autograder.sandbox.protocol import ModuleInfo
 from reference import mha as ref
 
 # (d_in, head width, context_length, heads, qkv_bias)
@@ -67,7 +67,7 @@ NOT_ON_DEVICE = "fuse_heads' module is not on the wrapper's device: create it th
 
 def fused_pair(
     submission: Submission, inputs: Inputs, case: str
-) -> tuple[ref.MultiHeadAttentionWrapper, ModuleRef, ModuleRef]:
+) -> tuple[ref.MultiHeadAttentionWrapper, ModuleInfo, ModuleInfo]:
     """The reference wrapper, the student's wrapper with the same weights, and fuse_heads of the latter."""
     d_in, width, context, heads, bias = CASES[case]
     wrapper_ref, wrapper = build_pair(
@@ -84,7 +84,7 @@ def fused_pair(
                 f"is right (see the columns checks).\n{problem}"
             )
         fail(problem)
-    if not isinstance(fused, ModuleRef):
+    if not isinstance(fused, ModuleInfo):
         fail(f"fuse_heads returned {fused!r:.80}; it must return a MultiHeadAttention")
     if "MultiHeadAttention" not in fused.instance_of:
         fail(f"fuse_heads returned a {fused.cls}; it must return a MultiHeadAttention (your class)")
@@ -132,7 +132,7 @@ def placement_problem(
     rubric: Rubric,
     case: str,
     wrapper_ref: ref.MultiHeadAttentionWrapper,
-    fused: ModuleRef,
+    fused: ModuleInfo,
 ) -> str | None:
     """None when the fused weights, run through the reference forward, reproduce the wrapper."""
     d_in, width, context, heads, bias = CASES[case]

@@ -19,7 +19,6 @@ from autograder.grading.checks.harness import (
     IN_PLACE,
     ForwardReply,
     Inputs,
-    ModuleRef,
     Submission,
     attempt,
     book_pair,
@@ -37,6 +36,7 @@ from autograder.grading.checks.harness import (
 )
 from autograder.grading.checks.mistakes import mha_dropout_variants, mha_train_forward, mha_variants
 from autograder.rubric import Rubric
+from autograder.sandbox.protocol import ModuleInfo
 from reference import mha as ref
 
 FORWARD = "MultiHeadAttention.forward"
@@ -70,7 +70,7 @@ def pair(
     dtype: torch.dtype = torch.float64,
     device: str = "cpu",
     dropout: float = 0.0,
-) -> tuple[ref.MultiHeadAttention, ModuleRef, tuple[int, int, int]]:
+) -> tuple[ref.MultiHeadAttention, ModuleInfo, tuple[int, int, int]]:
     batch, tokens, d_in, d_out, context, heads, bias = CASES[case]
     reference, module = build_pair(
         submission,
@@ -89,7 +89,7 @@ def pair(
 
 
 def run(
-    submission: Submission, reference: ref.MultiHeadAttention, module: ModuleRef, x: torch.Tensor, **kwargs: Any
+    submission: Submission, reference: ref.MultiHeadAttention, module: ModuleInfo, x: torch.Tensor, **kwargs: Any
 ) -> ForwardReply:
     """The student's forward, with PyTorch's internal errors explained (a mask not cut to T x T, ...)."""
     context_length = reference.get_buffer("mask").shape[0]

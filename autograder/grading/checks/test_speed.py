@@ -24,7 +24,6 @@ from autograder.grading import timing, verdict
 from autograder.grading.checks.fixtures import GradingContext
 from autograder.grading.checks.harness import (
     Inputs,
-    ModuleRef,
     Submission,
     assert_close,
     calls_difference,
@@ -38,6 +37,7 @@ from autograder.grading.verdict import Verdict
 from autograder.rubric import Rubric, SpeedSettings, Workload
 from autograder.sandbox import procfs
 from autograder.sandbox.client import Worker, WorkerError, WorkerTimeout
+from autograder.sandbox.protocol import ModuleInfo
 from reference import mha as ref
 
 LOOP_HINT = (
@@ -188,7 +188,7 @@ class Built:
 
 def check_values_first(
     submission: Submission,
-    module: ModuleRef,
+    module: ModuleInfo,
     mha: ref.MultiHeadAttention,
     inputs: Inputs,
     workload: Workload,
@@ -250,7 +250,7 @@ def build_references(
 
 def timing_targets(
     submission: Submission,
-    module: ModuleRef,
+    module: ModuleInfo,
     reference: Built,
     wrapper: Built,
     workload: Workload,

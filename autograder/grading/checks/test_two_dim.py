@@ -15,7 +15,6 @@ import torch
 
 from autograder.grading.checks.harness import (
     Inputs,
-    ModuleRef,
     NotCredited,
     Problem,
     Submission,
@@ -31,6 +30,7 @@ from autograder.grading.checks.harness import (
 )
 from autograder.grading.checks.mistakes import HEAD_CHANGED, describe_changed_heads, named, wrapper_variants
 from autograder.rubric import Rubric
+from autograder.sandbox.protocol import ModuleInfo
 from reference import mha as ref
 
 # d_in, context_length, tokens
@@ -38,10 +38,10 @@ VISIBLE_CASES = {"d_in 3": (3, 6, 6), "d_in 8, short sequence": (8, 7, 5)}
 HIDDEN_CASES = {"d_in 5": (5, 4, 4), "d_in 16, 2 of 9 tokens": (16, 9, 2)}
 
 
-def built(submission: Submission, d_in: int, context: int, **kwargs: Any) -> ModuleRef:
+def built(submission: Submission, d_in: int, context: int, **kwargs: Any) -> ModuleInfo:
     call = f"make_2d_wrapper({d_in}, {context}{''.join(f', {k}={v!r}' for k, v in kwargs.items())})"
     module = submission.call("make_2d_wrapper", d_in, context, **kwargs)
-    if not isinstance(module, ModuleRef):
+    if not isinstance(module, ModuleInfo):
         fail(f"{call} returned {module!r:.80}; it must return a MultiHeadAttentionWrapper")
     return submission.to_device(module, "make_2d_wrapper")
 
@@ -56,7 +56,7 @@ def head_layout(state: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
     return [shapes[i] for i in sorted(shapes)]
 
 
-def layout_problem(module: ModuleRef, d_in: int, context: int, bias: bool) -> str | None:
+def layout_problem(module: ModuleInfo, d_in: int, context: int, bias: bool) -> str | None:
     """What is wrong with what make_2d_wrapper built, read off its class and weights, in the exercise's terms."""
     if "MultiHeadAttentionWrapper" not in module.instance_of:
         return f"make_2d_wrapper returned a {module.cls}; return a MultiHeadAttentionWrapper"
@@ -106,7 +106,7 @@ def layout_problem(module: ModuleRef, d_in: int, context: int, bias: bool) -> st
 
 
 def reference_for(
-    module: ModuleRef, d_in: int, context: int, bias: bool, dropout: float = 0.0
+    module: ModuleInfo, d_in: int, context: int, bias: bool, dropout: float = 0.0
 ) -> ref.MultiHeadAttentionWrapper:
     reference = ref.MultiHeadAttentionWrapper(d_in, 1, context, dropout, 2, qkv_bias=bias)
     state = module.state_dict or {}
@@ -119,7 +119,7 @@ def reference_for(
 
 def output_problem(
     submission: Submission,
-    module: ModuleRef,
+    module: ModuleInfo,
     d_in: int,
     context: int,
     bias: bool,

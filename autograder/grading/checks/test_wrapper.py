@@ -17,7 +17,6 @@ import torch
 from autograder.grading.checks.harness import (
     ForwardReply,
     Inputs,
-    ModuleRef,
     NotCredited,
     Raised,
     Submission,
@@ -34,6 +33,7 @@ from autograder.grading.checks.harness import (
 )
 from autograder.grading.checks.mistakes import HEADS_REVERSED, wrapper_variants
 from autograder.rubric import Rubric
+from autograder.sandbox.protocol import ModuleInfo
 from reference import mha as ref
 
 FORWARD = "MultiHeadAttentionWrapper.forward"
@@ -105,7 +105,7 @@ def output_problem(
 def run_wrapper(
     submission: Submission,
     reference: ref.MultiHeadAttentionWrapper,
-    module: ModuleRef,
+    module: ModuleInfo,
     x: torch.Tensor,
     **kwargs: Any,
 ) -> ForwardReply:
