@@ -68,8 +68,9 @@ def speed_self_test(device: str, isolation: str, gradings: int) -> list[SpeedRun
     heads, in this process (its timing workers kept from one grading to the next, as grade-class does)."""
     from autograder.grading import timing
     from autograder.grading.grade import Options, grade_submission
+    from autograder.grading.workers import reference_cells
 
-    definitions = "".join(f"# %%\n{source.strip()}\n\n" for _n, _line, source in timing.reference_cells())
+    definitions = "".join(f"# %%\n{source.strip()}\n\n" for _n, _line, source in reference_cells())
     sources = {"reference": definitions, "loop over heads": definitions + f"# %%\n{LOOP_OVER_HEADS.strip()}\n"}
     runs = []
     with tempfile.TemporaryDirectory(prefix="mha-doctor-") as folder:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autograder import doctor
-from autograder.grading.timing import reference_cells
+from autograder.grading.workers import reference_cells
 
 
 def definitions() -> str:

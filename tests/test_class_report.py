@@ -271,7 +271,7 @@ def speed_of(relatives: dict[str, float | None]) -> dict:
     import warnings
     from types import SimpleNamespace
 
-    from autograder.grading import timing, verdict
+    from autograder.grading import timing, verdict, workers
 
     with warnings.catch_warnings():  # the check module's markers are registered by the grader's plugin
         warnings.simplefilter("ignore")
@@ -287,9 +287,9 @@ def speed_of(relatives: dict[str, float | None]) -> dict:
             continue
         rounds = 9
         seconds = {
-            timing.WRAPPER: [6.3e-3] * rounds,
-            timing.REFERENCE: [0.63e-3] * rounds,
-            timing.SUBMISSION: [0.63e-3 / relative] * rounds,
+            workers.WRAPPER: [6.3e-3] * rounds,
+            workers.REFERENCE: [0.63e-3] * rounds,
+            workers.SUBMISSION: [0.63e-3 / relative] * rounds,
         }
         measurement = timing.Measurement(seconds, seconds, seconds, {k: [0.0] * rounds for k in seconds})
         measurement.verdict = verdict.final(timing.relatives(measurement), rubric.speed, rubric.part_points("speed"))

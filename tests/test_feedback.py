@@ -24,7 +24,7 @@ def recorded_speed() -> dict:
     import warnings
     from types import SimpleNamespace
 
-    from autograder.grading import timing, verdict
+    from autograder.grading import timing, verdict, workers
     from autograder.rubric import load_rubric
 
     with warnings.catch_warnings():  # the check module's markers are registered by the grader's plugin
@@ -35,9 +35,9 @@ def recorded_speed() -> dict:
     (workload,) = rubric.speed.workloads_for("cpu")
     rounds = 21
     seconds = {
-        timing.WRAPPER: [6.3e-3 + i * 1e-5 for i in range(rounds)],
-        timing.REFERENCE: [0.63e-3 + (i % 3) * 1e-5 for i in range(rounds)],
-        timing.SUBMISSION: [0.95e-3 + (i % 5) * 2e-5 for i in range(rounds)],
+        workers.WRAPPER: [6.3e-3 + i * 1e-5 for i in range(rounds)],
+        workers.REFERENCE: [0.63e-3 + (i % 3) * 1e-5 for i in range(rounds)],
+        workers.SUBMISSION: [0.95e-3 + (i % 5) * 2e-5 for i in range(rounds)],
     }
     measurement = timing.Measurement(seconds, seconds, seconds, {k: [0.0] * rounds for k in seconds})
     measurement.verdict = verdict.final(timing.relatives(measurement), rubric.speed, rubric.part_points("speed"))

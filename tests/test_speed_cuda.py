@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from autograder.grading import timing
+from autograder.grading import timing, workers
 from autograder.rubric import load_rubric
 from helpers import REFERENCE, grade
 from speed_variants import VARIANTS
@@ -51,8 +51,8 @@ def test_forward_many_on_cuda_is_seeded_flushed_and_checked(tmp_path):
 
     torch.manual_seed(0)
     module = ref.MultiHeadAttention(64, 64, 32, 0.0, 16).to("cuda").eval()
-    started = timing.BackgroundWorker(
-        timing.reference_cells(), "reference.py", WorkerConfig(device="cuda", threads=1, request_seconds=60)
+    started = workers.BackgroundWorker(
+        workers.reference_cells(), "reference.py", WorkerConfig(device="cuda", threads=1, request_seconds=60)
     )
     try:
         worker = started.get()

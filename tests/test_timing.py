@@ -16,6 +16,8 @@ import torch
 
 from autograder.grading import timing
 from autograder.grading.scoring import Outcome, score
+from autograder.grading.verdict import credit
+from autograder.grading.workers import REFERENCE, SUBMISSION, WRAPPER, BackgroundWorker, reference_cells
 from autograder.rubric import DEFAULT_RUBRIC, RubricError, load_rubric
 from autograder.sandbox.client import HoldBroken
 from autograder.sandbox.protocol import TimedShown
@@ -30,7 +32,7 @@ pytest_plugins = ["pytester"]
 
 @pytest.mark.parametrize("relative,expected", [(0.3, 0.0), (0.55, 0.0), (0.65, 0.5), (0.75, 1.0), (3.0, 1.0)])
 def test_credit_is_linear_between_the_bands(relative, expected):
-    assert timing.credit(relative, 0.55, 0.75) == pytest.approx(expected)
+    assert credit(relative, 0.55, 0.75) == pytest.approx(expected)
 
 
 def test_a_request_is_charged_its_own_time_not_the_machines():
@@ -67,7 +69,7 @@ def test_the_geometric_mean_of_figures_never_raises():
 
 
 def measurement(wrapper, reference, submission):
-    return timing.Measurement({timing.WRAPPER: wrapper, timing.REFERENCE: reference, timing.SUBMISSION: submission})
+    return timing.Measurement({WRAPPER: wrapper, REFERENCE: reference, SUBMISSION: submission})
 
 
 def test_summary_is_the_median_of_per_round_ratios():
@@ -81,15 +83,15 @@ def test_summary_is_the_median_of_per_round_ratios():
 
 
 def test_the_reference_and_the_submission_take_turns_after_the_wrapper():
-    names = [timing.WRAPPER, timing.REFERENCE, timing.SUBMISSION]
+    names = [WRAPPER, REFERENCE, SUBMISSION]
     orders = [timing.round_order(names, i) for i in range(4)]
-    assert all(order[0] == timing.WRAPPER for order in orders)
+    assert all(order[0] == WRAPPER for order in orders)
     follows = {}
     for order in orders:
         for before, after in zip(order, order[1:]):
             follows[(before, after)] = follows.get((before, after), 0) + 1
-    assert follows[(timing.WRAPPER, timing.REFERENCE)] == follows[(timing.WRAPPER, timing.SUBMISSION)]
-    assert follows[(timing.REFERENCE, timing.SUBMISSION)] == follows[(timing.SUBMISSION, timing.REFERENCE)]
+    assert follows[(WRAPPER, REFERENCE)] == follows[(WRAPPER, SUBMISSION)]
+    assert follows[(REFERENCE, SUBMISSION)] == follows[(SUBMISSION, REFERENCE)]
 
 
 # -- the protocol, with fake workers and a fake clock --------------------------------------------------------
@@ -171,37 +173,35 @@ def fake_targets(clock, seconds_per_call, cpu_per_second=None, seen=None):
 
             return FakeCalls(workers[name], next(times), record)
 
-        calls = 1 if name == timing.WRAPPER else 4
+        calls = 1 if name == WRAPPER else 4
         targets.append(timing.Target(name, workers[name], open_calls, calls))
     return targets, workers
 
 
 def test_only_the_timed_worker_runs_and_every_worker_is_resumed_after():
     clock, seen = Clock(), []
-    targets, workers = fake_targets(
-        clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.01}, seen=seen
-    )
+    targets, workers = fake_targets(clock, {WRAPPER: 0.05, REFERENCE: 0.01, SUBMISSION: 0.01}, seen=seen)
     result = timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
     assert all(running == [name] for name, running, _, _ in seen)
     assert all(w.running for w in workers.values())
-    assert len(result.rounds[timing.SUBMISSION]) == SPEED.min_rounds  # one rate every round: the first look settles
+    assert len(result.rounds[SUBMISSION]) == SPEED.min_rounds  # one rate every round: the first look settles
     assert result.verdict is not None and result.verdict.stopped_because == "full"
-    assert result.rounds[timing.SUBMISSION][0] == pytest.approx(0.01)  # seconds per call
-    assert result.walls[timing.WRAPPER][0] == pytest.approx(0.05)
+    assert result.rounds[SUBMISSION][0] == pytest.approx(0.01)  # seconds per call
+    assert result.walls[WRAPPER][0] == pytest.approx(0.05)
 
 
 def test_every_round_has_new_seeds_shared_by_the_three():
     clock, seen = Clock(), []
-    targets, _ = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.01}, seen=seen)
+    targets, _ = fake_targets(clock, {WRAPPER: 0.05, REFERENCE: 0.01, SUBMISSION: 0.01}, seen=seen)
     timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
     by_round = [seen[i : i + 3] for i in range(0, len(seen), 3)]
     used = set()
     for round_ in by_round:
         seeds = {name: s for name, _, s, _ in round_}
-        assert seeds[timing.REFERENCE] == seeds[timing.SUBMISSION]
-        assert seeds[timing.WRAPPER] == seeds[timing.REFERENCE][:1]
-        assert not used & set(seeds[timing.REFERENCE])
-        used |= set(seeds[timing.REFERENCE])
+        assert seeds[REFERENCE] == seeds[SUBMISSION]
+        assert seeds[WRAPPER] == seeds[REFERENCE][:1]
+        assert not used & set(seeds[REFERENCE])
+        used |= set(seeds[REFERENCE])
 
 
 @pytest.mark.parametrize(
@@ -216,10 +216,10 @@ def test_every_round_has_new_seeds_shared_by_the_three():
 )
 def test_the_rounds_stop_as_soon_as_the_verdict_is_settled(submission, rounds, because):
     clock = Clock()
-    targets, _ = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: submission})
+    targets, _ = fake_targets(clock, {WRAPPER: 0.05, REFERENCE: 0.01, SUBMISSION: submission})
     result = timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock, points=10.0)
     assert result.verdict is not None
-    assert (len(result.rounds[timing.SUBMISSION]), result.verdict.stopped_because) == (rounds, because)
+    assert (len(result.rounds[SUBMISSION]), result.verdict.stopped_because) == (rounds, because)
     assert result.verdict.close == (because == "max_rounds")
     figures = timing.summarize(result)
     assert figures["rounds"] == rounds and figures["verdict"]["stopped_because"] == because
@@ -230,12 +230,12 @@ def test_a_submission_using_two_cores_is_charged_for_them():
     clock = Clock()
     targets, _ = fake_targets(
         clock,
-        {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.006},
-        cpu_per_second={timing.SUBMISSION: 2.0},
+        {WRAPPER: 0.05, REFERENCE: 0.01, SUBMISSION: 0.006},
+        cpu_per_second={SUBMISSION: 2.0},
     )
     result = timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
-    assert result.cpus[timing.SUBMISSION][0] == pytest.approx(0.012)
-    assert result.rounds[timing.SUBMISSION][0] == pytest.approx(0.012)  # charged its CPU time, not its wall time
+    assert result.cpus[SUBMISSION][0] == pytest.approx(0.012)
+    assert result.rounds[SUBMISSION][0] == pytest.approx(0.012)  # charged its CPU time, not its wall time
     assert timing.summarize(result)["relative"] == pytest.approx(0.01 / 0.012, rel=0.05)
 
 
@@ -243,9 +243,9 @@ def test_a_worker_that_breaks_its_hold_fails_the_measurement_as_its_own_fault():
     """A timed request during which the worker ended, started or woke another of its processes (where no
     control group counts their CPU time) is void: the worker's failure handler decides whose fault it is."""
     clock, failures = Clock(), []
-    targets, workers = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.01})
+    targets, workers = fake_targets(clock, {WRAPPER: 0.05, REFERENCE: 0.01, SUBMISSION: 0.01})
     targets[2].failed = failures.append
-    workers[timing.SUBMISSION].broken = "your code ended 1 other process while it was timed"
+    workers[SUBMISSION].broken = "your code ended 1 other process while it was timed"
     with pytest.raises(HoldBroken, match="ended 1 other process"):
         timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
     assert [str(f) for f in failures] == ["your code ended 1 other process while it was timed"]
@@ -254,23 +254,21 @@ def test_a_worker_that_breaks_its_hold_fails_the_measurement_as_its_own_fault():
 
 def test_far_too_slow_gives_up_after_warm_up_and_waits_little():
     clock, seen = Clock(), []
-    targets, workers = fake_targets(
-        clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.001, timing.SUBMISSION: 0.05}, seen=seen
-    )
+    targets, workers = fake_targets(clock, {WRAPPER: 0.05, REFERENCE: 0.001, SUBMISSION: 0.05}, seen=seen)
     with pytest.raises(timing.TooSlow, match="times slower"):
         timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
     assert len(seen) == 3 * SPEED.warmup_rounds  # no measured round
     assert all(w.running for w in workers.values())
-    waits = [timeout for name, _, _, timeout in seen if name == timing.SUBMISSION]
+    waits = [timeout for name, _, _, timeout in seen if name == SUBMISSION]
     assert waits[0] < 2.0  # bounded by the reference's time, not the 10 s request deadline
 
 
 def test_a_wrong_answer_stops_the_measurement():
     clock = Clock()
-    targets, workers = fake_targets(clock, {timing.WRAPPER: 0.05, timing.REFERENCE: 0.01, timing.SUBMISSION: 0.01})
+    targets, workers = fake_targets(clock, {WRAPPER: 0.05, REFERENCE: 0.01, SUBMISSION: 0.01})
 
     def verify(round):
-        assert set(round.answers) == {timing.WRAPPER, timing.REFERENCE, timing.SUBMISSION}
+        assert set(round.answers) == {WRAPPER, REFERENCE, SUBMISSION}
         raise timing.TimingFailed("wrong")
 
     with pytest.raises(timing.TimingFailed, match="wrong"):
@@ -465,7 +463,7 @@ def test_no_ready_made_attention():
 
 
 def test_the_reference_worker_loads_only_definitions():
-    sources = "\n".join(source for _, _, source in timing.reference_cells())
+    sources = "\n".join(source for _, _, source in reference_cells())
     assert "class MultiHeadAttention(" in sources and "class MultiHeadAttentionWrapper(" in sources
     assert "_check_" not in sources and "gpt2_attention" not in sources
 
@@ -474,9 +472,7 @@ def test_the_reference_worker_loads_only_definitions():
 def reference_worker():
     from autograder.sandbox.client import WorkerConfig
 
-    started = timing.BackgroundWorker(
-        timing.reference_cells(), "reference.py", WorkerConfig(threads=1, request_seconds=30)
-    )
+    started = BackgroundWorker(reference_cells(), "reference.py", WorkerConfig(threads=1, request_seconds=30))
     yield started.get()
     started.close()
 
@@ -655,23 +651,23 @@ def test_a_grading_process_keeps_the_reference_workers_and_replaces_any_that_fai
     try:
         first = timing.kept_trusted_workers(config)
         pids = {name: kept.get().process.pid for name, kept in first.items()}
-        assert set(pids) == {timing.WRAPPER, timing.REFERENCE} and len(set(pids.values())) == 2
+        assert set(pids) == {WRAPPER, REFERENCE} and len(set(pids.values())) == 2
         assert all(kept.kept for kept in first.values())
         # the next submission's settings differ only in what it hides and its budgets: the same workers
         again = timing.kept_trusted_workers(dataclasses.replace(config, hide=["/elsewhere"], submission_seconds=5))
         assert {name: kept.get().process.pid for name, kept in again.items()} == pids
         # a worker left stopped by a measurement that ended badly is woken and kept
-        again[timing.REFERENCE].get().suspend()
+        again[REFERENCE].get().suspend()
         assert {name: kept.get().process.pid for name, kept in timing.kept_trusted_workers(config).items()} == pids
         # one that died, or timed out once, is replaced, and so is its partner
-        again[timing.REFERENCE].get().kill()
+        again[REFERENCE].get().kill()
         renewed = timing.kept_trusted_workers(config)
         assert not {kept.get().process.pid for kept in renewed.values()} & set(pids.values())
-        renewed[timing.WRAPPER].get().hung["x"] = "did not finish"
-        assert timing.kept_trusted_workers(config)[timing.WRAPPER] is not renewed[timing.WRAPPER]
+        renewed[WRAPPER].get().hung["x"] = "did not finish"
+        assert timing.kept_trusted_workers(config)[WRAPPER] is not renewed[WRAPPER]
         # another kind of worker (here: other limits) gets workers of its own
         other = timing.kept_trusted_workers(dataclasses.replace(config, memory_bytes=3 << 30))
-        assert other[timing.WRAPPER].worker.config.memory_bytes == 3 << 30
+        assert other[WRAPPER].worker.config.memory_bytes == 3 << 30
     finally:
         timing.forget_trusted_workers()
     assert timing._kept.workers == {}

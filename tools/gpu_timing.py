@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autograder.grading import timing  # noqa: E402
+from autograder.grading.workers import REFERENCE, WRAPPER, start_trusted_workers  # noqa: E402
 from autograder.rubric import Workload, load_rubric  # noqa: E402
 from autograder.sandbox import procfs  # noqa: E402
 from autograder.sandbox.client import WorkerConfig  # noqa: E402
@@ -86,25 +87,25 @@ def grader_times(w: Workload, device: str, rounds: int, handle: Any) -> dict[str
     per round each, the other worker stopped."""
     settings = load_rubric().speed
     assert settings is not None
-    workers = timing.start_trusted_workers(WorkerConfig(device=device, threads=settings.threads, request_seconds=120))
+    workers = start_trusted_workers(WorkerConfig(device=device, threads=settings.threads, request_seconds=120))
     wrapper, mha = modules(w, device)
     built = {}
     try:
         for name, module, cls, args in (
             (
-                timing.WRAPPER,
+                WRAPPER,
                 wrapper,
                 "MultiHeadAttentionWrapper",
                 [w.d_in, w.d_out // w.heads, w.tokens, 0.0, w.heads],
             ),
-            (timing.REFERENCE, mha, "MultiHeadAttention", [w.d_in, w.d_out, w.tokens, 0.0, w.heads]),
+            (REFERENCE, mha, "MultiHeadAttention", [w.d_in, w.d_out, w.tokens, 0.0, w.heads]),
         ):
             worker = workers[name].get()
             state = {k: v.cpu() for k, v in module.state_dict().items()}
             info = worker.request(
                 "build", cls=cls, args=args, kwargs={}, state_dict=state, dtype=w.dtype, device=device
             )
-            built[name] = (worker, info.handle, w.wrapper_calls if name == timing.WRAPPER else w.calls)
+            built[name] = (worker, info.handle, w.wrapper_calls if name == WRAPPER else w.calls)
         per_call: dict[str, list[float]] = {name: [] for name in built}
         states: list[dict[str, Any]] = []
         seed = 1
@@ -121,7 +122,7 @@ def grader_times(w: Workload, device: str, rounds: int, handle: Any) -> dict[str
                         out_features=w.d_out,
                         threads=settings.threads,
                         flush_bytes=int(w.flush_mib * (1 << 20)),
-                        record=name != timing.WRAPPER,
+                        record=name != WRAPPER,
                         ready_seconds=settings.ready_seconds,
                     )
                     before = gpu_state(handle) if handle is not None else None
@@ -156,7 +157,7 @@ def tool_times(w: Workload, device: str) -> dict[str, dict[str, float]]:
     x = torch.randn(*w.shape, dtype=getattr(torch, w.dtype), device=device)
     found: dict[str, dict[str, float]] = {"Timer.adaptive_autorange": {}}
     with torch.no_grad():
-        for name, module in ((timing.WRAPPER, wrapper), (timing.REFERENCE, mha)):
+        for name, module in ((WRAPPER, wrapper), (REFERENCE, mha)):
             found["Timer.adaptive_autorange"][name] = (
                 Timer("m(x)", globals={"m": module, "x": x}).adaptive_autorange(min_run_time=1.0).median
             )
@@ -168,7 +169,7 @@ def tool_times(w: Workload, device: str) -> dict[str, dict[str, float]]:
             else:
                 found["triton do_bench"] = {
                     name: do_bench(lambda m=module: m(x), return_mode="median") / 1e3
-                    for name, module in ((timing.WRAPPER, wrapper), (timing.REFERENCE, mha))
+                    for name, module in ((WRAPPER, wrapper), (REFERENCE, mha))
                 }
     return found
 
@@ -183,17 +184,17 @@ def compare(device: str, rounds: int) -> dict[str, Any]:
         grader = grader_times(w, device, rounds, handle)
         tools = tool_times(w, device)
         g = grader["per_call"]
-        speedup = g[timing.WRAPPER] / g[timing.REFERENCE]
+        speedup = g[WRAPPER] / g[REFERENCE]
         print(
-            f"   grader: wrapper {g[timing.WRAPPER] * 1e3:.4g} ms, reference {g[timing.REFERENCE] * 1e3:.4g} ms per call "
+            f"   grader: wrapper {g[WRAPPER] * 1e3:.4g} ms, reference {g[REFERENCE] * 1e3:.4g} ms per call "
             f"(median of {rounds} rounds); speedup {speedup:.2f}x"
         )
         for tool, t in tools.items():
-            tool_speedup = t[timing.WRAPPER] / t[timing.REFERENCE]
+            tool_speedup = t[WRAPPER] / t[REFERENCE]
             print(
-                f"   {tool}: wrapper {t[timing.WRAPPER] * 1e3:.4g} ms, reference {t[timing.REFERENCE] * 1e3:.4g} ms; "
-                f"grader / tool: wrapper {g[timing.WRAPPER] / t[timing.WRAPPER]:.3f}, reference "
-                f"{g[timing.REFERENCE] / t[timing.REFERENCE]:.3f}; speedup {tool_speedup:.2f}x, grader's / tool's "
+                f"   {tool}: wrapper {t[WRAPPER] * 1e3:.4g} ms, reference {t[REFERENCE] * 1e3:.4g} ms; "
+                f"grader / tool: wrapper {g[WRAPPER] / t[WRAPPER]:.3f}, reference "
+                f"{g[REFERENCE] / t[REFERENCE]:.3f}; speedup {tool_speedup:.2f}x, grader's / tool's "
                 f"{speedup / tool_speedup:.3f} (goal: within 5%)"
             )
         if handle is None:
@@ -263,7 +264,7 @@ def frozen_helper(device: str, out: Path) -> dict[str, Any] | None:
             )
             results = json.loads(results_path.read_text())
             workloads = (results["extra_data"].get("speed") or {}).get("workloads") or {}
-            found[name] = {k: (f.get("ms_per_call") or {}).get(timing.REFERENCE) for k, f in workloads.items()} | {
+            found[name] = {k: (f.get("ms_per_call") or {}).get(REFERENCE) for k, f in workloads.items()} | {
                 "score": results["score"]
             }
     for workload in found["twin"]:

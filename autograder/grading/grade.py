@@ -32,7 +32,7 @@ from autograder.grading.checks.harness import Submission, new_run_seed
 from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.report import print_summary
 from autograder.grading.scoring import score
-from autograder.grading.workers import EarlyStart, grades_speed, hidden_folders, worker_config
+from autograder.grading.workers import EarlyStart, grades_speed, hidden_folders, start_trusted_workers, worker_config
 from autograder.model import (
     CANNOT_GRADE,
     GRADED,
@@ -251,7 +251,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     )
     if grades_speed(rubric, options.parts):
         # the reference's timing workers start now, in the background, while the submission loads
-        start = timing.kept_trusted_workers if options.keep_timing_workers else timing.start_trusted_workers
+        start = timing.kept_trusted_workers if options.keep_timing_workers else start_trusted_workers
         context.timing_workers = (options.early and options.early.timing_for(worker.config)) or start(worker.config)
     if options.early:
         options.early.close()  # what this grading did not adopt

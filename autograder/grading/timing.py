@@ -70,18 +70,15 @@ from typing import Any, Protocol
 import torch
 
 from autograder.grading import verdict
-from autograder.grading.verdict import Verdict, credit  # noqa: F401  (the speed check scores with timing.credit)
-
-# timing's names for what lives in workers.py (torch-free, for starting workers early)
-from autograder.grading.workers import REFERENCE as REFERENCE
-from autograder.grading.workers import REFERENCE_SOURCE as REFERENCE_SOURCE
-from autograder.grading.workers import SUBMISSION as SUBMISSION
-from autograder.grading.workers import WRAPPER as WRAPPER
-from autograder.grading.workers import BackgroundWorker as BackgroundWorker
-from autograder.grading.workers import CannotTime as CannotTime
-from autograder.grading.workers import reference_cells as reference_cells
-from autograder.grading.workers import start_trusted_workers as start_trusted_workers
-from autograder.grading.workers import trusted_config as trusted_config
+from autograder.grading.verdict import Verdict
+from autograder.grading.workers import (
+    REFERENCE,
+    SUBMISSION,
+    WRAPPER,
+    BackgroundWorker,
+    start_trusted_workers,
+    trusted_config,
+)
 from autograder.rubric import SpeedSettings
 from autograder.sandbox.client import WorkerConfig, WorkerError
 from autograder.sandbox.protocol import TimedShown

@@ -9,7 +9,7 @@ import pytest
 
 from autograder.grading.checks.harness import Inputs, Submission, check_seed, dtypes_for
 from autograder.grading.plugin import part_of
-from autograder.grading.timing import BackgroundWorker
+from autograder.grading.workers import BackgroundWorker
 from autograder.rubric import Rubric
 
 

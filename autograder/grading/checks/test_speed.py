@@ -34,6 +34,14 @@ from autograder.grading.checks.harness import (
 from autograder.grading.checks.mistakes import NOT_ONE_PASS
 from autograder.grading.devices import TimingLockError, device_key, timing_lock
 from autograder.grading.verdict import Verdict
+from autograder.grading.workers import (
+    REFERENCE,
+    SUBMISSION,
+    WRAPPER,
+    BackgroundWorker,
+    CannotTime,
+    start_trusted_workers,
+)
 from autograder.rubric import Rubric, SpeedSettings, Workload
 from autograder.sandbox import procfs
 from autograder.sandbox.client import Worker, WorkerError, WorkerTimeout
@@ -50,10 +58,10 @@ SHOWN = 2
 
 
 @pytest.fixture(scope="module")
-def timing_workers(context: GradingContext) -> Iterator[dict[str, timing.BackgroundWorker]]:
+def timing_workers(context: GradingContext) -> Iterator[dict[str, BackgroundWorker]]:
     """The wrapper's and the reference's timing workers, running only the reference's code (the grading run
     starts them in the background when it starts; here otherwise)."""
-    started = context.timing_workers or timing.start_trusted_workers(context.submission.worker.config)
+    started = context.timing_workers or start_trusted_workers(context.submission.worker.config)
     yield started
     if not context.timing_workers:
         for worker in started.values():
@@ -65,7 +73,7 @@ def trusted(worker: Worker, op: str, **args: Any) -> Any:
     try:
         return worker.request(op, **args)
     except WorkerError as exc:
-        raise timing.CannotTime(f"the reference's timing worker failed ({op}): {exc}") from None
+        raise CannotTime(f"the reference's timing worker failed ({op}): {exc}") from None
 
 
 def speed_settings(rubric: Rubric) -> SpeedSettings:
@@ -122,11 +130,11 @@ def verifier(
     reference = mha.to(device)
 
     def verify(round: timing.RoundAnswers) -> None:
-        mine = round.answers[timing.SUBMISSION]
-        for answer, expected in zip(mine, round.answers[timing.REFERENCE]):
+        mine = round.answers[SUBMISSION]
+        for answer, expected in zip(mine, round.answers[REFERENCE]):
             timing.check_probes(answer, expected, rtol, atol, sigmas, workload.d_out)
-        shown = round.shown[timing.SUBMISSION]
-        for index, y in zip(round.show[timing.SUBMISSION], shown.outputs):
+        shown = round.shown[SUBMISSION]
+        for index, y in zip(round.show[SUBMISSION], shown.outputs):
             x, probe = timed_input(round.seeds[index], workload, device)
             expected = reference_forward(reference, x).double().cpu()
             if not isinstance(y, torch.Tensor) or tuple(y.shape) != tuple(expected.shape):
@@ -221,7 +229,7 @@ def check_values_first(
 
 
 def build_references(
-    timing_workers: dict[str, timing.BackgroundWorker],
+    timing_workers: dict[str, BackgroundWorker],
     workload: Workload,
     state: dict[str, torch.Tensor],
     wrapper_state: dict[str, torch.Tensor],
@@ -232,9 +240,9 @@ def build_references(
     built = []
     weights: dict[str, torch.Tensor]
     for name, cls, args, weights in (
-        (timing.REFERENCE, "MultiHeadAttention", [w.d_in, w.d_out, w.tokens, 0.0, w.heads], state),
+        (REFERENCE, "MultiHeadAttention", [w.d_in, w.d_out, w.tokens, 0.0, w.heads], state),
         (
-            timing.WRAPPER,
+            WRAPPER,
             "MultiHeadAttentionWrapper",
             [w.d_in, w.d_out // w.heads, w.tokens, 0.0, w.heads],
             wrapper_state,
@@ -286,7 +294,7 @@ def timing_targets(
         return submission.timed_calls(module, calls, timeout, record=True, **request_args)
 
     def grader_fault(exc: WorkerError) -> NoReturn:
-        raise timing.CannotTime(f"the reference's timing worker failed (forward_many): {exc}") from None
+        raise CannotTime(f"the reference's timing worker failed (forward_many): {exc}") from None
 
     def submission_failed(exc: WorkerError) -> NoReturn:
         if isinstance(exc, WorkerTimeout):  # its deadline is set by the reference's time: too slow, not hung
@@ -295,22 +303,20 @@ def timing_targets(
 
     return [
         timing.Target(
-            timing.WRAPPER,
+            WRAPPER,
             wrapper.worker,
             in_reference_worker(wrapper, "MultiHeadAttentionWrapper", record=False),
             w.wrapper_calls,
             grader_fault,
         ),
         timing.Target(
-            timing.REFERENCE,
+            REFERENCE,
             reference.worker,
             in_reference_worker(reference, "MultiHeadAttention", record=True),
             w.calls,
             grader_fault,
         ),
-        timing.Target(
-            timing.SUBMISSION, submission.worker, in_submission_worker, w.calls, submission_failed, shown=SHOWN
-        ),
+        timing.Target(SUBMISSION, submission.worker, in_submission_worker, w.calls, submission_failed, shown=SHOWN),
     ]
 
 
@@ -341,7 +347,7 @@ def measure_locked(
                 own_wait=procfs.own_wait,
             )
     except TimingLockError as exc:
-        raise timing.CannotTime(str(exc)) from None
+        raise CannotTime(str(exc)) from None
     except timing.TimingFailed as exc:
         seconds = round(time.perf_counter() - started, 3)
         record(context, workload, {"workload": asdict(workload), "failed": str(exc), "seconds": seconds})
@@ -360,7 +366,7 @@ def figures_of(measurement: timing.Measurement, workload: Workload, settings: Sp
     """The measurement's figures, once the run is known to tell a parallel forward from a sequential one."""
     figures = timing.summarize(measurement)
     if figures["reference_speedup"] < settings.min_reference_speedup:
-        raise timing.CannotTime(
+        raise CannotTime(
             f"in this run the reference was only {figures['reference_speedup']:.2f} times faster than the wrapper "
             f"on {describe(workload)} (at least {settings.min_reference_speedup:g} is needed to tell a parallel forward "
             "from a sequential one): choose a workload in [speed] where the weight split matters on this machine"
@@ -393,8 +399,8 @@ def explain_verdict(workload: Workload, figures: dict[str, Any], said: Verdict, 
     times = figures["ms_per_call"]
     hint = LOOP_HINT if said.median <= settings.no_credit_at else ""
     fail(
-        f"{describe(workload)}: your forward took {times[timing.SUBMISSION]:.3g} ms per call, the reference "
-        f"MultiHeadAttention {times[timing.REFERENCE]:.3g} ms and the wrapper {times[timing.WRAPPER]:.3g} ms. "
+        f"{describe(workload)}: your forward took {times[SUBMISSION]:.3g} ms per call, the reference "
+        f"MultiHeadAttention {times[REFERENCE]:.3g} ms and the wrapper {times[WRAPPER]:.3g} ms. "
         f"Your speedup over the wrapper is {figures['speedup']:.2f}x, the reference's {figures['reference_speedup']:.2f}x "
         f"in the same run: {verdict.describe(said, settings)}. Full points from {settings.full_credit_at:g}, none "
         f"at {settings.no_credit_at:g} or below.{hint}",
@@ -410,7 +416,7 @@ def test_faster_than_the_wrapper(
     rubric: Rubric,
     device: str,
     speed_workload: Workload,
-    timing_workers: dict[str, timing.BackgroundWorker],
+    timing_workers: dict[str, BackgroundWorker],
     request: pytest.FixtureRequest,
 ) -> None:
     """the parallel forward beats the wrapper by about as much as the reference's does"""
