@@ -162,11 +162,6 @@ class SpeedSettings:
     requires: tuple[str, ...]  # check keys that must pass for the speed part to earn points
     workloads: tuple[Workload, ...]
 
-    @property
-    def rounds(self) -> int:
-        """Measured rounds for a measurement that runs them all (the verdict stops earlier when it can)."""
-        return self.max_rounds
-
     def workloads_for(self, device: str) -> list[Workload]:
         return [w for w in self.workloads if w.device == device.split(":")[0]]
 
