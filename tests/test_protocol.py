@@ -287,3 +287,13 @@ def test_the_protocol_module_needs_only_the_standard_library():
     }
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
     assert "torch" not in vars(protocol)  # torch is passed in, never imported
+
+
+def test_an_exceptions_message_is_cut_to_its_limit_and_survives_a_hostile_str():
+    class Hostile(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    assert protocol.safe_str(ValueError("short")) == "short"
+    assert protocol.safe_str(ValueError("x" * 500), 200) == "x" * 200
+    assert protocol.safe_str(Hostile()) == "(the exception could not be printed)"

@@ -214,6 +214,26 @@ def test_cells_that_raise_do_not_stop_the_load(make_worker):
         w.close()
 
 
+def test_a_cells_error_is_reported_cut_short_even_when_printing_it_raises(make_worker):
+    """The worker reports an exception's message through `protocol.safe_str`: at most 2,000 characters, and a
+    placeholder where the exception's own `__str__` raises."""
+    hostile = "class Hostile(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\nraise Hostile()"
+    w = Worker(
+        [(1, 1, "raise ValueError('x' * 5000)"), (2, 1, hostile), (3, 1, "b = 2")],
+        "mha.ipynb",
+        WorkerConfig(request_seconds=3),
+    )
+    try:
+        report = w.start()
+        assert [(e.cell, e.type, e.message) for e in report.errors] == [
+            (1, "ValueError", "x" * 2000),
+            (2, "Hostile", "(the exception could not be printed)"),
+        ]
+        assert w.request("get", name="b") == 2
+    finally:
+        w.close()
+
+
 @pytest.mark.slow  # restarts the worker or waits out a deadline
 def test_memory_cap_turns_a_huge_allocation_into_an_error(make_worker):
     w = make_worker(

@@ -224,7 +224,7 @@ class TensorCodec:
                 data = wire.data if isinstance(wire.data, bytearray) else bytearray(wire.data)
                 tensor = library.frombuffer(data, dtype=dtype).reshape(wire.shape)
         except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
-            raise ProtocolError(f"a tensor torch cannot make ({type(exc).__name__}: {_safe_str(exc)[:200]})") from None
+            raise ProtocolError(f"a tensor torch cannot make ({type(exc).__name__}: {safe_str(exc, 200)})") from None
         return tensor
 
 
@@ -281,7 +281,7 @@ class Encoder:
             try:
                 wire = self.codec.to_wire(value)
             except Exception as exc:  # an unsupported dtype, a hostile subclass
-                return self.unsendable(value, f"cannot be sent: {_safe_str(exc)[:200]}")
+                return self.unsendable(value, f"cannot be sent: {safe_str(exc, 200)}")
             return self.tensor(wire)
         if isinstance(value, Handle):
             return {"$": "handle", "handle": value.handle}
@@ -320,10 +320,11 @@ class Encoder:
         return {"$": "object", "class": "Tensor" if tensor else type(value).__name__[:200], "repr": f"({why})"}
 
 
-def _safe_str(exc: BaseException) -> str:
-    """An exception's message, even when printing it raises (a hostile `__str__`)."""
+def safe_str(exc: BaseException, limit: int | None = None) -> str:
+    """An exception's message (its first `limit` characters), even when printing it raises (a hostile
+    `__str__`); the worker reports its exceptions with it too."""
     try:
-        return str(exc)
+        return str(exc)[:limit]
     except Exception:
         return "(the exception could not be printed)"
 

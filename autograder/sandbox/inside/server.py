@@ -37,6 +37,7 @@ MAX_ITEMS, MAX_DEPTH = 4096, 6
 # running too long (all listed: they are skipped when the file is loaded again): the report stays far below
 # the grader's limit on an answer's header.
 MAX_LOAD_ERRORS = 200
+MAX_MESSAGE_CHARS = 2000  # an exception's message, as the worker reports it
 # The functions one forward's record names at most (`CallRecorder`); calls of others are not counted.
 MAX_RECORDED_NAMES = 256
 # The grader's frames are trusted; these bounds only stop a runaway request.
@@ -216,7 +217,7 @@ class Session:
                     {
                         "cell": number,
                         "type": "SyntaxError",
-                        "message": safe_str(exc),
+                        "message": protocol.safe_str(exc, MAX_MESSAGE_CHARS),
                     }
                 )
             except BaseException as exc:  # SystemExit too: a cell that exits does not end the load
@@ -224,7 +225,7 @@ class Session:
                     {
                         "cell": number,
                         "type": type(exc).__name__,
-                        "message": safe_str(exc),
+                        "message": protocol.safe_str(exc, MAX_MESSAGE_CHARS),
                     }
                 )
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
@@ -560,13 +561,6 @@ def function_name(func: Any, resolve_name: Any) -> str:
     return str(name or "?")[:200]
 
 
-def safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)[:2000]
-    except Exception:
-        return "(the exception could not be printed)"
-
-
 def safe_repr(value: object) -> str:
     try:
         return repr(value)[:200]
@@ -625,7 +619,7 @@ def serve(torch: types.ModuleType, config: dict[str, Any], fd_in: int, fd_out: i
                     "ok": False,
                     "error": {
                         "type": type(exc).__name__,
-                        "message": safe_str(exc),
+                        "message": protocol.safe_str(exc, MAX_MESSAGE_CHARS),
                         "traceback": student_traceback(exc, config["filename"]),
                     },
                 },
@@ -639,7 +633,7 @@ def serve(torch: types.ModuleType, config: dict[str, Any], fd_in: int, fd_out: i
                     "ok": False,
                     "error": {
                         "type": type(exc).__name__,
-                        "message": f"the answer could not be sent: {safe_str(exc)}",
+                        "message": f"the answer could not be sent: {protocol.safe_str(exc, MAX_MESSAGE_CHARS)}",
                         "traceback": "",
                     },
                 }
