@@ -41,21 +41,27 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> set[str]:
-    """Every module of ours `path` imports, anywhere in it but under `if TYPE_CHECKING:`."""
-    return imports_in(path.read_text(), module_name(path), is_package=path.name == "__init__.py")
+def imports(path: Path, type_only: bool = False) -> set[str]:
+    """Every module of ours `path` imports, anywhere in it but under `if TYPE_CHECKING:` (there too with
+    `type_only`)."""
+    return imports_in(path.read_text(), module_name(path), is_package=path.name == "__init__.py", type_only=type_only)
 
 
-def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
-    """Every module of ours `source` (the module named `module`) imports, but under `if TYPE_CHECKING:`."""
+def imports_in(source: str, module: str, is_package: bool = False, type_only: bool = False) -> set[str]:
+    """Every module of ours `source` (the module named `module`) imports, but under `if TYPE_CHECKING:` (there
+    too with `type_only`)."""
     tree = ast.parse(source)
-    skipped = {
-        id(child)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for statement in node.body
-        for child in ast.walk(statement)
-    }
+    skipped = (
+        set()
+        if type_only
+        else {
+            id(child)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for statement in node.body
+            for child in ast.walk(statement)
+        }
+    )
     found = set()
     package = module if is_package else module.rpartition(".")[0]
     for node in ast.walk(tree):
@@ -80,8 +86,8 @@ def layer(module: str) -> str:
     return "reference" if parts[0] == "reference" else (parts[1] if len(parts) > 1 else "__init__")
 
 
-def graph() -> dict[str, set[str]]:
-    return {module_name(p): imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+def graph(type_only: bool = False) -> dict[str, set[str]]:
+    return {module_name(p): imports(p, type_only) for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def wrong_arrows(edges: dict[str, set[str]]) -> list[str]:
@@ -127,6 +133,11 @@ def test_no_modules_import_each_other_in_a_circle():
     assert circle(graph()) == []
 
 
+def test_no_circle_even_through_imports_for_the_type_checker():
+    """Imports under `if TYPE_CHECKING:` count too: two modules that name each other's types are one unit."""
+    assert circle(graph(type_only=True)) == []
+
+
 def test_the_worker_side_imports_nothing_of_the_grader():
     """What the worker boots imports only itself and the protocol (`from . import jail, protocol`, and the fork
     server `server`, as the boot's package `sandbox` names them; the grader's names only for the type checker)."""
@@ -149,6 +160,7 @@ def test_the_checks_find_a_wrong_arrow_and_a_circle():
     assert imports_in(inside_a_function, "autograder.sandbox.x") == {"autograder.grading", "autograder.grading.grade"}
     for_the_type_checker = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import autograder.cli\n"
     assert imports_in(for_the_type_checker, "autograder.sandbox.x") == set()
+    assert imports_in(for_the_type_checker, "autograder.sandbox.x", type_only=True) == {"autograder.cli"}
 
 
 def test_the_standalone_self_check_names_the_same_assignment():

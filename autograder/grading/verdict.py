@@ -58,10 +58,28 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from functools import cache, lru_cache
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
-if TYPE_CHECKING:
-    from autograder.rubric import SpeedSettings
+
+class VerdictSettings(Protocol):
+    """The rubric's `[speed]` settings the verdict reads (`rubric.SpeedSettings` has them all): named here, so
+    that the rubric, which imports this module to check its plan, is not imported back."""
+
+    @property
+    def confidence(self) -> float: ...
+    @property
+    def min_rounds(self) -> int: ...
+    @property
+    def batch_rounds(self) -> int: ...
+    @property
+    def max_rounds(self) -> int: ...
+    @property
+    def settle_points(self) -> float: ...
+    @property
+    def full_credit_at(self) -> float: ...
+    @property
+    def no_credit_at(self) -> float: ...
+
 
 Reason = Literal["full", "none", "settled", "max_rounds", "cut_short"]
 LARGEST_MAX_ROUNDS = 200  # the plan's exact error takes time quadratic in this; no grading needs more rounds
@@ -205,11 +223,11 @@ def plan(confidence: float, min_rounds: int, batch_rounds: int, max_rounds: int)
     return Plan(looks, tuple(ranks), float(walk.missed))
 
 
-def settings_plan(settings: SpeedSettings) -> Plan:
+def settings_plan(settings: VerdictSettings) -> Plan:
     return plan(settings.confidence, settings.min_rounds, settings.batch_rounds, settings.max_rounds)
 
 
-def next_look(rounds: int, settings: SpeedSettings) -> int | None:
+def next_look(rounds: int, settings: VerdictSettings) -> int | None:
     """After how many measured rounds in all to ask `decide` next, given `rounds` so far (None: past the last)."""
     return next((look for look in settings_plan(settings).looks if look > rounds), None)
 
@@ -246,7 +264,7 @@ def _interval(relatives: Sequence[float], rank: int) -> tuple[float, float]:
     return ordered[rank - 1], ordered[len(ordered) - rank]
 
 
-def _rule(low: float, high: float, settings: SpeedSettings, points: float) -> Reason | None:
+def _rule(low: float, high: float, settings: VerdictSettings, points: float) -> Reason | None:
     """Which rule, if any, the interval settles the credit by."""
     if low >= settings.full_credit_at:
         return "full"
@@ -259,7 +277,7 @@ def _rule(low: float, high: float, settings: SpeedSettings, points: float) -> Re
 
 
 def _verdict(
-    relatives: Sequence[float], low: float, high: float, reason: Reason, settings: SpeedSettings, points: float
+    relatives: Sequence[float], low: float, high: float, reason: Reason, settings: VerdictSettings, points: float
 ) -> Verdict:
     median = statistics.median(relatives)
     return Verdict(
@@ -275,7 +293,7 @@ def _verdict(
     )
 
 
-def decide(relatives: Sequence[float], settings: SpeedSettings, points: float) -> Verdict | None:
+def decide(relatives: Sequence[float], settings: VerdictSettings, points: float) -> Verdict | None:
     """The verdict after the rounds so far, or None to measure the next batch (see `next_look`). `points`:
     the points the verdict decides (the part's, or its share of them when it has several workloads). Asked
     only at the plan's looks: the error it promises counts those and no others (ValueError otherwise). At
@@ -291,7 +309,7 @@ def decide(relatives: Sequence[float], settings: SpeedSettings, points: float) -
     return _verdict(relatives, low, high, reason or "max_rounds", settings, points)
 
 
-def final(relatives: Sequence[float], settings: SpeedSettings, points: float) -> Verdict:
+def final(relatives: Sequence[float], settings: VerdictSettings, points: float) -> Verdict:
     """The verdict on whatever rounds were taken, when the rounds must stop (at least one round): `decide`'s
     at one of its looks; otherwise the interval of the last look reached, on all the rounds (more rounds at
     the same rank only widen its coverage), or before the first look the range of the rounds (no rule is
@@ -308,7 +326,7 @@ def final(relatives: Sequence[float], settings: SpeedSettings, points: float) ->
     return _verdict(relatives, low, high, reason, settings, points)
 
 
-def describe(verdict: Verdict, settings: SpeedSettings) -> str:
+def describe(verdict: Verdict, settings: VerdictSettings) -> str:
     """The verdict in a student's words."""
     v = verdict
     said = (
