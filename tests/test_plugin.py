@@ -1,5 +1,8 @@
 """The results plugin, run by pytest's own pytester on small check modules written here."""
 
+import os
+import sys
+
 import pytest
 
 from autograder.grading.plugin import ResultsPlugin
@@ -155,3 +158,30 @@ def test_slow():
     plugin = ResultsPlugin(plain_rubric, False)
     pytester.inline_run("-p", "no:cacheprovider", plugins=[plugin])  # pytest-timeout: loaded as installed
     assert plugin.grader_errors and "Timeout" in plugin.grader_errors[0]
+
+
+def test_a_pytest_plugin_installed_beside_the_grader_never_joins_the_checks(tmp_path, monkeypatch):
+    """The checks run with pytest's plugin autoload off (`--disable-plugin-autoload`, never a process-wide
+    environment variable): a plugin that an installed package declares (entry point `pytest11`) does not
+    load, while plain pytest, asked the same way, loads it."""
+    from autograder.grading import grade
+    from autograder.rubric import load_rubric
+
+    mark = tmp_path / "loaded"
+    site = tmp_path / "site"
+    (site / "intruder-1.0.dist-info").mkdir(parents=True)
+    (site / "intruder-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: intruder\nVersion: 1.0\n")
+    (site / "intruder-1.0.dist-info" / "entry_points.txt").write_text("[pytest11]\nintruder = intruder_plugin\n")
+    (site / "intruder_plugin.py").write_text(f"open({str(mark)!r}, 'a').close()\n")  # noted when imported
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "intruder_plugin", raising=False)
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", str(empty)])
+    assert mark.exists()  # installed this way, a plugin loads into a plain pytest run
+    mark.unlink()
+    del sys.modules["intruder_plugin"]
+    grade.run_checks(None, load_rubric(), visible_only=False, checks=("none::none",))
+    assert not mark.exists()
+    assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in os.environ

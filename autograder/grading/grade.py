@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import resource
 import signal
 import sys
@@ -134,6 +133,7 @@ def run_checks(
         "--noconftest",
         "-p",
         "no:cacheprovider",
+        "--disable-plugin-autoload",  # no plugin installed beside the grader joins in: only these
         "-p",
         "pytest_timeout",
         f"--timeout={timeout:g}",
@@ -147,16 +147,8 @@ def run_checks(
         "-rN",
     ]
     stream = io.StringIO()
-    previous = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
-    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    try:
-        with contextlib.redirect_stdout(stream):
-            code = pytest.main(args, plugins=[GradingFixtures(context), plugin])
-    finally:
-        if previous is None:
-            os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
-        else:
-            os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = previous
+    with contextlib.redirect_stdout(stream):
+        code = pytest.main(args, plugins=[GradingFixtures(context), plugin])
     if verbose:
         sys.stderr.write(stream.getvalue())
     if code not in (0, 1) and not plugin.grader_errors:
