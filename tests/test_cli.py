@@ -246,6 +246,37 @@ def test_a_fault_in_a_check_is_the_graders_not_the_students(tmp_path, monkeypatc
     assert "KeyError" in results["extra_data"]["grader_errors"][0]
 
 
+def test_a_grading_stopped_by_sigterm_says_so_and_scores_nothing(tmp_path, monkeypatch):
+    """SIGTERM while the checks run (here sent by a check itself) stops pytest: the run cannot grade, results.json
+    names the signal, and the process's own SIGTERM handler is back afterwards."""
+    import signal
+
+    import autograder.grading.grade as grade
+
+    checks = tmp_path / "stopped_checks"  # a package name of its own: pytest runs twice in this process
+    shutil.copytree(grade.CHECKS_DIR, checks, ignore=shutil.ignore_patterns("__pycache__"))
+    (checks / "test_quiz.py").write_text(
+        (checks / "test_quiz.py")
+        .read_text()
+        .replace(
+            '    """the answer is right"""\n',
+            '    """the answer is right"""\n    __import__("os").kill(__import__("os").getpid(), 15)\n',
+        )
+    )
+    monkeypatch.setattr(grade, "CHECKS_DIR", checks)
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "results.json"
+    code = grade.grade_command(REFERENCE, grade.Options(device="cpu", out=out, quiet=True, parts=("quiz",)))
+    results = json.loads(out.read_text())
+    assert code == grade.EXIT_CANNOT_GRADE
+    assert results["tests"] == [] and results["max_score"] == 0
+    assert results["extra_data"]["grader_errors"][0] == "grading was stopped (SIGTERM) before it finished"
+    assert signal.getsignal(signal.SIGTERM) == before
+    monkeypatch.undo()  # the checks as they are
+    again = grade.grade_submission(REFERENCE, grade.Options(device="cpu", out=None, quiet=True, parts=("quiz",)))
+    assert again.graded  # the next grading in this process starts unstopped
+
+
 def test_a_worker_that_cannot_import_torch_is_the_graders_fault_not_a_zero(tmp_path, monkeypatch):
     """The grader installed where its worker's Python has no torch (the worker fails before any of the
     submission's code runs): the reference is not graded 0 but cannot be graded, exit 2, saying why."""

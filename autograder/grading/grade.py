@@ -16,7 +16,7 @@ import resource
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -72,6 +72,7 @@ class Options:
     keep_timing_workers: bool = False  # a long-lived grading process keeps the reference's timing workers
     early: EarlyStart | None = None  # workers started before the grader's imports (`python -m autograder grade`)
     placeholder_written: bool = False  # `out` already says the grading did not finish (`model.write_unfinished`)
+    stop: StopSignal | None = None  # what stops this grading on SIGTERM, and which signal did (`grade_command`)
 
 
 # -- the steps ----------------------------------------------------------------------------------
@@ -257,8 +258,9 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
                 timing_worker.close()
         if plugin is None or plugin.grader_errors:
             timing.forget_trusted_workers()  # after any trouble, the next grading starts them afresh
-    if _stopped:
-        plugin.grader_errors.insert(0, f"grading was stopped ({signal.Signals(_stopped[0]).name}) before it finished")
+    if options.stop and options.stop.signum is not None:
+        stopped = signal.Signals(options.stop.signum).name
+        plugin.grader_errors.insert(0, f"grading was stopped ({stopped}) before it finished")
     run.isolation = worker.isolation  # after the run: a fallback may have changed it
     run.machine = here.summary(used=worker.isolation)  # the machine as this grading used it
     if worker.fresh_because:
@@ -290,12 +292,17 @@ class Stopped(KeyboardInterrupt):
     results.json says the run did not finish."""
 
 
-_stopped: list[int] = []  # the signal that stopped this process, once one has
+@dataclass
+class StopSignal:
+    """The handler of the signal that stops one grading (`grade_command`'s SIGTERM): it remembers the signal,
+    for results.json to say, and raises `Stopped`."""
 
+    signum: int | None = None  # the signal that stopped the grading, once one has
 
-def _stop(signum: int, frame: FrameType | None) -> NoReturn:
-    _stopped.append(signum)
-    raise Stopped()
+    def __call__(self, signum: int, frame: FrameType | None) -> NoReturn:
+        if self.signum is None:
+            self.signum = signum
+        raise Stopped()
 
 
 def grade_command(path: Path, options: Options) -> int:
@@ -307,7 +314,9 @@ def grade_command(path: Path, options: Options) -> int:
     result."""
     if options.out is not None and not options.placeholder_written:
         write_unfinished(options.out, Path(path).name)
-    previous = signal.signal(signal.SIGTERM, _stop)
+    stop = StopSignal()
+    options = replace(options, stop=stop)
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         run = clean_strings(grade_submission(path, options))  # the summary quotes the file's name, the student's
     finally:
