@@ -73,25 +73,22 @@ def speed_self_test(device: str, isolation: str, gradings: int) -> list[SpeedRun
     definitions = "".join(f"# %%\n{source.strip()}\n\n" for _n, _line, source in reference_cells())
     sources = {"reference": definitions, "loop over heads": definitions + f"# %%\n{LOOP_OVER_HEADS.strip()}\n"}
     runs = []
-    with tempfile.TemporaryDirectory(prefix="mha-doctor-") as folder:
-        try:
-            for number in range(gradings):
-                for name, source in sources.items():
-                    path = Path(folder, f"{number}-{name.replace(' ', '-')}", "mha.py")
-                    path.parent.mkdir()
-                    path.write_text(source)
-                    options = Options(
-                        device=device,
-                        out=None,
-                        quiet=True,
-                        isolation=isolation,
-                        parts=("speed",),
-                        keep_timing_workers=True,
-                    )
-                    run = grade_submission(path, options)
-                    runs.append(_speed_run(name, run))
-        finally:
-            timing.forget_trusted_workers()
+    with tempfile.TemporaryDirectory(prefix="mha-doctor-") as folder, timing.KeptWorkers() as kept:
+        for number in range(gradings):
+            for name, source in sources.items():
+                path = Path(folder, f"{number}-{name.replace(' ', '-')}", "mha.py")
+                path.parent.mkdir()
+                path.write_text(source)
+                options = Options(
+                    device=device,
+                    out=None,
+                    quiet=True,
+                    isolation=isolation,
+                    parts=("speed",),
+                    kept_workers=kept,
+                )
+                run = grade_submission(path, options)
+                runs.append(_speed_run(name, run))
     return runs
 
 

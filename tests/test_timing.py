@@ -648,29 +648,30 @@ def test_a_grading_process_keeps_the_reference_workers_and_replaces_any_that_fai
     from autograder.sandbox.client import WorkerConfig
 
     config = WorkerConfig(threads=1, request_seconds=30)
+    kept_workers = timing.KeptWorkers()
     try:
-        first = timing.kept_trusted_workers(config)
+        first = kept_workers.get(config)
         pids = {name: kept.get().process.pid for name, kept in first.items()}
         assert set(pids) == {WRAPPER, REFERENCE} and len(set(pids.values())) == 2
         assert all(kept.kept for kept in first.values())
         # the next submission's settings differ only in what it hides and its budgets: the same workers
-        again = timing.kept_trusted_workers(dataclasses.replace(config, hide=["/elsewhere"], submission_seconds=5))
+        again = kept_workers.get(dataclasses.replace(config, hide=["/elsewhere"], submission_seconds=5))
         assert {name: kept.get().process.pid for name, kept in again.items()} == pids
         # a worker left stopped by a measurement that ended badly is woken and kept
         again[REFERENCE].get().suspend()
-        assert {name: kept.get().process.pid for name, kept in timing.kept_trusted_workers(config).items()} == pids
+        assert {name: kept.get().process.pid for name, kept in kept_workers.get(config).items()} == pids
         # one that died, or timed out once, is replaced, and so is its partner
         again[REFERENCE].get().kill()
-        renewed = timing.kept_trusted_workers(config)
+        renewed = kept_workers.get(config)
         assert not {kept.get().process.pid for kept in renewed.values()} & set(pids.values())
         renewed[WRAPPER].get().hung["x"] = "did not finish"
-        assert timing.kept_trusted_workers(config)[WRAPPER] is not renewed[WRAPPER]
+        assert kept_workers.get(config)[WRAPPER] is not renewed[WRAPPER]
         # another kind of worker (here: other limits) gets workers of its own
-        other = timing.kept_trusted_workers(dataclasses.replace(config, memory_bytes=3 << 30))
+        other = kept_workers.get(dataclasses.replace(config, memory_bytes=3 << 30))
         assert other[WRAPPER].worker.config.memory_bytes == 3 << 30
     finally:
-        timing.forget_trusted_workers()
-    assert timing._kept.workers == {}
+        kept_workers.close()
+    assert kept_workers.workers == {}
 
 
 def test_kept_reference_workers_serve_the_next_grading_and_forget_what_each_built(tmp_path):
@@ -680,24 +681,25 @@ def test_kept_reference_workers_serve_the_next_grading_and_forget_what_each_buil
     from autograder.sandbox.client import SubmissionError
     from helpers import REFERENCE
 
+    kept_workers = timing.KeptWorkers()
     options = Options(
-        device="cpu", out=tmp_path / "results.json", quiet=True, parts=("mha", "speed"), keep_timing_workers=True
+        device="cpu", out=tmp_path / "results.json", quiet=True, parts=("mha", "speed"), kept_workers=kept_workers
     )
     try:
         runs, pids = [], []
         for _ in range(2):
             runs.append(grade_submission(REFERENCE, options))
-            pids.append({name: kept.get().process.pid for name, kept in timing._kept.workers.items()})
+            pids.append({name: kept.get().process.pid for name, kept in kept_workers.workers.items()})
         assert pids[0] == pids[1] and len(pids[0]) == 2
         for run in runs:
             assert run.graded and run.speed["relative"] > 0, run.reason
             speed = [c for c in run.checks if c.part == "speed"]
             assert speed and all(c.status == "passed" for c in speed), [c.message for c in speed]
-        for kept in timing._kept.workers.values():
+        for kept in kept_workers.workers.values():
             with pytest.raises(SubmissionError, match="KeyError"):
                 kept.get().request("describe", handle="h0")
     finally:
-        timing.forget_trusted_workers()
+        kept_workers.close()
 
 
 def test_the_speed_part_runs_first():

@@ -48,6 +48,7 @@ def main() -> int:
     print(f"a fresh grader process (python, torch, pytest, autograder imports): {wall:.2f} s wall, {used:.2f} s CPU")
 
     from autograder.grading.grade import Options, grade_submission
+    from autograder.grading.timing import KeptWorkers
     from autograder.sandbox import client
 
     phases: dict[str, float] = {}
@@ -81,6 +82,7 @@ def main() -> int:
     client.Worker.close = kill
     profiler = cProfile.Profile() if args.profile else None
     rows = []
+    kept = KeptWorkers()  # the reference's timing workers, kept from one grading to the next as `make grade` does
     for round_number in range(args.rounds):
         for file in files:
             phases.clear()
@@ -89,7 +91,7 @@ def main() -> int:
             if profiler:
                 profiler.enable()
             run = grade_submission(
-                file, Options(device="cpu", out=Path("/nonexistent/results.json"), quiet=True, keep_timing_workers=True)
+                file, Options(device="cpu", out=Path("/nonexistent/results.json"), quiet=True, kept_workers=kept)
             )
             if profiler:
                 profiler.disable()
@@ -109,6 +111,7 @@ def main() -> int:
                     run.score,
                 )
             )
+    kept.close()
     print(
         f"{'round':>5} {'student':<8} {'total':>6} {'worker':>7} {'load':>6} {'checks':>7} {'grader':>7} "
         f"{'worker':>7} {'score':>6}"

@@ -6,7 +6,7 @@ Nothing about isolation changes: the grader only ever runs trusted code, and eve
 gets fresh worker processes (started, jailed and killed by `grade.grade_submission`, exactly as for
 `python -m autograder grade`). What the process keeps from one grading to the next is its own and the
 reference's: the speed part's two timing workers that only ever run the reference's code
-(`timing.kept_trusted_workers`).
+(`timing.KeptWorkers`).
 
 `Grader` (the class side) drives one such process: it sends a job (one line of JSON on the process's
 stdin), waits for its answer (one line on its stdout) at most `timeout` seconds, and on any trouble (a
@@ -62,26 +62,27 @@ def serve(stdin: Iterable[str] | None = None, replies: TextIO | None = None) -> 
         return 1
 
     from autograder.grading.grade import Options, grade_submission
+    from autograder.grading.timing import KeptWorkers
     from autograder.model import write_results
 
-    for line in stdin or sys.stdin:
-        job = json.loads(line)
-        started = time.monotonic()
-        out = Path(job["out"])
-        options = Options(
-            device=job["device"],
-            out=out,
-            rubric_path=Path(job["rubric"]),
-            quiet=True,
-            isolation=job.get("isolation", "auto"),
-            parts=tuple(job["parts"]) if job.get("parts") else None,
-            keep_timing_workers=True,
-        )
-        run = grade_submission(Path(job["submission"]), options)
-        write_results(out, run, COURSE_FILE_MODE)
-        replies.write(
-            json.dumps({"id": job["id"], "status": run.status, "seconds": round(time.monotonic() - started, 3)}) + "\n"
-        )
+    with KeptWorkers() as kept:  # the reference's timing workers, kept from one grading to the next
+        for line in stdin or sys.stdin:
+            job = json.loads(line)
+            started = time.monotonic()
+            out = Path(job["out"])
+            options = Options(
+                device=job["device"],
+                out=out,
+                rubric_path=Path(job["rubric"]),
+                quiet=True,
+                isolation=job.get("isolation", "auto"),
+                parts=tuple(job["parts"]) if job.get("parts") else None,
+                kept_workers=kept,
+            )
+            run = grade_submission(Path(job["submission"]), options)
+            write_results(out, run, COURSE_FILE_MODE)
+            seconds = round(time.monotonic() - started, 3)
+            replies.write(json.dumps({"id": job["id"], "status": run.status, "seconds": seconds}) + "\n")
     return 0
 
 

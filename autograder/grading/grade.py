@@ -69,7 +69,7 @@ class Options:
     seed: int | None = None
     parts: tuple[str, ...] | None = None  # grade only these parts (None: all)
     checks: tuple[str, ...] | None = None  # run only these checks, "module::function[case]" (explain; None: all)
-    keep_timing_workers: bool = False  # a long-lived grading process keeps the reference's timing workers
+    kept_workers: timing.KeptWorkers | None = None  # a long-lived grading process's reference timing workers
     early: EarlyStart | None = None  # workers started before the grader's imports (`python -m autograder grade`)
     placeholder_written: bool = False  # `out` already says the grading did not finish (`model.write_unfinished`)
     stop: StopSignal | None = None  # what stops this grading on SIGTERM, and which signal did (`grade_command`)
@@ -244,7 +244,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     )
     if grades_speed(rubric, options.parts):
         # the reference's timing workers start now, in the background, while the submission loads
-        start = timing.kept_trusted_workers if options.keep_timing_workers else start_trusted_workers
+        start = options.kept_workers.get if options.kept_workers else start_trusted_workers
         context.timing_workers = (options.early and options.early.timing_for(worker.config)) or start(worker.config)
     if options.early:
         options.early.close()  # what this grading did not adopt
@@ -256,8 +256,8 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         for timing_worker in context.timing_workers.values():
             if not timing_worker.kept:
                 timing_worker.close()
-        if plugin is None or plugin.grader_errors:
-            timing.forget_trusted_workers()  # after any trouble, the next grading starts them afresh
+        if options.kept_workers and (plugin is None or plugin.grader_errors):
+            options.kept_workers.close()  # after any trouble, the next grading starts them afresh
     if options.stop and options.stop.signum is not None:
         stopped = signal.Signals(options.stop.signum).name
         plugin.grader_errors.insert(0, f"grading was stopped ({stopped}) before it finished")

@@ -7,7 +7,7 @@ submission's, spoken to through the same protocol, so process, protocol and seri
 for all three and cancel in the ratios. (Each has a worker of its own because a process that has just run
 the wrapper's many small calls runs the next forward measurably slower.) The submission's is its grading
 worker, timed before any other check has run in it (the speed part's checks run first); a long-lived grading
-process keeps the two reference workers for its next gradings (`kept_trusted_workers`).
+process keeps the two reference workers for its next gradings (`KeptWorkers`).
 
 How (`measure`):
 
@@ -57,7 +57,6 @@ forward and synchronises the device after each, as GPU kernel leaderboards do.
 
 from __future__ import annotations
 
-import atexit
 import math
 import secrets
 import statistics
@@ -95,46 +94,46 @@ class TooSlow(TimingFailed):
 # -- the reference's own worker ------------------------------------------------------------------------------
 
 
-@dataclass
-class _Kept:
-    """This process's kept trusted workers, and the settings they were started for."""
+class KeptWorkers:
+    """A long-lived grading process's two trusted timing workers, kept from one grading to the next
+    (`grade.Options.kept_workers`), and the settings they were started for. Its owner, the process's loop,
+    closes them when it ends (`close`, or a `with` block)."""
 
-    config: WorkerConfig | None = None
-    workers: dict[str, BackgroundWorker] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self.config: WorkerConfig | None = None
+        self.workers: dict[str, BackgroundWorker] = {}
+        self._lock = threading.Lock()
 
+    def __enter__(self) -> KeptWorkers:
+        return self
 
-_kept = _Kept()
-_kept_lock = threading.Lock()
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
+    def get(self, config: WorkerConfig) -> dict[str, BackgroundWorker]:
+        """The two trusted timing workers for `config`'s kind of worker: the kept ones when they are for the
+        same settings and still answer, else new ones (replacing any others). They only ever run the
+        reference's code, so nothing of one submission reaches the next, and a grading starts one worker
+        instead of three. Whoever uses a kept worker leaves closing it to `close`."""
+        wanted = trusted_config(config)
+        with self._lock:
+            workers = self.workers
+            if not (workers and self.config == wanted and all(w.healthy() for w in workers.values())):
+                for worker in workers.values():
+                    worker.close()
+                workers = start_trusted_workers(config)
+                for worker in workers.values():
+                    worker.kept = True
+                self.config, self.workers = wanted, workers
+            return dict(workers)
 
-def kept_trusted_workers(config: WorkerConfig) -> dict[str, BackgroundWorker]:
-    """This process's two trusted timing workers for `config`'s kind of worker (a long-lived grading process
-    keeps them for its later gradings): the kept ones when they are for the same settings and still answer,
-    else new ones (replacing any others). They only ever run the reference's code, so nothing of one
-    submission reaches the next, and a grading starts one worker instead of three. Whoever uses a kept
-    worker leaves closing it to `forget_trusted_workers`."""
-    wanted = trusted_config(config)
-    with _kept_lock:
-        workers = _kept.workers
-        if not (workers and _kept.config == wanted and all(w.healthy() for w in workers.values())):
-            for worker in workers.values():
+    def close(self) -> None:
+        """Close the kept workers (after any trouble in a grading, and when their owner ends); the next `get`
+        starts them afresh."""
+        with self._lock:
+            for worker in self.workers.values():
                 worker.close()
-            workers = start_trusted_workers(config)
-            for worker in workers.values():
-                worker.kept = True
-            _kept.config, _kept.workers = wanted, workers
-        return dict(workers)
-
-
-def forget_trusted_workers() -> None:
-    """Close this process's kept trusted workers (after any trouble in a grading, and when the process ends)."""
-    with _kept_lock:
-        for worker in _kept.workers.values():
-            worker.close()
-        _kept.config, _kept.workers = None, {}
-
-
-atexit.register(forget_trusted_workers)
+            self.config, self.workers = None, {}
 
 
 # -- what is timed -------------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ class BackgroundWorker:
     ):
         self.worker = Worker(cells, filename, config)
         self.worker.allowed = allowed
-        self.kept = False  # one of a grading process's kept workers (`kept_trusted_workers`)
+        self.kept = False  # one of a grading process's kept workers (`timing.KeptWorkers`)
         self.error: str | None = None
         self.started = threading.Event()
         self.closing = threading.Event()
