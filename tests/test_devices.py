@@ -222,6 +222,8 @@ def test_a_planted_lock_is_refused_at_once_as_cannot_time_now(tmp_path, kind):
 def test_the_timing_locks_wait_ends_before_pytest_timeout_would_stop_the_check(monkeypatch):
     """A busy lock must end as "cannot time now" (retryable), not as pytest-timeout killing the check:
     the lock's wait and the check's own budget together stay below the checks' pytest-timeout."""
+    from types import SimpleNamespace
+
     from autograder.grading import grade
     from autograder.rubric import load_rubric
 
@@ -233,7 +235,7 @@ def test_the_timing_locks_wait_ends_before_pytest_timeout_would_stop_the_check(m
         return 0
 
     monkeypatch.setattr(grade.pytest, "main", fake_main)
-    grade.run_checks(None, rubric, visible_only=False)
+    grade.run_checks(SimpleNamespace(notes=None), rubric, visible_only=False)
     timeout = float(next(a for a in seen["args"] if a.startswith("--timeout=")).split("=", 1)[1])
     assert rubric.speed.lock_seconds + rubric.limit("check_seconds") < timeout
     # and the speed check's longest path: the submission's first load (Python and torch, then the file) and

@@ -164,6 +164,8 @@ def test_a_pytest_plugin_installed_beside_the_grader_never_joins_the_checks(tmp_
     """The checks run with pytest's plugin autoload off (`--disable-plugin-autoload`, never a process-wide
     environment variable): a plugin that an installed package declares (entry point `pytest11`) does not
     load, while plain pytest, asked the same way, loads it."""
+    from types import SimpleNamespace
+
     from autograder.grading import grade
     from autograder.rubric import load_rubric
 
@@ -182,6 +184,6 @@ def test_a_pytest_plugin_installed_beside_the_grader_never_joins_the_checks(tmp_
     assert mark.exists()  # installed this way, a plugin loads into a plain pytest run
     mark.unlink()
     del sys.modules["intruder_plugin"]
-    grade.run_checks(None, load_rubric(), visible_only=False, checks=("none::none",))
+    grade.run_checks(SimpleNamespace(notes=None), load_rubric(), visible_only=False, checks=("none::none",))
     assert not mark.exists()
     assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in os.environ

@@ -236,12 +236,9 @@ def regrade(submission: Path, options: Any) -> tuple[GradingRun, list[dict[str, 
     """The submission graded again with `options` (its seed), and what the harness noted while it ran."""
     from autograder.grading import grade as grading
 
-    harness.NOTES = []
-    try:
-        again = grading.grade_submission(submission, options)
-        return again, harness.NOTES
-    finally:
-        harness.NOTES = None
+    notes = harness.Notes()
+    again = grading.grade_submission(submission, replace(options, notes=notes))
+    return again, notes.items
 
 
 def found(run: GradingRun | None, row: CheckResult, case: str) -> CheckResult | None:

@@ -27,7 +27,7 @@ import torch
 from autograder.grading import submission as reader
 from autograder.grading import timing
 from autograder.grading.checks.fixtures import GradingContext, GradingFixtures
-from autograder.grading.checks.harness import Submission, new_run_seed
+from autograder.grading.checks.harness import Notes, Submission, new_run_seed, noting
 from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.report import print_summary
 from autograder.grading.scoring import score
@@ -72,6 +72,7 @@ class Options:
     kept_workers: timing.KeptWorkers | None = None  # a long-lived grading process's reference timing workers
     early: EarlyStart | None = None  # workers started before the grader's imports (`python -m autograder grade`)
     placeholder_written: bool = False  # `out` already says the grading did not finish (`model.write_unfinished`)
+    notes: Notes | None = None  # keep what the checks sent and compared (explain)
     stop: StopSignal | None = None  # what stops this grading on SIGTERM, and which signal did (`grade_command`)
 
 
@@ -148,7 +149,7 @@ def run_checks(
         "-rN",
     ]
     stream = io.StringIO()
-    with contextlib.redirect_stdout(stream):
+    with contextlib.redirect_stdout(stream), noting(context.notes):
         code = pytest.main(args, plugins=[GradingFixtures(context), plugin])
     if verbose:
         sys.stderr.write(stream.getvalue())
@@ -240,7 +241,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     worker.prestart()  # its Python and torch load while the checks are collected (the file waits for a check)
     run.seed = new_run_seed() if options.seed is None else options.seed
     context = GradingContext(
-        Submission(worker, run.device, rubric.limit("check_seconds")), rubric, run.device, run.seed
+        Submission(worker, run.device, rubric.limit("check_seconds")), rubric, run.device, run.seed, notes=options.notes
     )
     if grades_speed(rubric, options.parts):
         # the reference's timing workers start now, in the background, while the submission loads

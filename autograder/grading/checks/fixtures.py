@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from autograder.grading.checks.harness import Inputs, Submission, check_seed, dtypes_for
+from autograder.grading.checks.harness import Inputs, Notes, Submission, check_seed, dtypes_for
 from autograder.grading.plugin import part_of
 from autograder.grading.workers import BackgroundWorker
 from autograder.rubric import Rubric
@@ -23,6 +24,7 @@ class GradingContext:
     flags: list[str] = field(default_factory=list)  # what checks flag for the instructor
     # the reference's timing workers by target, started early
     timing_workers: dict[str, BackgroundWorker] = field(default_factory=dict)
+    notes: Notes | None = None  # what the checks sent and compared, when the grading keeps it (explain)
 
 
 class GradingFixtures:
@@ -34,6 +36,18 @@ class GradingFixtures:
         """The speed part's checks run first: the submission's module is timed in a worker that has only
         loaded its file, like the reference's (a worker that has run every other check is slower)."""
         items.sort(key=lambda item: part_of(item) != "speed")
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, object, object]:
+        """What the harness notes while a check runs (its fixtures' setup and teardown too) is that check's."""
+        notes = self._context.notes
+        if notes is not None:
+            notes.check = item.nodeid
+        try:
+            return (yield)
+        finally:
+            if notes is not None:
+                notes.check = ""
 
     @pytest.fixture(scope="session")
     def submission(self) -> Submission:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import pytest
@@ -48,16 +49,39 @@ M = TypeVar("M", bound=torch.nn.Module)
 __all__ = ["Foreign", "ForwardReply", "NotCredited"]
 
 
-# What the running checks sent to the submission and compared, while a disputed grade is explained
-# (`explain.explain` sets a list here, grades, then reads it); None: not explaining.
-NOTES: list[dict[str, Any]] | None = None
+@dataclass
+class Notes:
+    """What the checks sent to the submission and compared, kept by a grading that is asked to
+    (`grade.Options.notes`: `explain` replays a disputed grade with one); `check` is the running check's id,
+    which the grading's plugin sets (`fixtures.GradingFixtures`)."""
+
+    check: str = ""
+    items: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, kind: str, **values: Any) -> None:
+        self.items.append({"check": self.check, "kind": kind, **values})
+
+
+# The notes of the grading whose checks are running, bound by `grade.run_checks` (`noting`) for that run only:
+# the checks' helpers reach them here rather than through every call. None: that grading keeps none.
+_running_notes: ContextVar[Notes | None] = ContextVar("running_notes", default=None)
+
+
+@contextmanager
+def noting(notes: Notes | None) -> Iterator[None]:
+    """`note` adds to `notes` while the block runs (a grading's checks), to nothing again after it."""
+    token = _running_notes.set(notes)
+    try:
+        yield
+    finally:
+        _running_notes.reset(token)
 
 
 def note(kind: str, **values: Any) -> None:
-    """Remember what the running check sent to the submission or compared, when explaining."""
-    if NOTES is not None:
-        check = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
-        NOTES.append({"check": check, "kind": kind, **values})
+    """Remember what the running check sent to the submission or compared, when its grading keeps notes."""
+    notes = _running_notes.get()
+    if notes is not None:
+        notes.add(kind, **values)
 
 
 class Problem(str):
