@@ -508,6 +508,28 @@ def test_explain_says_reproduced_when_a_check_fails_only_after_what_ran_before_i
     assert "Graded alone it was passed" in text and "the speed part first" in text
 
 
+def test_a_gradings_notes_are_its_own_and_name_each_check_by_its_id(tmp_path):
+    """The notes explain reads are kept by the grading asked to keep them (`Options.notes`), each under the
+    running check's id as the grading's plugin names it; nothing is noted outside a grading, or by one that
+    keeps none."""
+    import autograder.grading.grade as grade
+    from autograder.grading.checks import harness
+
+    notes = harness.Notes()
+    run = grade.grade_submission(
+        REFERENCE, grade.Options(device="cpu", out=None, quiet=True, parts=("combine",), notes=notes)
+    )
+    assert run.graded and {c.part for c in run.checks} == {"combine"}
+    checks = {n["check"] for n in notes.items}
+    assert checks and all(c.startswith("test_combine.py::test_") for c in checks), checks
+    assert {c.key for c in run.checks} <= {c.replace("test_combine.py::", "combine::").split("[")[0] for c in checks}
+    assert {"call", "returned", "compared"} <= {n["kind"] for n in notes.items}
+    noted = len(notes.items)
+    harness.note("call", what="outside any grading")
+    grade.grade_submission(REFERENCE, grade.Options(device="cpu", out=None, quiet=True, parts=("combine",)))
+    assert len(notes.items) == noted and notes.check == ""
+
+
 def test_explain_says_not_reproduced_only_with_the_reason():
     """The verdict line: reproduced alone; reproduced only whole; not reproduced, because an input changed,
     or although the class record says nothing did."""
