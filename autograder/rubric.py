@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,25 +29,45 @@ VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
 DTYPE_NAMES = ("float64", "float32", "bfloat16", "float16")
 API_NAMES = ("scaled_dot_product_attention", "nn_multihead_attention", "flex_attention")
 
-# [limits]: name -> (type, meaning). Every one is required.
-LIMITS = {
-    "load_seconds": (float, "importing the submission and running its cells, in all"),
-    "cell_seconds": (float, "one top-level cell, until one is stopped"),
-    "later_cell_seconds": (float, "each later top-level cell, once one has been stopped (the file is known to hang)"),
-    "request_seconds": (float, "any single request to the worker (a forward, a call)"),
-    "hung_request_seconds": (float, "the same, once the submission is known to hang (a cell or a request was stopped)"),
-    "check_seconds": (float, "one check, all its requests together"),
-    "submission_seconds": (float, "the whole submission: every request, restart and check"),
-    "class_seconds": (float, "grade-class: one submission's grading process, start to end"),
-    "crashes_before_giving_up": (int, "a function that ended the worker this often is not called again"),
-    "submission_cpu_seconds": (float, "CPU time of all the worker's processes, for the whole submission"),
-    "memory_gib": (float, "memory of all the worker's processes together (and each one's address space on the CPU)"),
-    "processes": (int, "processes and threads the worker may have at once, all together"),
-    "cpu_cores": (float, "CPU quota of all the worker's processes together, in cores"),
-    "output_kib": (float, "how much of the worker's stdout/stderr is kept"),
-    "reply_mib": (float, "the largest answer the grader reads from the worker"),
-    "worker_threads": (int, "torch threads in the worker (and in the reference's, when timing)"),
-    "forks_per_server": (int, "workers forked from one fork server before a new one replaces it (0: none forked)"),
+
+def _means(meaning: str) -> Any:
+    """A required field of `Limits`, with what it bounds (the rubric's documentation of the key)."""
+    return field(metadata={"meaning": meaning})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """[limits]: every limit a submission is held to and every timeout of a run, each a typed field (its
+    `meaning` says what it bounds). Every one is required; an unknown key is refused by name."""
+
+    load_seconds: float = _means("importing the submission and running its cells, in all")
+    cell_seconds: float = _means("one top-level cell, until one is stopped")
+    later_cell_seconds: float = _means(
+        "each later top-level cell, once one has been stopped (the file is known to hang)"
+    )
+    request_seconds: float = _means("any single request to the worker (a forward, a call)")
+    hung_request_seconds: float = _means(
+        "the same, once the submission is known to hang (a cell or a request was stopped)"
+    )
+    check_seconds: float = _means("one check, all its requests together")
+    submission_seconds: float = _means("the whole submission: every request, restart and check")
+    class_seconds: float = _means("grade-class: one submission's grading process, start to end")
+    crashes_before_giving_up: int = _means("a function that ended the worker this often is not called again")
+    submission_cpu_seconds: float = _means("CPU time of all the worker's processes, for the whole submission")
+    memory_gib: float = _means(
+        "memory of all the worker's processes together (and each one's address space on the CPU)"
+    )
+    processes: int = _means("processes and threads the worker may have at once, all together")
+    cpu_cores: float = _means("CPU quota of all the worker's processes together, in cores")
+    output_kib: float = _means("how much of the worker's stdout/stderr is kept")
+    reply_mib: float = _means("the largest answer the grader reads from the worker")
+    worker_threads: int = _means("torch threads in the worker (and in the reference's, when timing)")
+    forks_per_server: int = _means("workers forked from one fork server before a new one replaces it (0: none forked)")
+
+
+# [limits]: name -> (type, meaning), in the rubric's order, from `Limits`.
+LIMITS: dict[str, tuple[type[int] | type[float], str]] = {
+    f.name: (int if f.type in (int, "int") else float, f.metadata["meaning"]) for f in fields(Limits)
 }
 LIMIT_MINIMUM = {"forks_per_server": 0}  # the others: 1 for a count, 0.001 for a number
 
@@ -172,7 +192,7 @@ class Rubric:
     tests: dict[str, CheckSettings]
     default_visibility: str
     tolerances: dict[str, tuple[float, float]]
-    limits: dict[str, float]
+    limits: Limits
     apis: dict[str, bool]
     path: Path = DEFAULT_RUBRIC
     speed: SpeedSettings | None = None  # [speed]: required when there is a speed part
@@ -191,9 +211,6 @@ class Rubric:
 
     def tolerance(self, dtype_name: str) -> tuple[float, float]:
         return self.tolerances[dtype_name]
-
-    def limit(self, name: str) -> float:
-        return self.limits[name]
 
     @property
     def max_score(self) -> float:
@@ -299,14 +316,15 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
             _number(value[1], f"[tolerances] {dtype} atol", path),
         )
 
-    limits = {}
+    values: dict[str, Any] = {}
     table = _table(data, "limits", path)
     _no_unknown(table, tuple(LIMITS), "in [limits]: ", path)
     for name, (kind, meaning) in LIMITS.items():
         if name not in table:
             raise RubricError(f"{path}: [limits] {name} is missing ({meaning})")
         least = LIMIT_MINIMUM.get(name, 1 if kind is int else 1e-3)
-        limits[name] = _number(table[name], f"[limits] {name}", path, minimum=least, kind=kind)
+        values[name] = _number(table[name], f"[limits] {name}", path, minimum=least, kind=kind)
+    limits = Limits(**values)
 
     table = _table(data, "apis", path)
     _no_unknown(table, API_NAMES, "in [apis]: ", path)

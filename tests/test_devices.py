@@ -237,11 +237,11 @@ def test_the_timing_locks_wait_ends_before_pytest_timeout_would_stop_the_check(m
     monkeypatch.setattr(grade.pytest, "main", fake_main)
     grade.run_checks(SimpleNamespace(notes=None), rubric, visible_only=False)
     timeout = float(next(a for a in seen["args"] if a.startswith("--timeout=")).split("=", 1)[1])
-    assert rubric.speed.lock_seconds + rubric.limit("check_seconds") < timeout
+    assert rubric.speed.lock_seconds + rubric.limits.check_seconds < timeout
     # and the speed check's longest path: the submission's first load (Python and torch, then the file) and
     # the reference's workers' start, the check's budget before and after the lock (a restart inside it
     # included), the lock's wait
-    longest = 4 * rubric.limit("load_seconds") + 2 * rubric.limit("check_seconds") + rubric.speed.lock_seconds
+    longest = 4 * rubric.limits.load_seconds + 2 * rubric.limits.check_seconds + rubric.speed.lock_seconds
     assert longest < timeout
 
 

@@ -59,7 +59,7 @@ GRADER_PEAK_MIB = 1024  # the grader's own peak memory (resident), as it records
 WALL_SECONDS = 240  # one grading, start to end, in a pool of two
 HANG_LIMIT_SECONDS = 60  # product requirement: a submission hanging in every forward is graded within this
 RESULTS_LIMIT_BYTES = 200 << 10  # a 100 MiB print flood must not make results.json big
-REQUEST_SECONDS = load_rubric().limit("request_seconds")
+REQUEST_SECONDS = load_rubric().limits.request_seconds
 
 _CELL = re.compile(r"^# %%(.*)$", re.M)
 
@@ -298,7 +298,7 @@ def pytest_runtest_makereport(item, call):
 # way it bounds. Each one is refused before it is materialised, and the worker is replaced.
 def hostile_server(load: str = "", forward: str = "", call: str = "", get: str = "", build_mha: str = "") -> str:
     """A cell that patches the worker's request loop to answer an operation with a hostile frame."""
-    reply_bytes = int(load_rubric().limit("reply_mib")) << 20
+    reply_bytes = int(load_rubric().limits.reply_mib) << 20
     return f"""
 import os, struct, sys
 _server = sys.modules["sandbox.server"]

@@ -63,10 +63,10 @@ def test_the_kit_holds_the_release_a_self_check_and_a_readme(built):
         requirements = bundle.read("mha-student-kit/requirements.txt").decode()
     assert "python selfcheck.py mha.py" in readme and "Submit" in readme
     assert "python3 -m venv .venv" in readme and "pip install -r requirements.txt" in readme
-    limits = load_rubric().limit  # the time limits a student's code is held to are stated before submission
-    assert f"each top-level cell may run {limits('cell_seconds'):g} s" in readme
-    assert f"the later ones {limits('later_cell_seconds'):g} s each" in readme
-    assert f"may run {limits('request_seconds'):g} s, and\n{limits('hung_request_seconds'):g} s once" in readme
+    limits = load_rubric().limits  # the time limits a student's code is held to are stated before submission
+    assert f"each top-level cell may run {limits.cell_seconds:g} s" in readme
+    assert f"the later ones {limits.later_cell_seconds:g} s each" in readme
+    assert f"may run {limits.request_seconds:g} s, and\n{limits.hung_request_seconds:g} s once" in readme
     # the grader's own versions, read from the Makefile's TORCH_SPEC and requirements.lock, never typed here
     spec = next(
         line.split("?=")[1].strip()

@@ -57,6 +57,28 @@ def test_every_required_value_is_checked(tmp_path, old, new, message):
     assert message in str(info.value)
 
 
+def test_a_misspelt_limit_is_refused_by_name_and_every_limit_is_a_typed_field(tmp_path):
+    """[limits] reads into `Limits`, one typed field per key: a misspelt key is refused with the allowed keys in
+    the rubric's order, and each value has its field's type (a count is an int)."""
+    import dataclasses
+
+    from autograder.rubric import LIMITS, Limits
+
+    with pytest.raises(RubricError) as info:
+        load_rubric(edited(tmp_path, "request_seconds = 10 ", "request_secnds = 10 "))
+    assert str(info.value) == (
+        f"{tmp_path / 'rubric.toml'}: unknown key in [limits]: 'request_secnds' (allowed: {', '.join(LIMITS)})"
+    )
+    assert list(LIMITS)[:4] == ["load_seconds", "cell_seconds", "later_cell_seconds", "request_seconds"]
+    limits = load_rubric().limits
+    assert isinstance(limits, Limits) and [f.name for f in dataclasses.fields(limits)] == list(LIMITS)
+    for name, (kind, meaning) in LIMITS.items():
+        assert type(getattr(limits, name)) is kind and meaning, name
+    assert LIMITS["processes"][0] is int and LIMITS["memory_gib"][0] is float
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        limits.memory_gib = 1.0  # type: ignore[misc]
+
+
 def test_a_misspelt_check_key_is_an_error_with_a_suggestion(tmp_path):
     rubric = load_rubric(
         edited(tmp_path, '[tests."mha::test_matches_reference"]', '[tests."mha::test_matches_referense"]')

@@ -218,15 +218,15 @@ def kit_files(root: Path, torch_spec: str | None = None) -> dict[str, bytes]:
     files["selfcheck.py"] = (Path(__file__).with_name("selfcheck.py")).read_bytes()
     torch = torch_requirement(torch_spec or makefile_torch_spec(root))
     numpy = locked(root, "numpy")
-    limits = load_rubric().limit
+    limits = load_rubric().limits
     files["README.md"] = README.format(
         assignment=ASSIGNMENT,
         torch_words=plain([torch]),
         numpy_words=plain(numpy),
-        cell=limits("cell_seconds"),
-        later=limits("later_cell_seconds"),
-        request=limits("request_seconds"),
-        hung=limits("hung_request_seconds"),
+        cell=limits.cell_seconds,
+        later=limits.later_cell_seconds,
+        request=limits.request_seconds,
+        hung=limits.hung_request_seconds,
     ).encode()
     files["requirements.txt"] = REQUIREMENTS.format(torch=torch, numpy="\n".join(numpy)).encode()
     files["Makefile"] = MAKEFILE.format(assignment=ASSIGNMENT).encode()

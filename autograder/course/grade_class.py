@@ -330,7 +330,7 @@ def grade_class(
             markup=False,
         )
         interrupted = not grade_all(
-            todo, record, placement, rubric_path, loaded.limit("class_seconds"), jobs, isolation, console
+            todo, record, placement, rubric_path, loaded.limits.class_seconds, jobs, isolation, console
         )
         untimed = [job for job in todo if not interrupted and could_not_time(record.run(job.student))]
         if untimed:  # the device's timing lock stayed busy (other gradings' timing): once more, one at a time
@@ -340,7 +340,7 @@ def grade_class(
                 markup=False,
             )
             interrupted = not grade_all(
-                untimed, record, placement, rubric_path, loaded.limit("class_seconds"), 1, isolation, console
+                untimed, record, placement, rubric_path, loaded.limits.class_seconds, 1, isolation, console
             )
         left = close_finished_forced(record, roster)
         if shard is None:

@@ -110,7 +110,8 @@ def check_timeout(rubric: Rubric) -> float:
     (`load_seconds` twice) and their two builds (`request_seconds` each), the lock's wait (`lock_seconds`),
     the check's budget again once it is held, and 30 s for killing and cleaning up. A restart of the worker
     inside a check gets at most what is left of the check's budget (`Submission`)."""
-    load, check, request = (rubric.limit(key) for key in ("load_seconds", "check_seconds", "request_seconds"))
+    limits = rubric.limits
+    load, check, request = limits.load_seconds, limits.check_seconds, limits.request_seconds
     lock = rubric.speed.lock_seconds if rubric.speed is not None else 0.0
     return 2 * load + check + 2 * load + 2 * request + lock + check + 30
 
@@ -241,7 +242,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     worker.prestart()  # its Python and torch load while the checks are collected (the file waits for a check)
     run.seed = new_run_seed() if options.seed is None else options.seed
     context = GradingContext(
-        Submission(worker, run.device, rubric.limit("check_seconds")), rubric, run.device, run.seed, notes=options.notes
+        Submission(worker, run.device, rubric.limits.check_seconds), rubric, run.device, run.seed, notes=options.notes
     )
     if grades_speed(rubric, options.parts):
         # the reference's timing workers start now, in the background, while the submission loads
