@@ -994,8 +994,11 @@ def selected_cases(session: pytest.Session) -> list[Case]:
     """The cases the selected tests are parametrised with (all of them when the whole file runs)."""
     wanted = set()
     for item in session.items:
+        if getattr(item, "module", None) is not sys.modules[__name__]:
+            continue  # another file's parameters (a wrong submission's `Mistake`) name no case of this table
         for value in getattr(getattr(item, "callspec", None), "params", {}).values():
-            wanted.add(value.id if isinstance(value, Case) else value)
+            if isinstance(value, (Case, str)):
+                wanted.add(value.id if isinstance(value, Case) else value)
     return [case for case in CASES if case.id in wanted]
 
 
