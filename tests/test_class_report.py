@@ -474,16 +474,30 @@ def test_chromium_draws_the_score_and_speed_plots(chromium, tmp_path):
 @pytest.mark.long
 @pytest.mark.timeout(3600)  # 100 gradings: about 4 minutes on an idle 2-core machine, far more on a busy one
 def test_a_class_of_100_gets_one_report_of_everyone_drawn_by_chromium(chromium, tmp_path):
-    """100 copies of the sample class, graded by `grade-class` as `make grade` does: class.html accounts for
-    every student, counts each mistake for exactly the students whose results.json name it (read here from
-    the files, not through the grader's model), links every student it names to an existing feedback page,
-    and Chromium draws its plots."""
+    """100 copies of the sample class: class.html accounts for every student, counts each mistake for exactly
+    the students whose results.json name it (read here from the files, not through the grader's model),
+    links every student it names to an existing feedback page, and Chromium draws its plots. The first 10
+    (two copies of each sample) are graded by `grade-class` as `make grade` does; each of the other 90 holds
+    the same file as one of them, whose record it is given (what grading it would write but for the timings),
+    and `grade-class --merge` writes the class's outputs from the record of all 100, as after a sharded run."""
     sys.path.insert(0, str(ROOT / "tools"))
     from bench_class import make_class
 
     course = tmp_path / "class100"
     make_class(course, 100)
-    run = autograder("grade-class", course, "--device", "cpu", "--jobs", "4", cwd=tmp_path, timeout=3600)
+    graded = sorted(p.name for p in (course / "submitted").iterdir())
+    hidden = tmp_path / "not-yet"
+    hidden.mkdir()
+    for student in graded[10:]:
+        (course / "submitted" / student).rename(hidden / student)
+    run = autograder("grade-class", course, "--device", "cpu", "--jobs", "4", cwd=tmp_path, timeout=1800)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    for k, student in enumerate(graded[10:], start=10):
+        (hidden / student).rename(course / "submitted" / student)
+        twin = graded[k % 10]  # the same sample: make_class gives student k the sample k % 5
+        assert twin.split("-", 1)[1] == student.split("-", 1)[1]
+        shutil.copytree(course / "results" / twin, course / "results" / student)
+    run = autograder("grade-class", course, "--merge", cwd=tmp_path, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert f"class report: {report_path(course)} (written)" in " ".join(run.stdout.split())
     page = report_path(course).read_text()
