@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,6 +80,10 @@ class FrameLimits:
 BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
+# The same characters as `unsafe_char`, for replacing them all in one pass.
+UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f" + "".join(sorted(BIDI_CONTROLS)) + "]")
+
+
 def unsafe_char(ch: str) -> bool:
     """Whether `ch` must not reach a terminal, a page or a file as it is: a control character (C0 but newline
     and tab, DEL, C1) or a bidirectional control."""
@@ -93,7 +98,7 @@ def clean_text(text: Any, limit: int) -> str:
         raise ProtocolError(f"expected a string, got {type(text).__name__}")
     cut = text[:limit]
     cut = cut.encode("utf-8", "replace").decode("utf-8")  # lone surrogates -> "?"
-    cleaned = "".join("\ufffd" if unsafe_char(ch) else ch for ch in cut)
+    cleaned = UNSAFE.sub("\ufffd", cut)
     return cleaned + (f"... [{len(text) - limit:,} more characters]" if len(text) > limit else "")
 
 
