@@ -378,13 +378,14 @@ HOSTILE = textwrap.dedent(
 )
 
 
-# slow, so not in the other Pythons' smoke set: there pip installs PyPI's torch, whose CUDA libraries (about
-# 3 GB mapped) do not load under this test's 1 GiB memory limit; `make test` runs it on the default Python.
-@pytest.mark.slow
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_hostile_child_changes_nothing_a_later_child_or_a_sibling_sees(isolation):
     """A child attacks everything it can reach while a sibling is alive; the sibling still answers, and the next
     child of the same fork server is the same as the one before the attack."""
+    import torch
+
+    if torch.version.cuda is not None:  # PyPI's build, which `make test-pythons` installs for other Pythons
+        pytest.skip("this test's 1 GiB memory limit cannot hold a CUDA build of torch (about 3 GB of libraries)")
     if isolation == "process" and not (probe.is_root() and probe.separate_uid_available()):
         pytest.skip("process isolation runs the worker as the grader's own user here: it could signal the grader")
     before, sibling = worker(isolation, 50), worker(isolation, 50)
@@ -412,14 +413,13 @@ def test_a_hostile_child_changes_nothing_a_later_child_or_a_sibling_sees(isolati
     finally:
         for each in (before, sibling, hostile):
             each.close()
-    for key in ("signals", "fds", "session", "limits", "hostname", "mounts", "writable", "shm", "caps"):
+    for key in ("signals", "fds", "session", "limits", "hostname", "mounts", "writable", "caps"):
         assert normal(repr(second[key])) == normal(repr(first[key])), key
     for key in ("dumpable", "no_new_privs", "environment", "argv", "cwd", "sys_path", "meta_path", "imports"):
         assert normal(repr(second[key])) == normal(repr(first[key])), key
     assert second["sums"] == first["sums"] == [3.0, 0.5]
-    assert second["shm"] == []
-    if isolation == "namespace":  # its own /tmp; under process isolation /tmp is the machine's, as for any worker
-        assert second["tmp"] == first["tmp"] == []
+    if isolation == "namespace":  # its own; under process isolation they are the machine's, as for a fresh worker
+        assert second["tmp"] == first["tmp"] == second["shm"] == first["shm"] == []
 
 
 # -- the replacement rule and the fall-back ------------------------------------------------------------------
