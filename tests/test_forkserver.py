@@ -520,7 +520,8 @@ def test_a_fork_server_that_misbehaves_is_let_go_and_the_worker_starts_fresh(mon
 
 def test_a_forked_worker_let_go_before_it_is_handed_over_ran_nothing(tmp_path):
     """A worker started early and closed unused (a grading that did not adopt it) is let go before it joins its
-    group: it ends by itself, having run nothing, and costs nothing of the submission's time."""
+    group: it ends by itself, having run nothing, and costs nothing of the submission's time (or, where the
+    hand-over came first, only the child's own steps: still nothing of the file ran)."""
     folder = tmp_path / "shared"
     folder.mkdir()
     folder.chmod(0o777)
@@ -535,7 +536,10 @@ def test_a_forked_worker_let_go_before_it_is_handed_over_ran_nothing(tmp_path):
         process = w.process
         assert process is not None and process.forked
         w.close()
-        assert w.cpu_spent == 0.0 and process.pids() == []
+        if process.process.handed_over():  # the hand-over won the race with close: killed before any load
+            assert w.cpu_spent < 0.5, w.cpu_spent  # only the child's own steps after the fork
+        else:
+            assert w.cpu_spent == 0.0 and process.pids() == []
         deadline = time.monotonic() + 30
         while not _children(server.pid) <= before and time.monotonic() < deadline:
             time.sleep(0.1)
