@@ -189,7 +189,8 @@ def explain(results_path: Path, keys: list[str] | None, submission: Path | None,
     if not keys and not rows:
         say(f"nothing failed: {points_text(run.score)} of {points_text(run.max_score)} points, every check passed")
         return 0
-    for what in changed_since(Path(results_path), submission):
+    inputs_changed = changed_since(Path(results_path), submission)  # hashes the file and the grader: once
+    for what in inputs_changed:
         say(f"note: the {what} changed since this run was graded; what follows is today's {what}'s")
     say("failed checks, by the key --check (CHECK=) takes:" if not keys else "the checks asked for:")
     say(keys_text(rows))
@@ -208,7 +209,7 @@ def explain(results_path: Path, keys: list[str] | None, submission: Path | None,
             # the submission's module on its own workload, then the other parts): graded whole again, as it was.
             graded_parts = tuple(dict.fromkeys(c.part for c in run.checks))
             whole, notes = regrade(submission, replace(options, parts=graded_parts))
-        changed = changed_since(Path(results_path), submission) + [
+        changed = inputs_changed + [
             what
             for what, was, now in (
                 ("torch version", run.torch, torch.__version__),
