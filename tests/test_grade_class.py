@@ -425,6 +425,22 @@ def as_a_grader_that_is_not_root(command: list[str]) -> list[str]:
     return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--", *command]
 
 
+def grade_class_as_a_grader_that_is_not_root(
+    course: Path, options: list[str], cwd: Path
+) -> tuple[subprocess.CompletedProcess, str]:
+    """`grade-class COURSE --device cpu OPTIONS` run so; and what it said, its white space folded."""
+    run = subprocess.run(
+        as_a_grader_that_is_not_root(
+            [sys.executable, "-m", "autograder", "grade-class", str(course), "--device", "cpu", *options]
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+    )
+    return run, " ".join((run.stdout + run.stderr).split())
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and util-linux's setpriv")
 def test_folders_and_files_the_grader_cannot_read_are_a_note_on_that_student(tmp_path):
     """bob's mha/ is mode 0300 (listed by no one), cal's folder 0000, dee's mha.py 0000, to a grader that is not
@@ -442,16 +458,7 @@ def test_folders_and_files_the_grader_cannot_read_are_a_note_on_that_student(tmp
     os.chmod(submitted / "dee" / "mha" / "mha.py", 0)
     try:
         for merge in ([], ["--merge"]):
-            run = subprocess.run(
-                as_a_grader_that_is_not_root(
-                    [sys.executable, "-m", "autograder", "grade-class", str(course), "--device", "cpu", *merge]
-                ),
-                capture_output=True,
-                text=True,
-                timeout=600,
-                cwd=tmp_path,
-            )
-            said = " ".join((run.stdout + run.stderr).split())
+            run, said = grade_class_as_a_grader_that_is_not_root(course, merge, tmp_path)
             assert "Traceback" not in said and run.returncode == 0, said[-2000:]
             rows = {r["student"]: r for r in csv.DictReader(io.StringIO((course / "grades.csv").read_text()))}
             assert rows["ann"]["status"] == GRADED and rows["ann"]["score"] == "100"
@@ -464,16 +471,7 @@ def test_folders_and_files_the_grader_cannot_read_are_a_note_on_that_student(tmp
         os.chmod(submitted, 0o300)
         before = (course / "grades.csv").read_text()
         for merge in ([], ["--merge"]):
-            run = subprocess.run(
-                as_a_grader_that_is_not_root(
-                    [sys.executable, "-m", "autograder", "grade-class", str(course), "--device", "cpu", *merge]
-                ),
-                capture_output=True,
-                text=True,
-                timeout=600,
-                cwd=tmp_path,
-            )
-            said = " ".join((run.stdout + run.stderr).split())
+            run, said = grade_class_as_a_grader_that_is_not_root(course, merge, tmp_path)
             assert run.returncode == 2 and "Traceback" not in said, said[-2000:]
             assert f"{submitted} cannot be read by the grader (Permission denied)" in said, said[-2000:]
             assert (course / "grades.csv").read_text() == before
