@@ -419,7 +419,9 @@ def test_a_hostile_child_changes_nothing_a_later_child_or_a_sibling_sees(isolati
         assert normal(repr(second[key])) == normal(repr(first[key])), key
     assert second["sums"] == first["sums"] == [3.0, 0.5]
     if isolation == "namespace":  # its own; under process isolation they are the machine's, as for a fresh worker
-        assert second["tmp"] == first["tmp"] == second["shm"] == first["shm"] == []
+        assert second["shm"] == first["shm"] == []
+        # nothing of the hostile child's: what the sandbox bound under /tmp (a checkout made with mktemp) only
+        assert second["tmp"] == first["tmp"] == sorted({p.split("/")[2] for p in forkserver_mounts_under_tmp()})
 
 
 # -- the replacement rule and the fall-back ------------------------------------------------------------------
@@ -716,3 +718,10 @@ def test_hostile_gradings_change_nothing_of_an_honest_one_graded_after_them_by_t
     assert run.returncode == 0, run.stderr
     assert comparable(after) == comparable(fresh)
     assert after["score"] == fresh["score"] == after["max_score"]
+
+
+def forkserver_mounts_under_tmp() -> list[str]:
+    """What a worker's sandbox binds under /tmp: the interpreter, its packages and the checkout, where they
+    live there (a clone made with mktemp), as the fork server's children keep them (`_mounts_under`)."""
+    places = {sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parent.parent)}
+    return [p for p in places if p.startswith("/tmp/")]

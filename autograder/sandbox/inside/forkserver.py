@@ -57,7 +57,7 @@ else:
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_MOVE = 32, 1024, 2048, 4096, 8192
 MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 1, 4, 24, 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -332,10 +332,22 @@ def own_namespaces(child: Child) -> None:
         if target != "/proc" and not target.startswith("/proc/"):  # /proc: its own, below
             _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
     size = int(config["scratch_bytes"])
-    for folder in ("/tmp", "/dev/shm"):  # empty, as the fork server's were, with the same owner and mode
+    for folder in ("/dev/shm", "/tmp"):  # empty, as the fork server's were, with the same owner and mode
+        # What the sandbox bound under /tmp (the interpreter, its packages, the checkout: a clone made with
+        # mktemp) is kept: moved aside into the fresh /dev/shm, then back on top of the fresh /tmp.
+        aside = _mounts_under("/tmp") if folder == "/tmp" else []
+        for index, target in enumerate(aside):
+            os.makedirs(f"/dev/shm/.kept/{index}")
+            _mount(target, f"/dev/shm/.kept/{index}", None, MS_MOVE)
         found = os.stat(folder)
         owner = f"mode={found.st_mode & 0o7777:o},uid={found.st_uid},gid={found.st_gid}"
         _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},{owner}")
+        for index, target in enumerate(aside):
+            os.makedirs(target, mode=0o755, exist_ok=True)
+            _mount(f"/dev/shm/.kept/{index}", target, None, MS_MOVE)
+            os.rmdir(f"/dev/shm/.kept/{index}")
+        if aside:
+            os.rmdir("/dev/shm/.kept")
     _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
     init = os.fork()
     if init:
@@ -358,6 +370,14 @@ def own_namespaces(child: Child) -> None:
     if worker:
         _init(worker)
     _die_with_parent(1)
+
+
+def _mounts_under(folder: str) -> list[str]:
+    """The outermost mount points below `folder` (a mount inside one of them moves with it)."""
+    with open("/proc/self/mountinfo") as handle:
+        points = sorted({line.split()[4].replace("\\040", " ") for line in handle})
+    below = [p for p in points if p.startswith(folder + "/")]
+    return [p for p in below if not any(p.startswith(q + "/") for q in below)]
 
 
 def _writable_mounts() -> list[tuple[str, int]]:
