@@ -15,7 +15,9 @@ from autograder.sandbox.client import (
     BudgetSpent,
     CheckBudget,
     CheckTimeUp,
+    Lifecycle,
     LoadFailed,
+    RestartPolicy,
     SubmissionError,
     Worker,
     WorkerCannotStart,
@@ -635,3 +637,47 @@ def test_a_tensor_read_from_the_wire_is_its_buffer_not_a_copy():
     assert torch.equal(decoded, value)
     blobs[0][4:8] = bytes(4)  # the tensor is the buffer itself: its second value becomes 0
     assert decoded[1].item() == 0 and decoded[2].item() == 2
+
+
+# -- the restart policy and the lifecycle, alone (no process)
+
+
+def test_one_failure_policy_for_untimed_and_timed_requests():
+    """A timeout makes its target not tried again whether the request was timed or not; only an untimed one
+    makes the submission known to hang; a spent budget is nobody's hang; a crash is counted per target, and
+    refused once it happened `tries` times."""
+    timed, untimed = RestartPolicy(tries=2), RestartPolicy(tries=2)
+    timed.failed(WorkerTimeout("x did not finish"), "x (timed)", timed=True)
+    untimed.failed(WorkerTimeout("x did not finish"), "x", timed=False)
+    assert list(timed.hung) == ["x (timed)"] and not timed.stopped_request
+    assert list(untimed.hung) == ["x"] and untimed.stopped_request
+    with pytest.raises(WorkerTimeout, match="not tried again"):
+        untimed.refuse("x")
+    untimed.refuse("y")  # another target still runs
+
+    spent = RestartPolicy(tries=2)
+    spent.failed(BudgetSpent("the budget is used up"), "x", timed=False)
+    assert not spent.hung and not spent.stopped_request
+    spent.refuse("x")
+
+    crashes = RestartPolicy(tries=2)
+    crashes.failed(WorkerCrashed("ended"), "x", timed=True)
+    crashes.refuse("x")  # once: tried again
+    crashes.failed(WorkerCrashed("ended again"), "x", timed=False)
+    with pytest.raises(WorkerCrashed, match="ended again .this happened 2 times"):
+        crashes.refuse("x")
+    assert crashes.ended("ended between requests") is None
+    assert "not restarted again" in (crashes.ended("ended between requests again") or "")
+
+
+def test_a_worker_whose_file_cannot_load_refuses_every_request_without_starting_a_process():
+    w = worker("x = 1", isolation="process")
+    assert w.state is Lifecycle.IDLE and not w.alive() and w.load_failure is None
+    w.refuse_load("that is not a Python file")
+    assert w.state is Lifecycle.LOAD_FAILED and w.load_failure == "that is not a Python file"
+    w.prestart()
+    with pytest.raises(LoadFailed, match="not a Python file"):
+        w.request("ping")
+    assert w.process is None and w.starts == 0
+    w.kill()  # a final state stays final
+    assert w.state is Lifecycle.LOAD_FAILED

@@ -52,16 +52,15 @@ def main() -> int:
     from autograder.sandbox import client
 
     phases: dict[str, float] = {}
-    original_receive, original_start = client.Worker._receive, client.Worker.start
+    original_ready, original_start = client.Worker._ready, client.Worker.start
 
-    def receive(self, op, deadline, what, *more, **named):
+    def wait_ready(self, *more, **named):
         started = time.monotonic()
         try:
-            return original_receive(self, op, deadline, what, *more, **named)
+            return original_ready(self, *more, **named)
         finally:
-            key = "worker start (python + torch, to ready)" if op == "ready" else None
-            if key:
-                phases[key] = phases.get(key, 0.0) + time.monotonic() - started
+            key = "worker start (python + torch, to ready)"
+            phases[key] = phases.get(key, 0.0) + time.monotonic() - started
 
     def start(self, *more, **named):
         started = time.monotonic()
@@ -78,7 +77,7 @@ def main() -> int:
             worker_cpu[0] += self.process.cpu_seconds()  # its whole process tree, read before it is killed
         return original_kill(self)
 
-    client.Worker._receive, client.Worker.start, client.Worker.kill = receive, start, kill
+    client.Worker._ready, client.Worker.start, client.Worker.kill = wait_ready, start, kill
     client.Worker.close = kill
     profiler = cProfile.Profile() if args.profile else None
     rows = []

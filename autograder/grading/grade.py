@@ -238,7 +238,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         run.execution_time = time.monotonic() - started
         return run
     if problem:
-        worker.load_failure = problem
+        worker.refuse_load(problem)
     worker.prestart()  # its Python and torch load while the checks are collected (the file waits for a check)
     run.seed = new_run_seed() if options.seed is None else options.seed
     context = GradingContext(

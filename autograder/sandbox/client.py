@@ -22,6 +22,7 @@ restarted, at most `crashes_before_giving_up` times.
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import math
 import os
@@ -31,6 +32,7 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -189,26 +191,207 @@ class OutputCapture(threading.Thread):
 WireCell = tuple[int, int, str]
 
 
+class Lifecycle(enum.Enum):
+    """Where a `Worker` stands. Its process exists in PRESTARTED, STARTING and RUNNING only; the last three
+    are final (`Worker.why` says why), and every later request fails at once, saying so."""
+
+    IDLE = "no process"  # none yet, or the last one ended: the next request starts one
+    PRESTARTED = "prestarted"  # started early (`prestart`): Python and torch load; nothing of the file yet
+    STARTING = "starting"  # waiting for its `ready`, then loading the file
+    RUNNING = "running"  # it said ready and loaded the file: requests go to it
+    CANNOT_START = "cannot start"  # the first process could not start Python and torch: the grader's fault
+    LOAD_FAILED = "load failed"  # the file failed, hung or crashed while loading: not loaded again
+    GIVEN_UP = "given up"  # it ended between requests `crashes_before_giving_up` times: not restarted again
+
+
+FINAL = (Lifecycle.CANNOT_START, Lifecycle.LOAD_FAILED, Lifecycle.GIVEN_UP)
+
+
+@dataclass
+class RestartPolicy:
+    """What the failures of a submission's requests so far decide, the same for untimed and timed requests:
+    a target that hung is not tried again, nor one that ended the worker `tries` times; a worker that ended
+    on its own between requests `tries` times is not restarted again; a submission known to hang gets the
+    shorter deadline (`Worker.request_limit`)."""
+
+    tries: int
+    hung: dict[str, str] = field(default_factory=dict)  # target -> message, for targets that timed out once
+    crashes: dict[str, list[str]] = field(default_factory=dict)  # target -> messages, each time it ended the worker
+    ended_between: list[str] = field(default_factory=list)  # how the worker ended on its own between requests
+    stopped_request: bool = False  # an untimed request was stopped at its deadline
+
+    def refuse(self, target: str | None) -> None:
+        """Raise for a target that is not tried again."""
+        if target and target in self.hung:
+            raise WorkerTimeout(self.hung[target])
+        if target and len(self.crashes.get(target, ())) >= self.tries:
+            raise WorkerCrashed(
+                f"{self.crashes[target][-1]} (this happened {self.tries} times; not tried again in later checks)"
+            )
+
+    def failed(self, exc: WorkerError, target: str | None, timed: bool) -> None:
+        """Remember a request's timeout or crash (the caller kills the worker). A spent budget is nobody's hang;
+        a timed request running past its deadline does not make the submission known to hang."""
+        if isinstance(exc, WorkerTimeout):
+            if not isinstance(exc, BudgetSpent):
+                self.stopped_request = self.stopped_request or not timed
+                if target:
+                    self.hung[target] = f"{exc} (not tried again in later checks)"
+        elif target:
+            self.crashes.setdefault(target, []).append(str(exc))
+
+    def ended(self, how: str) -> str | None:
+        """The worker ended on its own between requests: why it is not restarted again, once that has happened
+        `tries` times."""
+        self.ended_between.append(how)
+        times = len(self.ended_between)
+        if times >= self.tries:
+            return f"{how} (this happened {times} times; the worker is not restarted again)"
+        return None
+
+
+class Channel:
+    """The frames between the grader and one worker process: a request written, its reply read and checked, each
+    within a deadline, and the CPU budget checked while it is read where the caller charges it (`budget`, which
+    raises BudgetSpent). Knows nothing of restarts: a failure is raised for the `Worker` to handle."""
+
+    def __init__(
+        self,
+        process: launcher.WorkerProcess,
+        limits: protocol.FrameLimits,
+        codec: protocol.TensorCodec,
+        memory_bytes: int | None,
+        budget: Callable[[str], None],
+    ):
+        self.process, self.limits, self.codec = process, limits, codec
+        self.memory_bytes, self.budget = memory_bytes, budget
+
+    def frame(self, op: str, args: dict[str, Any]) -> bytes:
+        encoder = protocol.Encoder(self.codec)
+        return protocol.pack_frame({"op": op, "args": encoder.encode(args)}, encoder.blobs)
+
+    def send(self, frame: bytes, deadline: Deadline, what: str) -> None:
+        """Write a frame; a worker that no longer reads its pipe has ended (WorkerCrashed)."""
+        try:
+            _write_all(self.process, frame, deadline, what)
+        except (BrokenPipeError, OSError):  # nothing reads the pipe any more
+            raise self.crashed(what) from None
+
+    def exchange(self, op: str, args: dict[str, Any], deadline: Deadline, what: str) -> protocol.Reply:
+        """One untimed request and its reply. A worker that ended before reading the request raises
+        EndedBeforeRequest (it ended on its own, between requests)."""
+        try:
+            self.send(self.frame(op, args), deadline, what)
+        except WorkerCrashed as exc:
+            raise EndedBeforeRequest(str(exc)) from None
+        try:
+            return self.receive(op, deadline, what)
+        except WorkerCrashed as exc:
+            if self.request_unread():
+                raise EndedBeforeRequest(str(exc)) from None
+            raise
+
+    def request_unread(self) -> bool:
+        """Whether the worker has ended with bytes of the request written last still in the pipe, unread."""
+        if self.process.alive():
+            return False
+        try:
+            unread = fcntl.ioctl(self.process.to_worker, termios.FIONREAD, b"\0" * 4)
+        except OSError:
+            return False
+        return int.from_bytes(unread, sys.byteorder, signed=True) > 0
+
+    def receive(self, op: str, deadline: Deadline, what: str, charge: bool = True) -> protocol.Reply:
+        """The reply to `op`, read within `deadline`, bounded by the frame limits and checked against the
+        protocol before it is used; one that cannot be read safely is the worker's fault (WorkerCrashed)."""
+
+        def read_exact(n: int) -> bytes:
+            return self.read(n, deadline, what, charge)
+
+        def read_into(view: memoryview) -> None:  # a blob, straight into its tensor's memory
+            while view:
+                chunk = self.read(min(len(view), 1 << 20), deadline, what, charge)
+                view[: len(chunk)] = chunk
+                view = view[len(chunk) :]
+
+        def parse() -> protocol.Reply:
+            header, blobs = protocol.read_frame(read_exact, self.limits, read_into)
+            decoder = protocol.Decoder(blobs, self.limits, self.codec.from_wire)
+            return protocol.parse_reply(op, header, decoder)
+
+        try:
+            reply = parse()
+        except ProtocolError as exc:
+            problem = str(exc)
+        except WorkerError:  # a deadline, a budget or the worker's end, met while reading: as it is
+            raise
+        except Exception as exc:  # any other trouble decoding an answer is the answer's: the worker's fault
+            problem = f"it could not be decoded ({type(exc).__name__}: {protocol.clean_text(str(exc), 200)})"
+        else:
+            deadline.check(what)
+            return reply
+        # Raised outside `except`, so the refused answer is let go: raised inside, the WorkerCrashed would
+        # keep the ProtocolError as its context, and through its traceback parse()'s blobs (up to reply_mib)
+        # for as long as a caller holds it, and a second such answer would be held beside the first.
+        raise WorkerCrashed(f"the worker's answer while {what} could not be read safely: {problem}")
+
+    def read(self, n: int, deadline: Deadline, what: str, charge: bool = True) -> bytes:
+        """`n` bytes from the worker. `charge`: stop once the CPU budget is spent (a walk of the worker's
+        processes per chunk); a timed call does not, so that every timed worker pays the same (`TimedCalls`)."""
+        chunks = []
+        while n:
+            deadline.check(what)
+            if charge:
+                self.budget(what)
+            ready, _, _ = select.select([self.process.from_worker], [], [], min(deadline.left(), 0.5))
+            if not ready:
+                continue
+            chunk = os.read(self.process.from_worker, min(n, 1 << 20))
+            if not chunk:
+                raise self.crashed(what)
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def crashed(self, what: str, detail: str | None = None) -> WorkerCrashed:
+        return ended_while(self.process, what, self.memory_bytes, detail)
+
+
+def ended_while(
+    process: launcher.WorkerProcess | None, what: str, memory_bytes: int | None, detail: str | None = None
+) -> WorkerCrashed:
+    """The error for a worker that ended (or was never there) while `what`, saying how it ended."""
+    code = None
+    if process is not None:
+        try:
+            code = process.process.wait(timeout=5)
+        except Exception:
+            code = None
+        if detail is None and process.went_over_memory():
+            detail = (
+                f"it was killed for using more than the submission's {(memory_bytes or 0) / (1 << 30):g} GiB of "
+                "memory (all its processes together)"
+            )
+    return WorkerCrashed(f"the process running your code ended while {what}: {detail or describe_exit(code)}")
+
+
 class Worker:
-    """One submission's worker. `request()` restarts it after a crash or a timeout; a submission
-    whose loading fails or hangs is not restarted again and again: its failure is remembered."""
+    """One submission's worker: its lifecycle (`Lifecycle`, `start`, `kill`), its budgets, and its requests,
+    each sent over the running process's `Channel`; a failure goes through one `RestartPolicy`, whose decisions
+    are remembered: a submission whose loading fails or hangs is not restarted again and again."""
 
     def __init__(self, cells: list[WireCell], filename: str, config: WorkerConfig):
         self.cells, self.filename, self.config = [list(c) for c in cells], filename, config
+        self.state = Lifecycle.IDLE
+        self.why: str | None = None  # why, in a final state
         self.process: launcher.WorkerProcess | None = None
+        self.channel: Channel | None = None  # to the process, while there is one
         self.capture: OutputCapture | None = None
+        self.policy = RestartPolicy(config.crashes_before_giving_up)
         self.load_report: Loaded | None = None
-        self.load_failure: str | None = None
-        self.hung: dict[str, str] = {}  # target -> message, for targets that timed out once
-        self.crashes: dict[str, list[str]] = {}  # target -> messages, each time it ended the worker
         self.skipped_cells: list[int] = []  # top-level cells stopped for running too long
-        self.stopped_request = False  # an untimed request was stopped at its deadline
         self.booted = False  # a worker has started Python and torch once: the environment can run it
-        self.ended_between: list[str] = []  # how the worker ended on its own between requests, each time
-        self.given_up: str | None = None  # why the worker is not restarted again
-        self.cannot_start: str | None = None  # why the first worker could not start (the grader's fault)
         self.starts = 0
-        self.prestarted = False  # a process started early (`prestart`), not yet asked for its `ready`
         self.events: list[str] = []
         self.outputs: list[str] = []
         self.codec: protocol.TensorCodec | None = None  # made on first use (torch is imported lazily)
@@ -223,6 +406,44 @@ class Worker:
         except (OSError, ValueError) as exc:
             raise WorkerError(str(exc)) from None
         self.budget_end = time.monotonic() + config.submission_seconds
+
+    # -- what the policy and the lifecycle decided, as callers read it
+    @property
+    def hung(self) -> dict[str, str]:
+        return self.policy.hung
+
+    @property
+    def crashes(self) -> dict[str, list[str]]:
+        return self.policy.crashes
+
+    @property
+    def ended_between(self) -> list[str]:
+        return self.policy.ended_between
+
+    @property
+    def prestarted(self) -> bool:
+        return self.state is Lifecycle.PRESTARTED
+
+    @property
+    def cannot_start(self) -> str | None:
+        return self.why if self.state is Lifecycle.CANNOT_START else None
+
+    @property
+    def load_failure(self) -> str | None:
+        return self.why if self.state is Lifecycle.LOAD_FAILED else None
+
+    @property
+    def given_up(self) -> str | None:
+        return self.why if self.state is Lifecycle.GIVEN_UP else None
+
+    def _end(self, state: Lifecycle, why: str) -> None:
+        """Into a final state: the process (if any) is killed, and every later request fails with `why`."""
+        self.kill()
+        self.state, self.why = state, why
+
+    def refuse_load(self, why: str) -> None:
+        """The file cannot be loaded (it is not a submission the worker can read): no request will run."""
+        self._end(Lifecycle.LOAD_FAILED, why)
 
     # -- lifecycle
     def _spawn(self, fork: bool = True) -> None:
@@ -245,24 +466,31 @@ class Worker:
                 boot_seconds=self.config.boot_seconds,
             )
         )
+        self.channel = Channel(self.process, self.config.limits, self._codec(), self.config.memory_bytes, self._budget)
         self.fresh_because = self.process.fresh_because or self.fresh_because
         self.in_force = dict(self.process.in_force)
         self.capture = OutputCapture(self.process.output, self.config.output_bytes)
         self.capture.start()
+
+    def _refuse_if_final(self) -> None:
+        if self.state is Lifecycle.CANNOT_START:
+            raise WorkerCannotStart(self.why or "")
+        if self.state is Lifecycle.LOAD_FAILED:
+            raise LoadFailed(self.why or "")
+        if self.state is Lifecycle.GIVEN_UP:
+            raise WorkerCrashed(self.why or "")
 
     def start(self, check: CheckBudget | None = None) -> Loaded:
         """Start (or restart) the worker and load the submission. Returns the load report. The start runs
         within `boot_seconds`, the load within `load_seconds`, both within what is left of `check` if given: a restart stopped by the check's
         budget fails only the request that needed it (CheckTimeUp). A first worker that cannot start Python
         and torch is the grader's environment's fault (WorkerCannotStart)."""
-        if self.cannot_start:
-            raise WorkerCannotStart(self.cannot_start)
-        if self.load_failure:
-            raise LoadFailed(self.load_failure)
+        if self.state in (Lifecycle.CANNOT_START, Lifecycle.LOAD_FAILED):
+            self._refuse_if_final()
         self.starts += 1
-        if not self.prestarted:  # a prestarted process is adopted (kill() clears the flag with the process)
+        if self.state is not Lifecycle.PRESTARTED:  # a prestarted process is adopted
             self._spawn()
-        self.prestarted = False
+        self.state = Lifecycle.STARTING
         try:
             ready = self._boot(check)
             if self.config.device.startswith("cuda") and not ready.cuda:
@@ -276,7 +504,7 @@ class Worker:
                 self.isolation = "process"
                 self.events.append("CUDA was not visible inside the namespace sandbox: fell back to process isolation")
                 return self.start(check)
-            reply = self._exchange(
+            reply = self._channel("loading your file").exchange(
                 "load",
                 {
                     "cells": self.cells,
@@ -294,25 +522,27 @@ class Worker:
             self.kill()
             raise CheckTimeUp(f"the worker running your code had ended, and restarting it: {exc}") from None
         except WorkerTimeout as exc:
-            self.load_failure = (
-                f"loading your file did not finish within {self.config.load_seconds:g} s "
-                "(an infinite loop or a very slow cell at the top level?)"
+            self._end(
+                Lifecycle.LOAD_FAILED,
+                str(exc)
+                if isinstance(exc, BudgetSpent)
+                else f"loading your file did not finish within {self.config.load_seconds:g} s "
+                "(an infinite loop or a very slow cell at the top level?)",
             )
-            if isinstance(exc, BudgetSpent):
-                self.load_failure = str(exc)
-            self.kill()
-            raise LoadFailed(self.load_failure) from None
+            raise LoadFailed(self.why or "") from None
         except WorkerError as exc:
             self.kill()
             last = self.output().strip().splitlines()[-3:]
-            self.load_failure = f"loading your file ended the worker: {exc}" + (
-                "\nIts last output:\n" + "\n".join(last) if last else ""
+            self.state, self.why = (
+                Lifecycle.LOAD_FAILED,
+                f"loading your file ended the worker: {exc}"
+                + ("\nIts last output:\n" + "\n".join(last) if last else ""),
             )
-            raise LoadFailed(self.load_failure) from None
+            raise LoadFailed(self.why) from None
         if not reply.ok or not isinstance(reply.value, Loaded):
-            self.load_failure = f"loading your file failed in the worker: {reply.error}"
-            self.kill()
-            raise LoadFailed(self.load_failure)
+            self._end(Lifecycle.LOAD_FAILED, f"loading your file failed in the worker: {reply.error}")
+            raise LoadFailed(self.why or "")
+        self.state = Lifecycle.RUNNING
         if self.load_report is None:
             self.load_report = reply.value
             self.skipped_cells = [e.cell for e in reply.value.errors if e.timed_out]
@@ -322,12 +552,12 @@ class Worker:
         """Start the first worker's process now, so that Python, its jail and torch load while the grader
         does other work; nothing of the submission runs until the first request `start`s it (which then
         only waits for its `ready` and loads the file, as it would have anyway)."""
-        if self.process is None and self.starts == 0 and not (self.cannot_start or self.load_failure):
+        if self.state is Lifecycle.IDLE and self.process is None and self.starts == 0:
             try:
                 self._spawn()
             except (WorkerError, OSError):
                 return  # `start` tries again, and fails where a failure to start is said
-            self.prestarted = True
+            self.state = Lifecycle.PRESTARTED
 
     def _boot(self, check: CheckBudget | None) -> Ready:
         """Wait for the new worker's `ready`: Python, its jail and torch, before any of the submission's code.
@@ -342,12 +572,13 @@ class Worker:
                 raise
             self.kill()
             last = self.output().strip().splitlines()[-5:]
-            self.cannot_start = (
+            self.state, self.why = (
+                Lifecycle.CANNOT_START,
                 "the grader's worker could not start Python and torch, before any code of the submission ran "
                 f"(the grader's environment is at fault): {exc}"
-                + ("\nIts last output:\n" + "\n".join(last) if last else "")
+                + ("\nIts last output:\n" + "\n".join(last) if last else ""),
             )
-            raise WorkerCannotStart(self.cannot_start) from None
+            raise WorkerCannotStart(self.why) from None
         self.booted = True
         if self.process is not None:
             self.process.find_main(ready.value.pid)  # before any code of the submission runs
@@ -362,7 +593,7 @@ class Worker:
         problem = process.started(deadline.left())
         if problem is None:
             try:
-                reply = self._receive("ready", deadline, what)
+                reply = self._channel(what).receive("ready", deadline, what)
             except WorkerTimeout:
                 if not process.forked:
                     raise
@@ -378,13 +609,13 @@ class Worker:
         said = self._discard()
         self.fresh_because = problem + (f"; it said: {said}" if said else "")
         self._spawn(fork=False)
-        return self._receive("ready", self._deadline(self.config.boot_seconds, check=check), what)
+        return self._channel(what).receive("ready", self._deadline(self.config.boot_seconds, check=check), what)
 
     def _discard(self) -> str:
         """End a forked worker that never became one (nothing of the submission ran in it): its output and CPU
         time are not the submission's. Returns the last lines it printed (the grader's trouble, for the note)."""
         process, capture = self.process, self.capture
-        self.process, self.capture = None, None
+        self.process, self.channel, self.capture = None, None, None
         if process is not None:
             process.kill()
         if capture is None:
@@ -394,7 +625,7 @@ class Worker:
 
     def alive(self) -> bool:
         """Whether a started worker runs (and has loaded the file): a prestarted one is not started yet."""
-        return self.process is not None and not self.prestarted and self.process.alive()
+        return self.state is Lifecycle.RUNNING and self.process is not None and self.process.alive()
 
     def _ended_on_its_own(self) -> None:
         """The worker ended between two requests (the submission's code exited it after answering, or a
@@ -402,14 +633,16 @@ class Worker:
         again."""
         ended = str(self._crashed("waiting for the grader's next request"))
         self.kill()
-        self.ended_between.append(ended)
         self.events.append(ended)
-        times = len(self.ended_between)
-        if times >= self.config.crashes_before_giving_up:
-            self.given_up = f"{ended} (this happened {times} times; the worker is not restarted again)"
+        given_up = self.policy.ended(ended)
+        if given_up:
+            self.state, self.why = Lifecycle.GIVEN_UP, given_up
 
     def kill(self) -> None:
-        self.prestarted = False
+        """End the process, if any, keeping its CPU time, memory peak and output; the next request starts a new
+        one (unless the worker is in a final state)."""
+        if self.state not in FINAL:
+            self.state = Lifecycle.IDLE
         if self.process is None:
             return
         self.process.kill()
@@ -421,7 +654,7 @@ class Worker:
             text = self.capture.text()
             if text:
                 self.outputs.append(text)
-        self.process = None
+        self.process, self.channel = None, None
 
     close = kill
 
@@ -446,7 +679,7 @@ class Worker:
         """Let the worker run for timed requests, and only as a timed request may
         (`launcher.WorkerProcess.hold`); a worker started meanwhile is held once it has loaded the file."""
         self.holding = True
-        if self.process is not None and not self.prestarted:
+        if self.process is not None and self.state is not Lifecycle.PRESTARTED:
             self.process.hold()
 
     def check_hold(self) -> None:
@@ -473,11 +706,19 @@ class Worker:
         limit = self.config.submission_cpu_seconds
         return limit is None or self.cpu_spent + self.cpu_seconds() < limit
 
+    def _budget(self, what: str) -> None:
+        """Raise BudgetSpent once the submission's CPU budget is spent."""
+        if not self._cpu_budget_left():
+            raise BudgetSpent(
+                f"{what} was stopped: the CPU time budget for the whole submission "
+                f"({self.config.submission_cpu_seconds:g} CPU seconds) is used up"
+            )
+
     # -- requests
     def known_to_hang(self) -> bool:
         """Whether this submission has hung already: a cell stopped while its file loaded, or an untimed
         request stopped at its deadline."""
-        return bool(self.skipped_cells) or self.stopped_request
+        return bool(self.skipped_cells) or self.policy.stopped_request
 
     def request_limit(self, op: str = "forward") -> float:
         """The deadline of one untimed request: `request_seconds`, or `hung_request_seconds` once the
@@ -513,28 +754,25 @@ class Worker:
                 overrun_hint += (
                     f"; your file hung before, so a request now gets {limit:g} s, not {self.config.request_seconds:g}"
                 )
+        what = target or op
         try:
-            reply = self._exchange(op, args, self._deadline(timeout, overrun_hint, check), target or op)
-        except WorkerTimeout as exc:
-            if not timed and not isinstance(exc, BudgetSpent):
-                self.stopped_request = True
-            if target and not isinstance(exc, BudgetSpent):
-                self.hung[target] = f"{exc} (not tried again in later checks)"
-            self.events.append(str(exc))
-            self.kill()
-            raise
+            reply = self._channel(what).exchange(op, args, self._deadline(timeout, overrun_hint, check), what)
         except EndedBeforeRequest:  # it ended before reading this request: restarted for it, or given up on
             self._ended_on_its_own()
             return self.request(op, timeout, target, overrun_hint, timed, check, **args)
-        except WorkerCrashed as exc:
-            self.events.append(str(exc))
-            if target:
-                self.crashes.setdefault(target, []).append(str(exc))
-            self.kill()
+        except (WorkerTimeout, WorkerCrashed) as exc:
+            self.failed(exc, target, timed)
             raise
         if reply.error is not None:  # not ok: the student's code raised
             raise SubmissionError(reply.error)
         return reply.value
+
+    def failed(self, exc: WorkerError, target: str | None, timed: bool) -> None:
+        """The one failure policy of every request, untimed or timed: a timeout or crash is remembered
+        (`RestartPolicy.failed`) and said, and the worker killed (the next request starts a new one)."""
+        self.policy.failed(exc, target, timed)
+        self.events.append(str(exc))
+        self.kill()
 
     def _ready_for(self, op: str, target: str | None, check: CheckBudget | None) -> None:
         """Before a request is sent: refuse it when a budget is spent or its target is known to hang or
@@ -550,17 +788,11 @@ class Worker:
                 f"({self.config.submission_cpu_seconds:g} CPU seconds, all its processes together) "
                 "is used up"
             )
-        if target and target in self.hung:
-            raise WorkerTimeout(self.hung[target])
-        tries = self.config.crashes_before_giving_up
-        if target and len(self.crashes.get(target, ())) >= tries:
-            raise WorkerCrashed(
-                f"{self.crashes[target][-1]} (this happened {tries} times; not tried again in later checks)"
-            )
-        if self.process is not None and not self.prestarted and not self.process.alive():
+        self.policy.refuse(target)
+        if self.state is Lifecycle.RUNNING and self.process is not None and not self.process.alive():
             self._ended_on_its_own()
-        if self.given_up:
-            raise WorkerCrashed(self.given_up)
+        if self.state is Lifecycle.GIVEN_UP:
+            self._refuse_if_final()
         if not self.alive():
             self.start(check)
             if self.holding and self.process is not None:
@@ -612,97 +844,14 @@ class Worker:
             raise self._crashed(what)
         return self.process
 
-    def _exchange(self, op: str, args: dict[str, Any], deadline: Deadline, what: str) -> protocol.Reply:
-        encoder = protocol.Encoder(self._codec())
-        frame = protocol.pack_frame({"op": op, "args": encoder.encode(args)}, encoder.blobs)
-        try:
-            _write_all(self._running(what), frame, deadline, what)
-        except (BrokenPipeError, OSError):  # nothing reads the pipe any more
-            raise EndedBeforeRequest(str(self._crashed(what))) from None
-        try:
-            return self._receive(op, deadline, what)
-        except WorkerCrashed as exc:
-            if self._request_unread():
-                raise EndedBeforeRequest(str(exc)) from None
-            raise
-
-    def _request_unread(self) -> bool:
-        """Whether the worker has ended with bytes of the request written last still in the pipe, unread."""
-        if self.process is None or self.process.alive():
-            return False
-        try:
-            unread = fcntl.ioctl(self.process.to_worker, termios.FIONREAD, b"\0" * 4)
-        except OSError:
-            return False
-        return int.from_bytes(unread, sys.byteorder, signed=True) > 0
-
-    def _receive(self, op: str, deadline: Deadline, what: str, charge: bool = True) -> protocol.Reply:
-        def read_exact(n: int) -> bytes:
-            return self._read(n, deadline, what, charge)
-
-        def read_into(view: memoryview) -> None:  # a blob, straight into its tensor's memory
-            while view:
-                chunk = self._read(min(len(view), 1 << 20), deadline, what, charge)
-                view[: len(chunk)] = chunk
-                view = view[len(chunk) :]
-
-        def parse() -> protocol.Reply:
-            header, blobs = protocol.read_frame(read_exact, self.config.limits, read_into)
-            decoder = protocol.Decoder(blobs, self.config.limits, self._codec().from_wire)
-            return protocol.parse_reply(op, header, decoder)
-
-        try:
-            reply = parse()
-        except ProtocolError as exc:
-            problem = str(exc)
-        except WorkerError:  # a deadline, a budget or the worker's end, met while reading: as it is
-            raise
-        except Exception as exc:  # any other trouble decoding an answer is the answer's: the worker's fault
-            problem = f"it could not be decoded ({type(exc).__name__}: {protocol.clean_text(str(exc), 200)})"
-        else:
-            deadline.check(what)
-            return reply
-        # Raised outside `except`, so the refused answer is let go: raised inside, the WorkerCrashed would
-        # keep the ProtocolError as its context, and through its traceback parse()'s blobs (up to reply_mib)
-        # for as long as a caller holds it, and a second such answer would be held beside the first.
-        raise WorkerCrashed(f"the worker's answer while {what} could not be read safely: {problem}")
-
-    def _read(self, n: int, deadline: Deadline, what: str, charge: bool = True) -> bytes:
-        """`n` bytes from the worker. `charge`: stop once the CPU budget is spent (a walk of the worker's
-        processes per chunk); a timed call does not, so that every timed worker pays the same (`TimedCalls`)."""
-        chunks = []
-        while n:
-            deadline.check(what)
-            if charge and not self._cpu_budget_left():
-                raise BudgetSpent(
-                    f"{what} was stopped: the CPU time budget for the whole submission "
-                    f"({self.config.submission_cpu_seconds:g} CPU seconds) is used up"
-                )
-            from_worker = self._running(what).from_worker
-            ready, _, _ = select.select([from_worker], [], [], min(deadline.left(), 0.5))
-            if not ready:
-                continue
-            chunk = os.read(from_worker, min(n, 1 << 20))
-            if not chunk:
-                raise self._crashed(what)
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
+    def _channel(self, what: str) -> Channel:
+        """The channel to the running process (WorkerCrashed when there is none)."""
+        if self.channel is None:
+            raise self._crashed(what)
+        return self.channel
 
     def _crashed(self, what: str, detail: str | None = None) -> WorkerCrashed:
-        code = None
-        if self.process is not None:
-            try:
-                code = self.process.process.wait(timeout=5)
-            except Exception:
-                code = None
-            if detail is None and self.process.went_over_memory():
-                limit = self.config.memory_bytes or 0
-                detail = (
-                    f"it was killed for using more than the submission's {limit / (1 << 30):g} GiB of memory "
-                    "(all its processes together)"
-                )
-        return WorkerCrashed(f"the process running your code ended while {what}: {detail or describe_exit(code)}")
+        return ended_while(self.process, what, self.config.memory_bytes, detail)
 
 
 class TimedCalls:
@@ -712,8 +861,8 @@ class TimedCalls:
     small frame out, one reply in, within the request's deadline, and no grader work besides. `finish(show)`,
     after the clock, asks for the whole outputs of the calls in `show` (chosen only then) and every call's
     record, and charges the CPU budget. The worker learns a call's seed only when the call starts, so no call
-    can be batched with or prepared for a later one. A failure ends the calls and is handled as
-    `Worker.request` handles it."""
+    can be batched with or prepared for a later one. A failure ends the calls and goes through the worker's
+    one failure policy (`Worker.failed`), as a timed request's."""
 
     def __init__(
         self, worker: Worker, calls: int, deadline: Deadline, what: str, settings: dict[str, Any], ready_seconds: float
@@ -723,13 +872,10 @@ class TimedCalls:
         self.opened = False
 
     def open(self) -> None:
-        worker = self.worker
-        encoder = protocol.Encoder(worker._codec())
-        args = encoder.encode({"calls": self.calls, **self.settings})
-        frame = protocol.pack_frame({"op": "forward_many", "args": args}, encoder.blobs)
+        frame = self.worker._channel(self.what).frame("forward_many", {"calls": self.calls, **self.settings})
         ready = Deadline.within(
             min(self.ready_seconds, self.deadline.left()),
-            worker.budget_end,
+            self.worker.budget_end,
             "each timed call's input comes only with the call, so there is nothing to prepare before them",
         )
         self.opened = True
@@ -750,32 +896,21 @@ class TimedCalls:
         if not isinstance(shown, protocol.TimedShown) or len(shown.outputs) != len(show):
             self.worker.kill()
             raise WorkerCrashed(f"the worker's answer while {self.what} did not hold the outputs asked for")
-        if not self.worker._cpu_budget_left():
+        try:
+            self.worker._budget(self.what)
+        except BudgetSpent:
             self.worker.kill()
-            raise BudgetSpent(
-                f"{self.what} was stopped: the CPU time budget for the whole submission "
-                f"({self.worker.config.submission_cpu_seconds:g} CPU seconds) is used up"
-            )
+            raise
         return shown
 
     def _exchange(self, frame: bytes, op: str, deadline: Deadline, what: str | None = None) -> Any:
         worker, what = self.worker, what or self.what
         try:
-            try:
-                _write_all(worker._running(what), frame, deadline, what)
-            except (BrokenPipeError, OSError):
-                raise worker._crashed(what) from None
-            reply = worker._receive(op, deadline, what, charge=False)
-        except WorkerTimeout as exc:
-            if not isinstance(exc, BudgetSpent):
-                worker.hung[what] = f"{exc} (not tried again in later checks)"
-            worker.events.append(str(exc))
-            worker.kill()
-            raise
-        except WorkerCrashed as exc:
-            worker.events.append(str(exc))
-            worker.crashes.setdefault(what, []).append(str(exc))
-            worker.kill()
+            channel = worker._channel(what)
+            channel.send(frame, deadline, what)
+            reply = channel.receive(op, deadline, what, charge=False)
+        except (WorkerTimeout, WorkerCrashed) as exc:
+            worker.failed(exc, what, timed=True)
             raise
         if reply.error is not None:  # the student's code raised: the worker ended the calls
             self.left = 0
