@@ -18,8 +18,9 @@ import pytest
 
 import environments
 from autograder.sandbox import procfs
-from autograder.sandbox.client import HoldBroken, Worker, WorkerConfig
+from autograder.sandbox.client import HoldBroken, Worker
 from autograder.sandbox.probe import is_root, namespace_sandbox_available
+from autograder.sandbox.settings import WorkerConfig
 from environments import emulate
 
 pytestmark = [
@@ -200,7 +201,8 @@ def helper_pid():
 GRADER = """
 import json, sys, time
 from autograder.sandbox import procfs
-from autograder.sandbox.client import Worker, WorkerConfig
+from autograder.sandbox.client import Worker
+from autograder.sandbox.settings import WorkerConfig
 
 worker = Worker([(1, 1, sys.argv[1])], "mha.py", WorkerConfig(isolation="process", use_cgroups=False, load_seconds=120))
 worker.start()

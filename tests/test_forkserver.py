@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from autograder.sandbox import forks, launcher, probe
-from autograder.sandbox.client import Worker, WorkerConfig, WorkerCrashed
+from autograder.sandbox.client import Worker, WorkerCrashed
+from autograder.sandbox.settings import WorkerConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.smoke]  # make test-pythons runs these on every Python
 
@@ -577,7 +578,8 @@ def test_the_fork_server_dies_with_its_grader(tmp_path):
         textwrap.dedent(
             """
             import sys, time
-            from autograder.sandbox.client import Worker, WorkerConfig, WorkerCrashed
+            from autograder.sandbox.client import Worker, WorkerCrashed
+            from autograder.sandbox.settings import WorkerConfig
             w = Worker([(1, 1, "import os\\ndef pid():\\n    return os.getpid()\\n")], "mha.py",
                        WorkerConfig(isolation=sys.argv[1], forks_per_server=50))
             w.request("ping")

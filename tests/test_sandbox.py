@@ -20,8 +20,9 @@ import pytest
 
 from autograder.sandbox.bwrap import PROJECT_ROOT, allow_list
 from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
-from autograder.sandbox.client import BudgetSpent, Worker, WorkerConfig, WorkerCrashed
+from autograder.sandbox.client import BudgetSpent, Worker, WorkerCrashed
 from autograder.sandbox.probe import is_root, namespace_sandbox_available
+from autograder.sandbox.settings import WorkerConfig
 
 
 @cache
@@ -302,7 +303,8 @@ def burn():
 
 GRADER_SCRIPT = """
 import json, sys, time
-from autograder.sandbox.client import Worker, WorkerConfig
+from autograder.sandbox.client import Worker
+from autograder.sandbox.settings import WorkerConfig
 source = '''
 import subprocess, sys, threading, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)

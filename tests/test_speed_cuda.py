@@ -46,7 +46,7 @@ def test_what_earns_nothing_on_the_cpu_earns_nothing_on_cuda(tmp_path, variant):
 
 
 def test_forward_many_on_cuda_is_seeded_flushed_and_checked(tmp_path):
-    from autograder.sandbox.client import WorkerConfig
+    from autograder.sandbox.settings import WorkerConfig
     from reference import mha as ref
 
     torch.manual_seed(0)

@@ -470,7 +470,7 @@ def test_the_reference_worker_loads_only_definitions():
 
 @pytest.fixture(scope="module")
 def reference_worker():
-    from autograder.sandbox.client import WorkerConfig
+    from autograder.sandbox.settings import WorkerConfig
 
     started = BackgroundWorker(reference_cells(), "reference.py", WorkerConfig(threads=1, request_seconds=30))
     yield started.get()
@@ -645,7 +645,7 @@ def test_a_run_where_the_reference_is_not_ahead_cannot_grade(tmp_path):
 
 
 def test_a_grading_process_keeps_the_reference_workers_and_replaces_any_that_fail():
-    from autograder.sandbox.client import WorkerConfig
+    from autograder.sandbox.settings import WorkerConfig
 
     config = WorkerConfig(threads=1, request_seconds=30)
     kept_workers = timing.KeptWorkers()

@@ -549,7 +549,8 @@ def test_the_op_trace_costs_no_dynamo_import_and_sees_the_same_ops_when_dynamo_i
 PEAK_OF_ONE_HOSTILE_ANSWER = r"""
 import json
 from autograder.sandbox import protocol
-from autograder.sandbox.client import Worker, WorkerConfig, WorkerError
+from autograder.sandbox.client import Worker, WorkerError
+from autograder.sandbox.settings import WorkerConfig
 
 limits = protocol.FrameLimits()
 HOSTILE = '''

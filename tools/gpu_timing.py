@@ -41,7 +41,7 @@ from autograder.grading import timing  # noqa: E402
 from autograder.grading.workers import REFERENCE, WRAPPER, start_trusted_workers  # noqa: E402
 from autograder.rubric import Workload, load_rubric  # noqa: E402
 from autograder.sandbox import procfs  # noqa: E402
-from autograder.sandbox.client import WorkerConfig  # noqa: E402
+from autograder.sandbox.settings import WorkerConfig  # noqa: E402
 from reference import mha as ref  # noqa: E402
 
 

@@ -43,7 +43,8 @@ from autograder.model import (
 )
 from autograder.rubric import Rubric, RubricError, load_rubric
 from autograder.sandbox import exposure, machine
-from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
+from autograder.sandbox.client import WireCell, Worker, WorkerError
+from autograder.sandbox.settings import WorkerConfig
 
 CHECKS_DIR = Path(__file__).with_name("checks")
 EXIT_GRADED, EXIT_CHECKS_FAILED, EXIT_CANNOT_GRADE = 0, 1, 2

@@ -79,8 +79,9 @@ from autograder.grading.workers import (
     trusted_config,
 )
 from autograder.rubric import SpeedSettings
-from autograder.sandbox.client import WorkerConfig, WorkerError
+from autograder.sandbox.client import WorkerError
 from autograder.sandbox.protocol import TimedShown
+from autograder.sandbox.settings import WorkerConfig
 
 
 class TimingFailed(Exception):

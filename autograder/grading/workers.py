@@ -22,7 +22,8 @@ from autograder.contract import CONTRACT_NAMES
 from autograder.grading import submission as reader
 from autograder.rubric import Rubric, load_rubric
 from autograder.sandbox import bwrap, protocol
-from autograder.sandbox.client import WireCell, Worker, WorkerConfig, WorkerError
+from autograder.sandbox.client import WireCell, Worker, WorkerError
+from autograder.sandbox.settings import WorkerConfig
 
 REFERENCE_SOURCE = Path(__file__).resolve().parents[2] / "reference" / "mha.py"
 WRAPPER, REFERENCE, SUBMISSION = "wrapper", "reference", "submission"

@@ -38,6 +38,7 @@ from typing import IO, Any
 
 from autograder.sandbox import bwrap, launcher, probe, protocol
 from autograder.sandbox.protocol import Loaded, ProtocolError, Ready, StudentError
+from autograder.sandbox.settings import WorkerConfig
 
 
 class WorkerError(Exception):
@@ -137,31 +138,6 @@ class Deadline:
         if self.by_check is not None:
             raise CheckTimeUp(f"{what} was stopped: this check used up its time budget ({self.by_check.seconds:g} s)")
         raise WorkerTimeout(f"{what} did not finish within {self.seconds:g} s ({why or self.hint})")
-
-
-@dataclass
-class WorkerConfig:
-    device: str = "cpu"
-    memory_bytes: int | None = 4 << 30
-    load_seconds: float = 60.0
-    boot_seconds: float = 60.0  # a new worker starting Python, its jail and torch (the grader's own start)
-    cell_seconds: float = 3.0
-    later_cell_seconds: float = 1.0  # each later cell, once one was stopped while loading
-    request_seconds: float = 10.0
-    hung_request_seconds: float | None = None  # once the submission is known to hang; None: request_seconds
-    submission_seconds: float = 600.0
-    submission_cpu_seconds: float | None = None
-    processes: int | None = 256  # processes and threads of the worker, all together
-    cpus: float | None = None  # CPU quota of the worker, all its processes together, in cores
-    use_cgroups: bool = True
-    output_bytes: int = 8 << 10
-    crashes_before_giving_up: int = 2  # a target that ended the worker this often is not tried again
-    isolation: str = "auto"  # "auto", "namespace" or "process"
-    hide: list[str] = field(default_factory=list)
-    threads: int = 1
-    limits: protocol.FrameLimits = field(default_factory=protocol.FrameLimits)
-    contract: tuple[str, ...] = ()
-    forks_per_server: int = 50  # fork workers from this process's fork server, replaced after so many (0: never)
 
 
 class OutputCapture(threading.Thread):
@@ -450,21 +426,7 @@ class Worker:
         """Start a worker process: forked from this process's fork server when the settings ask for one and it
         can, else fresh (`fresh_because` says why, when a fork was asked for)."""
         self.process = launcher.launch(
-            launcher.LaunchSettings(
-                isolation=self.isolation,
-                device=self.config.device,
-                threads=self.config.threads,
-                memory_bytes=self.config.memory_bytes,
-                processes=self.config.processes,
-                cpus=self.config.cpus,
-                hide=self.config.hide,
-                filename=self.filename,
-                contract=self.config.contract,
-                use_cgroups=self.config.use_cgroups,
-                allowed=self.allowed,
-                forks_per_server=self.config.forks_per_server if fork else 0,
-                boot_seconds=self.config.boot_seconds,
-            )
+            launcher.LaunchSettings(self.config, self.isolation, self.filename, self.allowed, fork)
         )
         self.channel = Channel(self.process, self.config.limits, self._codec(), self.config.memory_bytes, self._budget)
         self.fresh_because = self.process.fresh_because or self.fresh_because

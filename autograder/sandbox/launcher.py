@@ -45,6 +45,7 @@ from typing import IO
 
 from autograder.sandbox import bwrap, forks, probe, procfs
 from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
+from autograder.sandbox.settings import WorkerConfig
 
 SANDBOX_DIR = Path(__file__).resolve().parent
 SERVER_MODULES = ("protocol", "jail", "server")  # loaded, in this order, inside the worker
@@ -77,22 +78,19 @@ def sources(modules: tuple[str, ...]) -> list[str]:
     return [(SANDBOX_DIR / ("" if name == "protocol" else "inside") / f"{name}.py").read_text() for name in modules]
 
 
-@dataclass
+@dataclass(frozen=True)
 class LaunchSettings:
+    """One start of a worker process: the worker's settings, and what this start decides."""
+
+    config: WorkerConfig
     isolation: str  # "namespace" or "process", already chosen
-    device: str
-    threads: int
-    memory_bytes: int | None
-    processes: int | None = 256  # processes and threads, all together
-    cpus: float | None = None  # CPU quota for all the worker's processes together, in cores
-    scratch_bytes: int = 256 << 20
-    hide: list[str] = field(default_factory=list)
     filename: str = "mha.py"
-    contract: tuple[str, ...] = ()
-    use_cgroups: bool = True
     allowed: bwrap.AllowList | None = None  # what the namespace sandbox shows (None: `bwrap.allow_list()`)
-    forks_per_server: int = 0  # fork the worker from this process's fork server, replaced after so many (0: never)
-    boot_seconds: float = 60.0  # how long a fork server may take to hand a worker over
+    fork: bool = True  # from this process's fork server, where the settings allow forks (`forks_per_server`)
+
+    @property
+    def forks_per_server(self) -> int:
+        return self.config.forks_per_server if self.fork else 0
 
 
 class WorkerProcess:
@@ -479,26 +477,28 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
     req_r, req_w = os.pipe()
     os.set_blocking(req_w, False)  # a write never waits on a worker that stopped reading (client._write_all)
     resp_r, resp_w = os.pipe()
-    hide = sorted({*bwrap.grader_folders(), tempfile.gettempdir(), *settings.hide})
+    hide = sorted({*bwrap.grader_folders(), tempfile.gettempdir(), *settings.config.hide})
     keep = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})
     workdir = bwrap.WORKDIR if scratch is None else scratch
     config = {
         "filename": settings.filename,
-        "device": settings.device,
-        "threads": settings.threads,
+        "device": settings.config.device,
+        "threads": settings.config.threads,
         "sandbox": sandbox,
         "uid": uid if sandbox else None,  # in the sandbox the worker drops to it itself
         "hide": hide,
         "keep": [k for k in keep if any(bwrap.inside(k, h) for h in hide)],  # the interpreter and its packages
         "workdir": workdir,
-        "contract": list(settings.contract),
+        "contract": list(settings.config.contract),
     }
     # RLIMIT_AS makes a huge allocation a clean MemoryError/RuntimeError; it breaks CUDA, where only the
     # control group's limit holds
-    memory = settings.memory_bytes if settings.device == "cpu" else None
+    memory = settings.config.memory_bytes if settings.config.device == "cpu" else None
     group = None
-    if settings.use_cgroups:
-        group = WorkerGroup.create(ResourceLimits(settings.memory_bytes, settings.processes, settings.cpus))
+    if settings.config.use_cgroups:
+        group = WorkerGroup.create(
+            ResourceLimits(settings.config.memory_bytes, settings.config.processes, settings.config.cpus)
+        )
         if not group.dirs:
             group = None
     in_force = probe.describe_isolation(
@@ -506,8 +506,8 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
         uid=uid,
         group=group,
         rlimit_memory=memory,
-        scratch_bytes=settings.scratch_bytes,
-        processes=settings.processes,
+        scratch_bytes=settings.config.scratch_bytes,
+        processes=settings.config.processes,
     )
     fresh_because = None
     if settings.forks_per_server > 0:
@@ -516,8 +516,8 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
             "uid": uid,
             "env": {**bwrap.worker_env(workdir), **({"PWD": workdir} if sandbox else {})},  # bubblewrap sets PWD
             "memory_bytes": memory,
-            "nproc": settings.processes if uid is not None and group is None else None,
-            "scratch_bytes": settings.scratch_bytes,
+            "nproc": settings.config.processes if uid is not None and group is None else None,
+            "scratch_bytes": settings.config.scratch_bytes,
             "userns": sandbox and not probe.is_root(),
             "separate_namespaces": not sandbox and uid is not None,
         }
@@ -535,7 +535,7 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
     if sandbox:
         executable = probe.bwrap_path() or "bwrap"
         command = bwrap.command(
-            executable, settings.device, settings.scratch_bytes, probe.is_root(), settings.allowed
+            executable, settings.config.device, settings.config.scratch_bytes, probe.is_root(), settings.allowed
         ) + ["--", *command]
     grader = os.getpid()
 
@@ -545,9 +545,9 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if memory:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        if uid is not None and settings.processes and group is None:
+        if uid is not None and settings.config.processes and group is None:
             # counts the fresh uid's processes only; the worker drops to it (here, or in the sandbox)
-            resource.setrlimit(resource.RLIMIT_NPROC, (settings.processes, settings.processes))
+            resource.setrlimit(resource.RLIMIT_NPROC, (settings.config.processes, settings.config.processes))
         if not sandbox and uid is not None:
             # best effort: no network, own IPC (shared memory and queues vanish with the worker)
             procfs.unshare(procfs.CLONE_NEWNET | procfs.CLONE_NEWIPC | procfs.CLONE_NEWUTS)
@@ -581,8 +581,8 @@ def fork_worker(
     key = forks.ServerKey(
         sys.executable,
         settings.isolation,
-        settings.device,
-        settings.scratch_bytes,
+        settings.config.device,
+        settings.config.scratch_bytes,
         (settings.allowed or bwrap.allow_list()) if settings.isolation == "namespace" else None,
     )
     out_r, out_w = os.pipe()
@@ -594,7 +594,7 @@ def fork_worker(
             child,
             (*channel, out_w),
             group,
-            settings.boot_seconds,
+            settings.config.boot_seconds,
         )
     finally:
         os.close(out_w)

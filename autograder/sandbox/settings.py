@@ -1,0 +1,34 @@
+"""A worker's settings, one type from the rubric's limits (`grading/workers.worker_config`) through the
+client (`client.Worker`) to the launcher (`launcher.LaunchSettings` adds what one start decides)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autograder.sandbox import protocol
+
+
+@dataclass
+class WorkerConfig:
+    device: str = "cpu"
+    memory_bytes: int | None = 4 << 30
+    load_seconds: float = 60.0
+    boot_seconds: float = 60.0  # a new worker starting Python, its jail and torch (the grader's own start)
+    cell_seconds: float = 3.0
+    later_cell_seconds: float = 1.0  # each later cell, once one was stopped while loading
+    request_seconds: float = 10.0
+    hung_request_seconds: float | None = None  # once the submission is known to hang; None: request_seconds
+    submission_seconds: float = 600.0
+    submission_cpu_seconds: float | None = None
+    processes: int | None = 256  # processes and threads of the worker, all together
+    cpus: float | None = None  # CPU quota of the worker, all its processes together, in cores
+    use_cgroups: bool = True
+    output_bytes: int = 8 << 10
+    crashes_before_giving_up: int = 2  # a target that ended the worker this often is not tried again
+    isolation: str = "auto"  # "auto", "namespace" or "process"
+    hide: list[str] = field(default_factory=list)
+    threads: int = 1
+    limits: protocol.FrameLimits = field(default_factory=protocol.FrameLimits)
+    contract: tuple[str, ...] = ()
+    forks_per_server: int = 50  # fork workers from this process's fork server, replaced after so many (0: never)
+    scratch_bytes: int = 256 << 20  # the sandbox's /tmp
