@@ -32,11 +32,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
-
 from autograder.atomic import write_text_atomically
 from autograder.contract import ASSIGNMENT, PART_IDS
 from autograder.course.clean import clean_for_output
+from autograder.course.feedback import TEMPLATES, template_environment
 from autograder.course.rows import (
     SHOWN_AFTER,
     STATUSES,
@@ -51,7 +50,6 @@ from autograder.course.store import COURSE_FILE_MODE
 from autograder.model import FAILED, NOT_CREDITED, GradingRun
 from autograder.rubric import Rubric
 
-TEMPLATES = Path(__file__).with_name("templates")
 TEMPLATE = "class.html.j2"
 FILE_NAME = "class.html"
 BINS = 10  # score bins per part, from 0 to the part's points (as the terminal's table)
@@ -348,15 +346,6 @@ def page_context(rows: list[Row], rubric: Rubric, released: bool) -> dict[str, A
     }
 
 
-def _environment() -> Environment:
-    return Environment(
-        loader=FileSystemLoader(str(TEMPLATES)),
-        autoescape=select_autoescape(["html", "j2"]),
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-
-
 def renderer_fingerprint() -> str:
     digest = hashlib.sha256(Path(__file__).read_bytes())
     digest.update((TEMPLATES / TEMPLATE).read_bytes())
@@ -385,7 +374,7 @@ def fingerprint(rows: list[Row], rubric: Rubric, released: bool) -> str:
 
 def render(rows: list[Row], rubric: Rubric, released: bool = False, fingerprint_value: str = "") -> str:
     return (
-        _environment()
+        template_environment()
         .get_template(TEMPLATE)
         .render(
             fingerprint=fingerprint_value or fingerprint(rows, rubric, released),

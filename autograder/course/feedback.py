@@ -48,7 +48,8 @@ CHECK_STATUS_LABELS = {PASSED: "passed", FAILED: "failed", NOT_CREDITED: "not cr
 _FINGERPRINT = re.compile(rb'<meta name="mha-feedback-fingerprint" content="([0-9a-f]+)">')
 
 
-def _environment() -> Environment:
+def template_environment() -> Environment:
+    """The course outputs' templates (feedback pages, the class report), escaped as HTML."""
     return Environment(
         loader=FileSystemLoader(str(TEMPLATES)),
         autoescape=select_autoescape(["html", "j2"]),
@@ -329,7 +330,7 @@ def fingerprint(row: Row, released: bool, renderer: str) -> str:
 
 
 def render(row: Row, released: bool = False, fingerprint_value: str = "") -> str:
-    template = _environment().get_template(TEMPLATE)
+    template = template_environment().get_template(TEMPLATE)
     return template.render(
         fingerprint=fingerprint_value or fingerprint(row, released, renderer_fingerprint()),
         **page_context(row, released),

@@ -147,6 +147,12 @@ def fail(message: str, mistake: str = "") -> NoReturn:
     raise CheckFailed(str(message), mistake or mistake_of(message))
 
 
+def fail_if(problem: str | None) -> None:
+    """Fail with `problem`, the message a comparison found (`value_problem`, a part's `output_problem`), if any."""
+    if problem:
+        fail(problem)
+
+
 def worker_mistake(exc: WorkerError) -> str:
     """The mistake a worker's failure names: that of its nearest listed class (a `BudgetSpent` is a
     `WorkerTimeout`), so that a new subclass can never turn a student's failure into the grader's."""

@@ -26,6 +26,7 @@ from autograder.grading.checks.harness import (
     check_gradients,
     count_matmuls,
     fail,
+    fail_if,
     first_match,
     forward_checked,
     in_student_terms,
@@ -115,11 +116,11 @@ def output_problem(
 def test_book_example(submission: Submission, rubric: Rubric) -> None:
     """the book's example: MultiHeadAttention(3, 2, 6, 0.0, num_heads=2) gives (2, 6, 2)"""
     reference, module, x = book_pair(submission, ref.MultiHeadAttention, 3, 2, 6, 0.0, 2)
-    problem = output_problem(
-        reference, x, run(submission, reference, module, x).y, "float32", rubric, "output for the book's example"
+    fail_if(
+        output_problem(
+            reference, x, run(submission, reference, module, x).y, "float32", rubric, "output for the book's example"
+        )
     )
-    if problem:
-        fail(problem)
 
 
 @pytest.mark.part("mha")
@@ -128,16 +129,10 @@ def test_shorter_sequences(submission: Submission, inputs: Inputs, rubric: Rubri
     reference, module, _ = pair(submission, inputs, "short sequence")
     for tokens in (3, 1):
         x = inputs.randn(2, tokens, reference.W_query.in_features)
-        problem = output_problem(
-            reference,
-            x,
-            run(submission, reference, module, x).y,
-            "float64",
-            rubric,
-            f"output for {tokens} token(s) with context_length 9",
+        y = run(submission, reference, module, x).y
+        fail_if(
+            output_problem(reference, x, y, "float64", rubric, f"output for {tokens} token(s) with context_length 9")
         )
-        if problem:
-            fail(problem)
 
 
 @pytest.mark.part("mha")
@@ -150,9 +145,7 @@ def test_matches_reference(
     reference, module, shape = pair(submission, inputs, case, dtype, device)
     x = inputs.randn(*shape, dtype=dtype)
     answer = run(submission, reference, module, x)
-    problem = output_problem(reference, x, answer.y, dtype_name, rubric, f"output ({case})")
-    if problem:
-        fail(problem)
+    fail_if(output_problem(reference, x, answer.y, dtype_name, rubric, f"output ({case})"))
     if answer.y_device != str(x.to(device).device):
         fail(f"the output is on {answer.y_device}, the input on {device}: keep the input's device")
 
@@ -199,16 +192,17 @@ def test_new_inputs_new_answers(submission: Submission, inputs: Inputs, rubric: 
     reference, module, shape = pair(submission, inputs, "d_in != d_out, bias")
     for attempt_number in range(3):
         x = inputs.randn(*shape)
-        problem = output_problem(
-            reference,
-            x,
-            run(submission, reference, module, x).y,
-            "float64",
-            rubric,
-            f"output for new input number {attempt_number + 1} of the same shape",
+        y = run(submission, reference, module, x).y
+        fail_if(
+            output_problem(
+                reference,
+                x,
+                y,
+                "float64",
+                rubric,
+                f"output for new input number {attempt_number + 1} of the same shape",
+            )
         )
-        if problem:
-            fail(problem)
 
 
 @pytest.mark.part("mha")
@@ -296,16 +290,12 @@ def test_dropout(submission: Submission, inputs: Inputs, rubric: Rubric, device:
     # the reference on the grading device: CPU and CUDA draw different dropout masks from one seed
     reference, module, shape = pair(submission, inputs, "d_in != d_out, bias", device=device, dropout=0.5)
     x = inputs.randn(*shape)
-    problem = output_problem(
-        reference,
-        x,
-        run(submission, reference, module, x).y,
-        "float64",
-        rubric,
-        "eval-mode output with dropout=0.5 (dropout must be inert in eval mode)",
+    y = run(submission, reference, module, x).y
+    fail_if(
+        output_problem(
+            reference, x, y, "float64", rubric, "eval-mode output with dropout=0.5 (dropout must be inert in eval mode)"
+        )
     )
-    if problem:
-        fail(problem)
     seed = inputs.seed_value()
     y = run(submission, reference, module, x, train=True, seed=seed).y
     what = "training-mode output with dropout=0.5 (apply self.dropout once, to the attention weights)"

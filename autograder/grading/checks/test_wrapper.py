@@ -25,6 +25,7 @@ from autograder.grading.checks.harness import (
     build_pair,
     check_gradients,
     fail,
+    fail_if,
     first_match,
     in_student_terms,
     raised_in,
@@ -135,11 +136,9 @@ def test_book_example(submission: Submission, inputs: Inputs, rubric: Rubric) ->
     """the wrapper reproduces the book's (2, 6, 4) context vectors"""
     reference, module, x = book_pair(submission, ref.MultiHeadAttentionWrapper, 3, 2, 6, 0.0, 2)
     y = run_wrapper(submission, reference, module, x).y
-    problem = output_problem(
-        submission, inputs, rubric, reference, x, y, "float32", "wrapper output for the book's example"
+    fail_if(
+        output_problem(submission, inputs, rubric, reference, x, y, "float32", "wrapper output for the book's example")
     )
-    if problem:
-        fail(problem)
 
 
 @pytest.mark.part("wrapper")
@@ -179,11 +178,9 @@ def test_matches_reference(
     )
     x = inputs.randn(*shape, dtype=dtype)
     y = run_wrapper(submission, reference, module, x).y
-    problem = output_problem(
-        submission, inputs, rubric, reference, x.to(device), y, dtype_name, f"wrapper output ({case})"
+    fail_if(
+        output_problem(submission, inputs, rubric, reference, x.to(device), y, dtype_name, f"wrapper output ({case})")
     )
-    if problem:
-        fail(problem)
 
 
 @pytest.mark.part("wrapper")
@@ -243,31 +240,9 @@ def test_dropout(submission: Submission, inputs: Inputs, rubric: Rubric, device:
     reference, module = build_pair(submission, inputs, ref.MultiHeadAttentionWrapper, 4, 3, 6, 0.5, 2, device=device)
     x = inputs.randn(2, 6, 4)
     y = run_wrapper(submission, reference, module, x).y
-    problem = output_problem(
-        submission,
-        inputs,
-        rubric,
-        reference,
-        x,
-        y,
-        "float64",
-        "eval-mode output with dropout=0.5 (dropout must be inert in eval mode)",
-    )
-    if problem:
-        fail(problem)
+    what = "eval-mode output with dropout=0.5 (dropout must be inert in eval mode)"
+    fail_if(output_problem(submission, inputs, rubric, reference, x, y, "float64", what))
     seed = inputs.seed_value()
     y = run_wrapper(submission, reference, module, x, train=True, seed=seed).y
-    problem = output_problem(
-        submission,
-        inputs,
-        rubric,
-        reference,
-        x,
-        y,
-        "float64",
-        "training-mode output with dropout=0.5 (each head drops its attention weights, heads in order)",
-        train=True,
-        seed=seed,
-    )
-    if problem:
-        fail(problem)
+    what = "training-mode output with dropout=0.5 (each head drops its attention weights, heads in order)"
+    fail_if(output_problem(submission, inputs, rubric, reference, x, y, "float64", what, train=True, seed=seed))
