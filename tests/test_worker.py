@@ -2,6 +2,7 @@
 
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -484,8 +485,8 @@ def test_a_prestarted_worker_runs_nothing_of_the_submission_until_it_is_started(
         )
         w.prestart()
         assert w.process is not None and w.starts == 0 and not w.alive()
-        time.sleep(3)  # long enough to boot
-        assert not marker.exists() and w.load_report is None and "top level ran" not in w.output()
+        ready, _, _ = select.select([w.process.from_worker], [], [], 60)  # it booted: its `ready` waits unread
+        assert ready and not marker.exists() and w.load_report is None and "top level ran" not in w.output()
         assert w.request("call", fn="f", args=[], kwargs={}) == 1
         assert marker.read_text() == "x" and w.starts == 1
         w.kill()  # the output is read by a thread: once the worker ended, it has all of it
@@ -501,7 +502,7 @@ def test_a_prestarted_worker_that_dies_before_it_is_started_is_the_graders_fault
     w.prestart()
     assert w.process is not None and w.process.started(60) is None
     os.kill(w.process.pid, 9)
-    time.sleep(0.5)
+    w.process.process.wait(timeout=30)  # gone before the request
     if forks:
         assert w.request("call", fn="f", args=[], kwargs={}) == 1
         assert w.fresh_because is not None and "before it was ready" in w.fresh_because
