@@ -33,6 +33,7 @@ from typing import IO, Any
 
 from autograder.sandbox import bwrap, procfs
 from autograder.sandbox.cgroups import WorkerGroup
+from autograder.sandbox.probe import Isolation
 
 MESSAGE_BYTES = 1 << 16
 
@@ -43,7 +44,7 @@ class ServerKey:
     allow list) is not forked from it."""
 
     python: str  # the interpreter
-    isolation: str
+    isolation: Isolation
     device: str
     scratch_bytes: int
     allowed: bwrap.AllowList | None  # the namespace sandbox's allow list (None under process isolation)

@@ -83,7 +83,7 @@ class LaunchSettings:
     """One start of a worker process: the worker's settings, and what this start decides."""
 
     config: WorkerConfig
-    isolation: str  # "namespace" or "process", already chosen
+    isolation: probe.Isolation  # already chosen
     filename: str = "mha.py"
     allowed: bwrap.AllowList | None = None  # what the namespace sandbox shows (None: `bwrap.allow_list()`)
     fork: bool = True  # from this process's fork server, where the settings allow forks (`forks_per_server`)
@@ -102,7 +102,7 @@ class WorkerProcess:
         to_worker: int,
         from_worker: int,
         scratch: str | None,
-        isolation: str,
+        isolation: probe.Isolation,
         group: WorkerGroup | None,
         uid: int | None,
         in_force: dict[str, str],

@@ -30,7 +30,7 @@ import sysconfig
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from autograder.sandbox import bwrap, procfs
 
@@ -50,7 +50,8 @@ __all__ = [
 ]
 
 UID_RANGE = (1_500_000_000, 1 << 22)  # fresh uids for workers: start, count (far from any real user)
-ISOLATIONS = ("namespace", "process")
+Isolation = Literal["namespace", "process"]  # what a worker runs in, once chosen
+ISOLATIONS: tuple[Isolation, ...] = ("namespace", "process")
 
 
 def is_root() -> bool:
@@ -143,7 +144,7 @@ def _say_once(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def choose_isolation(wanted: str) -> str:
+def choose_isolation(wanted: str) -> Isolation:
     """`auto`: the namespace sandbox where bubblewrap works, else a process as a fresh uid. A process
     as the grader's own user is only ever chosen explicitly (`process`)."""
     if wanted == "auto":
@@ -166,9 +167,10 @@ def choose_isolation(wanted: str) -> str:
         )
     if wanted == "namespace" and not namespace_sandbox_available():
         raise OSError(f"namespace isolation was asked for, but it cannot start here: {namespace_sandbox_problem()}")
-    if wanted not in ISOLATIONS:
-        raise ValueError(f"unknown isolation {wanted!r}")
-    return wanted
+    for isolation in ISOLATIONS:
+        if wanted == isolation:
+            return isolation
+    raise ValueError(f"unknown isolation {wanted!r}")
 
 
 def fresh_uid() -> int:
