@@ -96,7 +96,10 @@ SUBMISSIONS = {
     ),
     # a process and a thread burning the CPU, left behind at the end if the grader let them
     "background_burner": Submission(
-        lambda course, marker, project: with_cells(last=BACKGROUND_BURNER.replace("{marker}", marker)), {"speed": "all"}
+        lambda course, marker, project: with_cells(
+            first=LEAVES_FILES.replace("{marker}", marker), last=BACKGROUND_BURNER.replace("{marker}", marker)
+        ),
+        {"speed": "all"},
     ),
     "exit_in_mha_forward": Submission(
         lambda course, marker, project: with_cells(last=EXIT_IN_FORWARD), {"mha": "all", "speed": "all"}
@@ -121,6 +124,24 @@ SUBMISSIONS = {
 }
 
 
+# files in the machine's shared folders, where a later worker would see them under process isolation
+LEAVES_FILES = """
+import os
+for _folder in ("/tmp", "/var/tmp", "/dev/shm"):
+    try:
+        os.makedirs(os.path.join(_folder, "{marker}-tree", "deep"), exist_ok=True)
+        with open(os.path.join(_folder, "{marker}-file"), "w") as _handle:
+            _handle.write("left for a later worker")
+    except OSError:
+        pass
+"""
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def files_with(marker: str) -> list[str]:
+    return sorted(str(p) for folder in SHARED_FOLDERS for p in Path(folder).glob(f"*{marker}*"))
+
+
 @dataclass
 class Graded:
     environment: Environment
@@ -129,6 +150,7 @@ class Graded:
     results: dict[str, dict]
     left_running: list[str]
     seconds: float
+    left_files: list[str]
 
 
 def grader_command(environment: Environment) -> tuple[list[str], Path, dict[str, str]]:
@@ -182,7 +204,12 @@ def graded(request) -> Graded:
         path = course / "autograded" / student / "mha" / "results.json"
         if path.exists():
             results[student] = json.loads(path.read_text())
-    return Graded(environment, run.returncode, run.stdout + run.stderr, results, processes_with(marker), seconds)
+    left_files = files_with(marker)
+    for path in left_files:  # the machine's, so removed whatever the test says of them
+        subprocess.run(["rm", "-rf", "--", path], check=False)
+    return Graded(
+        environment, run.returncode, run.stdout + run.stderr, results, processes_with(marker), seconds, left_files
+    )
 
 
 def test_the_class_is_graded_with_the_isolation_this_environment_allows(graded):
@@ -233,6 +260,15 @@ def test_a_hostile_submission_gains_nothing_and_leaves_nothing_running(graded, s
             # a fresh uid (the grader is root) or the sandbox: not even reading the files
             assert "THEFT SUCCEEDED" not in results["output"], results["output"][-2000:]
     assert not graded.left_running, f"left running after grading: {graded.left_running}"
+
+
+def test_nothing_a_worker_wrote_in_the_machines_shared_folders_outlives_it(graded):
+    """/tmp, /var/tmp and /dev/shm: the sandbox's own, or (process isolation) the machine's, where what a worker's
+    fresh uid left is removed when the worker ends. Only a worker run as the grader's own user (the documented
+    opt-in) can leave files there: the grader cannot tell them from its own."""
+    if graded.environment.user is not None and graded.environment.expected_isolation == "process":
+        pytest.skip("process isolation as the grader's own user: what a worker leaves in /tmp stays (documented)")
+    assert graded.left_files == [], graded.left_files
 
 
 def _speed_output(graded) -> str:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from functools import cache
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import pytest
 from autograder.sandbox.bwrap import PROJECT_ROOT, allow_list
 from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
 from autograder.sandbox.client import BudgetSpent, Worker, WorkerCrashed
-from autograder.sandbox.probe import is_root, namespace_sandbox_available
+from autograder.sandbox.probe import is_root, namespace_sandbox_available, separate_uid_available
 from autograder.sandbox.settings import WorkerConfig
 
 
@@ -387,3 +388,35 @@ def test_the_scratch_folder_is_mounted_before_the_binds(monkeypatch):
     scratch = command.index(bwrap.WORKDIR, command.index("--tmpfs"))
     assert command[scratch - 1] == "--tmpfs" and scratch < command.index("--ro-bind")
     assert ["--ro-bind", allowed.binds[0], allowed.binds[0]] == command[command.index(allowed.binds[0]) - 1 :][:3]
+
+
+@pytest.mark.skipif(not separate_uid_available(), reason="no fresh uid here: process isolation runs as the grader")
+def test_what_a_fresh_uid_left_in_the_machines_shared_folders_goes_with_its_worker(make_worker, tmp_path):
+    """Under process isolation /tmp, /var/tmp and /dev/shm are the machine's: what the worker's fresh uid left
+    there is removed when its worker ends (a later worker would see it), and nothing of anyone else's, not
+    even what a link it left points at."""
+    marker = f"mha-leftover-{uuid.uuid4().hex[:12]}"
+    kept = Path("/tmp") / f"{marker}-the-graders"  # the grader's own file in /tmp, linked to by the worker
+    kept.write_text("keep")
+    source = f"""
+import os
+for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+    with open(os.path.join(folder, "{marker}"), "w") as handle:
+        handle.write("left")
+os.makedirs("/tmp/{marker}-tree/deep/er")
+with open("/tmp/{marker}-tree/deep/er/file", "w") as handle:
+    handle.write("left")
+os.symlink("{kept}", "/tmp/{marker}-link")
+os.symlink("/tmp", "/tmp/{marker}-folder-link")
+"""
+    try:
+        w = make_worker(source, isolation="process")
+        w.start()
+        uid = w.process.uid
+        left = sorted(str(p) for folder in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(folder).glob(f"{marker}*"))
+        assert len(left) == 7 and all(os.lstat(p).st_uid == uid for p in left if not p.endswith("-the-graders"))
+        w.close()
+        after = sorted(str(p) for folder in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(folder).glob(f"{marker}*"))
+        assert after == [str(kept)] and kept.read_text() == "keep"
+    finally:
+        kept.unlink()

@@ -370,6 +370,8 @@ class WorkerProcess:
         procfs.reap_orphans()
         if walked:
             procfs.wait_gone(tree)  # a control group's kill waits for it to empty; a walked tree is waited here
+        if self.uid is not None and self.isolation == "process":
+            procfs.remove_files_of(self.uid)  # the machine's /tmp and /dev/shm: what it left, no later worker sees
         self._release()
 
     def _release(self) -> None:

@@ -28,7 +28,9 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import shutil
 import signal
+import stat as stat_mode
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -329,6 +331,42 @@ def kill_uid(uid: int) -> None:
         try:
             become_uid(uid)
             os.kill(-1, signal.SIGKILL)
+        except BaseException:
+            pass
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")  # the machine's world-writable folders, sticky
+
+
+def remove_files_of(uid: int, folders: Iterable[str] = SHARED_FOLDERS) -> None:
+    """Remove what `uid` (a fresh uid: one worker's, its processes all ended) left in the machine's shared
+    folders, from a child that becomes it: in a sticky folder it can remove only entries it owns, so a link
+    it left is removed and never followed, and nothing of anyone else's can go. Root only."""
+    if os.geteuid() != 0:
+        return
+    pid = os.fork()
+    if pid == 0:
+        try:
+            become_uid(uid)
+            for folder in folders:
+                try:
+                    names = os.listdir(folder)
+                except OSError:
+                    continue
+                for name in names:
+                    path = os.path.join(folder, name)
+                    try:
+                        entry = os.lstat(path)
+                        if entry.st_uid != uid:
+                            continue
+                        if stat_mode.S_ISDIR(entry.st_mode):
+                            shutil.rmtree(path, ignore_errors=True)
+                        else:
+                            os.unlink(path)
+                    except OSError:
+                        continue
         except BaseException:
             pass
         os._exit(0)
