@@ -374,8 +374,9 @@ class Reporter:
         self.say(f"shard {shard} done; once every shard is, `grade-class {course} --merge` writes the class's outputs")
 
     def merge_incomplete(self, missing: dict[str, str], submitted: int, roster: list[Entry], course: Path) -> None:
-        self.cannot(
-            f"{len(missing)} of {submitted} students have no up-to-date results; nothing was written", verb="merge"
+        self.say(
+            f"cannot merge: {len(missing)} of {submitted} students have no up-to-date results; nothing was written",
+            style="red",
         )
         shown = {entry.student: entry.shown for entry in roster}
         for student, why in sorted(missing.items()):
