@@ -298,23 +298,37 @@ def fake_grader(stopped: tuple[str, ...] = ()) -> type:
     return Grader
 
 
+def outputs_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The class outputs (a gradebook, a report: seconds) replaced by a line printed where they print; the
+    machine taken to allow grading."""
+
+    def write(course: Path, rows: list, rubric: Any, options: Any, console: Console) -> dict[str, str]:
+        console.print(f"grades.csv: {len(rows)} students")
+        return {}
+
+    monkeypatch.setattr(grade_class, "write_class_outputs", write)
+    monkeypatch.setattr(grade_class, "isolation_refusal", lambda isolation, rubric: "")  # whatever the machine
+
+
 def test_the_reporter_is_told_each_event_of_a_class_run_and_nothing_else_prints(tmp_path, monkeypatch, capsys):
     course = course_of(tmp_path)
     course.chmod(0o755)
     monkeypatch.setattr(grade_class, "Grader", fake_grader())
+    outputs_to(monkeypatch)
     report = Recorder()
     assert grade_class.grade_class(ClassOptions(course, device="cpu", jobs=1), report) == grade_class.EXIT_DONE
     assert report.names() == ["closed_to_others", "planned", "grading", "graded", "graded", "graded"]
     assert report.events[2] == ("grading", 3)
     assert sorted(event[1] for event in report.events[3:]) == ["ann", "bob", "cat"]
     assert capsys.readouterr().out == ""  # the outputs' tables went to the reporter's console too
-    assert "3 submissions: 3 to grade" in report.printed() and "grades.csv" in report.printed()
+    assert "3 submissions: 3 to grade" in report.printed() and "grades.csv: 3 students" in report.printed()
 
 
 def test_the_reporter_is_told_of_an_interrupted_forced_run_and_what_is_left(tmp_path, monkeypatch):
     course = course_of(tmp_path)
     fill_record(course, {s: synthetic_run("mha.py") for s in ("ann", "bob", "cat")})
     monkeypatch.setattr(grade_class, "Grader", fake_grader(stopped=("bob", "cat")))
+    outputs_to(monkeypatch)
     report = Recorder()
     options = ClassOptions(course, device="cpu", jobs=1, force=True)
     assert grade_class.grade_class(options, report) == grade_class.EXIT_INTERRUPTED
