@@ -10,43 +10,60 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 RENAMED_CHECK = (
     "`check` is now `preview`: the grader's visible checks, the student's code sandboxed. The notebook's "
     "self-check, which runs the student's code on this machine unsandboxed, is `make selfcheck`."
 )
+DEVICES = ("auto", "cpu", "cuda")
+ISOLATIONS = ("auto", "namespace", "process")
+ISOLATION_HELP = (
+    "how the student's code is kept apart: namespace (a sandbox; needs user namespaces), "
+    "process (a separate process only) or auto (namespace where possible; default, or "
+    "$AUTOGRADER_ISOLATION)"
+)
+GRADE_HELP = "grade one submission (mha.py or mha.ipynb) into results.json; the student's code runs sandboxed"
+PREVIEW_HELP = (
+    "the grader's visible checks on one file, with their feedback and no score: the student's code "
+    "runs sandboxed (exit 1 when one fails; needs reference/)"
+)
+
+# A command's handler: the parsed arguments and the whole parser (whose usage an error shows) -> exit status.
+Handler = Callable[[argparse.Namespace, argparse.ArgumentParser], int]
 
 
-def main(argv: list[str] | None = None) -> int:
-    # Before torch is imported: its idle OpenMP threads sleep rather than spin after each of the grader's
-    # small tensor operations (spinning cost about 0.7 s of CPU per grading, taken from the workers beside it).
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_device(parser: argparse.ArgumentParser) -> None:
+    """--device, as every command that grades takes it."""
+    parser.add_argument("--device", choices=DEVICES, default="auto")
 
-    grade_help = "grade one submission (mha.py or mha.ipynb) into results.json; the student's code runs sandboxed"
-    grade = sub.add_parser("grade", help=grade_help, description=grade_help)
+
+def add_isolation(parser: argparse.ArgumentParser) -> None:
+    """--isolation, as every command that runs a student's code takes it (its default read now: the
+    environment of this run)."""
+    default = os.environ.get("AUTOGRADER_ISOLATION", "auto")
+    parser.add_argument("--isolation", choices=ISOLATIONS, default=default, help=ISOLATION_HELP)
+
+
+def add_rubric(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    parser.add_argument("--rubric", type=Path, default=None, help=help)
+
+
+def add_grade(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    grade = sub.add_parser("grade", help=GRADE_HELP, description=GRADE_HELP)
     grade.add_argument("submission", type=Path)
-    grade.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_device(grade)
     grade.add_argument("--out", type=Path, default=Path("results.json"))
-    grade.add_argument("--rubric", type=Path, default=None, help="rubric TOML (default: the packaged one)")
+    add_rubric(grade, help="rubric TOML (default: the packaged one)")
     grade.add_argument("--quiet", action="store_true", help="no summary on the terminal")
-    isolation_help = (
-        "how the student's code is kept apart: namespace (a sandbox; needs user namespaces), "
-        "process (a separate process only) or auto (namespace where possible; default, or "
-        "$AUTOGRADER_ISOLATION)"
-    )
-    isolation_default = os.environ.get("AUTOGRADER_ISOLATION", "auto")
     grade.add_argument(
         "--seed",
         type=int,
         default=None,
         help="the hidden seed (recorded in results.json); only to reproduce a grading run",
     )
-    grade.add_argument(
-        "--isolation", choices=("auto", "namespace", "process"), default=isolation_default, help=isolation_help
-    )
+    add_isolation(grade)
     grade.add_argument(
         "--part",
         action="append",
@@ -56,26 +73,29 @@ def main(argv: list[str] | None = None) -> int:
         help="grade only this part (repeatable), e.g. to regrade the speed part; "
         "the others are not run and count for nothing",
     )
+    grade.set_defaults(handler=grade_handler)
 
-    preview_help = (
-        "the grader's visible checks on one file, with their feedback and no score: the student's code "
-        "runs sandboxed (exit 1 when one fails; needs reference/)"
-    )
-    preview = sub.add_parser("preview", help=preview_help, description=preview_help)
+
+def add_preview(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    preview = sub.add_parser("preview", help=PREVIEW_HELP, description=PREVIEW_HELP)
     preview.add_argument("submission", type=Path)
-    preview.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    preview.add_argument("--rubric", type=Path, default=None)
-    preview.add_argument(
-        "--isolation", choices=("auto", "namespace", "process"), default=isolation_default, help=isolation_help
-    )
+    add_device(preview)
+    add_rubric(preview)
+    add_isolation(preview)
+    preview.set_defaults(handler=grade_handler)
 
+
+def add_release(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     release = sub.add_parser("release", help="regenerate the student release from reference/mha.py")
     release.add_argument("--root", type=Path, default=None, help="project root (default: this checkout)")
+    release.set_defaults(handler=release_handler)
 
+
+def add_grade_class(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     klass = sub.add_parser("grade-class", help="grade every submitted/<student>/mha/ of an nbgrader course")
     klass.add_argument("course", type=Path, nargs="?", default=Path("assignments"))
-    klass.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    klass.add_argument("--rubric", type=Path, default=None)
+    add_device(klass)
+    add_rubric(klass)
     klass.add_argument(
         "--jobs",
         type=int,
@@ -117,9 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the gradebook's SQLAlchemy URL (default: the course's nbgrader_config.py, "
         "else sqlite:///COURSE/gradebook.db)",
     )
-    klass.add_argument(
-        "--isolation", choices=("auto", "namespace", "process"), default=isolation_default, help=isolation_help
-    )
+    add_isolation(klass)
     klass.add_argument(
         "--canvas-assignment",
         default=None,
@@ -128,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         "heads its column, so Canvas fills that assignment (default: mha, which Canvas matches by exact name "
         "only, else it makes a new assignment)",
     )
+    klass.set_defaults(handler=grade_class_handler)
 
+
+def add_explain(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     explain = sub.add_parser(
         "explain",
         help="a disputed grade: a failed check's hidden inputs, expected and actual values, from the recorded seed",
@@ -138,14 +159,25 @@ def main(argv: list[str] | None = None) -> int:
         "--check", action="append", default=None, metavar="KEY", help="mha::test_x or mha::test_x[case] (repeatable)"
     )
     explain.add_argument("--submission", type=Path, default=None, help="the graded file (default: found from RESULTS)")
+    # not add_device: it replays a run, on the device it was graded on unless told otherwise
     explain.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: the one it was graded on")
+    explain.set_defaults(handler=explain_handler)
 
+
+def add_student_kit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     kit = sub.add_parser("student-kit", help="build what students receive (release, self-check, README), no solution")
     kit.add_argument("--out", type=Path, default=Path("dist"))
     kit.add_argument("--torch", default=None, help="the grader's TORCH_SPEC (default: the Makefile's)")
+    kit.set_defaults(handler=student_kit_handler)
+
+
+def add_gradescope(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     gradescope = sub.add_parser("gradescope", help="build Gradescope's autograder zip (setup.sh, run_autograder)")
     gradescope.add_argument("--out", type=Path, default=Path("dist"))
+    gradescope.set_defaults(handler=gradescope_handler)
 
+
+def add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     doctor = sub.add_parser(
         "doctor",
         help="what this machine allows (sandbox, control groups, CUDA), what grading will have here, "
@@ -154,53 +186,57 @@ def main(argv: list[str] | None = None) -> int:
     import autograder.doctor as doctor_module
 
     doctor_module.add_arguments(doctor)
+    doctor.set_defaults(handler=doctor_handler)
 
+
+# The commands, in the order the help lists them.
+COMMANDS = (
+    add_grade,
+    add_preview,
+    add_release,
+    add_grade_class,
+    add_explain,
+    add_student_kit,
+    add_gradescope,
+    add_doctor,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: each command's parser, with its handler as `handler`."""
+    parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Before torch is imported: its idle OpenMP threads sleep rather than spin after each of the grader's
+    # small tensor operations (spinning cost about 0.7 s of CPU per grading, taken from the workers beside it).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["check"]:
         parser.error(RENAMED_CHECK)
     args = parser.parse_args(argv)
-    if args.command == "grade":
+    handler: Handler = args.handler
+    return handler(args, parser)
+
+
+def grade_handler(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`grade` and `preview` (the visible checks only, no results.json)."""
+    visible_only = args.command == "preview"
+    out = None if visible_only else args.out
+    if out is not None:
         # First of all, before any import beyond the standard library (torch, pytest and the early start take
         # seconds): a grader killed from here on leaves this placeholder or its full results, never an older
         # run's score.
         from autograder.model import write_unfinished
 
-        write_unfinished(args.out, args.submission.name)
-    if args.command == "doctor":
-        return doctor_module.run(args)
-    if args.command == "explain":
-        from autograder.grading.explain import explain as explain_run
-
-        return explain_run(args.results, args.check, args.submission, args.device)
-    if args.command == "student-kit":
-        from autograder.authoring.kit import KitError, build_kit
-
-        try:
-            build_kit(args.out, torch_spec=args.torch)
-        except KitError as exc:
-            print(f"cannot build the kit: {exc}", file=sys.stderr)
-            return 2
-        return 0
-    if args.command == "gradescope":
-        from autograder.platforms.gradescope import build_zip
-
-        build_zip(args.out)
-        return 0
-    if args.command == "grade-class":
-        return grade_class_command(parser, args)
-    if args.command == "release":
-        from autograder.authoring.release import release_assignment
-        from autograder.authoring.samples import write_samples
-
-        release_assignment(args.root)
-        written = write_samples(args.root)
-        print(f"samples: {', '.join(p.parent.parent.name for p in written)} (the release plus each one's answers)")
-        return 0
-
+        write_unfinished(out, args.submission.name)
     from autograder.grading.workers import EarlyStart
 
-    visible_only = args.command == "preview"
-    out = None if visible_only else args.out
     parts = tuple(args.parts) if getattr(args, "parts", None) else None
     # The workers' Python and torch load while this process imports torch, pytest and the checks (about a
     # second each, on the cores the imports leave idle); nothing of the submission runs before a check asks.
@@ -224,42 +260,72 @@ def main(argv: list[str] | None = None) -> int:
     return grade_command(args.submission, options)
 
 
-def grade_class_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def release_handler(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from autograder.authoring.release import release_assignment
+    from autograder.authoring.samples import write_samples
+
+    release_assignment(args.root)
+    written = write_samples(args.root)
+    print(f"samples: {', '.join(p.parent.parent.name for p in written)} (the release plus each one's answers)")
+    return 0
+
+
+def explain_handler(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from autograder.grading.explain import explain as explain_run
+
+    return explain_run(args.results, args.check, args.submission, args.device)
+
+
+def student_kit_handler(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from autograder.authoring.kit import KitError, build_kit
+
+    try:
+        build_kit(args.out, torch_spec=args.torch)
+    except KitError as exc:
+        print(f"cannot build the kit: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def gradescope_handler(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from autograder.platforms.gradescope import build_zip
+
+    build_zip(args.out)
+    return 0
+
+
+def doctor_handler(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import autograder.doctor as doctor_module
+
+    return doctor_module.run(args)
+
+
+def grade_class_handler(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`grade-class`: the options checked (a bad combination is a usage error, exit 2), then the class
+    graded (or, with --merge, its outputs written from the record)."""
     from autograder.contract import ASSIGNMENT
-    from autograder.course.grade_class import grade_class, merge_class
-    from autograder.course.shard import ShardError, parse_shard
+    from autograder.course.grade_class import ClassOptions, grade_class, merge_class
 
     if not (args.course / "submitted").is_dir():
         parser.error(f"{args.course} is not a course folder: it has no submitted/ folder")
-    if args.merge:
-        if args.shard or args.force or args.student:
-            parser.error("--merge grades nothing, so it takes neither --shard, --force nor --student")
-        return merge_class(
-            args.course,
+    try:
+        options = ClassOptions(
+            course=args.course,
+            device=args.device,
             rubric=args.rubric,
+            jobs=args.jobs,
+            force=args.force,
+            students=args.student,
             released=args.released,
             db_url=args.db,
+            isolation=args.isolation,
+            shard=args.shard,
             canvas_assignment=args.canvas_assignment or ASSIGNMENT,
+            merge=args.merge,
         )
-    if args.jobs is not None and args.jobs < 1:
-        parser.error("--jobs must be at least 1")
-    try:
-        shard = parse_shard(args.shard) if args.shard else None
-    except ShardError as exc:
+    except ValueError as exc:  # OptionsError, or the shard's ShardError: each says what to write instead
         parser.error(str(exc))
-    return grade_class(
-        args.course,
-        device=args.device,
-        rubric=args.rubric,
-        jobs=args.jobs,
-        force=args.force,
-        students=args.student,
-        released=args.released,
-        db_url=args.db,
-        isolation=args.isolation,
-        shard=shard,
-        canvas_assignment=args.canvas_assignment or ASSIGNMENT,
-    )
+    return merge_class(options) if options.merge else grade_class(options)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def test_grade_class_pins_every_grading_process_to_one_device(tmp_path, monkeypa
             pass
 
     monkeypatch.setattr(grade_class, "Grader", FakeGrader)
-    assert grade_class.grade_class(course, device="cuda", jobs=6) == 0
+    assert grade_class.grade_class(grade_class.ClassOptions(course, device="cuda", jobs=6)) == 0
     assert len(requests) == 12 and {r["device"] for r in requests} == {"cuda"}
     assert sorted(pinned) == ["0", "0", "1", "1", "2", "2"]
 
@@ -111,7 +111,10 @@ def test_grade_class_pins_every_grading_process_to_one_device(tmp_path, monkeypa
 def test_grade_class_says_so_when_cuda_is_asked_for_and_absent(tmp_path, monkeypatch, capsys):
     (tmp_path / "course" / "submitted").mkdir(parents=True)
     monkeypatch.setattr(placement, "cuda_device_count", lambda: 0)
-    assert grade_class.grade_class(tmp_path / "course", device="cuda") == grade_class.EXIT_CANNOT_GRADE
+    assert (
+        grade_class.grade_class(grade_class.ClassOptions(tmp_path / "course", device="cuda"))
+        == grade_class.EXIT_CANNOT_GRADE
+    )
     assert "torch sees no CUDA device" in capsys.readouterr().out
 
 
@@ -304,7 +307,7 @@ def test_a_class_run_grades_again_once_what_could_not_be_timed_now(tmp_path, mon
             pass
 
     monkeypatch.setattr(grade_class, "Grader", BusyOnce)
-    assert grade_class.grade_class(course, device="cpu", jobs=3) == 0
+    assert grade_class.grade_class(grade_class.ClassOptions(course, device="cpu", jobs=3)) == 0
     assert attempts == {"ann": 1, "bob": 2, "cat": 2}
     record = grade_class.Record(course)
     assert all(record.run(s).graded for s in attempts)

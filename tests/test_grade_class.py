@@ -659,7 +659,7 @@ def test_a_class_run_closes_the_course_to_other_users_and_writes_nothing_they_ca
     course = make_course(tmp_path / "course", {"ann": {"mha.py": "x = 1\n"}, "bob": {}})
     os.chmod(course, 0o755)
     fill_record(course, {"ann": synthetic_run("mha.py")})
-    assert grade_class.grade_class(course, device="cpu") == grade_class.EXIT_DONE
+    assert grade_class.grade_class(grade_class.ClassOptions(course, device="cpu")) == grade_class.EXIT_DONE
     assert stat.S_IMODE(course.stat().st_mode) == 0o750
     for path in (
         course / "grades.csv",
@@ -701,7 +701,7 @@ def test_on_a_machine_without_cuda_device_auto_and_cpu_are_the_same_inputs(tmp_p
     graded: list[str] = []
     monkeypatch.setattr(grade_class, "grade_all", lambda todo, *a, **k: graded.extend(j.student for j in todo) or True)
     for device in ("auto", "cpu", "auto"):
-        assert grade_class.grade_class(course, device=device) == grade_class.EXIT_DONE
+        assert grade_class.grade_class(grade_class.ClassOptions(course, device=device)) == grade_class.EXIT_DONE
     assert graded == []
 
 
@@ -756,18 +756,21 @@ def test_a_forced_run_stopped_halfway_is_finished_forced_by_the_next_run_and_mer
             pass
 
     monkeypatch.setattr(grade_class, "Grader", Grader)
-    assert grade_class.grade_class(course, device="cpu", jobs=1, force=True) == grade_class.EXIT_INTERRUPTED
+    assert (
+        grade_class.grade_class(grade_class.ClassOptions(course, device="cpu", jobs=1, force=True))
+        == grade_class.EXIT_INTERRUPTED
+    )
     assert graded == ["ann"] and "the forced regrade is half done (2 students" in capsys.readouterr().out
     stopped.append("the first run is over")
-    assert grade_class.merge_class(course) == grade_class.EXIT_MERGE_INCOMPLETE
+    assert grade_class.merge_class(grade_class.ClassOptions(course, merge=True)) == grade_class.EXIT_MERGE_INCOMPLETE
     said = " ".join(capsys.readouterr().out.split())
     assert "bob: a forced regrade stopped before it regraded this student" in said and "ann:" not in said
-    assert grade_class.grade_class(course, device="cpu", jobs=1) == grade_class.EXIT_DONE
+    assert grade_class.grade_class(grade_class.ClassOptions(course, device="cpu", jobs=1)) == grade_class.EXIT_DONE
     said = " ".join(capsys.readouterr().out.split())
     assert graded == ["ann", "bob", "cat"] and "2 forced (the last forced run stopped before it)" in said
-    assert grade_class.grade_class(course, device="cpu", jobs=1) == grade_class.EXIT_DONE
+    assert grade_class.grade_class(grade_class.ClassOptions(course, device="cpu", jobs=1)) == grade_class.EXIT_DONE
     assert graded == ["ann", "bob", "cat"] and "0 to grade" in capsys.readouterr().out
-    assert grade_class.merge_class(course) == grade_class.EXIT_DONE
+    assert grade_class.merge_class(grade_class.ClassOptions(course, merge=True)) == grade_class.EXIT_DONE
 
 
 def test_the_canvas_file_can_name_an_existing_canvas_assignment_as_canvas_reads_headers(tmp_path):
@@ -791,6 +794,6 @@ def test_a_refusal_changes_nothing_in_the_course(tmp_path, monkeypatch):
     course.chmod(0o755)
     before = sorted((str(p), p.stat().st_mode, p.stat().st_mtime_ns) for p in [course, *course.rglob("*")])
     monkeypatch.setattr(grade_class, "isolation_refusal", lambda isolation, rubric: "no sandbox is available here")
-    assert grade_class.grade_class(course, device="cpu") == grade_class.EXIT_CANNOT_GRADE
+    assert grade_class.grade_class(grade_class.ClassOptions(course, device="cpu")) == grade_class.EXIT_CANNOT_GRADE
     after = sorted((str(p), p.stat().st_mode, p.stat().st_mtime_ns) for p in [course, *course.rglob("*")])
     assert after == before
