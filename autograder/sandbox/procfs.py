@@ -321,20 +321,26 @@ def tree_of(pid: int, include_self: bool = True) -> Callable[[], list[int]]:
     return find
 
 
-def kill_uid(uid: int) -> None:
-    """SIGKILL every process of `uid` (a fresh uid: only one worker's), from a child that becomes it:
-    kill(-1) reaches exactly the processes that uid may signal, which are its own. Root only."""
+def as_uid(uid: int, action: Callable[[], object]) -> None:
+    """Run `action` in a child that becomes `uid` (a fresh uid: only one worker's), and wait for it: what it
+    may do is only what that uid may. Any failure in it is its own. Root only."""
     if os.geteuid() != 0:
         return
     pid = os.fork()
     if pid == 0:
         try:
             become_uid(uid)
-            os.kill(-1, signal.SIGKILL)
+            action()
         except BaseException:
             pass
         os._exit(0)
     os.waitpid(pid, 0)
+
+
+def kill_uid(uid: int) -> None:
+    """SIGKILL every process of `uid` (a fresh uid: only one worker's): kill(-1) from a child that becomes it
+    reaches exactly the processes that uid may signal, which are its own. Root only."""
+    as_uid(uid, lambda: os.kill(-1, signal.SIGKILL))
 
 
 SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")  # the machine's world-writable folders, sticky
@@ -342,35 +348,29 @@ SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")  # the machine's world-writabl
 
 def remove_files_of(uid: int, folders: Iterable[str] = SHARED_FOLDERS) -> None:
     """Remove what `uid` (a fresh uid: one worker's, its processes all ended) left in the machine's shared
-    folders, from a child that becomes it: in a sticky folder it can remove only entries it owns, so a link
-    it left is removed and never followed, and nothing of anyone else's can go. Root only."""
-    if os.geteuid() != 0:
-        return
-    pid = os.fork()
-    if pid == 0:
-        try:
-            become_uid(uid)
-            for folder in folders:
+    folders, as that uid (`as_uid`): in a sticky folder it can remove only entries it owns, so a link it left
+    is removed and never followed, and nothing of anyone else's can go. Root only."""
+
+    def remove() -> None:
+        for folder in folders:
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(folder, name)
                 try:
-                    names = os.listdir(folder)
+                    entry = os.lstat(path)
+                    if entry.st_uid != uid:
+                        continue
+                    if stat_mode.S_ISDIR(entry.st_mode):
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        os.unlink(path)
                 except OSError:
                     continue
-                for name in names:
-                    path = os.path.join(folder, name)
-                    try:
-                        entry = os.lstat(path)
-                        if entry.st_uid != uid:
-                            continue
-                        if stat_mode.S_ISDIR(entry.st_mode):
-                            shutil.rmtree(path, ignore_errors=True)
-                        else:
-                            os.unlink(path)
-                    except OSError:
-                        continue
-        except BaseException:
-            pass
-        os._exit(0)
-    os.waitpid(pid, 0)
+
+    as_uid(uid, remove)
 
 
 def reap_orphans() -> None:
