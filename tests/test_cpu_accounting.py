@@ -118,7 +118,10 @@ def status(pid: int, field: str) -> list[int]:
 def outside(worker: Worker, pids: list[int]) -> list[int]:
     """The grader's pids of processes the worker knows by `pids` in its own pid namespace."""
     inside = {pid: status(pid, "NSpid") for pid in worker.process.pids()}
-    return sorted(pid for pid, chain in inside.items() if len(chain) > 1 and chain[-1] in pids)
+    # the worker's own pid namespace is the deepest: a process of an outer one (a forked worker's fork server's
+    # sandbox) may have the same number there
+    depth = max(len(chain) for chain in inside.values())
+    return sorted(pid for pid, chain in inside.items() if len(chain) == depth > 1 and chain[-1] in pids)
 
 
 def banked(worker: Worker, count: int, bank: float) -> list[int]:
