@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autograder.model import add_points, points_text
+from autograder.model import GradingRun, add_points, points_text
 from autograder.sandbox.protocol import clean_text
 
 if TYPE_CHECKING:
@@ -122,13 +122,13 @@ def worker_start(device: str, isolation: str) -> tuple[bool, str]:
     return False, f"started fresh, each a new Python and torch: {worker.fresh_because}"
 
 
-def _speed_run(name: str, run) -> SpeedRun:
+def _speed_run(name: str, run: GradingRun) -> SpeedRun:
     if not run.graded:
         return SpeedRun(name, 0.0, 0.0, None, run.reason, False)
     score = add_points(c.score for c in run.checks)
     top = add_points(c.max_score for c in run.checks)
     failed = next((c.message for c in run.checks if c.status != "passed"), "")
-    relative = (run.speed or {}).get("relative")
+    relative = run.speed.relative if run.speed is not None else None
     return SpeedRun(name, score, top, relative, failed, True)
 
 

@@ -141,6 +141,208 @@ class LoadReport:
         return lines
 
 
+# -- the speed part's figures ------------------------------------------------------------------------
+# results.json's extra_data.speed, written by `SpeedFigures.to_json` and read back by `SpeedFigures.from_json`.
+# Every figure may be missing from a record (a workload that failed before it was timed has none; records
+# written by older graders lack some): a figure that is missing, or is not of its type (the file may be
+# forged), reads as None. Keys this grader does not write are kept as they were read (`kept`).
+RelativeSpread = dict[str, float]  # the per-round relative speedups' q1, q3, min and max
+
+
+def _number(value: object) -> float | None:
+    """A figure that is a number (as written: an int stays an int), else None."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _numbers(value: object) -> dict[str, float] | None:
+    if not isinstance(value, dict):
+        return None
+    return {str(k): v for k, v in value.items() if _number(v) is not None}
+
+
+@dataclass(frozen=True)
+class SpeedBands:
+    """The rubric's bands the speed part was scored with (`[speed]`), for the feedback to explain."""
+
+    full_credit_at: float
+    no_credit_at: float
+    give_up_below: float | None = None  # absent from records written before it existed
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"full_credit_at": self.full_credit_at, "no_credit_at": self.no_credit_at}
+        if self.give_up_below is not None:
+            data["give_up_below"] = self.give_up_below
+        return data
+
+    @classmethod
+    def from_json(cls, data: object) -> SpeedBands | None:
+        if not isinstance(data, dict):
+            return None
+        full, none = _number(data.get("full_credit_at")), _number(data.get("no_credit_at"))
+        if full is None or none is None:
+            return None
+        return cls(full, none, _number(data.get("give_up_below")))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict that stopped a workload's rounds (`verdict.Verdict`'s figures), when one did."""
+
+    median: float
+    low: float
+    high: float
+    confidence: float
+    rounds: int
+    stopped_because: str
+    close: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in DECISION_KEYS}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Decision | None:
+        median, low, high, confidence = (_number(data.get(k)) for k in ("median", "low", "high", "confidence"))
+        rounds, stopped, close = data.get("rounds"), data.get("stopped_because"), data.get("close")
+        if median is None or low is None or high is None or confidence is None:
+            return None
+        if not isinstance(rounds, int) or not isinstance(stopped, str) or not isinstance(close, bool):
+            return None
+        return cls(median, low, high, confidence, rounds, stopped, close)
+
+
+DECISION_KEYS = ("median", "low", "high", "confidence", "rounds", "stopped_because", "close")
+# The figures of a measured workload, in the order results.json writes them; then those of every workload.
+MEASURED_KEYS = ("speedup", "reference_speedup", "relative", "relative_spread", "ms_per_call", "per_round_ms")
+
+
+@dataclass(frozen=True)
+class WorkloadFigures:
+    """One timed workload's figures (`timing.summarize`, then the speed check's): the median times, the
+    submission's speedup over the wrapper, the reference's, and the first as a fraction of the second
+    (`relative`, the scored figure); or, for a workload whose timing failed, why (`failed`)."""
+
+    speedup: float | None = None
+    reference_speedup: float | None = None
+    relative: float | None = None  # the median of the per-round relative speedups
+    relative_spread: RelativeSpread | None = None
+    ms_per_call: dict[str, float] | None = None  # by target (`workers.SUBMISSION`, ...): the median charged time
+    per_round_ms: dict[str, dict[str, list[float]]] | None = None  # charged, wall, cpu, waiting -> target -> rounds
+    rounds: int | None = None
+    timed_seconds: float | None = None
+    decision: Decision | None = None  # the verdict that stopped the rounds, when one did
+    workload: dict[str, Any] | None = None  # the rubric's [[speed.workloads]] table, as graded
+    failed: str | None = None  # why the timing failed, when it did
+    credit: float | None = None  # the fraction of the workload's points earned
+    seconds: float | None = None  # the whole check's time on this workload
+    said: str | None = None  # the verdict in words
+    kept: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def interval(self) -> tuple[float, float, float] | None:
+        """The verdict's interval for the median relative speedup: low, high, confidence."""
+        d = self.decision
+        return (d.low, d.high, d.confidence) if d else None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for name in (*MEASURED_KEYS, "rounds", "timed_seconds"):
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
+        verdict: dict[str, Any] = {}
+        if self.decision is not None:
+            d = self.decision
+            data["relative_interval"] = {"low": d.low, "high": d.high, "level": d.confidence}
+            data["verdict"] = verdict = d.to_json()
+        for name in ("workload", "failed", "credit", "seconds"):
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
+        if self.said is not None:
+            data.setdefault("verdict", verdict)["said"] = self.said
+        return {**data, **self.kept}
+
+    @classmethod
+    def from_json(cls, data: object) -> WorkloadFigures:
+        if not isinstance(data, dict):
+            return cls()
+        read = data.get("verdict")
+        verdict: dict[str, Any] = read if isinstance(read, dict) else {}
+        decision = Decision.from_json(verdict)
+        said = verdict.get("said")
+        if decision is None and set(verdict) - {"said"}:  # an older or odd verdict: kept whole, as read
+            said = None
+        spread = _numbers(data.get("relative_spread"))
+        per_round = data.get("per_round_ms")
+        rounds, workload, failed = data.get("rounds"), data.get("workload"), data.get("failed")
+        known = {*MEASURED_KEYS, "rounds", "timed_seconds", "workload", "failed", "credit", "seconds"}
+        if said is not None or decision is not None:
+            known.add("verdict")
+        if decision is not None:
+            known.add("relative_interval")  # made from the decision
+        return cls(
+            speedup=_number(data.get("speedup")),
+            reference_speedup=_number(data.get("reference_speedup")),
+            relative=_number(data.get("relative")),
+            relative_spread=spread,
+            ms_per_call=_numbers(data.get("ms_per_call")),
+            per_round_ms=per_round if isinstance(per_round, dict) else None,
+            rounds=rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None,
+            timed_seconds=_number(data.get("timed_seconds")),
+            decision=decision,
+            workload=workload if isinstance(workload, dict) else None,
+            failed=failed if isinstance(failed, str) else None,
+            credit=_number(data.get("credit")),
+            seconds=_number(data.get("seconds")),
+            said=said if isinstance(said, str) else None,
+            kept={k: v for k, v in data.items() if k not in known},
+        )
+
+
+@dataclass(frozen=True)
+class SpeedFigures:
+    """The speed part's measurements in one grading: where and how it timed, the bands it scored with, each
+    workload's figures, and the headline figures (the geometric means over the workloads measured; None
+    when none was)."""
+
+    device: str | None = None
+    threads: int | None = None
+    bands: SpeedBands | None = None
+    workloads: dict[str, WorkloadFigures] = field(default_factory=dict)
+    speedup: float | None = None
+    reference_speedup: float | None = None
+    relative: float | None = None
+    kept: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        if self.device is not None:
+            data["device"] = self.device
+        if self.threads is not None:
+            data["threads"] = self.threads
+        if self.bands is not None:
+            data["bands"] = self.bands.to_json()
+        data["workloads"] = {name: figures.to_json() for name, figures in self.workloads.items()}
+        data.update(speedup=self.speedup, reference_speedup=self.reference_speedup, relative=self.relative)
+        return {**data, **self.kept}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpeedFigures:
+        device, threads, workloads = data.get("device"), data.get("threads"), data.get("workloads")
+        known = {"device", "threads", "bands", "workloads", "speedup", "reference_speedup", "relative"}
+        return cls(
+            device=device if isinstance(device, str) else None,
+            threads=threads if isinstance(threads, int) and not isinstance(threads, bool) else None,
+            bands=SpeedBands.from_json(data.get("bands")),
+            workloads={
+                str(name): WorkloadFigures.from_json(figures)
+                for name, figures in (workloads.items() if isinstance(workloads, dict) else ())
+            },
+            speedup=_number(data.get("speedup")),
+            reference_speedup=_number(data.get("reference_speedup")),
+            relative=_number(data.get("relative")),
+            kept={k: v for k, v in data.items() if k not in known},
+        )
+
+
 @dataclass
 class GradingRun:
     status: str
@@ -159,7 +361,7 @@ class GradingRun:
     execution_time: float = 0.0
     worker_starts: int = 0
     resources: dict[str, float] = field(default_factory=dict)  # peak memory (MiB) and CPU seconds used
-    speed: dict[str, Any] | None = None  # the speed part's measurements, when it ran
+    speed: SpeedFigures | None = None  # the speed part's measurements, when it ran
     flags: list[str] = field(default_factory=list)  # for the instructor: e.g. an implausible speedup
     grader_errors: list[str] = field(default_factory=list)  # why the grader failed (never the student's)
     titles: dict[str, str] = field(default_factory=dict)  # part id -> the rubric's title
@@ -232,6 +434,7 @@ class GradingRun:
             for number, c in enumerate(self.checks, start=1)
         ]
         extra = {k: v for k, v in asdict(self).items() if k not in ("checks", "execution_time")}
+        extra["speed"] = self.speed.to_json() if self.speed is not None else None
         extra["model_version"] = MODEL_VERSION
         results = {
             "score": self.score,
@@ -244,9 +447,9 @@ class GradingRun:
             "tests": tests,
             "extra_data": extra,
         }
-        if self.speed and self.speed.get("speedup") is not None:
+        if self.speed is not None and self.speed.speedup is not None:
             results["leaderboard"] = [
-                {"name": "speedup over the wrapper", "value": round(self.speed["speedup"], 3), "order": "desc"}
+                {"name": "speedup over the wrapper", "value": round(self.speed.speedup, 3), "order": "desc"}
             ]
         return clean_strings(results)  # the file's name, and messages quoting it, are the student's
 
@@ -280,9 +483,11 @@ class GradingRun:
                     mistake=str(cases.get("mistake", "")),
                 )
             )
-        fields = {k: v for k, v in extra.items() if k in cls.__dataclass_fields__ and k not in ("load",)}
+        fields = {k: v for k, v in extra.items() if k in cls.__dataclass_fields__ and k not in ("load", "speed")}
+        speed = extra.get("speed")
         return cls(
             **fields,
+            speed=SpeedFigures.from_json(speed) if isinstance(speed, dict) and speed else None,
             checks=checks,
             load=LoadReport(
                 load.get("problem"), [CellProblem(**c) for c in load.get("cells", [])], load.get("defined", {})

@@ -11,7 +11,7 @@ from pathlib import Path
 from autograder.contract import PART_IDS
 from autograder.course.roster import read_roster
 from autograder.course.store import ClassInputs, Record
-from autograder.model import FAILED, GRADED, PASSED, CheckResult, GradingRun
+from autograder.model import FAILED, GRADED, PASSED, CheckResult, GradingRun, SpeedFigures
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ def synthetic_run(
     checks: list[CheckResult] | None = None,
     status: str = GRADED,
     reason: str = "",
-    speed: dict | None = None,
+    speed: SpeedFigures | None = None,
 ) -> GradingRun:
     """A graded run with one check per part scoring `scores[part]` of the rubric's points (default full)."""
     rubric = load_rubric()

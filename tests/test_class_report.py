@@ -33,7 +33,7 @@ from autograder.course.store import COURSE_FILE_MODE
 from autograder.grading.checks import harness  # torch, imported before pytester runs checks that import it
 from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.scoring import Outcome, score
-from autograder.model import CANNOT_GRADE, FAILED, NOT_CREDITED, PASSED, CheckResult, GradingRun
+from autograder.model import CANNOT_GRADE, FAILED, NOT_CREDITED, PASSED, CheckResult, GradingRun, WorkloadFigures
 from autograder.rubric import load_rubric
 from browser import plots_in, quantised
 from classkit import ROOT, autograder, fill_record, make_course, synthetic_run
@@ -279,11 +279,11 @@ def speed_of(relatives: dict[str, float | None]) -> dict:
 
     rubric = load_rubric()
     (workload,) = rubric.speed.workloads_for("cpu")
-    context = SimpleNamespace(measurements={}, device="cpu", rubric=rubric)
+    context = SimpleNamespace(speed=None, device="cpu", rubric=rubric)
     for name, relative in relatives.items():
         named = dataclasses.replace(workload, name=name)
         if relative is None:
-            record(context, named, {"workload": dataclasses.asdict(named), "failed": "too slow to time"})
+            record(context, named, WorkloadFigures(workload=dataclasses.asdict(named), failed="too slow to time"))
             continue
         rounds = 9
         seconds = {
@@ -293,11 +293,14 @@ def speed_of(relatives: dict[str, float | None]) -> dict:
         }
         measurement = timing.Measurement(seconds, seconds, seconds, {k: [0.0] * rounds for k in seconds})
         measurement.verdict = verdict.final(timing.relatives(measurement), rubric.speed, rubric.part_points("speed"))
-        figures = timing.summarize(measurement)
-        figures["verdict"]["said"] = verdict.describe(measurement.verdict, rubric.speed)
-        figures.update(workload=dataclasses.asdict(named), credit=measurement.verdict.credit)
+        figures = dataclasses.replace(
+            timing.summarize(measurement),
+            said=verdict.describe(measurement.verdict, rubric.speed),
+            workload=dataclasses.asdict(named),
+            credit=measurement.verdict.credit,
+        )
         record(context, named, figures)
-    return context.measurements["speed"]
+    return context.speed
 
 
 def mixed_class(tmp_path: Path) -> list[Row]:
@@ -339,9 +342,9 @@ def test_the_scores_table_and_the_speed_figures_are_the_rows_own(tmp_path):
     assert table["Total"][1:3] == [f"{round(statistics.fmean(totals), 2):g}", f"{statistics.median(totals):g}"]
     points, not_timed = speed_points(rows)
     recorded = {
-        r.student: r.run.speed["workloads"]["cpu workload"]["relative"]
+        r.student: r.run.speed.workloads["cpu workload"].relative
         for r in rows
-        if r.scored and "relative" in r.run.speed["workloads"]["cpu workload"]
+        if r.scored and r.run.speed.workloads["cpu workload"].relative is not None
     }
     assert recorded == pytest.approx({"ann": 1.02, "bob": 0.41, "cat": 0.66})
     assert {p.student: p.relative for p in points["cpu workload"]} == recorded

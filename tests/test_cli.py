@@ -550,10 +550,13 @@ def test_explain_says_not_reproduced_only_with_the_reason():
 
 def test_explain_says_why_the_speed_part_is_not_reproducible(tmp_path):
     from autograder.grading.explain import explain_speed
-    from autograder.model import GRADED, GradingRun
+    from autograder.model import GRADED, GradingRun, SpeedFigures, WorkloadFigures
 
     run = GradingRun(
-        GRADED, "mha.py", seed=7, speed={"workloads": {"w": {"relative": 0.93, "rounds": 21, "credit": 1}}}
+        GRADED,
+        "mha.py",
+        seed=7,
+        speed=SpeedFigures(workloads={"w": WorkloadFigures(relative=0.93, rounds=21, credit=1)}),
     )
     text = explain_speed(run, "mha.py")
     assert "not reproducible by seed" in text and "--part speed --seed 7" in text and "0.930" in text

@@ -46,7 +46,7 @@ def test_a_grading_adopts_the_early_workers_and_loads_the_file_only_when_a_check
     assert set(timing_workers) == {workers.WRAPPER, workers.REFERENCE}
     assert worker.load_report is None and worker.starts == 0  # Python and torch only, so far
     run = grade_submission(REFERENCE, Options(device="cpu", out=None, parts=SPEED_ONLY, early=early))
-    assert run.graded and run.speed["relative"] > 0, run.reason
+    assert run.graded and run.speed.relative > 0, run.reason
     assert [c.status for c in run.checks] == ["passed"]
     # the grading used the early workers (it loaded the file in that one), then closed every one of them
     assert worker.starts == 1 and worker.load_report is not None and run.worker_starts == 1

@@ -12,12 +12,21 @@ import pytest
 from autograder.course.feedback import feedback_path, render, write_feedback
 from autograder.course.roster import read_roster
 from autograder.course.rows import Row
-from autograder.model import CANNOT_GRADE, FAILED, NOT_CREDITED, PASSED, CheckResult, LoadReport
+from autograder.model import (
+    CANNOT_GRADE,
+    FAILED,
+    NOT_CREDITED,
+    PASSED,
+    CheckResult,
+    LoadReport,
+    SpeedBands,
+    WorkloadFigures,
+)
 from browser import headless
 from classkit import make_course, synthetic_run
 
 
-def recorded_speed() -> dict:
+def recorded_speed():
     """extra_data.speed as a grading writes it: the speed check's own `record` of `timing.summarize`'s figures
     for the rubric's CPU workload, and a second workload whose timing failed."""
     import dataclasses
@@ -41,17 +50,21 @@ def recorded_speed() -> dict:
     }
     measurement = timing.Measurement(seconds, seconds, seconds, {k: [0.0] * rounds for k in seconds})
     measurement.verdict = verdict.final(timing.relatives(measurement), rubric.speed, rubric.part_points("speed"))
-    figures = timing.summarize(measurement)
-    figures["verdict"]["said"] = verdict.describe(measurement.verdict, rubric.speed)
-    credit = measurement.verdict.credit
-    figures.update(workload=dataclasses.asdict(workload), credit=credit)
-    context = SimpleNamespace(measurements={}, device="cpu", rubric=rubric)
+    figures = dataclasses.replace(
+        timing.summarize(measurement),
+        said=verdict.describe(measurement.verdict, rubric.speed),
+        workload=dataclasses.asdict(workload),
+        credit=measurement.verdict.credit,
+    )
+    context = SimpleNamespace(speed=None, device="cpu", rubric=rubric)
     record(context, workload, figures)
-    record(context, dataclasses.replace(workload, name="a second workload"), {"failed": "TIMING-FAILED: too slow"})
-    return context.measurements["speed"]
+    second = dataclasses.replace(workload, name="a second workload")
+    record(context, second, WorkloadFigures(failed="TIMING-FAILED: too slow"))
+    return context.speed
 
 
 SPEED = recorded_speed()
+SPEED_JSON = SPEED.to_json()  # as results.json says it
 
 
 def marked_run():
@@ -171,10 +184,10 @@ def test_the_speed_part_shows_its_figures_beside_the_bands_and_a_plot_of_the_rou
     tree = parse_strict(render(row_for(tmp_path, marked_run())))
     section = tree.find(".//section[@id='part-speed']")
     text = " ".join("".join(section.itertext()).split())
-    figures = SPEED["workloads"][next(iter(SPEED["workloads"]))]
+    figures = SPEED_JSON["workloads"][next(iter(SPEED_JSON["workloads"]))]
     rows = [" ".join("".join(td.itertext()).split()) for tr in section.iter("tr") for td in tr.findall("td")]
     assert f"{figures['speedup']:.2f}x" in rows and f"{figures['reference_speedup']:.2f}x" in rows
-    bands = SPEED["bands"]
+    bands = SPEED_JSON["bands"]
     scored = next(r for r in rows if r.startswith("yours divided by the reference's"))
     assert f"full points from {bands['full_credit_at']:g}, none at {bands['no_credit_at']:g} or below" in scored
     value = next(r for r in rows if r.startswith(f"{figures['relative']:.2f}"))
@@ -243,7 +256,7 @@ def test_chromium_renders_the_page_and_takes_a_screenshot(chromium, tmp_path):
     assert "Score: 25 / 45" in dom and "VISIBLE-MESSAGE" in dom and "HIDDEN-SECRET" not in dom
     # the speed part as a browser shows it: the plot of the rounds, the bands beside the scored figure, the rule
     assert 'src="data:image/png;base64,' in dom and 'class="bar"' in dom
-    assert f"Full points from {SPEED['bands']['full_credit_at']:g}" in dom
+    assert f"Full points from {SPEED_JSON['bands']['full_credit_at']:g}" in dom
 
 
 def test_the_quizs_withheld_answers_are_not_said_to_run_on_hidden_inputs_and_every_student_reads_one_count(tmp_path):
@@ -281,7 +294,7 @@ def test_the_timing_plots_log_axis_has_at_least_two_ticks_whatever_the_range():
         ticks = log_ticks(low, high)
         assert len(ticks) >= 2 and all(low <= t <= high for t in ticks), (low, high, ticks)
     rounds = {"submission": [1.2, 1.25, 1.3], "reference": [1.1, 1.15, 1.12], "wrapper": [1.8, 1.85, 1.9]}
-    figure = speed_figure({"a narrow workload": rounds}, {"full_credit_at": 0.75, "no_credit_at": 0.55})
+    figure = speed_figure({"a narrow workload": rounds}, SpeedBands(full_credit_at=0.75, no_credit_at=0.55))
     times = figure.axes[0]
     low, high = times.get_ylim()
     labelled = [t for t in times.get_yticks() if low <= t <= high]

@@ -163,12 +163,12 @@ def speed_points(rows: list[Row]) -> tuple[dict[str, list[SpeedPoint]], dict[str
     not_timed: dict[str, int] = {}
     for row in rows:
         run = row.scored_run
-        if run is None or not run.speed:
+        if run is None or run.speed is None:
             continue
         scored = not any(c.part == "speed" and c.status == NOT_CREDITED for c in run.checks)
-        for name, figures in (run.speed.get("workloads") or {}).items():
-            relative = figures.get("relative") if isinstance(figures, dict) else None
-            if isinstance(relative, (int, float)) and math.isfinite(relative) and relative >= 0:
+        for name, figures in run.speed.workloads.items():
+            relative = figures.relative
+            if relative is not None and math.isfinite(relative) and relative >= 0:
                 points.setdefault(name, []).append(SpeedPoint(row.student, float(relative), scored))
             else:
                 not_timed[name] = not_timed.get(name, 0) + 1

@@ -40,7 +40,16 @@ from autograder.contract import ASSIGNMENT
 from autograder.course.clean import clean_for_output
 from autograder.course.rows import Row, feedback_path, page_is_current, shown
 from autograder.course.store import COURSE_FILE_MODE
-from autograder.model import FAILED, NOT_CREDITED, PASSED, GradingRun, points_text
+from autograder.model import (
+    FAILED,
+    NOT_CREDITED,
+    PASSED,
+    GradingRun,
+    SpeedBands,
+    SpeedFigures,
+    WorkloadFigures,
+    points_text,
+)
 
 TEMPLATES = Path(__file__).with_name("templates")
 TEMPLATE = "feedback.html.j2"
@@ -79,23 +88,23 @@ def withheld_text(count: int, never: int, released: bool, part: str = "") -> str
 
 
 # -- speed ----------------------------------------------------------------------------------------
-# `run.speed` is results.json's extra_data.speed: `bands` (the rubric's full_credit_at, no_credit_at and
-# give_up_below, as graded), and per workload (`workloads`) the figures of timing.summarize, or `failed`.
+# `run.speed` is the model's `SpeedFigures` (results.json's extra_data.speed): `bands` (the rubric's, as graded),
+# and per workload (`workloads`) the figures of timing.summarize, or why its timing failed (`failed`).
 ROLES = (("submission", "your forward"), ("reference", "the reference MultiHeadAttention"), ("wrapper", "the wrapper"))
 SHOWN_UP_TO = 1.2  # the band bar runs from 0 to this fraction of the reference's speedup (or the figure, if more)
 
 
-def speed_rule(bands: dict[str, Any]) -> str:
+def speed_rule(bands: SpeedBands | None) -> str:
     """How the speed part scores, in words, from the bands the run was graded with."""
-    if not {"full_credit_at", "no_credit_at"} <= set(bands):
+    if bands is None:
         return ""
-    full, none = bands["full_credit_at"], bands["no_credit_at"]
+    full, none = bands.full_credit_at, bands.no_credit_at
     text = (
         "Your forward and the reference's are timed against the same wrapper in the same run, so the machine "
         "cancels out: your speedup over the wrapper divided by the reference's is the figure that is scored. "
         f"Full points from {full:g}, none at {none:g} or below, in proportion in between."
     )
-    give_up = bands.get("give_up_below")
+    give_up = bands.give_up_below
     if give_up:
         text += (
             f" A forward that, after the warm-up rounds, runs at less than {give_up:g} of the reference's speed "
@@ -105,12 +114,12 @@ def speed_rule(bands: dict[str, Any]) -> str:
     return text
 
 
-def band_bar(relative: float, bands: dict[str, Any]) -> dict[str, Any] | None:
+def band_bar(relative: float, bands: SpeedBands | None) -> dict[str, Any] | None:
     """Widths (percent) of the none / in proportion / full bands on a bar from 0, and where `relative` is."""
-    if not {"full_credit_at", "no_credit_at"} <= set(bands):
+    if bands is None:
         return None
     top = max(SHOWN_UP_TO, relative * 1.05)
-    none, full = bands["no_credit_at"] / top * 100, bands["full_credit_at"] / top * 100
+    none, full = bands.no_credit_at / top * 100, bands.full_credit_at / top * 100
     return {
         "none": round(none, 2),
         "partial": round(full - none, 2),
@@ -119,44 +128,40 @@ def band_bar(relative: float, bands: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def workload_context(name: str, figures: dict[str, Any], bands: dict[str, Any]) -> dict[str, Any]:
+def workload_context(name: str, figures: WorkloadFigures, bands: SpeedBands | None) -> dict[str, Any]:
     """One timed workload: its figures as rows for people, the scored figure with the bands beside it."""
-    if "relative" not in figures:
-        return {"name": name, "failed": figures.get("failed", "not timed"), "rows": [], "scored": None}
-    rows = [(f"{label}, per call", f"{figures['ms_per_call'][role]:.3g} ms") for role, label in ROLES]
+    if figures.relative is None:
+        failed = figures.failed if figures.failed is not None else "not timed"
+        return {"name": name, "failed": failed, "rows": [], "scored": None}
+    times = figures.ms_per_call or {}
+    rows = [(f"{label}, per call", f"{times[role]:.3g} ms") for role, label in ROLES]
     rows += [
-        ("your speedup over the wrapper", f"{figures['speedup']:.2f}x"),
-        ("the reference's speedup over the wrapper, same run", f"{figures['reference_speedup']:.2f}x"),
+        ("your speedup over the wrapper", f"{figures.speedup:.2f}x"),
+        ("the reference's speedup over the wrapper, same run", f"{figures.reference_speedup:.2f}x"),
     ]
-    spread = figures.get("relative_spread") or {}
-    interval = figures.get("relative_interval")  # the verdict's interval for the median (`grading/verdict.py`)
-    said = (figures.get("verdict") or {}).get("said")
+    spread = figures.relative_spread or {}
+    interval = figures.interval  # the verdict's interval for the median (`grading/verdict.py`)
+    rounds = figures.rounds if figures.rounds is not None else "?"
     scored = {
-        "label": f"yours divided by the reference's (median of {figures.get('rounds', '?')} rounds)",
-        "value": f"{figures['relative']:.2f}",
+        "label": f"yours divided by the reference's (median of {rounds} rounds)",
+        "value": f"{figures.relative:.2f}",
         "spread": f"middle half of the rounds {spread['q1']:.2f} to {spread['q3']:.2f}" if spread else "",
-        "interval": f"{interval['low']:.2f} to {interval['high']:.2f} ({interval.get('level', 0.95):.0%} interval)"
-        if isinstance(interval, dict) and {"low", "high"} <= set(interval)
-        else "",
-        "said": said[:1000] if isinstance(said, str) else "",
-        "bar": band_bar(figures["relative"], bands),
+        "interval": f"{interval[0]:.2f} to {interval[1]:.2f} ({interval[2]:.0%} interval)" if interval else "",
+        "said": figures.said[:1000] if figures.said is not None else "",
+        "bar": band_bar(figures.relative, bands),
         "bands": (
-            f"full points from {bands['full_credit_at']:g}, none at {bands['no_credit_at']:g} or below"
-            if {"full_credit_at", "no_credit_at"} <= set(bands)
-            else ""
+            f"full points from {bands.full_credit_at:g}, none at {bands.no_credit_at:g} or below" if bands else ""
         ),
-        "credit": f"{figures['credit']:.0%} of the speed points"
-        if isinstance(figures.get("credit"), (int, float))
-        else "",
+        "credit": f"{figures.credit:.0%} of the speed points" if figures.credit is not None else "",
     }
     return {"name": name, "failed": "", "rows": rows, "scored": scored}
 
 
-def speed_series(speed: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+def speed_series(speed: SpeedFigures) -> dict[str, dict[str, list[float]]]:
     """Per workload, the per-round charged times (ms per call) of the three timed forwards."""
     series = {}
-    for name, figures in (speed.get("workloads") or {}).items():
-        charged = ((figures.get("per_round_ms") or {}).get("charged")) or {}
+    for name, figures in speed.workloads.items():
+        charged = (figures.per_round_ms or {}).get("charged") or {}
         rounds = {role: charged.get(role) or [] for role, _ in ROLES}
         if all(len(values) >= 2 and len(values) == len(rounds["submission"]) for values in rounds.values()):
             series[name] = rounds
@@ -178,7 +183,7 @@ def log_ticks(low: float, high: float) -> list[float]:
     return sorted({float(f"{t:.2g}") for t in steps if low <= float(f"{t:.2g}") <= high} | set(ticks)) or [low, high]
 
 
-def speed_plot(series: dict[str, dict[str, list[float]]], bands: dict[str, Any]) -> str:
+def speed_plot(series: dict[str, dict[str, list[float]]], bands: SpeedBands | None) -> str:
     """`speed_figure` as a PNG, base64 for a data: URI."""
     figure = speed_figure(series, bands)
     buffer = io.BytesIO()
@@ -186,7 +191,7 @@ def speed_plot(series: dict[str, dict[str, list[float]]], bands: dict[str, Any])
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def speed_figure(series: dict[str, dict[str, list[float]]], bands: dict[str, Any]) -> Any:
+def speed_figure(series: dict[str, dict[str, list[float]]], bands: SpeedBands | None) -> Any:
     """Per workload, each round's time per call of the three (left, a log axis with at least two ticks),
     and each round's scored figure (the reference's time over yours: your speedup over the wrapper divided
     by the reference's) with the bands that score it (right)."""
@@ -211,11 +216,11 @@ def speed_figure(series: dict[str, dict[str, list[float]]], bands: dict[str, Any
         times.set_title(name, fontsize=9)
         times.legend(fontsize=7)
         relative = [r / s for r, s in zip(rounds["reference"], rounds["submission"])]
-        if {"full_credit_at", "no_credit_at"} <= set(bands):
+        if bands is not None:
             top = max(SHOWN_UP_TO, max(relative) * 1.05)
-            scored.axhspan(0, bands["no_credit_at"], color="#ffcecb", label="no points")
-            scored.axhspan(bands["no_credit_at"], bands["full_credit_at"], color="#fae17d", label="in proportion")
-            scored.axhspan(bands["full_credit_at"], top, color="#aceebb", label="full points")
+            scored.axhspan(0, bands.no_credit_at, color="#ffcecb", label="no points")
+            scored.axhspan(bands.no_credit_at, bands.full_credit_at, color="#fae17d", label="in proportion")
+            scored.axhspan(bands.full_credit_at, top, color="#aceebb", label="full points")
             scored.set_ylim(0, top)
         scored.plot(x, relative, marker="o", markersize=3, color="#1f2328", label="yours / reference's")
         scored.set_ylabel("speedup, yours / reference's")
@@ -228,12 +233,12 @@ def speed_figure(series: dict[str, dict[str, list[float]]], bands: dict[str, Any
     return figure
 
 
-def speed_context(speed: dict[str, Any]) -> dict[str, Any]:
-    bands = speed.get("bands") or {}
+def speed_context(speed: SpeedFigures) -> dict[str, Any]:
+    bands = speed.bands
     series = speed_series(speed)
     return {
         "rule": speed_rule(bands),
-        "workloads": [workload_context(n, f, bands) for n, f in (speed.get("workloads") or {}).items()],
+        "workloads": [workload_context(n, f, bands) for n, f in speed.workloads.items()],
         "plot": speed_plot(series, bands) if series else "",
         "plot_alt": "per round, the time per call of your forward, the reference's and the wrapper's, and your "
         "speedup over the wrapper divided by the reference's, with the bands that score it: " + ", ".join(series),
@@ -295,7 +300,7 @@ def page_context(row: Row, released: bool) -> dict[str, Any]:
                 "speed": None,
             }
         )
-    if run.speed:
+    if run.speed is not None:
         speed_part = next((p for p in parts if p["id"] == "speed"), None)
         if speed_part is None:
             speed_part = {

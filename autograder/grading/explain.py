@@ -129,7 +129,7 @@ def comparison(what: str, expected: object, actual: object) -> str:
 
 
 def explain_speed(run: GradingRun, submission: str) -> str:
-    speed = run.speed or {}
+    workloads = run.speed.workloads if run.speed is not None else {}
     lines = [
         "speed: not reproducible by seed. Its inputs come from the seed, but what is scored is a timing: your",
         "forward's speedup over the wrapper divided by the reference's, in the same run. Both are measured in",
@@ -137,19 +137,20 @@ def explain_speed(run: GradingRun, submission: str) -> str:
         "what else ran on it, nor its clock speed at that moment: a regrade measures again and may land on",
         "the other side of a band (a figure of 1.04 one time and 0.93 the next is ordinary).",
     ]
-    for name, figures in (speed.get("workloads") or {}).items():
-        if "relative" in figures:
-            spread = figures.get("relative_spread") or {}
+    for name, figures in workloads.items():
+        if figures.relative is not None:
+            spread = figures.relative_spread or {}
+            credit = figures.credit if figures.credit is not None else 0
             lines.append(
-                f"  {name}: {figures['relative']:.3f} (median of {figures.get('rounds')} rounds; middle half "
+                f"  {name}: {figures.relative:.3f} (median of {figures.rounds} rounds; middle half "
                 f"{spread.get('q1', float('nan')):.3f} to {spread.get('q3', float('nan')):.3f}), "
-                f"{figures.get('credit', 0):.0%} of the points"
+                f"{credit:.0%} of the points"
             )
-            interval = figures.get("relative_interval")  # issue 20: the confidence interval, once recorded
-            if isinstance(interval, dict):
-                lines.append(f"    interval: {interval.get('low'):.3f} to {interval.get('high'):.3f}")
+            interval = figures.interval  # the verdict's confidence interval, where one was recorded
+            if interval is not None:
+                lines.append(f"    interval: {interval[0]:.3f} to {interval[1]:.3f}")
         else:
-            lines.append(f"  {name}: not timed: {figures.get('failed', '')}")
+            lines.append(f"  {name}: not timed: {figures.failed or ''}")
     lines.append(f"To measure again: python -m autograder grade {submission} --part speed --seed {run.seed}")
     return "\n".join(lines)
 

@@ -274,7 +274,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     run.events = list(dict.fromkeys(worker.events))
     run.load = load_report(worker, problem)
     run.student_output = worker.output()
-    run.speed = context.measurements.get("speed")
+    run.speed = context.speed
     run.flags = list(context.flags)
     run.execution_time = time.monotonic() - started
     if plugin.grader_errors:

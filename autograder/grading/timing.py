@@ -62,7 +62,7 @@ import secrets
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -78,6 +78,7 @@ from autograder.grading.workers import (
     start_trusted_workers,
     trusted_config,
 )
+from autograder.model import Decision, WorkloadFigures
 from autograder.rubric import SpeedSettings
 from autograder.sandbox.client import WorkerError
 from autograder.sandbox.protocol import TimedShown
@@ -432,7 +433,7 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
-def summarize(measurement: Measurement) -> dict[str, Any]:
+def summarize(measurement: Measurement) -> WorkloadFigures:
     """The figures of one workload: median times, per-round speedups over the wrapper, the submission's
     speedup as a fraction of the reference's (`relative`, the median of the per-round ratios) and its
     spread. Times are charged times (`charge`); the wall, CPU and waiting times are kept beside them."""
@@ -442,13 +443,14 @@ def summarize(measurement: Measurement) -> dict[str, Any]:
     reference_speedups = [w / r for w, r in zip(wrapper, reference)]
     relatives = [s / r for s, r in zip(speedups, reference_speedups)]
     q1, median, q3 = quartiles(relatives)
-    figures: dict[str, Any] = {
-        "speedup": statistics.median(speedups),
-        "reference_speedup": statistics.median(reference_speedups),
-        "relative": median,
-        "relative_spread": {"q1": q1, "q3": q3, "min": min(relatives), "max": max(relatives)},
-        "ms_per_call": {name: statistics.median(times) * 1e3 for name, times in charged.items()},
-        "per_round_ms": {
+    v = measurement.verdict
+    return WorkloadFigures(
+        speedup=statistics.median(speedups),
+        reference_speedup=statistics.median(reference_speedups),
+        relative=median,
+        relative_spread={"q1": q1, "q3": q3, "min": min(relatives), "max": max(relatives)},
+        ms_per_call={name: statistics.median(times) * 1e3 for name, times in charged.items()},
+        per_round_ms={
             kind: {name: [round(t * 1e3, 4) for t in times] for name, times in values.items()}
             for kind, values in (
                 ("charged", charged),
@@ -457,30 +459,20 @@ def summarize(measurement: Measurement) -> dict[str, Any]:
                 ("waiting", measurement.waits),
             )
         },
-        "rounds": len(relatives),
-        "timed_seconds": round(measurement.seconds, 3),
-    }
-    if measurement.verdict is not None:
-        v = measurement.verdict
-        figures["relative_interval"] = {"low": v.low, "high": v.high, "level": v.confidence}
-        figures["verdict"] = {
-            "median": v.median,
-            "low": v.low,
-            "high": v.high,
-            "confidence": v.confidence,
-            "rounds": v.rounds,
-            "stopped_because": v.stopped_because,
-            "close": v.close,
-        }
-    return figures
+        rounds=len(relatives),
+        timed_seconds=round(measurement.seconds, 3),
+        decision=None
+        if v is None
+        else Decision(v.median, v.low, v.high, v.confidence, v.rounds, v.stopped_because, v.close),
+    )
 
 
-def geometric_mean(values: list[float]) -> float | None:
+def geometric_mean(values: Sequence[float | None]) -> float | None:
     """The geometric mean of positive, finite `values`; None when there are none, or any other (never a math
     domain error: these are figures of the submission's timing, and no submission may make the grader fail)."""
     if not values or not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values):
         return None
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+    return math.exp(sum(math.log(v) for v in values if v is not None) / len(values))
 
 
 # -- the device lock -----------------------------------------------------------------------------------------

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 
 from autograder.grading.checks.harness import Inputs, Notes, Submission, check_seed, dtypes_for
 from autograder.grading.plugin import part_of
 from autograder.grading.workers import BackgroundWorker
+from autograder.model import SpeedFigures
 from autograder.rubric import Rubric
 
 
@@ -20,7 +20,7 @@ class GradingContext:
     rubric: Rubric
     device: str
     run_seed: int
-    measurements: dict[str, Any] = field(default_factory=dict)  # what checks measured for the model (e.g. speed)
+    speed: SpeedFigures | None = None  # what the speed part measured, for the model
     flags: list[str] = field(default_factory=list)  # what checks flag for the instructor
     # the reference's timing workers by target, started early
     timing_workers: dict[str, BackgroundWorker] = field(default_factory=dict)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, NoReturn
 
 import pytest
@@ -42,6 +42,7 @@ from autograder.grading.workers import (
     CannotTime,
     start_trusted_workers,
 )
+from autograder.model import SpeedBands, SpeedFigures, WorkloadFigures
 from autograder.rubric import Rubric, SpeedSettings, Workload
 from autograder.sandbox import procfs
 from autograder.sandbox.client import Worker, WorkerError, WorkerTimeout
@@ -172,18 +173,28 @@ def describe(workload: Workload) -> str:
     )
 
 
-def record(context: GradingContext, workload: Workload, figures: dict[str, Any]) -> None:
-    """The workload's figures into the run's measurements; the headline figures are the geometric means
+def record(context: GradingContext, workload: Workload, figures: WorkloadFigures) -> None:
+    """The workload's figures into the run's speed figures; the headline figures are the geometric means
     over the workloads measured (one on the CPU); `bands` are the rubric's, for the feedback to explain."""
     settings = speed_settings(context.rubric)
-    bands = {key: getattr(settings, key) for key in ("full_credit_at", "no_credit_at", "give_up_below")}
-    speed = context.measurements.setdefault(
-        "speed", {"device": context.device, "threads": settings.threads, "bands": bands, "workloads": {}}
+    speed = context.speed or SpeedFigures(
+        device=context.device,
+        threads=settings.threads,
+        bands=SpeedBands(settings.full_credit_at, settings.no_credit_at, settings.give_up_below),
     )
-    speed["workloads"][workload.name] = figures
-    measured = [f for f in speed["workloads"].values() if "relative" in f]
-    for key in ("speedup", "reference_speedup", "relative"):
-        speed[key] = timing.geometric_mean([f[key] for f in measured]) if measured else None
+    workloads = {**speed.workloads, workload.name: figures}
+    measured = [f for f in workloads.values() if f.relative is not None]
+
+    def mean(values: list[float | None]) -> float | None:
+        return timing.geometric_mean(values) if measured else None
+
+    context.speed = replace(
+        speed,
+        workloads=workloads,
+        speedup=mean([f.speedup for f in measured]),
+        reference_speedup=mean([f.reference_speedup for f in measured]),
+        relative=mean([f.relative for f in measured]),
+    )
 
 
 @dataclass
@@ -350,7 +361,7 @@ def measure_locked(
         raise CannotTime(str(exc)) from None
     except timing.TimingFailed as exc:
         seconds = round(time.perf_counter() - started, 3)
-        record(context, workload, {"workload": asdict(workload), "failed": str(exc), "seconds": seconds})
+        record(context, workload, WorkloadFigures(workload=asdict(workload), failed=str(exc), seconds=seconds))
         too_slow = isinstance(exc, timing.TooSlow)
         fail(f"{describe(workload)}: {exc}" + (LOOP_HINT if too_slow else ""), mistake=NOT_ONE_PASS if too_slow else "")
 
@@ -362,12 +373,13 @@ def drop(*built: Built) -> None:
             module.worker.request("drop", handle=module.handle)
 
 
-def figures_of(measurement: timing.Measurement, workload: Workload, settings: SpeedSettings) -> dict[str, Any]:
+def figures_of(measurement: timing.Measurement, workload: Workload, settings: SpeedSettings) -> WorkloadFigures:
     """The measurement's figures, once the run is known to tell a parallel forward from a sequential one."""
     figures = timing.summarize(measurement)
-    if figures["reference_speedup"] < settings.min_reference_speedup:
+    reference_speedup = figures.reference_speedup or 0.0  # summarize always sets it
+    if reference_speedup < settings.min_reference_speedup:
         raise CannotTime(
-            f"in this run the reference was only {figures['reference_speedup']:.2f} times faster than the wrapper "
+            f"in this run the reference was only {reference_speedup:.2f} times faster than the wrapper "
             f"on {describe(workload)} (at least {settings.min_reference_speedup:g} is needed to tell a parallel forward "
             "from a sequential one): choose a workload in [speed] where the weight split matters on this machine"
         )
@@ -375,13 +387,13 @@ def figures_of(measurement: timing.Measurement, workload: Workload, settings: Sp
 
 
 def flag_if_implausible(
-    context: GradingContext, workload: Workload, figures: dict[str, Any], settings: SpeedSettings
+    context: GradingContext, workload: Workload, figures: WorkloadFigures, settings: SpeedSettings
 ) -> None:
     """A speedup far beyond the reference's, for the same computation, is for the instructor to look at."""
-    if figures["relative"] > settings.flag_above:
+    if (figures.relative or 0.0) > settings.flag_above:
         context.flags.append(
-            f"speed ({workload.name}): a speedup over the wrapper of {figures['speedup']:.2f}x is "
-            f"{figures['relative']:.2f} times the reference's {figures['reference_speedup']:.2f}x in the same run, "
+            f"speed ({workload.name}): a speedup over the wrapper of {figures.speedup:.2f}x is "
+            f"{figures.relative:.2f} times the reference's {figures.reference_speedup:.2f}x in the same run, "
             "implausibly fast for the same computation: look for caching, timing tricks or work done outside the "
             "timed forward"
         )
@@ -392,16 +404,16 @@ def speed_verdict(measurement: timing.Measurement, settings: SpeedSettings, poin
     return measurement.verdict or verdict.final(timing.relatives(measurement), settings, points)
 
 
-def explain_verdict(workload: Workload, figures: dict[str, Any], said: Verdict, settings: SpeedSettings) -> None:
+def explain_verdict(workload: Workload, figures: WorkloadFigures, said: Verdict, settings: SpeedSettings) -> None:
     """Fail with the figures and the verdict in words, unless every point is earned."""
     if said.credit >= 1:
         return
-    times = figures["ms_per_call"]
+    times = figures.ms_per_call or {}
     hint = LOOP_HINT if said.median <= settings.no_credit_at else ""
     fail(
         f"{describe(workload)}: your forward took {times[SUBMISSION]:.3g} ms per call, the reference "
         f"MultiHeadAttention {times[REFERENCE]:.3g} ms and the wrapper {times[WRAPPER]:.3g} ms. "
-        f"Your speedup over the wrapper is {figures['speedup']:.2f}x, the reference's {figures['reference_speedup']:.2f}x "
+        f"Your speedup over the wrapper is {figures.speedup:.2f}x, the reference's {figures.reference_speedup:.2f}x "
         f"in the same run: {verdict.describe(said, settings)}. Full points from {settings.full_credit_at:g}, none "
         f"at {settings.no_credit_at:g} or below.{hint}",
         mistake=NOT_ONE_PASS if hint else "",
@@ -438,8 +450,13 @@ def test_faster_than_the_wrapper(
         drop(reference, wrapper)
     figures = figures_of(measurement, w, settings)
     said = speed_verdict(measurement, settings, points)
-    figures.update(workload=asdict(w), credit=said.credit, seconds=round(time.perf_counter() - started, 3))
-    figures.setdefault("verdict", {}).update(said=verdict.describe(said, settings))
+    figures = replace(
+        figures,
+        workload=asdict(w),
+        credit=said.credit,
+        seconds=round(time.perf_counter() - started, 3),
+        said=verdict.describe(said, settings),
+    )
     record(context, w, figures)
     flag_if_implausible(context, w, figures, settings)
     request.node.user_properties.append(("credit", said.credit))
