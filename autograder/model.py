@@ -38,6 +38,10 @@ PASSED, FAILED, NOT_CREDITED = "passed", "failed", "not_credited"
 NOT_CREDITED_TAG = "not-credited"
 OLD_NOT_CREDITED_TAGS = ("not-scored",)  # the same status, as records written before it was renamed say it
 GRADER, WORKER = "grader", "worker"  # who vouches for a check's evidence
+# Why a run could not grade, by name, where the grader knows it (`GradingRun.cannot_grade_cause`). TIMING_LOCK:
+# the device's timing lock could not be taken now (another grading held it, or its folder is unusable); nothing
+# of the submission's was judged, and a class run grades it again at its end.
+TIMING_LOCK = "timing_lock"
 MODEL_VERSION = 1
 HUNDREDTHS = 100  # every score is a whole number of hundredths of a point (`scoring.allocate_points`)
 
@@ -101,6 +105,10 @@ class CheckResult:
     # description from checks/mistakes.py, or the check's own), set where the check names it, never read
     # back from the message: what the class report counts. Empty when it named none.
     mistake: str = ""
+    # What went wrong, in words the same for every case that meets it (`harness.fail`'s diagnosis, else the
+    # mistake): how the scoring tells which failures say the same (`scoring.diagnosis`). Set where the check
+    # failed; results.json does not keep it, and it takes no part in comparing two rows.
+    diagnosis: str = field(default="", compare=False)
 
     @property
     def case_count(self) -> int:
@@ -353,7 +361,10 @@ class GradingRun:
     seed: int | None = None
     torch: str = ""
     visible_only: bool = False
-    reason: str = ""  # why it could not grade
+    reason: str = ""  # why it could not grade, in words
+    cannot_grade_cause: str = (
+        ""  # why it could not grade, by name, where known (TIMING_LOCK); results.json only has it then
+    )
     checks: list[CheckResult] = field(default_factory=list)
     load: LoadReport = field(default_factory=LoadReport)
     events: list[str] = field(default_factory=list)  # what happened to the worker (hangs, crashes)
@@ -435,6 +446,8 @@ class GradingRun:
         ]
         extra = {k: v for k, v in asdict(self).items() if k not in ("checks", "execution_time")}
         extra["speed"] = self.speed.to_json() if self.speed is not None else None
+        if not self.cannot_grade_cause:
+            del extra["cannot_grade_cause"]
         extra["model_version"] = MODEL_VERSION
         results = {
             "score": self.score,

@@ -21,7 +21,7 @@ from autograder.course.grading_pool import JobAnswer
 from autograder.course.placement import DevicePool, NoDevice, placement_for
 from autograder.grading import devices
 from autograder.grading.devices import timing_lock, timing_lock_path, visible_devices
-from autograder.model import GradingRun
+from autograder.model import TIMING_LOCK, GradingRun
 from helpers import REFERENCE
 
 
@@ -296,7 +296,7 @@ def test_a_class_run_grades_again_once_what_could_not_be_timed_now(tmp_path, mon
                 attempts[request["id"]] = attempts.get(request["id"], 0) + 1
                 busy = request["id"] != "ann" and attempts[request["id"]] == 1
             reason = f"the grader itself failed: CannotTime: {devices.CANNOT_TIME_NOW}: another grading held it"
-            run = GradingRun(status="cannot_grade", submission="mha.py", reason=reason)
+            run = GradingRun("cannot_grade", "mha.py", reason=reason, cannot_grade_cause=TIMING_LOCK)
             if not busy:
                 run = GradingRun(status="graded", submission="mha.py")
             with open(request["out"], "w") as handle:

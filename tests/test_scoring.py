@@ -7,7 +7,7 @@ import torch
 
 from autograder.contract import PART_IDS
 from autograder.grading.scoring import Outcome, allocate_points, score
-from autograder.model import FAILED, GRADED, NOT_CREDITED, PASSED, WORKER, GradingRun
+from autograder.model import FAILED, GRADED, NOT_CREDITED, PASSED, WORKER, GradingRun, SpeedFigures
 from autograder.rubric import load_rubric
 from rubric_text import rubric_file
 
@@ -77,7 +77,7 @@ def test_results_json_reads_back_into_the_same_model(tmp_path):
         events=["a hang"],
         student_output="hello",
         titles={"quiz": "Questions"},
-        speed={"speedup": 2.5},
+        speed=SpeedFigures(speedup=2.5),
         flags=["implausible"],
     )
     data = run.to_gradescope()
@@ -159,12 +159,14 @@ def test_a_check_is_one_row_that_counts_and_names_its_cases(tmp_path):
 def test_one_diagnosis_in_some_cases_is_said_once_with_its_cases(tmp_path):
     rubric = rubric_file(tmp_path, "[parts.fuse]\npoints = 15\n")
     wrong = "the fused weights ({}): values differ.\nLikely mistake: the bias is not copied"
+    bias = "the bias is not copied"  # the mistake each failure names, as the check does (`harness.fail`)
     outcomes = [
         Outcome("fuse::test_w", "fuse", "weights", PASSED, case="2 heads"),
         Outcome("fuse::test_w", "fuse", "weights", FAILED, wrong.format("3 heads, bias"), case="3 heads, bias"),
         Outcome("fuse::test_w", "fuse", "weights", PASSED, case="1 head"),
         Outcome("fuse::test_w", "fuse", "weights", FAILED, wrong.format("6 heads, bias"), case="6 heads, bias"),
     ]
+    outcomes = [replace(o, mistake=bias) if o.status == FAILED else o for o in outcomes]
     (row,) = score(outcomes, rubric)
     assert row.message == (
         "failed in 2 of 4 cases: [3 heads, bias] and [6 heads, bias]\n" + wrong.format("3 heads, bias")
@@ -192,11 +194,13 @@ def test_a_problem_many_checks_share_is_said_once_by_the_first_visible_one(tmp_p
 
 def test_a_diagnosis_is_said_in_full_once_and_pointed_to_after(tmp_path):
     rubric = rubric_file(tmp_path, "[parts.mha]\npoints = 20\n")
-    likely = "Likely mistake: missing transpose before merging the heads"
+    transpose = "missing transpose before merging the heads"
+    likely = f"Likely mistake: {transpose}"
     outcomes = [
         Outcome("mha::test_book", "mha", "the book's example", FAILED, f"output: values differ by 0.4.\n{likely}"),
         Outcome("mha::test_short", "mha", "short sequences", FAILED, f"3 tokens: values differ by 7.\n{likely}"),
     ]
+    outcomes = [replace(o, mistake=transpose) for o in outcomes]  # as the check names it (`harness.fail`)
     rows = score(outcomes, rubric)
     assert rows[0].message.endswith(likely)
     assert rows[1].message == (

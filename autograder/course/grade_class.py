@@ -52,8 +52,7 @@ from autograder.course.roster import Entry, RosterError, read_roster
 from autograder.course.rows import Row, status_words
 from autograder.course.shard import Shard, engine_index_in, parse_shard
 from autograder.course.store import ClassInputs, Record, close_to_others
-from autograder.grading.devices import CANNOT_TIME_NOW
-from autograder.model import CANNOT_GRADE, GradingRun, points_text
+from autograder.model import CANNOT_GRADE, TIMING_LOCK, GradingRun, points_text
 from autograder.rubric import DEFAULT_RUBRIC, Rubric, RubricError, load_rubric
 
 EXIT_DONE, EXIT_MERGE_INCOMPLETE, EXIT_CANNOT_GRADE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -180,8 +179,9 @@ def grade_job(
 
 
 def could_not_time(run: GradingRun | None) -> bool:
-    """Whether a run could not grade only because the device's timing lock was busy: worth retrying."""
-    return run is not None and not run.graded and CANNOT_TIME_NOW in run.reason
+    """Whether a run could not grade only because the device's timing lock could not be taken now: worth
+    retrying. Decided by the cause the grading recorded (`GradingRun.cannot_grade_cause`), not its words."""
+    return run is not None and not run.graded and run.cannot_grade_cause == TIMING_LOCK
 
 
 WAITING_TO_TIME = "waiting to time (another grading holds the timing lock; timed again at the end)"

@@ -279,6 +279,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     run.execution_time = time.monotonic() - started
     if plugin.grader_errors:
         run.grader_errors = plugin.grader_errors
+        run.cannot_grade_cause = plugin.causes.get(plugin.grader_errors[0], "")  # why, when the first says
         run.reason = (
             "the grader itself failed (not your submission's fault); it will be graded again: "
             + plugin.grader_errors[0].splitlines()[0]

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from autograder.grading.scoring import Outcome
+from autograder.grading.workers import CannotTime
 from autograder.model import FAILED, GRADER, NOT_CREDITED, PASSED, WORKER
 from autograder.rubric import Rubric, RubricError
 
@@ -54,11 +55,14 @@ class NotCredited(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # 
 
 class CheckFailed(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # pytest's Failed
     """A check's own failure (`harness.fail`), with the likely mistake it names (`mistake`, in words the same
-    for every student who made it; empty when it names none), which the class report counts."""
+    for every student who made it; empty when it names none), which the class report counts, and what went
+    wrong (`diagnosis`: the same for every case that meets it, whatever its message says of the case; empty
+    when the failure is its own), by which `scoring` says each diagnosis once."""
 
-    def __init__(self, message: str, mistake: str = ""):
+    def __init__(self, message: str, mistake: str = "", diagnosis: str = ""):
         super().__init__(message, pytrace=False)
         self.mistake = mistake
+        self.diagnosis = diagnosis
 
 
 class SharedProblem(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # pytest's Failed
@@ -71,6 +75,7 @@ class SharedProblem(pytest.fail.Exception):  # type: ignore[name-defined,misc]  
         super().__init__(message, pytrace=False)
         self.cause = cause
         self.mistake = mistake
+        self.diagnosis = cause
 
 
 MESSAGE_CHARS = 2500  # one check's message in results.json: every check failing at once stays small
@@ -95,6 +100,8 @@ class ResultsPlugin:
         self.checks = checks  # only these checks run: "module::function", or with one case "...[case]" (None: all)
         self.outcomes: dict[str, Outcome] = {}
         self.grader_errors: list[str] = []
+        # why, by name, for those grader errors that say it (`workers.CannotTime.cause`): error -> cause
+        self.causes: dict[str, str] = {}
 
     def pytest_configure(self, config: pytest.Config) -> None:
         config.addinivalue_line("markers", "part(id): the rubric part a check belongs to")
@@ -163,13 +170,18 @@ class ResultsPlugin:
             outcome.status = NOT_CREDITED if isinstance(error, NotCredited) and not cause else FAILED
             outcome.cause = cause
             outcome.mistake = outcome.mistake or getattr(error, "mistake", "")
-            outcome.message = outcome.message or _bounded(str(error.msg))
+            if not outcome.message:
+                outcome.message = _bounded(str(error.msg))
+                outcome.diagnosis = getattr(error, "diagnosis", "") or cause
             return
         # anything else is the grader's own trouble, never the student's
         outcome.status = FAILED
         where = f"{item.nodeid} ({call.when})"
         text = str(excinfo.getrepr(style="short", chain=False))[-3000:]
-        self.grader_errors.append(f"{where}: {excinfo.typename}: {str(error)[:500]}\n{text}")
+        said = f"{where}: {excinfo.typename}: {str(error)[:500]}\n{text}"
+        self.grader_errors.append(said)
+        if isinstance(error, CannotTime) and error.cause:
+            self.causes[said] = error.cause
 
 
 def selected(item: pytest.Item, checks: tuple[str, ...]) -> bool:

@@ -28,11 +28,11 @@ from autograder.contract import PART_IDS
 from autograder.model import FAILED, GRADER, HUNDREDTHS, NOT_CREDITED, PASSED, CheckResult, add_points, hundredths
 from autograder.rubric import Rubric
 
-LIKELY = re.compile(r"Likely (?:mistake|cause): ([^\n]*)")  # a diagnosis is one line
+# Where a message names its likely mistake, on one line: a pointer to where it is said in full goes there.
+LIKELY = re.compile(r"Likely (?:mistake|cause): ([^\n]*)")
 NOT_CREDITED_PREFIX = "not credited: "
-COUNTED = re.compile(r"^(?:failed|not credited) in (?:all )?\d+ (?:of \d+ )?cases[^\n]*(?:\n|$)")
-LABEL_CHARS = 100  # a failure's leading "what: " is a label when it is no longer than this
-NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+NOT_RUN = "not run (the grading run ended before this check)"
+OWN = "\0"  # how the diagnosis of a failure that names none starts: it is its own, the same as no other
 
 
 @dataclass
@@ -49,6 +49,7 @@ class Outcome:
     case: str = ""  # the id of a parametrised check's case
     cause: str = ""  # a problem this check shares with others (see `name_once`), in a few words
     mistake: str = ""  # the likely mistake a failure names (`CheckResult.mistake`)
+    diagnosis: str = ""  # what went wrong, the same for every case that meets it (`harness.fail`)
 
 
 def allocate_points(outcomes: list[Outcome], rubric: Rubric) -> list[float]:
@@ -93,11 +94,12 @@ def score(outcomes: list[Outcome], rubric: Rubric) -> list[CheckResult]:
     order = {part: i for i, part in enumerate(PART_IDS)}
     outcomes = sorted(gate_speed(outcomes, rubric), key=lambda o: order.get(o.part, len(order)))
     results = []
-    for outcome, max_score in zip(outcomes, allocate_points(outcomes, rubric)):
+    for index, (outcome, max_score) in enumerate(zip(outcomes, allocate_points(outcomes, rubric))):
         status = outcome.status or FAILED
         message = outcome.message if status != PASSED else ""
+        said = outcome.diagnosis or outcome.mistake or outcome.cause or f"{OWN}{index}"
         if outcome.status is None and not message:
-            message = "not run (the grading run ended before this check)"
+            message = said = NOT_RUN
         fraction = outcome.credit if outcome.credit is not None and outcome.status else float(status == PASSED)
         results.append(
             CheckResult(
@@ -113,6 +115,7 @@ def score(outcomes: list[Outcome], rubric: Rubric) -> list[CheckResult]:
                 cases=[outcome.case] if outcome.case else [],
                 failed_cases=[outcome.case] if outcome.case and status != PASSED else [],
                 mistake=(outcome.mistake or outcome.cause) if status == FAILED else "",
+                diagnosis=said if status != PASSED else "",
             )
         )
     return say_once(group_cases(name_once(results, [o.cause for o in outcomes])))
@@ -175,24 +178,11 @@ def name_once(results: list[CheckResult], causes: list[str]) -> list[CheckResult
 
 
 def diagnosis(result: CheckResult) -> str:
-    """What a failure says, without what differs from case to case: its likely mistake when it names one,
-    else its message without the label of what was compared ("output (12 heads): ..."), the numbers or the
-    case's own label. The cases of a check that say the same are one row; checks of a part that say the
-    same say it once."""
-    found = LIKELY.search(result.message)
-    if found:
-        text = found.group(1)
-    else:
-        text = COUNTED.sub("", result.message)
-        text = text.removeprefix(NOT_CREDITED_PREFIX)
-        label, colon, rest = text.partition(": ")
-        if colon and "\n" not in label and len(label) <= LABEL_CHARS:
-            text = rest
-    for case in result.cases:
-        for label in sorted(case.split("-"), key=len, reverse=True):
-            if label:
-                text = text.replace(label, "<case>")
-    return NUMBER.sub("#", text)
+    """What a failure said went wrong, whatever its message says of the case: set where the check failed
+    (`harness.fail`'s diagnosis, else its likely mistake, else the problem it shares with other checks),
+    never read from the message. The cases of a check with one diagnosis are one group of its row; checks
+    of a part with one diagnosis say it once. A failure that names none is its own."""
+    return result.diagnosis or f"{OWN}{id(result)}"
 
 
 def group_cases(results: list[CheckResult]) -> list[CheckResult]:
@@ -210,6 +200,7 @@ def group_cases(results: list[CheckResult]) -> list[CheckResult]:
             continue
         failing = [m for m in members if m.status != PASSED]
         status = FAILED if any(m.status == FAILED for m in failing) else (NOT_CREDITED if failing else PASSED)
+        said = list(dict.fromkeys(group_of(m) for m in failing))
         rows.append(
             replace(
                 first,
@@ -220,9 +211,16 @@ def group_cases(results: list[CheckResult]) -> list[CheckResult]:
                 cases=[m.cases[0] for m in members],
                 failed_cases=[m.cases[0] for m in failing],
                 mistake=next((m.mistake for m in failing if m.mistake), ""),
+                diagnosis=said[0][1] if len(said) == 1 else "\n".join(f"{s}: {d}" for s, d in said),
             )
         )
     return rows
+
+
+def group_of(case: CheckResult) -> tuple[str, str]:
+    """The group of a row's message a case that did not pass is said in: by its diagnosis; the cases not
+    credited wait for the same thing, so they are one group."""
+    return case.status, diagnosis(case) if case.status == FAILED else ""
 
 
 def case_list(cases: list[str]) -> str:
@@ -246,8 +244,8 @@ def counted(failing: list[CheckResult], total: int) -> str:
                 else f"{verb} in {len(cases)} of {total} cases: {case_list(cases)}"
             )
     groups: dict[tuple[str, str], list[CheckResult]] = {}
-    for member in failing:  # the cases not credited wait for the same thing: one group
-        groups.setdefault((member.status, diagnosis(member) if member.status == FAILED else ""), []).append(member)
+    for member in failing:
+        groups.setdefault(group_of(member), []).append(member)
     if len(groups) == 1 and len(header) == 1 and failing[0].message.startswith(NOT_CREDITED_PREFIX):
         return f"{header[0]}: {failing[0].message.removeprefix(NOT_CREDITED_PREFIX)}"
     if len(groups) == 1:
@@ -278,9 +276,8 @@ def say_once(rows: list[CheckResult]) -> list[CheckResult]:
             found = LIKELY.search(row.message)
             if found:
                 message = f"{row.message[: found.start(1)]}{pointer}."
-            else:
-                header = COUNTED.match(row.message)
-                head = header.group(0) if header else ""
+            else:  # a row of several cases starts with the line that counts them (`counted`): kept
+                head = row.message.split("\n", 1)[0] + "\n" if len(row.cases) > 1 else ""
                 message = f"{head}{row.message[len(head) :].split(chr(10), 1)[0]} ({pointer})"
             row = replace(row, message=message)
         said.append(row)

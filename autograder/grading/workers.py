@@ -55,7 +55,12 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
 
 
 class CannotTime(RuntimeError):
-    """The measurement itself cannot be trusted or run (never the submission's fault)."""
+    """The measurement itself cannot be trusted or run (never the submission's fault). `cause`: why, by name,
+    where the run's record should say it (`model.GradingRun.cannot_grade_cause`), e.g. `model.TIMING_LOCK`."""
+
+    def __init__(self, message: str, cause: str = ""):
+        super().__init__(message)
+        self.cause = cause
 
 
 class BackgroundWorker:

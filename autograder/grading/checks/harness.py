@@ -85,22 +85,29 @@ def note(kind: str, **values: Any) -> None:
 
 
 class Problem(str):
-    """A failure message that carries the likely mistake it names (`mistake`; see `model.CheckResult`), so
-    that the diagnosis travels with the message through `attempt`, `value_problem` and the checks that
-    pass it on with `fail(problem)`. Text made from it by formatting is a plain str again: give the
-    mistake to `fail` (or a new `Problem`) where a message is reworded."""
+    """A failure message that carries the likely mistake it names (`mistake`; see `model.CheckResult`) and
+    its diagnosis (`diagnosis`, see `fail`), so that they travel with the message through `attempt`,
+    `value_problem` and the checks that pass it on with `fail(problem)`. Text made from it by formatting is a
+    plain str again: give them to `fail` (or a new `Problem`) where a message is reworded."""
 
     mistake: str
+    diagnosis: str
 
-    def __new__(cls, message: str, mistake: str = "") -> Problem:
+    def __new__(cls, message: str, mistake: str = "", diagnosis: str = "") -> Problem:
         problem = super().__new__(cls, message)
         problem.mistake = mistake
+        problem.diagnosis = diagnosis or mistake
         return problem
 
 
 def mistake_of(message: object) -> str:
     """The likely mistake a message (a `Problem`) or a check's failure (`fail`'s) carries, or ""."""
     return getattr(message, "mistake", "")
+
+
+def diagnosis_of(message: object) -> str:
+    """The diagnosis a message (a `Problem`) or a check's failure (`fail`'s) carries, or ""."""
+    return getattr(message, "diagnosis", "")
 
 
 # The mistakes named by what happened to the request rather than by what the code computed.
@@ -135,16 +142,19 @@ SYNTAX_ERROR = "a cell of the file has a syntax error, so the names it defines a
 SYNTAX = re.compile(r"cell (\d+) of your file, which defines \w+, has a syntax error: (.*?)\. Fix it first")
 
 
-def fail(message: str, mistake: str = "") -> NoReturn:
+def fail(message: str, mistake: str = "", diagnosis: str = "") -> NoReturn:
     """Fail the current check with a message for the student (no Python traceback of ours), naming the
-    likely mistake (`mistake`, else the one `message` carries) for the class report's count. A failure for a
-    cell with a syntax error (`Submission.undefined`), which many checks meet, is said in full once."""
+    likely mistake (`mistake`, else the one `message` carries) for the class report's count, and what went
+    wrong (`diagnosis`, else the mistake given, else the one `message` carries): the same words for every case
+    that meets it, whatever the message says of the case. The cases of a check, and the checks of a part,
+    whose failures have one diagnosis say it once (`scoring`); a failure with none is its own. A failure
+    for a cell with a syntax error (`Submission.undefined`), which many checks meet, is said in full once."""
     note("failed", message=str(message))
     broken = SYNTAX.search(message)
     if broken:
         cause = f"cell {broken.group(1)} of your file has a syntax error: {broken.group(2)}"
         raise SharedProblem(message, cause=cause, mistake=SYNTAX_ERROR)
-    raise CheckFailed(str(message), mistake or mistake_of(message))
+    raise CheckFailed(str(message), mistake or mistake_of(message), diagnosis or mistake or diagnosis_of(message))
 
 
 def fail_if(problem: str | None) -> None:
@@ -204,7 +214,10 @@ class Submission:
         self._loaded()
         left = self.check_end - time.monotonic()
         if left <= 0:
-            fail(f"this check used up its time budget ({self.check_seconds:g} s) waiting for your code")
+            fail(
+                f"this check used up its time budget ({self.check_seconds:g} s) waiting for your code",
+                diagnosis=OUT_OF_BUDGET,
+            )
         return min(left, self.worker.config.request_seconds)
 
     def _ask(self, op: str, target: str | None = None, timeout: float | None = None, **payload: Any) -> Any:
@@ -230,22 +243,26 @@ class Submission:
     def undefined(self, name: str, message: str) -> NoReturn:
         """Fail for a name the file does not define; one diagnosis, said once, when a syntax error is why."""
         broken = self.unparsed(name)
-        fail(f"{broken}. Fix it first: nothing in that cell runs until then" if broken else message)
+        said = f"{broken}. Fix it first: nothing in that cell runs until then" if broken else message
+        fail(said, diagnosis=f"`{name}` is not defined")
 
     def failed(self, exc: WorkerError) -> NoReturn:
         """Fail the check for what went wrong in the worker, in the student's terms."""
         if isinstance(exc, SubmissionError):
             trace = f"\n{exc.traceback}" if exc.traceback else ""
+            # what went wrong: the error's class and where it was raised (not its message, which may name the case)
+            where = f"{exc.type}{trace}"
             if exc.type == "NotImplementedError":
                 fail(
                     f"not done yet: this still raises NotImplementedError (a stub left as released?){trace}",
                     mistake=NOT_DONE,
+                    diagnosis=where,
                 )
             said = f"your code raised {exc.type}" + (f": {exc.message}" if exc.message else "") + trace
             missing = UNDEFINED.fullmatch(exc.message or "")
             if exc.type == "NameError" and missing:
                 self.undefined(missing.group(1) or missing.group(2), said)
-            fail(said, mistake=f"your code raises {exc.type}")
+            fail(said, mistake=f"your code raises {exc.type}", diagnosis=where)
         if isinstance(exc, (LoadFailed, WorkerTimeout, WorkerCrashed, HoldBroken)):
             fail(str(exc), mistake=worker_mistake(exc))
         raise exc
@@ -447,6 +464,12 @@ class Inputs:
 
 
 DTYPE_NOT_KEPT = "the output does not keep the input's dtype (a hard-coded .float(), or a torch.float32 tensor?)"
+# What went wrong with an output that names no likely mistake (`fail`'s diagnosis): the same for every case.
+NOT_A_TENSOR, WRONG_SHAPE = "not a tensor", "the shape differs from the reference's"
+WRONG_VALUES, NOT_FINITE = "the values differ from the reference's", "the output contains NaN or infinity"
+NO_GRADIENTS = "no gradients came back: does the forward return a tensor connected to its input?"
+OUT_OF_BUDGET = "the check's time budget was used up waiting for the code"
+OTHER_DEVICE = "the output is not on the input's device"
 Diagnose = Callable[[torch.Tensor], "str | None"]  # names the likely mistake behind a wrong output
 
 
@@ -462,13 +485,17 @@ def assert_close(
     tolerance. `diagnose(actual)` may name the likely mistake."""
     note("compared", what=what, expected=expected, actual=actual)
     if not isinstance(actual, torch.Tensor):
-        fail(f"{what}: expected a tensor, got {type(actual).__name__} {actual!r:.80}")
+        fail(
+            f"{what}: expected a tensor, got {type(actual).__name__} {actual!r:.80}",
+            diagnosis=f"{NOT_A_TENSOR}: {type(actual).__name__}",
+        )
     hint = diagnose(actual) if diagnose else None
     if tuple(actual.shape) != tuple(expected.shape):
         fail(
             f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}."
             + (f"\nLikely mistake: {hint}" if hint else ""),
             mistake=hint or "",
+            diagnosis=hint or WRONG_SHAPE,
         )
     if actual.dtype != expected.dtype:
         fail(
@@ -487,6 +514,7 @@ def assert_close(
         fail(
             f"{what}: values differ from the reference; {detail}." + (f"\nLikely mistake: {hint}" if hint else ""),
             mistake=hint or "",
+            diagnosis=hint or (WRONG_VALUES if finite else NOT_FINITE),
         )
 
 
@@ -615,12 +643,15 @@ def check_gradients(
         fail(answer.grad_problem)
     got = answer.grads
     if got is None:
-        fail("no gradients came back: does the forward return a tensor connected to its input?")
+        fail(NO_GRADIENTS, diagnosis=NO_GRADIENTS)
     for name, grad in expected.items():
         label = "the input x" if name == "x" else name.removeprefix("param:")
         mine = got.get(name)
         if mine is None:
-            fail(f"no gradient reached {label}: is it used in the computation, without .detach() or torch.no_grad()?")
+            fail(
+                f"no gradient reached {label}: is it used in the computation, without .detach() or torch.no_grad()?",
+                diagnosis=f"no gradient reached {label}",
+            )
         if grad is None:  # the grader's own fault: the run cannot grade
             raise RuntimeError(f"the reference has no gradient for {label}")
         assert_close(mine, grad, dtype_name, rubric, f"gradient of {label}")
@@ -642,7 +673,7 @@ def attempt(request: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> tuple
     except NotCredited:
         raise
     except pytest.fail.Exception as exc:
-        return None, Problem(str(exc.msg), mistake_of(exc))
+        return None, Problem(str(exc.msg), mistake_of(exc), diagnosis_of(exc))
 
 
 def value_problem(
@@ -657,7 +688,7 @@ def value_problem(
     try:
         assert_close(actual, expected, dtype_name, rubric, what, diagnose)
     except pytest.fail.Exception as exc:
-        return Problem(str(exc.msg), mistake_of(exc))
+        return Problem(str(exc.msg), mistake_of(exc), diagnosis_of(exc))
     return None
 
 

@@ -9,7 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autograder.grading.checks.harness import Inputs, Raised, Submission, attempt, fail, matches, mistake_of, note
+from autograder.grading.checks.harness import (
+    Inputs,
+    Raised,
+    Submission,
+    attempt,
+    diagnosis_of,
+    fail,
+    matches,
+    mistake_of,
+    note,
+)
 from autograder.grading.checks.mistakes import (
     ROWS_INSTEAD_OF_COLUMNS,
     column_range_variants,
@@ -40,7 +50,10 @@ def check_ranges(
     note("compared", what=what, expected=expected, actual=given)
     ranges = as_ranges(given)
     if ranges is None:
-        fail(f"{what}: expected a list of (start, stop) pairs of ints, got {given!r:.120}")
+        fail(
+            f"{what}: expected a list of (start, stop) pairs of ints, got {given!r:.120}",
+            diagnosis="not a list of (start, stop) pairs of ints",
+        )
     if ranges != expected:
         mistake = next((d for d, v in variants.items() if v == ranges), None)
         fail(
@@ -48,6 +61,7 @@ def check_ranges(
             + (f"{len(expected)} ranges starting {expected[:3]!r}." if len(expected) > 1 else f"{expected!r}.")
             + (f"\nLikely mistake: {mistake}" if mistake else ""),
             mistake=mistake or "",
+            diagnosis=mistake or "the ranges are not the expected ones",
         )
 
 
@@ -73,17 +87,20 @@ def test_rejects_bad_splits(submission: Submission, num_columns: int, num_heads:
         if given.type != "ValueError":
             fail(
                 f"head_column_ranges({num_columns}, {num_heads}) raised {given.type}: {given.message}; "
-                "raise ValueError when the columns do not split evenly or a count is not positive"
+                "raise ValueError when the columns do not split evenly or a count is not positive",
+                diagnosis=f"raises {given.type}, not ValueError",
             )
         if not given.message.strip():
             fail(
                 f"head_column_ranges({num_columns}, {num_heads}) raised ValueError without a message; "
-                "say why, e.g. '7 columns do not split evenly into 2 heads'"
+                "say why, e.g. '7 columns do not split evenly into 2 heads'",
+                diagnosis="raises ValueError without a message",
             )
         return
     fail(
         f"head_column_ranges({num_columns}, {num_heads}) returned {given!r:.80} "
-        "instead of raising ValueError: these columns cannot be shared equally by the heads"
+        "instead of raising ValueError: these columns cannot be shared equally by the heads",
+        diagnosis="returns instead of raising ValueError",
     )
 
 
@@ -121,11 +138,17 @@ def test_split_columns(submission: Submission, inputs: Inputs, d_in: int, d_out:
             problem
             + (f"\nIf split_columns uses head_column_ranges: {note}; fix that first (see its checks)." if note else ""),
             mistake=mistake_of(problem),
+            diagnosis=f"{diagnosis_of(problem)}{' (and head_column_ranges is wrong)' if note else ''}"
+            if diagnosis_of(problem)
+            else "",
         )
     expected = ref.split_columns(W, num_heads)
     what = f"split_columns(W of shape ({d_in}, {d_out}), {num_heads})"
     if not isinstance(given, (list, tuple)) or not all(isinstance(b, torch.Tensor) for b in given):
-        fail(f"{what}: expected a list of {num_heads} tensors, got {type(given).__name__}")
+        fail(
+            f"{what}: expected a list of {num_heads} tensors, got {type(given).__name__}",
+            diagnosis=f"not a list of tensors: {type(given).__name__}",
+        )
     if same_blocks(given, expected):
         return
     own = as_ranges(submission.try_call("head_column_ranges", d_out, num_heads))
@@ -141,7 +164,8 @@ def test_split_columns(submission: Submission, inputs: Inputs, d_in: int, d_out:
     shapes = [tuple(b.shape) for b in given]
     fail(
         f"{what}: got {len(given)} blocks of shapes {shapes[:4]}, expected {num_heads} blocks of shape "
-        f"{tuple(expected[0].shape)} equal to W[:, start:stop] for each head's range"
+        f"{tuple(expected[0].shape)} equal to W[:, start:stop] for each head's range",
+        diagnosis="the blocks are not each head's columns",
     )
 
 

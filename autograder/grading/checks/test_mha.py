@@ -17,6 +17,7 @@ import torch
 from autograder.grading.checks.harness import (
     DTYPE_NOT_KEPT,
     IN_PLACE,
+    OTHER_DEVICE,
     ForwardReply,
     Inputs,
     Submission,
@@ -147,7 +148,10 @@ def test_matches_reference(
     answer = run(submission, reference, module, x)
     fail_if(output_problem(reference, x, answer.y, dtype_name, rubric, f"output ({case})"))
     if answer.y_device != str(x.to(device).device):
-        fail(f"the output is on {answer.y_device}, the input on {device}: keep the input's device")
+        fail(
+            f"the output is on {answer.y_device}, the input on {device}: keep the input's device",
+            diagnosis=OTHER_DEVICE,
+        )
 
 
 @pytest.mark.part("mha")
@@ -164,7 +168,10 @@ def test_keeps_dtype(submission: Submission, inputs: Inputs, rubric: Rubric, dev
                 mistake=DTYPE_NOT_KEPT,
             )
         if answer.y_device != str(x.to(device).device):
-            fail(f"the output is on {answer.y_device}, the input on {device}: keep the input's device")
+            fail(
+                f"the output is on {answer.y_device}, the input on {device}: keep the input's device",
+                diagnosis=OTHER_DEVICE,
+            )
         values_first(
             output_problem(reference, x, y, str(dtype).removeprefix("torch."), rubric, f"{dtype} output"),
             "Keeping the dtype",

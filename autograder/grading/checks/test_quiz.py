@@ -24,9 +24,15 @@ WHY = {
 def answer(submission: Submission, name: str) -> str:
     value = submission.value(name)
     if value is None:
-        fail(f"{name} is still None: set it to one of {', '.join(map(repr, CHOICES[name]))}")
+        fail(
+            f"{name} is still None: set it to one of {', '.join(map(repr, CHOICES[name]))}",
+            diagnosis=f"{name} is still None",
+        )
     if not isinstance(value, str) or value.strip().upper() not in CHOICES[name]:
-        fail(f"{name} is {value!r}; it must be one letter, one of {', '.join(map(repr, CHOICES[name]))}")
+        fail(
+            f"{name} is {value!r}; it must be one letter, one of {', '.join(map(repr, CHOICES[name]))}",
+            diagnosis=f"{name} is not one of the letters offered",
+        )
     return value.strip().upper()
 
 
@@ -43,4 +49,4 @@ def test_answer(submission: Submission, name: str) -> None:
     """the answer is right"""
     given = answer(submission, name)
     if given != getattr(ref, name):
-        fail(f"{name} = {given!r} is not right. {WHY[name]}")
+        fail(f"{name} = {given!r} is not right. {WHY[name]}", diagnosis=f"{name} is not right")

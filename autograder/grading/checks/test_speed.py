@@ -42,7 +42,7 @@ from autograder.grading.workers import (
     CannotTime,
     start_trusted_workers,
 )
-from autograder.model import SpeedBands, SpeedFigures, WorkloadFigures
+from autograder.model import TIMING_LOCK, SpeedBands, SpeedFigures, WorkloadFigures
 from autograder.rubric import Rubric, SpeedSettings, Workload
 from autograder.sandbox import procfs
 from autograder.sandbox.client import Worker, WorkerError, WorkerTimeout
@@ -358,7 +358,7 @@ def measure_locked(
                 own_wait=procfs.own_wait,
             )
     except TimingLockError as exc:
-        raise CannotTime(str(exc)) from None
+        raise CannotTime(str(exc), cause=TIMING_LOCK) from None
     except timing.TimingFailed as exc:
         seconds = round(time.perf_counter() - started, 3)
         record(context, workload, WorkloadFigures(workload=asdict(workload), failed=str(exc), seconds=seconds))

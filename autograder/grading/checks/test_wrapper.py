@@ -222,7 +222,8 @@ def test_gradients(submission: Submission, inputs: Inputs, rubric: Rubric) -> No
         if missing:
             fail(
                 f"no gradient reached {missing[0].removeprefix('param:')}: is it used in the computation, "
-                "without .detach() or torch.no_grad()?"
+                "without .detach() or torch.no_grad()?",
+                diagnosis=f"no gradient reached {missing[0].removeprefix('param:')}",
             )
         return
     x_ref = x.clone().requires_grad_(True)
