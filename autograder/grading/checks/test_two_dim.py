@@ -20,6 +20,7 @@ from autograder.grading.checks.harness import (
     Submission,
     attempt,
     book_batch,
+    diagnosis_of,
     fail,
     first_match,
     in_student_terms,
@@ -59,13 +60,17 @@ def head_layout(state: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
 def layout_problem(module: ModuleInfo, d_in: int, context: int, bias: bool) -> str | None:
     """What is wrong with what make_2d_wrapper built, read off its class and weights, in the exercise's terms."""
     if "MultiHeadAttentionWrapper" not in module.instance_of:
-        return f"make_2d_wrapper returned a {module.cls}; return a MultiHeadAttentionWrapper"
+        return Problem(
+            f"make_2d_wrapper returned a {module.cls}; return a MultiHeadAttentionWrapper",
+            diagnosis="make_2d_wrapper does not return a MultiHeadAttentionWrapper",
+        )
     state = module.state_dict or {}
     layout = head_layout(state)
     if len(layout) != 2:
-        return (
+        return Problem(
             f"the wrapper has {len(layout)} head(s); the exercise keeps num_heads=2 and changes only the "
-            "width of each head (d_out=1), so two heads of width 1 give 2-D context vectors"
+            "width of each head (d_out=1), so two heads of width 1 give 2-D context vectors",
+            diagnosis=f"the wrapper has {len(layout)} head(s), not 2",
         )
     changed = describe_changed_heads(state)
     if changed:
@@ -75,28 +80,35 @@ def layout_problem(module: ModuleInfo, d_in: int, context: int, bias: bool) -> s
         )
     widths = [shape[0] for shape in layout]
     if widths != [1, 1]:
-        return (
+        return Problem(
             f"the heads have output widths {widths}; with 2 heads the combined width is 2 * d_out, "
-            "so each head needs d_out=1"
+            "so each head needs d_out=1",
+            diagnosis="the heads are not of width 1",
         )
     if any(shape[1] != d_in for shape in layout):
-        return f"the heads take inputs of width {[s[1] for s in layout]}, expected d_in={d_in}: pass d_in on"
+        return Problem(
+            f"the heads take inputs of width {[s[1] for s in layout]}, expected d_in={d_in}: pass d_in on",
+            diagnosis="d_in is not passed on",
+        )
     has_bias = [f"heads.{h}.W_query.bias" in state for h in range(2)]
     if bias and not all(has_bias):
-        return (
+        return Problem(
             f"make_2d_wrapper({d_in}, {context}, qkv_bias=True) built heads without biases: pass qkv_bias "
-            "on, MultiHeadAttentionWrapper(..., qkv_bias=qkv_bias)"
+            "on, MultiHeadAttentionWrapper(..., qkv_bias=qkv_bias)",
+            diagnosis="qkv_bias=True is not passed on",
         )
     if not bias and any(has_bias):
-        return (
+        return Problem(
             f"make_2d_wrapper({d_in}, {context}) built heads with biases although qkv_bias is False: pass "
-            "qkv_bias on instead of fixing it"
+            "qkv_bias on instead of fixing it",
+            diagnosis="qkv_bias=False is not passed on",
         )
     mask = state.get("heads.0.mask")
     if isinstance(mask, torch.Tensor) and tuple(mask.shape) != (context, context):
-        return (
+        return Problem(
             f"the heads' causal masks are {tuple(mask.shape)} for context_length={context}: pass "
-            "context_length on to the wrapper"
+            "context_length on to the wrapper",
+            diagnosis="context_length is not passed on",
         )
     expected = set(ref.make_2d_wrapper(d_in, context, qkv_bias=bias).state_dict())
     if set(state) != expected:
@@ -195,6 +207,7 @@ def test_book_example(submission: Submission, rubric: Rubric) -> None:
         fail(
             f"make_2d_wrapper(3, 6) must build 2 heads of width 1 for the book's 3-D embeddings: {problem}",
             mistake=mistake_of(problem),
+            diagnosis=diagnosis_of(problem),
         )
     problem = output_problem(
         submission, module, 3, 6, False, book_batch(), rubric, "2-D wrapper output for the book's example"
