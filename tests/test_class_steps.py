@@ -29,7 +29,7 @@ from autograder.course.grade_class import (
 from autograder.course.grading_pool import JobAnswer
 from autograder.course.shard import Shard, ShardError
 from autograder.grading.devices import CANNOT_TIME_NOW
-from autograder.model import CANNOT_GRADE, GradingRun
+from autograder.model import CANNOT_GRADE, TIMING_LOCK, GradingRun
 from classkit import fill_record, make_course, synthetic_run
 
 MERGE_REFUSED = "--merge grades nothing, so it takes neither --shard, --force nor --student"
@@ -230,7 +230,10 @@ def test_plan_under_lock_passes_on_the_rosters_notes_of_the_students_asked_for(t
 def retry_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, busy: dict[str, bool]) -> tuple[bool, list, Recorder]:
     course = course_of(tmp_path, tuple(busy))
     runs = {
-        s: synthetic_run("mha.py", status=CANNOT_GRADE, reason=f"{CANNOT_TIME_NOW}: held 30 s")
+        s: dataclasses.replace(  # the cause the grading records (`workers.CannotTime.cause`)
+            synthetic_run("mha.py", status=CANNOT_GRADE, reason=f"{CANNOT_TIME_NOW}: held 30 s"),
+            cannot_grade_cause=TIMING_LOCK,
+        )
         if held
         else synthetic_run("mha.py")
         for s, held in busy.items()
