@@ -23,7 +23,8 @@ from pathlib import Path
 from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
-import emulate  # noqa: E402  (tools/ is not a package)
+import apt_packages  # noqa: E402  (tools/ is not a package)
+import emulate  # noqa: E402
 
 SYSTEM_PYTHON = emulate.SYSTEM_PYTHON
 COPIED = ("pyproject.toml", "README.md", "requirements.lock", "autograder", "reference", "tools", "deploy")
@@ -84,9 +85,9 @@ def close_to_workers(project: Path) -> None:
 def ensure_venv_module():
     if subprocess.run([SYSTEM_PYTHON, "-c", "import ensurepip, venv"], capture_output=True).returncode == 0:
         return
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, stdout=subprocess.DEVNULL)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "python3-venv"], check=True, env=env, stdout=subprocess.DEVNULL)
+    why = apt_packages.install(["python3-venv"])
+    if why:
+        raise RuntimeError(f"Debian's python3-venv is needed: {why}")
 
 
 def workspace(name: str, owner: int | None) -> Path:
