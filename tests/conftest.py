@@ -48,9 +48,11 @@ def pytest_collection_modifyitems(config, items):
     counts = {count for _, count in parsed}
     if len(counts) != 1:
         raise pytest.UsageError("--shard: every K/N of one run has the same N")
-    modules: dict[str, int] = {}
+    modules: dict[str, tuple[int, int]] = {}
     for item in items:
-        modules[item.path.name] = modules.get(item.path.name, 0) + 1
+        long, other = modules.get(item.path.name, (0, 0))
+        is_long = item.get_closest_marker("long") is not None
+        modules[item.path.name] = (long + is_long, other + (not is_long))
     shard_of = shards_of(modules, counts.pop())
     keep = {shard for shard, _ in parsed}
     selected = [item for item in items if shard_of[item.path.name] in keep]

@@ -1,12 +1,14 @@
 """`--shard K/N` (repeatable; conftest.py) runs only the test modules of shard K of N (K from 1): `.ci/run`
-runs the long suites as two pytest processes at once, beside the quick suite, since a grading waits more than
+runs the quick suite and the long suites as several pytest processes at once, since a grading waits more than
 it computes. Whole modules go to one shard (their module-scoped gradings are made once), each to the shard
-with the least work so far, heaviest first: the weights are each long module's seconds in CI; a module not
-listed weighs 5 s a test. Every selected test is in exactly one shard of N.
+with the least work so far, heaviest first. A module's work: its long tests share its weight below (seconds
+in CI; 5 s a test for a module not listed), each of its other tests weighs 1 s. Every selected test is in
+exactly one shard of N.
 """
 
 from __future__ import annotations
 
+# the seconds that each module's long tests took in CI, together
 SHARD_WEIGHTS = {
     "test_environments.py": 330,
     "test_containers.py": 300,
@@ -26,9 +28,11 @@ SHARD_WEIGHTS = {
 }
 
 
-def shards_of(modules: dict[str, int], count: int) -> dict[str, int]:
-    """{module: its shard (1..count)}, from {module: number of its selected tests}."""
-    weight = {name: SHARD_WEIGHTS.get(name, 5 * tests) for name, tests in modules.items()}
+def shards_of(modules: dict[str, tuple[int, int]], count: int) -> dict[str, int]:
+    """{module: its shard (1..count)}, from {module: (its selected long tests, its other selected tests)}."""
+    weight = {
+        name: (SHARD_WEIGHTS.get(name, 5 * long) if long else 0) + other for name, (long, other) in modules.items()
+    }
     load = [0] * count
     found = {}
     for name in sorted(weight, key=lambda name: (-weight[name], name)):

@@ -20,7 +20,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,8 +105,8 @@ def main() -> int:
         "the Docker base images and the wheelhouse": docker_images,
     }
     with ThreadPoolExecutor(len(steps)) as pool:
-        for said in pool.map(lambda item: step(*item), steps.items()):
-            print(said, flush=True)
+        for said in as_completed([pool.submit(step, name, work) for name, work in steps.items()]):
+            print(said.result(), flush=True)
     return 0
 
 
