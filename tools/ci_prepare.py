@@ -4,18 +4,17 @@ priority, while lint and the quick suite use the CPU, since most of it waits on 
 - Debian's packages the tests install when missing (tools/apt_packages.py: one apt-get at a time, so that a
   test installing at the same time waits instead of failing);
 - the copy of the project with a virtualenv of Debian's Python (tests/environments.py `system_project`);
-- the virtualenv of every other supported Python (`make test-pythons PYTHONS_ARGS=--setup-only`);
 - Debian 11's bubblewrap (tests/bwrap_versions.py);
 - the Docker images' Debian 12 base, its Python image and the wheelhouse (tests/docker_env.py).
 
 Each is what the tests would do themselves, through the same functions, which find the work done and do it
 again only when its inputs changed; a step that fails here is said and left to the tests, which then fail
-or skip saying why, as they would without this. Exit status 0 always.
+or skip saying why, as they would without this. Exit status 0 always. (The other Pythons' virtualenvs,
+which only `make test-pythons` needs, `.ci/run` makes beside this: `make test-pythons PYTHONS_ARGS=--setup-only`.)
 """
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 import traceback
@@ -56,16 +55,6 @@ def system_project() -> str:
     return ""
 
 
-def other_pythons() -> str:
-    done = subprocess.run(
-        ["make", "--no-print-directory", "test-pythons", "PYTHONS_JOBS=2", "PYTHONS_ARGS=--setup-only"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    return "" if done.returncode == 0 else (done.stdout + done.stderr)[-2000:]
-
-
 def old_bubblewrap() -> str:
     import bwrap_versions
 
@@ -100,7 +89,6 @@ def main() -> int:
     print(step("Debian packages", packages), flush=True)
     steps = {
         "the copy of the project for Debian's Python": system_project,
-        "the other Pythons' virtualenvs": other_pythons,
         "Debian 11's bubblewrap": old_bubblewrap,
         "the Docker base images and the wheelhouse": docker_images,
     }
