@@ -1,5 +1,5 @@
-"""What the long suites install and build, done ahead: `.ci/run` starts this in the background, at a low
-priority, while lint and the quick suite use the CPU, since most of it waits on the network and the disk.
+"""What the long suites install and build, done ahead: `.ci/run` starts this in a lane of its own while lint
+and the quick suite run in the others, since most of it waits on the network and the disk.
 
 - Debian's packages the tests install when missing (tools/apt_packages.py: one apt-get at a time, so that a
   test installing at the same time waits instead of failing);
