@@ -50,8 +50,8 @@ def readable_by_others(path: Path) -> bool:
 @cache
 def system_project() -> Path:
     """A fresh copy of the project's code beside a virtualenv of Debian's Python, readable by everyone. Made
-    once per content of the checkout: another process (`.ci/run` prepares it in the background, and runs two
-    test processes at once) waits for it under a lock, and finds it made, touching nothing a grading there
+    once per content of the checkout: another process (`.ci/run` prepares it in a lane of its own, and runs
+    three test processes at once) waits for it under a lock, and finds it made, touching nothing a grading there
     uses."""
     if os.geteuid() != 0:
         raise RuntimeError("the environment matrix runs as root (it emulates the other users itself)")
