@@ -18,20 +18,25 @@ RELEASED   ?=
 CANVAS_ASSIGNMENT ?=
 DIST       ?= dist
 PYTHONS_JOBS ?= 1
+PYTHONS_ARGS ?=
+TEST_SHARD ?=
 
 BIN := $(abspath $(VENV))/bin
 # nbgrader runs `alembic` as a subprocess, so the virtualenv's bin/ must be on PATH.
 export PATH := $(BIN):$(PATH)
 PY := $(BIN)/python
 
-.PHONY: explain setup test test-fast test-long test-speed test-pythons doctor lint lock bench release grade merge grade-slurm selfcheck check preview grade-one student-kit gradescope help
+.PHONY: explain setup test test-fast test-long test-long-suites test-speed test-pythons doctor lint lock bench release grade merge grade-slurm selfcheck check preview grade-one student-kit gradescope help
 
 help:
 	@echo "make test                      set up .venv and run the project's tests (all but the long suites)"
+	@echo "     TEST_SHARD='K/N ...' (here and in test-long-suites): only those shards of the test modules"
 	@echo "make test-fast                 the quick tests only (no whole-submission grading, no CUDA)"
 	@echo "make test-long                 the long suites: hostile and wrong submissions, Slurm, the wheel, the"
 	@echo "                               environment matrix (Docker, Slurm, Kubernetes emulated), then test-pythons"
+	@echo "make test-long-suites          the long suites without test-pythons (.ci/run: shards in three processes at once)"
 	@echo "make test-pythons              make setup and the smoke set on every supported Python here (3.10-3.13, the system's), PYTHONS_JOBS at once (1)"
+	@echo "                               PYTHONS_ARGS=--setup-only makes their virtualenvs only"
 	@echo "make test-speed                the speed part's verdicts, each graded 10 times beside a CPU burner (long)"
 	@echo "make doctor                    what this machine allows the grader, and whether its speed part can be trusted"
 	@echo "make lint                      ruff's checks and formatting, and mypy's type check of the whole package (strict)"
@@ -60,16 +65,20 @@ setup:
 
 # One marker scheme selects every suite: `slow` (more than a few seconds), `long` (minutes: whole suites of
 # gradings, a cluster, the environment matrix), `verdicts` (the speed verdicts, also long), `cuda`, and `smoke`
-# (slow tests that every other supported Python runs too: make test-pythons).
+# (slow tests that every other supported Python runs too: make test-pythons). TEST_SHARD="K/N ..." runs only those
+# shards of the selected modules (tests/sharding.py: whole modules, each in one shard of N), as .ci/run does.
 test: setup
-	$(PY) -m pytest -m "not long"
+	$(PY) -m pytest -m "not long" $(foreach shard,$(TEST_SHARD),--shard $(shard))
 
 test-long: setup
-	$(PY) -m pytest -m "long and not verdicts and not cuda" -rs
+	$(MAKE) --no-print-directory test-long-suites
 	$(MAKE) --no-print-directory test-pythons
 
+test-long-suites: setup
+	$(PY) -m pytest -m "long and not verdicts and not cuda" -rs $(foreach shard,$(TEST_SHARD),--shard $(shard))
+
 test-pythons:
-	@$(PYTHON) tools/test_pythons.py --torch "$(TORCH_SPEC)" --skip-venv "$(VENV)" --jobs $(PYTHONS_JOBS)
+	@$(PYTHON) tools/test_pythons.py --torch "$(TORCH_SPEC)" --skip-venv "$(VENV)" --jobs $(PYTHONS_JOBS) $(PYTHONS_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not long and not cuda"

@@ -4,13 +4,18 @@ is missing), its DOM and screenshots, and whether a page's plots were drawn."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import apt_packages  # noqa: E402  (tools/ is not a package)
 
 
 def find_or_install_chromium() -> str:
@@ -18,15 +23,9 @@ def find_or_install_chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found:
         return found
-    if not shutil.which("apt-get"):
-        pytest.skip("Chromium is not installed and there is no apt-get to install it")
-    if os.geteuid() != 0:
-        pytest.skip("Chromium is not installed, and installing it with apt-get needs root")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
-        if done.returncode != 0:
-            pytest.skip(f"could not install Chromium ({' '.join(command)}): {done.stderr.strip()[-300:]}")
+    why = apt_packages.install(["chromium"])
+    if why:
+        pytest.skip(f"Chromium is not installed, and could not be installed: {why}")
     found = shutil.which("chromium")
     if not found:
         pytest.skip("apt-get installed chromium, but there is no chromium command")

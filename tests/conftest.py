@@ -4,6 +4,7 @@ import pytest
 
 from browser import find_or_install_chromium
 from helpers import REFERENCE, grade
+from sharding import shards_of
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +19,44 @@ def reference_results(tmp_path_factory) -> dict:
 def chromium() -> str:
     """Debian's headless Chromium, installed by the test when it is missing (as root)."""
     return find_or_install_chromium()
+
+
+# -- shards of a run: `--shard K/N` (tests/sharding.py) ---------------------------------------------------------
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--shard",
+        action="append",
+        default=[],
+        metavar="K/N",
+        help="run only shard K of N (K from 1) of the selected test modules; repeatable",
+    )
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs
+def pytest_collection_modifyitems(config, items):
+    wanted = config.getoption("shard")
+    if not wanted:
+        return
+    parsed = set()
+    for text in wanted:
+        shard, _, count = text.partition("/")
+        if not (shard.isdigit() and count.isdigit() and 1 <= int(shard) <= int(count)):
+            raise pytest.UsageError(f"--shard {text}: K/N with 1 <= K <= N")
+        parsed.add((int(shard), int(count)))
+    counts = {count for _, count in parsed}
+    if len(counts) != 1:
+        raise pytest.UsageError("--shard: every K/N of one run has the same N")
+    modules: dict[str, tuple[int, int]] = {}
+    for item in items:
+        long, other = modules.get(item.path.name, (0, 0))
+        is_long = item.get_closest_marker("long") is not None
+        modules[item.path.name] = (long + is_long, other + (not is_long))
+    shard_of = shards_of(modules, counts.pop())
+    keep = {shard for shard, _ in parsed}
+    selected = [item for item in items if shard_of[item.path.name] in keep]
+    deselected = [item for item in items if shard_of[item.path.name] not in keep]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected

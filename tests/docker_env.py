@@ -38,6 +38,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -47,6 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import apt_packages  # noqa: E402  (tools/ is not a package)
 
 CACHE = Path("/var/tmp/mha-exercise-docker")
 SUITE, MIRROR = "bookworm", "http://deb.debian.org/debian"
@@ -67,14 +71,8 @@ def ensure_packages() -> str:
     missing = [package for program, package in PACKAGES.items() if not _program(program)]
     if not missing:
         return ""
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        return f"{', '.join(missing)} not installed, and installing needs root with apt-get"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
-        done = run(command, env=env)
-        if done.returncode != 0:
-            return f"`{' '.join(command)}` failed: {done.stderr.strip()[-500:]}"
-    return ""
+    why = apt_packages.install(missing)
+    return f"{', '.join(missing)} not installed, and could not be installed: {why}" if why else ""
 
 
 def _program(name: str) -> str | None:

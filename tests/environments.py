@@ -12,6 +12,7 @@ missing (python3-venv, and python3-seccomp for tools/emulate.py), as root with a
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -23,7 +24,8 @@ from pathlib import Path
 from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
-import emulate  # noqa: E402  (tools/ is not a package)
+import apt_packages  # noqa: E402  (tools/ is not a package)
+import emulate  # noqa: E402
 
 SYSTEM_PYTHON = emulate.SYSTEM_PYTHON
 COPIED = ("pyproject.toml", "README.md", "requirements.lock", "autograder", "reference", "tools", "deploy")
@@ -47,12 +49,41 @@ def readable_by_others(path: Path) -> bool:
 
 @cache
 def system_project() -> Path:
-    """A fresh copy of the project's code beside a virtualenv of Debian's Python, readable by everyone."""
+    """A fresh copy of the project's code beside a virtualenv of Debian's Python, readable by everyone. Made
+    once per content of the checkout: another process (`.ci/run` prepares it in a lane of its own, and runs
+    three test processes at once) waits for it under a lock, and finds it made, touching nothing a grading there
+    uses."""
     if os.geteuid() != 0:
         raise RuntimeError("the environment matrix runs as root (it emulates the other users itself)")
+    project = base() / "project"
+    stamp = base() / "project.made"
+    with open(base() / "project.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        made = content_digest()
+        if stamp.exists() and stamp.read_text() == made and (project / ".venv" / "bin" / "python").exists():
+            return project
+        stamp.unlink(missing_ok=True)
+        make_system_project(project)
+        stamp.write_text(made)
+    return project
+
+
+def content_digest() -> str:
+    """What the copy is made of: every copied file's path and bytes, and the Python making the virtualenv."""
+    found = hashlib.sha256(SYSTEM_PYTHON.encode())
+    for name in COPIED:
+        source = ROOT / name
+        files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
+        for path in files:
+            if "__pycache__" in path.parts or any(part.endswith(".egg-info") for part in path.parts):
+                continue
+            found.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return found.hexdigest()
+
+
+def make_system_project(project: Path) -> None:
     emulate.ensure_tools()
     ensure_venv_module()
-    project = base() / "project"
     project.mkdir(exist_ok=True)
     for name in COPIED:
         target = project / name
@@ -67,7 +98,6 @@ def system_project() -> Path:
     subprocess.run([SYSTEM_PYTHON, "tools/setup_venv.py", "--venv", ".venv"], cwd=project, check=True)
     subprocess.run(["chmod", "-R", "a+rX", str(project)], check=True)
     close_to_workers(project)
-    return project
 
 
 def close_to_workers(project: Path) -> None:
@@ -84,9 +114,9 @@ def close_to_workers(project: Path) -> None:
 def ensure_venv_module():
     if subprocess.run([SYSTEM_PYTHON, "-c", "import ensurepip, venv"], capture_output=True).returncode == 0:
         return
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, stdout=subprocess.DEVNULL)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "python3-venv"], check=True, env=env, stdout=subprocess.DEVNULL)
+    why = apt_packages.install(["python3-venv"])
+    if why:
+        raise RuntimeError(f"Debian's python3-venv is needed: {why}")
 
 
 def workspace(name: str, owner: int | None) -> Path:

@@ -17,6 +17,7 @@ import pytest
 from helpers import ROOT, course_of_samples
 
 sys.path.insert(0, str(ROOT / "tools"))
+import apt_packages  # noqa: E402
 from local_slurm import LocalSlurm  # noqa: E402
 
 SUBMIT = ROOT / "deploy" / "slurm" / "submit.sh"
@@ -29,19 +30,9 @@ def ensure_slurm_installed():
         return
     if os.geteuid() != 0:
         pytest.skip("Slurm is not installed, and installing Debian's slurm-wlm packages needs root")
-    if not shutil.which("apt-get"):
-        pytest.skip("Slurm is not installed, and this machine has no apt-get to install Debian's slurm-wlm packages")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (
-        ["apt-get", "update"],
-        ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=300", *DEBIAN_PACKAGES],
-    ):
-        run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-        if run.returncode != 0:
-            pytest.skip(
-                f"Slurm is not installed and `{' '.join(command)}` failed: "
-                f"{(run.stderr or run.stdout).strip().splitlines()[-1:]}"
-            )
+    why = apt_packages.install(DEBIAN_PACKAGES)
+    if why:
+        pytest.skip(f"Slurm is not installed, and Debian's slurm-wlm packages could not be installed: {why}")
 
 
 @pytest.fixture(scope="module")

@@ -87,11 +87,11 @@ def ensure_tools():
     have = subprocess.run([SYSTEM_PYTHON, "-c", "import seccomp"], capture_output=True).returncode == 0
     if have and shutil.which("unshare"):
         return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise SystemExit("emulate: needs root with apt-get to install python3-seccomp and util-linux")
-    quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, **quiet)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "python3-seccomp", "util-linux"], check=True, **quiet)
+    import apt_packages  # tools/apt_packages.py, beside this file
+
+    why = apt_packages.install(["python3-seccomp", "util-linux"])
+    if why:
+        raise SystemExit(f"emulate: python3-seccomp and util-linux are needed: {why}")
 
 
 def command_for(environment: str, command: list[str], uid: int = 1000, home: str | None = None) -> list[str]:

@@ -93,11 +93,9 @@ def ensure_bubblewrap():
         return
     if os.geteuid() == 0 and shutil.which("apt-get"):
         print("setup: installing bubblewrap (the grader's sandbox)", flush=True)
-        quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
-        if (
-            subprocess.run(["apt-get", "update", "-qq"], **quiet).returncode == 0
-            and subprocess.run(["apt-get", "install", "-y", "-qq", "bubblewrap"], **quiet).returncode == 0
-        ):
+        import apt_packages  # tools/apt_packages.py, beside this file
+
+        if not apt_packages.install(["bubblewrap"]):
             return
     print(
         "setup: bubblewrap (bwrap) is not installed, so grading has no sandbox here: as root, the student's "

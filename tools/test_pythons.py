@@ -3,8 +3,9 @@
 For each supported minor version (3.10 to 3.13) it looks for an interpreter: `python3.X` on PATH, then
 pyenv's (`$PYENV_ROOT/versions/3.X.*`); and the system's own `/usr/bin/python3` (Debian 12's 3.11.2,
 Ubuntu 22.04's 3.10, 24.04's 3.12), which may be older than a release of 3.X that a package needs. Each
-gets its own virtualenv (`.venvs/<name>`, made by `make setup PYTHON=... VENV=...`, remade only when its
-inputs change) and runs the smoke set in it (`SMOKE`): what differs from one Python to another is what
+gets its own virtualenv (`.venvs/<name>`, made by `make setup PYTHON=... VENV=...` in a copy of the tree,
+`.venvs/<name>.src`, remade only when its inputs change; `--setup-only` makes them and runs nothing, as
+`.ci/run` does in the background while its first suites run) and runs the smoke set in it (`SMOKE`): what differs from one Python to another is what
 installs and what the interpreter does at the trust boundary, so the lock's tests, the worker's and the
 sandbox's quick tests, the fork server's tests and one whole grading; `make test` runs everything else on the
 default Python. A table says, per Python, whether the setup and the smoke set passed. Pythons not on this
@@ -123,13 +124,14 @@ def copy_of_tree(name: str) -> Path:
 
 
 def run_one(
-    name: str, python: str, torch: str, pytest_args: list[str], log: Path | None = None
+    name: str, python: str, torch: str, pytest_args: list[str], log: Path | None = None, setup_only: bool = False
 ) -> tuple[str, str, float]:
-    """`make setup` and the smoke set (or `pytest_args`) for one Python. With a `log`, in a copy of the
-    tree (`copy_of_tree`), everything it prints going to the log."""
+    """`make setup` and the smoke set (or `pytest_args`) for one Python, in a copy of the tree
+    (`copy_of_tree`: the virtualenv installs the project from it, so that one made by `--setup-only` serves a
+    later run). With a `log`, everything it prints goes to the log."""
     venv = ROOT / ".venvs" / name
     started = time.monotonic()
-    where = copy_of_tree(name) if log else ROOT
+    where = copy_of_tree(name)
     with ExitStack() as stack:
         out = stack.enter_context(open(log, "w")) if log else None
         err = subprocess.STDOUT if out else None
@@ -141,6 +143,8 @@ def run_one(
         )
         if setup.returncode:
             return "failed", "not run", time.monotonic() - started
+        if setup_only:
+            return "passed", "not run (--setup-only)", time.monotonic() - started
         suite = subprocess.run(
             [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-m", SMOKE_MARKERS, *(pytest_args or SMOKE)],
             cwd=where,
@@ -167,7 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs",
         type=int,
         default=1,
-        help="Pythons run at once, each in its own copy of the tree, its output shown when it ends (default 1)",
+        help="Pythons run at once, each in its own copy of the tree as always, its output shown when it ends (default 1)",
+    )
+    parser.add_argument(
+        "--setup-only",
+        action="store_true",
+        help="make each Python's virtualenv, run no test (.ci/run does it in the background, early)",
     )
     parser.add_argument("pytest_args", nargs="*", help="more arguments for pytest")
     args = parser.parse_args(argv)
@@ -193,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.jobs <= 1:
             print(title, flush=True)
         log = ROOT / ".venvs" / f"{name}.log" if args.jobs > 1 else None
-        setup, suite, seconds = run_one(name, python, args.torch, pytest_args, log)
+        setup, suite, seconds = run_one(name, python, args.torch, pytest_args, log, args.setup_only)
         if log:
             print(title + f" (in .venvs/{name}.src, beside others)\n" + log.read_text(errors="replace"), flush=True)
         rows[name] = (name, label, setup, suite, seconds)
