@@ -26,7 +26,7 @@ import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autograder.model import GradingRun, add_points, points_text
 from autograder.sandbox.protocol import clean_text
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     return run(parser.parse_args(argv))
 
 
-def add_arguments(parser: argparse.ArgumentParser):
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument(
         "--isolation",
@@ -250,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
 
     machine = survey()
     isolation = args.isolation or os.environ.get("AUTOGRADER_ISOLATION", "auto")
-    findings: dict = {"machine": machine.to_dict()}
+    findings: dict[str, Any] = {"machine": machine.to_dict()}
     if not args.json:
         say(machine_report(machine))
     status = EXIT_OK if machine.isolation else EXIT_CANNOT_GRADE
