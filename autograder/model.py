@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from autograder.atomic import open_atomically
 from autograder.contract import PART_IDS
@@ -27,14 +27,19 @@ from autograder.sandbox.protocol import (
 
 T = TypeVar("T")
 
-GRADED, CANNOT_GRADE = "graded", "cannot_grade"
+RunStatus = Literal["graded", "cannot_grade"]  # a grading's
+GRADED: RunStatus = "graded"
+CANNOT_GRADE: RunStatus = "cannot_grade"
 # What results.json says while a grading runs: a grader killed before it writes its own leaves this behind.
 UNFINISHED = "grading did not finish: the grader was stopped before it wrote its results"
 # A check's status. NOT_CREDITED: it earns none of its points while something it rests on is wrong (the
 # message says what, and where that is said in full); it accuses the submission of nothing of its own, and
 # its points come once what it rests on is right. Gradescope knows only passed and failed: results.json
 # writes it as failed with the tag "not-credited".
-PASSED, FAILED, NOT_CREDITED = "passed", "failed", "not_credited"
+CheckStatus = Literal["passed", "failed", "not_credited"]  # a check's
+PASSED: CheckStatus = "passed"
+FAILED: CheckStatus = "failed"
+NOT_CREDITED: CheckStatus = "not_credited"
 NOT_CREDITED_TAG = "not-credited"
 OLD_NOT_CREDITED_TAGS = ("not-scored",)  # the same status, as records written before it was renamed say it
 GRADER, WORKER = "grader", "worker"  # who vouches for a check's evidence
@@ -93,7 +98,7 @@ class CheckResult:
     key: str  # "module::function", the rubric's key
     part: str
     name: str  # what it checks, for people
-    status: str  # PASSED, FAILED or NOT_CREDITED
+    status: CheckStatus
     score: float  # whole hundredths of a point, as every output shows it
     max_score: float
     message: str = ""  # why it failed, for the student
@@ -353,7 +358,7 @@ class SpeedFigures:
 
 @dataclass
 class GradingRun:
-    status: str
+    status: RunStatus
     submission: str
     device: str = ""
     isolation: str = ""

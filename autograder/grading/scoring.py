@@ -25,7 +25,17 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from autograder.contract import PART_IDS
-from autograder.model import FAILED, GRADER, HUNDREDTHS, NOT_CREDITED, PASSED, CheckResult, add_points, hundredths
+from autograder.model import (
+    FAILED,
+    GRADER,
+    HUNDREDTHS,
+    NOT_CREDITED,
+    PASSED,
+    CheckResult,
+    CheckStatus,
+    add_points,
+    hundredths,
+)
 from autograder.rubric import Rubric
 
 # Where a message names its likely mistake, on one line: a pointer to where it is said in full goes there.
@@ -42,7 +52,7 @@ class Outcome:
     key: str  # "module::function", the rubric's key
     part: str
     name: str
-    status: str | None = None  # PASSED / FAILED / NOT_CREDITED; None: never ran
+    status: CheckStatus | None = None  # None: never ran
     message: str = ""
     evidence: str = GRADER
     credit: float | None = None  # the fraction of its points earned, when not all or nothing
