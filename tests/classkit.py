@@ -87,14 +87,3 @@ def nbgrader(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """One of nbgrader's own commands, as an instructor runs it (the virtualenv's bin/ on PATH)."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     return subprocess.run([str(BIN / "nbgrader"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-
-
-def autograder(*args, cwd: Path, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "autograder", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=env,
-    )

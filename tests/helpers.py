@@ -17,16 +17,24 @@ REFERENCE = ROOT / "reference" / "mha.py"
 SAMPLES = ROOT / "assignments" / "submitted"  # the sample class, one folder per student
 
 
-def grade(path: Path, out_dir: Path, *extra: str, timeout: float = 300) -> tuple[dict, subprocess.CompletedProcess]:
-    """Run `python -m autograder grade` on `path` in a separate process; return results.json and the run."""
-    out = out_dir / f"{Path(path).stem}-results.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "autograder", "grade", str(path), "--out", str(out), "--quiet", *extra],
+def autograder(
+    *args: object, cwd: Path = ROOT, timeout: float = 900, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """`python -m autograder ARGS...` in a separate process, as a user runs it; its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "autograder", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=out_dir,
+        cwd=cwd,
+        env=env,
     )
+
+
+def grade(path: Path, out_dir: Path, *extra: str, timeout: float = 300) -> tuple[dict, subprocess.CompletedProcess]:
+    """Run `python -m autograder grade` on `path` in a separate process; return results.json and the run."""
+    out = out_dir / f"{Path(path).stem}-results.json"
+    run = autograder("grade", path, "--out", out, "--quiet", *extra, cwd=out_dir, timeout=timeout)
     assert out.exists(), f"no results.json was written\nstdout: {run.stdout}\nstderr: {run.stderr}"
     return json.loads(out.read_text()), run
 

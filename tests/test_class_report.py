@@ -36,8 +36,8 @@ from autograder.grading.scoring import Outcome, score
 from autograder.model import CANNOT_GRADE, FAILED, NOT_CREDITED, PASSED, CheckResult, GradingRun, WorkloadFigures
 from autograder.rubric import load_rubric
 from browser import plots_in, quantised
-from classkit import ROOT, autograder, fill_record, make_course, synthetic_run
-from helpers import SAMPLES, grade
+from classkit import ROOT, fill_record, make_course, synthetic_run
+from helpers import SAMPLES, autograder, grade
 from rubric_text import rubric_file
 
 pytest_plugins = ["pytester"]

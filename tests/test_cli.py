@@ -13,13 +13,7 @@ import pytest
 import torch
 
 from autograder.sandbox.protocol import clean_text
-from helpers import REFERENCE, ROOT, mutated_reference
-
-
-def autograder(*args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "autograder", *map(str, args)], capture_output=True, text=True, timeout=600, cwd=cwd
-    )
+from helpers import REFERENCE, ROOT, autograder, mutated_reference
 
 
 def test_missing_file_cannot_be_graded_but_still_gets_results(tmp_path):

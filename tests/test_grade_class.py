@@ -25,8 +25,8 @@ from autograder.course.store import ClassInputs, Record
 from autograder.model import CANNOT_GRADE
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
 from autograder.sandbox.procfs import descendants
-from classkit import ROOT, autograder, fill_record, make_course, synthetic_run
-from helpers import REFERENCE
+from classkit import ROOT, fill_record, make_course, synthetic_run
+from helpers import REFERENCE, autograder
 
 # -- the roster -----------------------------------------------------------------------------------
 

@@ -9,7 +9,8 @@ import pytest
 
 from autograder.course.store import Record
 from autograder.rubric import load_rubric
-from classkit import ROOT, autograder, fill_record, make_course, nbgrader, synthetic_run
+from classkit import ROOT, fill_record, make_course, nbgrader, synthetic_run
+from helpers import autograder
 
 ADA = ROOT / "assignments" / "submitted" / "ada" / "mha" / "mha.ipynb"  # a complete notebook
 

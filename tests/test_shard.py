@@ -11,7 +11,7 @@ from autograder.course.shard import Shard, ShardError, engine_index_in, parse_sh
 from autograder.course.store import Record
 from autograder.model import CheckResult, GradingRun
 from classkit import fill_record
-from helpers import ROOT
+from helpers import autograder
 
 CLASS = ["ann", "bob", "cat", "dan", "eve", "fay", "gus"]
 
@@ -99,10 +99,6 @@ def test_engine_index_in():
 
 
 # --- the commands, on results written here (nothing is graded) -----------------------------------
-
-
-def autograder(*args, env=None):
-    return classkit.autograder(*args, cwd=ROOT, timeout=300, env=env)
 
 
 def quiz_run(score: float) -> GradingRun:
