@@ -8,8 +8,6 @@ import dataclasses
 import itertools
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -477,20 +475,21 @@ def reference_worker():
     started.close()
 
 
-def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
+def built_in(worker):
+    """A reference MultiHeadAttention(16, 8, 6, 0.0, 4) here, and the same built in `worker`: (module, its info)."""
     from reference import mha as ref
 
-    torch.manual_seed(0)
     module = ref.MultiHeadAttention(16, 8, 6, 0.0, 4).eval()
-    info = reference_worker.request(
-        "build",
-        cls="MultiHeadAttention",
-        args=[16, 8, 6, 0.0, 4],
-        kwargs={},
-        state_dict=module.state_dict(),
-        dtype="float32",
-        device="cpu",
+    args = [16, 8, 6, 0.0, 4]
+    info = worker.request(
+        "build", cls="MultiHeadAttention", args=args, kwargs={}, state_dict=module.state_dict(), dtype="float32"
     )
+    return module, info
+
+
+def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
+    torch.manual_seed(0)
+    module, info = built_in(reference_worker)
     args = dict(handle=info.handle, shape=[2, 6, 16], dtype="float32", out_features=8, threads=1)
     first, shown = reference_worker.forward_many([11, 12], show=[1], **args)
     again, _ = reference_worker.forward_many([12], **args)
@@ -518,18 +517,7 @@ def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
 def test_timed_calls_do_no_grader_work_but_the_exchange(reference_worker, monkeypatch):
     """Inside the clock, every timed worker pays the same: one seed out, one answer in. The CPU budget (a walk
     of the worker's processes, /proc without control groups) is charged after the last call, not per read."""
-    from reference import mha as ref
-
-    module = ref.MultiHeadAttention(16, 8, 6, 0.0, 4).eval()
-    info = reference_worker.request(
-        "build",
-        cls="MultiHeadAttention",
-        args=[16, 8, 6, 0.0, 4],
-        kwargs={},
-        state_dict=module.state_dict(),
-        dtype="float32",
-        device="cpu",
-    )
+    module, info = built_in(reference_worker)
     charged = []
     monkeypatch.setattr(reference_worker, "_cpu_budget_left", lambda: charged.append("budget") or True)
     calls = reference_worker.timed_calls(3, 30.0, handle=info.handle, shape=[2, 6, 16], dtype="float32", out_features=8)
@@ -577,30 +565,12 @@ def speed_rubric_with(tmp_path, **settings):
 
 @pytest.mark.slow
 def test_a_speedup_far_above_the_references_is_flagged_for_the_instructor(tmp_path):
-    from helpers import REFERENCE
+    from helpers import REFERENCE, autograder
 
     # bands moved so that the reference itself counts as implausibly fast (it runs at about 1.0)
     rubric = speed_rubric_with(tmp_path, give_up_below=0.1, no_credit_at=0.4, full_credit_at=0.5, flag_above=0.6)
     out = tmp_path / "r.json"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autograder",
-            "grade",
-            str(REFERENCE),
-            "--part",
-            "speed",
-            "--rubric",
-            str(rubric),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
+    run = autograder("grade", REFERENCE, "--part", "speed", "--rubric", rubric, "--out", out, cwd=tmp_path, timeout=600)
     assert run.returncode == 0, run.stderr
     results = json.loads(out.read_text())
     (flag,) = results["extra_data"]["flags"]
@@ -611,29 +581,12 @@ def test_a_speedup_far_above_the_references_is_flagged_for_the_instructor(tmp_pa
 
 @pytest.mark.slow
 def test_a_run_where_the_reference_is_not_ahead_cannot_grade(tmp_path):
-    from helpers import REFERENCE
+    from helpers import REFERENCE, autograder
 
     rubric = speed_rubric_with(tmp_path, min_reference_speedup=1000)
     out = tmp_path / "r.json"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autograder",
-            "grade",
-            str(REFERENCE),
-            "--part",
-            "speed",
-            "--rubric",
-            str(rubric),
-            "--out",
-            str(out),
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
+    run = autograder(
+        "grade", REFERENCE, "--part", "speed", "--rubric", rubric, "--out", out, "--quiet", cwd=tmp_path, timeout=600
     )
     assert run.returncode == 2
     results = json.loads(out.read_text())
