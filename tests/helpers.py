@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 from autograder.course.grading_pool import Grader, JobAnswer
+from autograder.model import GradingRun
 from autograder.rubric import DEFAULT_RUBRIC
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +38,27 @@ def grade(path: Path, out_dir: Path, *extra: str, timeout: float = 300) -> tuple
     run = autograder("grade", path, "--out", out, "--quiet", *extra, cwd=out_dir, timeout=timeout)
     assert out.exists(), f"no results.json was written\nstdout: {run.stdout}\nstderr: {run.stderr}"
     return json.loads(out.read_text()), run
+
+
+class FakeGrader:
+    """A stand-in for a class run's grading process (`grading_pool.Grader`, which tests replace in
+    `grade_class`): nothing is graded. A request's results.json is `run_for(request)`'s run, a graded one unless
+    a subclass says otherwise; `run_for` may raise as a grading process would (KeyboardInterrupt: a Ctrl-C)."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        self.env = env
+
+    def run_for(self, request: dict) -> GradingRun:
+        return GradingRun(status="graded", submission="mha.py")
+
+    def grade(self, request: dict, timeout: float) -> JobAnswer:
+        run = self.run_for(request)  # before the file is opened: a stopped grading leaves none
+        with open(request["out"], "w") as handle:
+            json.dump(run.to_gradescope(), handle)
+        return JobAnswer(ok=True)
+
+    def close(self) -> None:
+        pass
 
 
 class GradingPool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +25,11 @@ from autograder.course.grade_class import (
     prepare,
     retry_untimed,
 )
-from autograder.course.grading_pool import JobAnswer
 from autograder.course.shard import Shard, ShardError
 from autograder.grading.devices import CANNOT_TIME_NOW
 from autograder.model import CANNOT_GRADE, TIMING_LOCK, GradingRun
 from classkit import fill_record, make_course, synthetic_run
+from helpers import FakeGrader
 
 MERGE_REFUSED = "--merge grades nothing, so it takes neither --shard, --force nor --student"
 # The reporter's events: every public method but `say`, which they all print through.
@@ -284,19 +283,11 @@ def test_finish_writes_the_class_outputs_but_in_a_shard(tmp_path, monkeypatch, s
 def fake_grader(stopped: tuple[str, ...] = ()) -> type:
     """A grading process that writes a graded run, or is stopped (Ctrl-C) at any of `stopped`."""
 
-    class Grader:
-        def __init__(self, env: dict[str, str] | None = None) -> None:
-            pass
-
-        def grade(self, request: dict[str, str], timeout: float) -> JobAnswer:
+    class Grader(FakeGrader):
+        def run_for(self, request: dict) -> GradingRun:
             if request["id"] in stopped:
                 raise KeyboardInterrupt
-            with open(request["out"], "w") as handle:
-                json.dump(GradingRun(status="graded", submission="mha.py").to_gradescope(), handle)
-            return JobAnswer(ok=True)
-
-        def close(self) -> None:
-            pass
+            return super().run_for(request)
 
     return Grader
 

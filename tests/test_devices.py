@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 
 from autograder.course import grade_class, placement
-from autograder.course.grading_pool import JobAnswer
 from autograder.course.placement import DevicePool, NoDevice, placement_for
 from autograder.grading import devices
 from autograder.grading.devices import timing_lock, timing_lock_path, visible_devices
 from autograder.model import TIMING_LOCK, GradingRun
-from helpers import REFERENCE
+from helpers import REFERENCE, FakeGrader
 
 
 def test_visible_devices_without_and_with_cuda_visible_devices():
@@ -82,27 +81,22 @@ def test_grade_class_pins_every_grading_process_to_one_device(tmp_path, monkeypa
     requests = []
     all_started = threading.Barrier(6, timeout=30)
 
-    class FakeGrader:
+    class Pinned(FakeGrader):
         def __init__(self, env=None):
+            super().__init__(env)
             with lock:
                 pinned.append(env["CUDA_VISIBLE_DEVICES"])
             self.first = True
 
-        def grade(self, request, timeout):
+        def run_for(self, request):
             if self.first:  # the six processes run at once, for certain
                 self.first = False
                 all_started.wait()
             with lock:
                 requests.append(request)
-            run = GradingRun(status="graded", submission="mha.py")
-            with open(request["out"], "w") as handle:
-                json.dump(run.to_gradescope(), handle)
-            return JobAnswer(ok=True)
+            return super().run_for(request)
 
-        def close(self):
-            pass
-
-    monkeypatch.setattr(grade_class, "Grader", FakeGrader)
+    monkeypatch.setattr(grade_class, "Grader", Pinned)
     assert grade_class.grade_class(grade_class.ClassOptions(course, device="cuda", jobs=6)) == 0
     assert len(requests) == 12 and {r["device"] for r in requests} == {"cuda"}
     assert sorted(pinned) == ["0", "0", "1", "1", "2", "2"]
@@ -287,24 +281,15 @@ def test_a_class_run_grades_again_once_what_could_not_be_timed_now(tmp_path, mon
     attempts: dict[str, int] = {}
     lock = threading.Lock()
 
-    class BusyOnce:
-        def __init__(self, env=None):
-            pass
-
-        def grade(self, request, timeout):
+    class BusyOnce(FakeGrader):
+        def run_for(self, request):
             with lock:
                 attempts[request["id"]] = attempts.get(request["id"], 0) + 1
                 busy = request["id"] != "ann" and attempts[request["id"]] == 1
-            reason = f"the grader itself failed: CannotTime: {devices.CANNOT_TIME_NOW}: another grading held it"
-            run = GradingRun("cannot_grade", "mha.py", reason=reason, cannot_grade_cause=TIMING_LOCK)
             if not busy:
-                run = GradingRun(status="graded", submission="mha.py")
-            with open(request["out"], "w") as handle:
-                json.dump(run.to_gradescope(), handle)
-            return JobAnswer(ok=True)
-
-        def close(self):
-            pass
+                return super().run_for(request)
+            reason = f"the grader itself failed: CannotTime: {devices.CANNOT_TIME_NOW}: another grading held it"
+            return GradingRun("cannot_grade", "mha.py", reason=reason, cannot_grade_cause=TIMING_LOCK)
 
     monkeypatch.setattr(grade_class, "Grader", BusyOnce)
     assert grade_class.grade_class(grade_class.ClassOptions(course, device="cpu", jobs=3)) == 0

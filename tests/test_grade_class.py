@@ -26,7 +26,7 @@ from autograder.model import CANNOT_GRADE
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
 from autograder.sandbox.procfs import descendants
 from classkit import ROOT, fill_record, make_course, synthetic_run
-from helpers import REFERENCE, autograder
+from helpers import REFERENCE, FakeGrader, autograder
 
 # -- the roster -----------------------------------------------------------------------------------
 
@@ -731,31 +731,20 @@ def test_a_forced_run_stopped_halfway_is_finished_forced_by_the_next_run_and_mer
 ):
     """FORCE=1 stopped after one of three students: the next run without FORCE regrades the other two
     (forced), not the first again, and until then a merge refuses, naming them."""
-    import json
 
     from autograder.course import grade_class
-    from autograder.course.grading_pool import JobAnswer
-    from autograder.model import GradingRun
 
     course = make_course(tmp_path / "course", {s: {"mha.py": "x = 1\n"} for s in ("ann", "bob", "cat")})
     fill_record(course, {s: synthetic_run("mha.py") for s in ("ann", "bob", "cat")})
     graded: list[str] = []
     stopped = []
 
-    class Grader:
-        def __init__(self, env=None):
-            pass
-
-        def grade(self, request, timeout):
+    class Grader(FakeGrader):
+        def run_for(self, request):
             if stopped == [] and request["id"] != "ann":
                 raise KeyboardInterrupt  # Ctrl-C at bob (a kill -9 leaves the same record behind)
             graded.append(request["id"])
-            with open(request["out"], "w") as handle:
-                json.dump(GradingRun(status="graded", submission="mha.py").to_gradescope(), handle)
-            return JobAnswer(ok=True)
-
-        def close(self):
-            pass
+            return super().run_for(request)
 
     monkeypatch.setattr(grade_class, "Grader", Grader)
     assert (

@@ -13,19 +13,13 @@ import zipfile
 import pytest
 
 from classkit import ROOT
-from helpers import REFERENCE
+from helpers import REFERENCE, autograder
 
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run(
-        [sys.executable, "-m", "autograder", "gradescope", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    done = autograder("gradescope", "--out", out, timeout=300)
     assert done.returncode == 0, done.stderr
     return out / "mha-gradescope.zip"
 

@@ -16,7 +16,7 @@ import pytest
 from autograder.authoring import kit, samples
 from autograder.rubric import load_rubric
 from classkit import ROOT
-from helpers import REFERENCE, grade
+from helpers import REFERENCE, autograder, grade
 
 PARTS = tuple(load_rubric().parts)
 
@@ -38,13 +38,7 @@ def reference_solution_lines() -> set[str]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run(
-        [sys.executable, "-m", "autograder", "student-kit", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    done = autograder("student-kit", "--out", out, timeout=300)
     assert done.returncode == 0, done.stderr
     return out
 
