@@ -100,6 +100,16 @@ class GradingPool:
             grader.close()
 
 
+def class_results(course: Path, students) -> dict[str, dict]:
+    """The results.json a class run wrote for each of `students` that has one."""
+    found = {}
+    for student in students:
+        path = course / "autograded" / student / "mha" / "results.json"
+        if path.exists():
+            found[student] = json.loads(path.read_text())
+    return found
+
+
 def part_scores(results: dict) -> dict[str, tuple[float, float]]:
     """{part: (score, max_score)}, rounded to 2 decimals."""
     totals: dict[str, list[float]] = {}

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from autograder import doctor
 from autograder.sandbox import machine, probe
 from autograder.sandbox.machine import Bubblewrap, Container, ControlGroups, Cuda, Machine, Namespaces
-from helpers import ROOT
+from helpers import autograder
 
 
 def a_machine(**changes) -> Machine:
@@ -197,13 +195,7 @@ def test_the_speed_verdict_trusts_only_a_reference_that_always_earns_and_a_loop_
 
 
 def test_doctor_without_the_self_test_says_what_this_machine_allows():
-    done = subprocess.run(
-        [sys.executable, "-m", "autograder", "doctor", "--no-speed", "--json"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    done = autograder("doctor", "--no-speed", "--json", timeout=120)
     findings = json.loads(done.stdout)
     assert done.returncode == (0 if findings["machine"]["isolation"] else 2), done.stderr
     assert findings["machine"]["cgroups"]["writable"] == bool(findings["machine"]["cgroups"]["hierarchies"])
@@ -214,13 +206,7 @@ def test_doctor_without_the_self_test_says_what_this_machine_allows():
 def test_doctor_trusts_the_speed_part_here(tmp_path):
     """The self-test through the real grader: here (a machine the speed part was calibrated on) the reference
     earns its speed points and the loop over heads none."""
-    done = subprocess.run(
-        [sys.executable, "-m", "autograder", "doctor", "--gradings", "1"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
+    done = autograder("doctor", "--gradings", "1", timeout=600)
     assert "Speed self-test" in done.stdout, done.stdout + done.stderr
     assert done.returncode == 0, done.stdout[-2000:]
     assert "can be trusted" in done.stdout
@@ -259,13 +245,7 @@ def test_the_speed_report_and_the_advice_read_as_sentences():
     unmeasured = SpeedRun("loop over heads", 0.0, 10.0, None, "speed: not timed: far too slow. Nothing to score.", True)
     text = speed_report([unmeasured], True, "a loop over heads earns nothing", 12.0)
     assert ".;" not in text and "; points 0/10" in text
-    done = subprocess.run(
-        [sys.executable, "-m", "autograder", "doctor", "--no-speed"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    done = autograder("doctor", "--no-speed", timeout=120)
     last = done.stdout.strip().splitlines()[-1]
     assert "do  nothing" not in done.stdout
     assert last.startswith("The one change that would improve grading here") or last.strip().startswith("do ")

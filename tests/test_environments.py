@@ -39,7 +39,7 @@ import pytest
 
 import environments
 from environments import NORMAL_UID, emulate
-from helpers import ROOT, part_scores
+from helpers import ROOT, class_results, part_scores
 from speed_variants import LOOP_OVER_HEADS, definitions, with_cell
 from test_hostile_submissions import (
     BACKGROUND_BURNER,
@@ -199,11 +199,7 @@ def graded(request) -> Graded:
     run = run_in(environment, command, project, env, folder / "home", timeout=3000)
     seconds = time.monotonic() - started
     time.sleep(2)  # time for anything left behind to show
-    results = {}
-    for student in SUBMISSIONS:
-        path = course / "autograded" / student / "mha" / "results.json"
-        if path.exists():
-            results[student] = json.loads(path.read_text())
+    results = class_results(course, SUBMISSIONS)
     left_files = files_with(marker)
     for path in left_files:  # the machine's, so removed whatever the test says of them
         subprocess.run(["rm", "-rf", "--", path], check=False)

@@ -12,7 +12,6 @@ speed points and the unpinned spinners made the grading fail (a math domain erro
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
@@ -22,7 +21,7 @@ import pytest
 
 import cpu_attacks
 import environments
-from helpers import part_scores
+from helpers import class_results, part_scores
 from test_environments import ENVIRONMENTS, grader_command, run_in
 from test_hostile_submissions import processes_with
 
@@ -58,11 +57,7 @@ def graded() -> Graded:
     command = [*grader, "grade-class", str(course), "--device", "cpu", "--jobs", "1"]
     run = run_in(DOCKER, command, project, env, folder / "home", timeout=3000)
     time.sleep(2)  # time for anything left behind to show
-    results = {}
-    for student in STUDENTS:
-        path = course / "autograded" / student / "mha" / "results.json"
-        if path.exists():
-            results[student] = json.loads(path.read_text())
+    results = class_results(course, STUDENTS)
     return Graded(run.returncode, run.stdout + run.stderr, results, processes_with(marker))
 
 
