@@ -271,6 +271,7 @@ def test_a_grading_stopped_by_sigterm_says_so_and_scores_nothing(tmp_path, monke
     assert again.graded  # the next grading in this process starts unstopped
 
 
+@pytest.mark.slow  # gradings in processes of their own
 def test_a_worker_that_cannot_import_torch_is_the_graders_fault_not_a_zero(tmp_path, monkeypatch):
     """The grader installed where its worker's Python has no torch (the worker fails before any of the
     submission's code runs): the reference is not graded 0 but cannot be graded, exit 2, saying why."""

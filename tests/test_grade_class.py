@@ -441,6 +441,7 @@ def grade_class_as_a_grader_that_is_not_root(
     return run, " ".join((run.stdout + run.stderr).split())
 
 
+@pytest.mark.slow  # gradings in processes of their own
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and util-linux's setpriv")
 def test_folders_and_files_the_grader_cannot_read_are_a_note_on_that_student(tmp_path):
     """bob's mha/ is mode 0300 (listed by no one), cal's folder 0000, dee's mha.py 0000, to a grader that is not

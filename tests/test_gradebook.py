@@ -56,6 +56,7 @@ def test_nbgrader_lists_every_student_and_exports_our_totals(tmp_path):
     assert our_totals(course)["bob"] == expected["bob"]  # grades.csv is ours still, not nbgrader's
 
 
+@pytest.mark.slow  # several runs of the command line
 def test_any_sqlalchemy_url_from_the_course_configuration_or_the_command_line(tmp_path):
     course = course_with_record(tmp_path, {})
     other = tmp_path / "elsewhere.db"
