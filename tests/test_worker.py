@@ -493,19 +493,24 @@ def test_a_prestarted_worker_runs_nothing_of_the_submission_until_it_is_started(
         assert w.output().count("top level ran") == 1
 
 
+@pytest.mark.parametrize("said_ready", [False, True], ids=["at-once", "after-it-said-ready"])
 @pytest.mark.parametrize("forks", [0, 50], ids=["fresh", "forked"])
-def test_a_prestarted_worker_that_dies_before_it_is_started_is_the_graders_fault(make_worker, forks):
-    """Killed before any of the submission ran: never counted as the submission ending its own worker. A
-    fresh one cannot start (the run cannot grade); a forked one is the fork server's trouble, and a fresh
-    worker is started instead, saying why."""
+def test_a_prestarted_worker_that_dies_before_it_is_started_is_the_graders_fault(make_worker, forks, said_ready):
+    """Killed before any of the submission ran (at once, or once it has said ready but before it read the file):
+    never counted as the submission ending its own worker, nor as its file failing to load. A fresh one cannot
+    start (the run cannot grade); a forked one is the fork server's trouble, and a fresh worker is started
+    instead, saying why."""
     w = make_worker("def f():\n    return 1\n", isolation="process", forks_per_server=forks)
     w.prestart()
     assert w.process is not None and w.process.started(60) is None
+    if said_ready:  # its `ready` waits unread in the pipe
+        assert select.select([w.process.from_worker], [], [], 60)[0]
     os.kill(w.process.pid, 9)
     w.process.process.wait(timeout=30)  # gone before the request
     if forks:
         assert w.request("call", fn="f", args=[], kwargs={}) == 1
-        assert w.fresh_because is not None and "before it was ready" in w.fresh_because
+        assert w.fresh_because is not None
+        assert "before it read the file" in w.fresh_because if said_ready else "before it" in w.fresh_because
         assert not w.process.forked and w.starts == 1
     else:
         with pytest.raises(WorkerCannotStart):

@@ -466,18 +466,10 @@ class Worker:
                 self.isolation = "process"
                 self.events.append("CUDA was not visible inside the namespace sandbox: fell back to process isolation")
                 return self.start(check)
-            reply = self._channel("loading your file").exchange(
-                "load",
-                {
-                    "cells": self.cells,
-                    "filename": self.filename,
-                    "cell_seconds": self.config.cell_seconds,
-                    "later_cell_seconds": self.config.later_cell_seconds,
-                    "skip": self.skipped_cells,
-                },
-                self._deadline(self.config.load_seconds, check=check),
-                "loading your file",
-            )
+            try:
+                reply = self._load(check)
+            except EndedBeforeRequest as exc:
+                reply = self._ended_before_the_file(exc, check)
         except WorkerCannotStart:
             raise
         except CheckTimeUp as exc:
@@ -509,6 +501,40 @@ class Worker:
             self.load_report = reply.value
             self.skipped_cells = [e.cell for e in reply.value.errors if e.timed_out]
         return reply.value
+
+    def _load(self, check: CheckBudget | None) -> protocol.Reply:
+        """Send the file to the new worker and wait for its load report (within `load_seconds`)."""
+        args = {
+            "cells": self.cells,
+            "filename": self.filename,
+            "cell_seconds": self.config.cell_seconds,
+            "later_cell_seconds": self.config.later_cell_seconds,
+            "skip": self.skipped_cells,
+        }
+        deadline = self._deadline(self.config.load_seconds, check=check)
+        return self._channel("loading your file").exchange("load", args, deadline, "loading your file")
+
+    def _ended_before_the_file(self, exc: EndedBeforeRequest, check: CheckBudget | None) -> protocol.Reply:
+        """The new worker said ready, then ended before it read the file (killed from outside, say): none of the
+        submission's code ran, so it is never the submission's failure. A forked worker is let go and a fresh one
+        loads the file instead; the first worker, fresh, means that the worker cannot start here (the grader's
+        fault, WorkerCannotStart). A restarted fresh worker's end counts as before (a crash while loading)."""
+        forked = self.process is not None and self.process.forked
+        if not forked and self.starts > 1:
+            raise exc
+        said = self._discard()
+        why = f"it ended before it read the file ({exc})" + (f"; it said: {said}" if said else "")
+        if not forked:
+            self.state, self.why = (
+                Lifecycle.CANNOT_START,
+                "the grader's worker could not start, before any code of the submission ran (the grader's "
+                f"environment is at fault): {why}",
+            )
+            raise WorkerCannotStart(self.why)
+        self.fresh_because = f"a forked worker said it was ready, then {why}"
+        self._spawn(fork=False)
+        self._boot(check)
+        return self._load(check)
 
     def prestart(self) -> None:
         """Start the first worker's process now, so that Python, its jail and torch load while the grader
