@@ -1,5 +1,7 @@
 """Fixtures shared by the project's tests; the helpers they use live in helpers.py."""
 
+import textwrap
+
 import pytest
 
 from browser import find_or_install_chromium
@@ -13,6 +15,25 @@ def reference_results(tmp_path_factory) -> dict:
     results, run = grade(REFERENCE, tmp_path_factory.mktemp("reference"))
     assert run.returncode == 0, run.stderr
     return results
+
+
+@pytest.fixture
+def make_worker(request):
+    """`make_worker(source, **settings)`: a worker of `source` (dedented), with `WorkerConfig`'s settings; a test
+    module's `WORKER_DEFAULTS` (a dict of them) sets its own defaults. Every worker is closed after the test."""
+    from autograder.sandbox.client import Worker
+    from autograder.sandbox.settings import WorkerConfig
+
+    defaults = getattr(request.module, "WORKER_DEFAULTS", {})
+    made = []
+
+    def make(source: str, **settings) -> Worker:
+        made.append(Worker([(1, 1, textwrap.dedent(source))], "mha.py", WorkerConfig(**{**defaults, **settings})))
+        return made[-1]
+
+    yield make
+    for worker in made:
+        worker.close()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from functools import cache
@@ -21,9 +20,8 @@ import pytest
 
 from autograder.sandbox.bwrap import PROJECT_ROOT, allow_list
 from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
-from autograder.sandbox.client import BudgetSpent, Worker, WorkerCrashed
+from autograder.sandbox.client import BudgetSpent, WorkerCrashed
 from autograder.sandbox.probe import is_root, namespace_sandbox_available, separate_uid_available
-from autograder.sandbox.settings import WorkerConfig
 
 
 @cache
@@ -39,19 +37,7 @@ needs_sandbox = pytest.mark.skipif(not namespace_sandbox_available(), reason="bu
 needs_cgroups = pytest.mark.skipif(not cgroups_available(), reason="no control groups can be made here")
 
 
-@pytest.fixture
-def make_worker():
-    made = []
-
-    def make(source: str, **config) -> Worker:
-        settings = dict(load_seconds=60, request_seconds=20)
-        settings.update(config)
-        made.append(Worker([(1, 1, textwrap.dedent(source))], "mha.py", WorkerConfig(**settings)))
-        return made[-1]
-
-    yield make
-    for worker in made:
-        worker.close()
+WORKER_DEFAULTS = dict(load_seconds=60, request_seconds=20)  # make_worker's (tests/conftest.py)
 
 
 def alive(pid: int) -> bool:

@@ -28,24 +28,7 @@ from autograder.sandbox.client import (
 )
 from autograder.sandbox.protocol import ModuleInfo
 
-
-def worker(source: str, **config) -> Worker:
-    settings = dict(load_seconds=30, request_seconds=3)
-    settings.update(config)
-    return Worker([(1, 1, source)], "mha.py", WorkerConfig(**settings))
-
-
-@pytest.fixture
-def make_worker():
-    made = []
-
-    def make(source, **config):
-        made.append(worker(source, **config))
-        return made[-1]
-
-    yield make
-    for w in made:
-        w.close()
+WORKER_DEFAULTS = dict(load_seconds=30, request_seconds=3)  # make_worker's (tests/conftest.py)
 
 
 def test_answers_are_plain_data_and_tensors(make_worker):
@@ -677,8 +660,8 @@ def test_one_failure_policy_for_untimed_and_timed_requests():
     assert "not restarted again" in (crashes.ended("ended between requests again") or "")
 
 
-def test_a_worker_whose_file_cannot_load_refuses_every_request_without_starting_a_process():
-    w = worker("x = 1", isolation="process")
+def test_a_worker_whose_file_cannot_load_refuses_every_request_without_starting_a_process(make_worker):
+    w = make_worker("x = 1", isolation="process")
     assert w.state is Lifecycle.IDLE and not w.alive() and w.load_failure is None
     w.refuse_load("that is not a Python file")
     assert w.state is Lifecycle.LOAD_FAILED and w.load_failure == "that is not a Python file"
