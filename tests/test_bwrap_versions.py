@@ -24,7 +24,7 @@ import pytest
 import bwrap_versions
 from autograder.sandbox import bwrap, machine, probe
 from environments import NORMAL_UID
-from test_hostile_submissions import reference_theft, with_cells
+from hostile import reference_theft, with_cells
 
 EMULATED = ("0.4.0", "0.5.0", "0.6.1", "0.7.0")
 needs_bwrap = pytest.mark.skipif(not probe.bwrap_path(), reason="bubblewrap is not installed here")

@@ -35,7 +35,7 @@ import pytest
 import docker_env
 from docker_env import Daemon, Ran
 from helpers import ROOT, SAMPLES, part_scores
-from test_hostile_submissions import BACKGROUND_BURNER, BROKEN_MHA_FORWARD, escape_attempts, reference_theft, with_cells
+from hostile import BACKGROUND_BURNER, BROKEN_MHA_FORWARD, escape_attempts, reference_theft, with_cells
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(5400)]
 

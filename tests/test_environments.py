@@ -40,8 +40,7 @@ import pytest
 import environments
 from environments import NORMAL_UID, emulate
 from helpers import ROOT, class_results, part_scores
-from speed_variants import LOOP_OVER_HEADS, definitions, with_cell
-from test_hostile_submissions import (
+from hostile import (
     BACKGROUND_BURNER,
     BROKEN_MHA_FORWARD,
     EXIT_IN_FORWARD,
@@ -50,6 +49,7 @@ from test_hostile_submissions import (
     reference_theft,
     with_cells,
 )
+from speed_variants import LOOP_OVER_HEADS, definitions, with_cell
 
 pytestmark = [
     pytest.mark.slow,

@@ -22,8 +22,8 @@ import pytest
 import cpu_attacks
 import environments
 from helpers import class_results, part_scores
+from hostile import processes_with
 from test_environments import ENVIRONMENTS, grader_command, run_in
-from test_hostile_submissions import processes_with
 
 pytestmark = [
     pytest.mark.slow,
