@@ -435,6 +435,7 @@ class Worker:
         self.capture.start()
 
     def _refuse_if_final(self) -> None:
+        """Raise, saying why, in a final state: no request runs again."""
         if self.state is Lifecycle.CANNOT_START:
             raise WorkerCannotStart(self.why or "")
         if self.state is Lifecycle.LOAD_FAILED:
@@ -779,8 +780,7 @@ class Worker:
         self.policy.refuse(target)
         if self.state is Lifecycle.RUNNING and self.process is not None and not self.process.alive():
             self._ended_on_its_own()
-        if self.state is Lifecycle.GIVEN_UP:
-            self._refuse_if_final()
+        self._refuse_if_final()
         if not self.alive():
             self.start(check)
             if self.holding and self.process is not None:
