@@ -108,6 +108,25 @@ def test_a_checks_inputs_depend_only_on_the_run_seed_and_its_own_id():
     assert not torch.equal(Inputs(check_seed(123, "test_mha.py::test_dropout")).randn(3, 4), first)
 
 
+def test_the_checks_seed_draws_as_torch_manual_seed_does():
+    """`seed_torch` (torch.manual_seed without queueing seeds for accelerators not in use): the same weights,
+    the same dropout masks."""
+    from autograder.grading.checks.harness import seed_torch
+    from reference import mha as ref
+
+    def draws() -> list[torch.Tensor]:
+        module = ref.MultiHeadAttention(8, 8, 4, 0.5, 2)
+        return [*module.state_dict().values(), torch.nn.functional.dropout(torch.ones(50), 0.5), torch.rand(3)]
+
+    for seed in (0, 123, 2**40):
+        torch.manual_seed(seed)
+        expected = draws()
+        torch.manual_seed(seed + 1)  # a different state, which seed_torch must replace
+        draws()
+        seed_torch(seed)
+        assert all(torch.equal(a, b) for a, b in zip(draws(), expected, strict=True))
+
+
 def test_a_check_resting_on_a_wrong_answer_is_not_credited_and_reads_back(tmp_path):
     rubric = rubric_file(tmp_path, "[parts.mha]\npoints = 20\n")
     outcomes = [

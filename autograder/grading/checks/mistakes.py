@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import torch
 
-from autograder.grading.checks.harness import Raised, Submission, Variants
+from autograder.grading.checks.harness import Raised, Submission, Variants, seed_torch
 from reference import mha as ref
 
 # The five common mistakes the notebook warns about (its "Common mistakes" section uses the same names),
@@ -240,7 +240,7 @@ def mha_train_forward(
     module.train(True)
     try:
         with torch.no_grad():
-            torch.manual_seed(seed)
+            seed_torch(seed)
             return mha_forward(module, x, dropout=dropout)
     finally:
         module.eval()

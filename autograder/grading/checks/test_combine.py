@@ -20,6 +20,7 @@ from autograder.grading.checks.harness import (
     book_batch,
     fail,
     first_match,
+    seed_torch,
     value_problem,
     values_first,
 )
@@ -81,7 +82,7 @@ def check_combine(
 def test_book_example(submission: Submission, rubric: Rubric) -> None:
     """combine gathers the book's two heads into (2, 6, 4) context vectors"""
     batch = book_batch()
-    torch.manual_seed(123)
+    seed_torch(123)
     heads = ref.MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2).heads
     with torch.no_grad():
         outputs = [head(batch) for head in heads]

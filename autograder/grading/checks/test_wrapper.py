@@ -29,6 +29,7 @@ from autograder.grading.checks.harness import (
     first_match,
     in_student_terms,
     raised_in,
+    seed_torch,
     value_problem,
     values_first,
 )
@@ -59,7 +60,7 @@ def reference_heads(
     """Each reference head's output on x, in order, dropout drawn from `seed` as the wrapper draws it."""
     x = x.to(next(reference.parameters()).device)
     reference.train(train)
-    torch.manual_seed(seed)
+    seed_torch(seed)
     with torch.no_grad():
         outputs = [head(x).cpu() for head in reference.get_submodule("heads").children()]
     reference.eval()

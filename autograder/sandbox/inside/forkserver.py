@@ -118,6 +118,7 @@ def main(argv: list[str]) -> None:
     os.chdir(config["workdir"])
     import torch
 
+    server.settle_imports()
     problem = unsafe_to_fork(torch)
     if problem is not None and threads() > 1:
         # A library's thread pool started at import (numpy's OpenBLAS) is shut down by its own fork handler:
