@@ -127,6 +127,35 @@ def test_the_checks_seed_draws_as_torch_manual_seed_does():
         assert all(torch.equal(a, b) for a, b in zip(draws(), expected, strict=True))
 
 
+def test_the_checks_backward_gives_the_gradients_of_backward_with_a_gradient_and_imports_nothing():
+    """`backward(y, g)` (the grader's and the worker's): bit for bit the gradients of `y.backward(g)`, without
+    importing sympy, which `y.backward(g)` does on its first call (a quarter of a second)."""
+    import subprocess
+    import sys
+
+    from autograder.grading.checks.harness import backward
+    from reference import mha as ref
+
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        module = ref.MultiHeadAttention(6, 4, 8, 0.0, 2).to(dtype)
+        x, g = torch.randn(2, 8, 6, dtype=dtype), torch.randn(2, 8, 4, dtype=dtype)
+        found = []
+        for run in (lambda y: y.backward(g), lambda y: backward(y, g)):
+            module.zero_grad(set_to_none=True)
+            leaf = x.clone().requires_grad_(True)
+            run(module(leaf))
+            found.append([leaf.grad, *(p.grad for p in module.parameters())])
+        assert all(torch.equal(a, b) for a, b in zip(*found, strict=True)), dtype
+    script = (
+        "import sys, torch\n"
+        "from autograder.grading.checks.harness import backward\n"
+        "x = torch.randn(2, 3, requires_grad=True)\n"
+        "backward(torch.softmax(x, -1), torch.randn(2, 3))\n"
+        "assert x.grad is not None and 'sympy' not in sys.modules, sorted(sys.modules)[:5]\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
+
+
 def test_a_check_resting_on_a_wrong_answer_is_not_credited_and_reads_back(tmp_path):
     rubric = rubric_file(tmp_path, "[parts.mha]\npoints = 20\n")
     outcomes = [

@@ -241,11 +241,7 @@ class WorkerGroup:
     def _wait_frozen(frozen: bool, is_frozen: Callable[[], bool]) -> bool:
         if not frozen:
             return True
-        for _ in range(200):  # a few seconds at most; freezing takes microseconds unless tasks are in D state
-            if is_frozen():
-                return True
-            time.sleep(0.01)
-        return is_frozen()
+        return _wait_until(is_frozen, 2.0)  # freezing takes microseconds unless tasks are in D state
 
     def cpu_seconds(self) -> float | None:
         """User and system CPU time of every process that ever ran in the group."""
@@ -310,9 +306,20 @@ class WorkerGroup:
         self._wait_empty()
 
     def _wait_empty(self, seconds: float = 5.0) -> None:
-        end = time.monotonic() + seconds
-        while self.pids() and time.monotonic() < end:
-            time.sleep(0.01)
+        _wait_until(lambda: not self.pids(), seconds)
+
+
+def _wait_until(done: Callable[[], bool], seconds: float) -> bool:
+    """Whether `done()` holds within `seconds`, asked at once and then after waits that start at half a
+    millisecond and double up to ten (a group freezes or empties within a scheduler tick or two: a fixed
+    ten-millisecond wait cost every timed round twenty)."""
+    end, pause = time.monotonic() + seconds, 0.0005
+    while not done():
+        if time.monotonic() >= end:
+            return done()
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+    return True
 
 
 def _parents() -> list[Path]:

@@ -21,6 +21,7 @@ from autograder.grading.checks.harness import (
     Raised,
     Submission,
     attempt,
+    backward,
     book_pair,
     build_pair,
     check_gradients,
@@ -229,7 +230,7 @@ def test_gradients(submission: Submission, inputs: Inputs, rubric: Rubric) -> No
         return
     x_ref = x.clone().requires_grad_(True)
     reference.zero_grad(set_to_none=True)
-    reference(x_ref).backward(grad_out)
+    backward(reference(x_ref), grad_out)
     check_gradients(
         answer, {"x": x_ref.grad, **{f"param:{n}": p.grad for n, p in reference.named_parameters()}}, rubric
     )
