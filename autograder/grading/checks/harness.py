@@ -616,7 +616,7 @@ def backward(y: torch.Tensor, grad_out: torch.Tensor) -> None:
     """`y.backward(grad_out)`, as the backward of the scalar sum(y * grad_out), as the worker runs it: the same
     gradients to the last bit, without what `backward` with an explicit gradient imports on its first call
     (torch's symbolic shapes and sympy: a quarter of a second of CPU in each grading from the command line)."""
-    (y * grad_out).sum().backward()
+    (y * grad_out).sum().backward()  # type: ignore[no-untyped-call]  # torch declares no types for it
 
 
 def reference_forward(module: torch.nn.Module, x: torch.Tensor, *, train: bool = False, seed: int = 0) -> torch.Tensor:

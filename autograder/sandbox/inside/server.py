@@ -566,7 +566,7 @@ def backward(y: torch.Tensor, grad_out: torch.Tensor) -> None:
     """`y.backward(grad_out)`, as the backward of the scalar sum(y * grad_out): the same gradients to the last bit
     (that sum's gradient with respect to y is grad_out times ones), without what `backward` with an explicit
     gradient imports on its first call (torch's symbolic shapes and sympy: a quarter of a second of CPU)."""
-    (y * grad_out).sum().backward()
+    (y * grad_out).sum().backward()  # type: ignore[no-untyped-call]  # torch declares no types for it
 
 
 def safe_repr(value: object) -> str:
