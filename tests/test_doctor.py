@@ -23,7 +23,7 @@ def a_machine(**changes) -> Machine:
         fresh_uid=True,
         fresh_uid_problem="",
         cgroups=ControlGroups(["v2 at /sys/fs/cgroup"], True, ["v2"], ["memory", "pids", "cpu"], {}, ""),
-        cuda=Cuda(False, [], [], "2.13.0+cpu"),
+        cuda_found=Cuda(False, [], [], "2.13.0+cpu"),
         isolation="namespace",
         refusal="",
         guarantees={},

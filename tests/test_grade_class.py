@@ -22,7 +22,7 @@ from autograder.course.class_outputs import canvas_csv, class_table, grades_csv
 from autograder.course.roster import AMBIGUOUS, SUBMITTED, read_roster
 from autograder.course.rows import GRADED, NO_SUBMISSION, Row
 from autograder.course.store import ClassInputs, Record
-from autograder.model import CANNOT_GRADE
+from autograder.model import CANNOT_GRADE, GradingRun
 from autograder.rubric import DEFAULT_RUBRIC, load_rubric
 from autograder.sandbox.procfs import descendants
 from classkit import ROOT, fill_record, make_course, synthetic_run
@@ -789,3 +789,48 @@ def test_a_refusal_changes_nothing_in_the_course(tmp_path, monkeypatch):
     assert grade_class.grade_class(grade_class.ClassOptions(course, device="cpu")) == grade_class.EXIT_CANNOT_GRADE
     after = sorted((str(p), p.stat().st_mode, p.stat().st_mtime_ns) for p in [course, *course.rglob("*")])
     assert after == before
+
+
+def test_feedback_pages_and_the_gradebook_are_made_while_the_class_is_graded(tmp_path, monkeypatch, capsys):
+    """Each student's feedback page is written as soon as their run is recorded, and a missing gradebook is
+    made meanwhile (`OutputsAhead`): after the last grading, the class outputs find every page current. A page
+    written ahead is the page the outputs would write."""
+    from autograder.course import class_outputs, feedback, grade_class
+    from autograder.course.rows import feedback_path
+
+    course = make_course(tmp_path / "course", {s: {"mha.py": "x = 1\n"} for s in ("ann", "bob", "cat")})
+    pages_when_graded: dict[str, bool] = {}
+
+    class Grader(FakeGrader):
+        def run_for(self, request):
+            # the students before this one have their pages, or will within seconds (a thread writes them)
+            for student in ("ann", "bob"):
+                if student < request["id"]:
+                    end = time.monotonic() + 60
+                    while not feedback_path(course, student).exists() and time.monotonic() < end:
+                        time.sleep(0.05)
+                    pages_when_graded[student] = feedback_path(course, student).exists()
+            if request["id"] == "ann":
+                pages_when_graded["gradebook"] = (course / "gradebook.db").exists()
+            return super().run_for(request)
+
+    monkeypatch.setattr(grade_class, "Grader", Grader)
+    assert grade_class.grade_class(grade_class.ClassOptions(course, device="cpu", jobs=1)) == grade_class.EXIT_DONE
+    said = " ".join(capsys.readouterr().out.split())
+    assert pages_when_graded == {"gradebook": pages_when_graded["gradebook"], "ann": True, "bob": True}
+    assert "feedback.html (0 written)" in said, said
+    assert (course / "gradebook.db").is_file() and "gradebook not updated" not in said
+    rows = grade_class.class_rows(read_roster(course), Record(course))
+    for row in rows:
+        value = feedback.fingerprint(row, False, feedback.renderer_fingerprint())
+        assert feedback_path(course, row.student).read_text() == feedback.render(row, False, value)
+
+    # runs that change every page, with the thread told nothing: every page is written after the grading
+    class Regrader(FakeGrader):
+        def run_for(self, request):
+            return GradingRun(status="graded", submission="mha.py", seed=1234)
+
+    monkeypatch.setattr(grade_class, "Grader", Regrader)
+    monkeypatch.setattr(class_outputs.OutputsAhead, "graded", lambda self, entry: None)
+    assert grade_class.grade_class(grade_class.ClassOptions(course, device="cpu", jobs=1, force=True)) == 0
+    assert "feedback.html (3 written)" in " ".join(capsys.readouterr().out.split())

@@ -15,8 +15,11 @@ has a row per student:
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import re
 import statistics
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -30,8 +33,8 @@ from autograder.contract import ASSIGNMENT
 from autograder.course.class_report import report_path, write_class_report
 from autograder.course.clean import clean_for_output, csv_text
 from autograder.course.feedback import write_feedback
-from autograder.course.gradebook import GradebookError, ensure_configuration, record_grades
-from autograder.course.roster import AMBIGUOUS, NO_SUBMISSION
+from autograder.course.gradebook import GradebookError, ensure_configuration, make_ahead, record_grades
+from autograder.course.roster import AMBIGUOUS, NO_SUBMISSION, Entry
 from autograder.course.rows import NOT_GRADED, STATUSES, Row, graded_parts, status_words
 from autograder.course.store import COURSE_FILE_MODE, Record
 from autograder.model import CANNOT_GRADE, points_text
@@ -198,6 +201,44 @@ class OutputOptions:
     gradebook: bool = True
     feedback: bool = True
     canvas_assignment: str = ASSIGNMENT  # the Canvas file's column header: "Name (id)" of a Canvas assignment
+
+
+class OutputsAhead:
+    """What the class outputs cost that need not wait for the last grading, done in a thread of its own while
+    the class is graded (a class run's coordinator mostly waits on its grading processes meanwhile): the
+    imports (matplotlib, nbgrader), the gradebook's database where it does not exist yet (nbgrader starts
+    `alembic` to make one), and each student's feedback page once their run is recorded (`graded`).
+    `write_class_outputs` then finds those pages current and writes only what is not. Only a saving of time:
+    what fails here is done again, and said, by `write_class_outputs`."""
+
+    def __init__(self, course: Path, record: Record, options: OutputOptions):
+        self.course, self.record, self.options = Path(course), record, options
+        self.graded_entries: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
+        self.pages = 0  # feedback pages written ahead
+        self.thread = threading.Thread(target=self._run, name="outputs-ahead", daemon=True)
+        self.thread.start()
+
+    def graded(self, entry: Entry) -> None:
+        """`entry`'s student has a new run in the record: their feedback page can be written now."""
+        self.graded_entries.put(entry)
+
+    def close(self) -> None:
+        """Wait for what was asked to be done (the class outputs are written after, from the record)."""
+        self.graded_entries.put(None)
+        self.thread.join()
+
+    def _run(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.options.feedback:
+                from matplotlib.figure import Figure  # noqa: F401  # imported ahead: about a second
+            if self.options.gradebook:
+                make_ahead(self.course, self.options.db_url)
+        while (entry := self.graded_entries.get()) is not None:
+            if not self.options.feedback:
+                continue
+            with contextlib.suppress(Exception):
+                row = Row(entry, self.record.run(entry.student) if entry.has_file else None)
+                self.pages += write_feedback(self.course, [row], released=self.options.released)
 
 
 def mirror_results(course: Path, record: Record, rows: list[Row]) -> int:

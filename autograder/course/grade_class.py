@@ -44,7 +44,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autograder.contract import ASSIGNMENT
-from autograder.course.class_outputs import OutputOptions, write_class_outputs
+from autograder.course.class_outputs import OutputOptions, OutputsAhead, write_class_outputs
 from autograder.course.clean import clean_for_output
 from autograder.course.grading_pool import Grader
 from autograder.course.placement import NoDevice, Placement, placement_for
@@ -477,14 +477,14 @@ def plan_under_lock(run: ClassRun, report: Reporter) -> list[Job]:
     return todo
 
 
-def retry_untimed(run: ClassRun, todo: list[Job], report: Reporter) -> bool:
+def retry_untimed(run: ClassRun, todo: list[Job], report: Reporter, ahead: OutputsAhead | None = None) -> bool:
     """Step 5: whoever could not be timed because the device's timing lock stayed busy (other gradings'
     timing) is graded once more, one at a time. False when interrupted."""
     untimed = [job for job in todo if could_not_time(run.record.run(job.student))]
     if not untimed:
         return True
     report.retrying_untimed(len(untimed))
-    return grade_all(untimed, run, 1, report)
+    return grade_all(untimed, run, 1, report, ahead)
 
 
 def finish(run: ClassRun, report: Reporter) -> list[str]:
@@ -511,7 +511,12 @@ def grade_class(options: ClassOptions, report: Reporter | None = None) -> int:
     lock = hold_course(options.course, report, options.share)
     try:
         todo = plan_under_lock(run, report)
-        finished = grade_all(todo, run, run.jobs, report) and retry_untimed(run, todo, report)  # step 4, then 5
+        ahead = OutputsAhead(options.course, run.record, options.outputs) if todo and options.share is None else None
+        try:
+            finished = grade_all(todo, run, run.jobs, report, ahead) and retry_untimed(run, todo, report, ahead)
+        finally:
+            if ahead is not None:
+                ahead.close()
         left = finish(run, report)
     finally:
         lock.close()
@@ -571,8 +576,9 @@ def merge_class(options: ClassOptions, report: Reporter | None = None) -> int:
     return EXIT_DONE
 
 
-def grade_all(todo: list[Job], run: ClassRun, jobs: int, report: Reporter) -> bool:
-    """Step 4 (and 5): grade every job, `jobs` at a time; False when interrupted (Ctrl-C)."""
+def grade_all(todo: list[Job], run: ClassRun, jobs: int, report: Reporter, ahead: OutputsAhead | None = None) -> bool:
+    """Step 4 (and 5): grade every job, `jobs` at a time; False when interrupted (Ctrl-C). `ahead` is told of
+    each student graded (their feedback page is written while the others are graded)."""
     if not todo:
         return True
     options = run.options
@@ -589,7 +595,10 @@ def grade_all(todo: list[Job], run: ClassRun, jobs: int, report: Reporter) -> bo
                 for job in todo
             }
             for future in as_completed(futures):
-                done(futures[future], future.result())
+                job, graded = futures[future], future.result()
+                done(job, graded)
+                if ahead is not None:
+                    ahead.graded(job.entry)
         return True
     except KeyboardInterrupt:
         for future in futures:

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -175,17 +176,42 @@ def keep_private(db_url: str) -> None:
         pass
 
 
-def write_grades(db_url: str, course_id: str, rows: list[Row], rubric: Rubric, assignment: str) -> None:
-    from nbgrader.api import Grade, Gradebook, InvalidEntry, MissingEntry
-    from sqlalchemy.exc import SQLAlchemyError
+@contextlib.contextmanager
+def opened(db_url: str, course_id: str) -> Iterator[Any]:
+    """nbgrader's `Gradebook` on `db_url`, made (tables and alembic's version) where it is missing, quiet."""
+    from nbgrader.api import Gradebook
 
-    parts = [p for p in graded_parts(rubric) if rubric.part_points(p) > 0]
     logging.getLogger("nbgrader").setLevel(logging.WARNING)
     bin_dir = str(Path(sys.executable).parent)  # nbgrader runs `alembic` from its own environment
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    with contextlib.redirect_stderr(io.StringIO()), Gradebook(db_url, course_id) as gradebook:
+        yield gradebook
+
+
+def make_ahead(course: Path, db_url: str | None = None) -> None:
+    """Import nbgrader and, where the course's gradebook is a SQLite file that does not exist yet, make it
+    (empty): seconds that a class run spends while it grades (`class_outputs.OutputsAhead`) rather than after.
+    `record_grades` then writes into it as into any existing gradebook."""
+    configured_url, course_id = course_settings(Path(course))
+    db_url = db_url or configured_url
+    path = sqlite_path(db_url)
+    if path is None or path.exists():
+        import nbgrader.api  # noqa: F401  # imported ahead: a second or two
+
+        return
+    with opened(db_url, course_id):
+        pass
+    keep_private(db_url)
+
+
+def write_grades(db_url: str, course_id: str, rows: list[Row], rubric: Rubric, assignment: str) -> None:
+    from nbgrader.api import Grade, InvalidEntry, MissingEntry
+    from sqlalchemy.exc import SQLAlchemyError
+
+    parts = [p for p in graded_parts(rubric) if rubric.part_points(p) > 0]
     try:
-        with contextlib.redirect_stderr(io.StringIO()), Gradebook(db_url, course_id) as gradebook:
+        with opened(db_url, course_id) as gradebook:
             gradebook.update_or_create_assignment(assignment)
             gradebook.update_or_create_notebook(assignment, assignment)
             cells = {

@@ -100,12 +100,20 @@ class Machine:
     fresh_uid: bool  # a worker can run as a fresh unprivileged uid (root only)
     fresh_uid_problem: str
     cgroups: ControlGroups
-    cuda: Cuda
     isolation: str | None  # what `auto` chooses here; None: it refuses
     refusal: str  # why `auto` refuses, when it does
     guarantees: dict[str, str]  # limits, control and timing, in words
     advice: str  # the one change that would improve grading here most, with its command ("" if none)
     container: Container = field(default_factory=Container)
+    cuda_found: Cuda | None = None  # found when first asked for (`cuda`): finding it imports torch
+
+    @property
+    def cuda(self) -> Cuda:
+        """CUDA as torch sees it, found on first use: a class run's coordinator, which asks only which isolation
+        the machine allows, never imports torch (a second or two)."""
+        if self.cuda_found is None:
+            self.cuda_found = find_cuda()
+        return self.cuda_found
 
     def summary(self, used: str | None = None) -> dict[str, str]:
         """What results.json carries (`extra_data.machine`): short, one line per fact. `used`: the isolation
@@ -304,7 +312,7 @@ def control_groups() -> ControlGroups:
     return ControlGroups(mounted, bool(hierarchies), hierarchies, controllers, limits, problem)
 
 
-def cuda() -> Cuda:
+def find_cuda() -> Cuda:
     import torch
 
     devices = []
@@ -478,7 +486,6 @@ def survey() -> Machine:
         fresh_uid=fresh,
         fresh_uid_problem="" if fresh else _fresh_uid_problem(root),
         cgroups=groups,
-        cuda=cuda(),
         isolation=isolation,
         refusal=refusal,
         guarantees=_guarantees(isolation, root, fresh, groups),
