@@ -179,3 +179,25 @@ def test_the_runner_writes_a_placeholder_results_json_before_grading(tmp_path, m
         grade_folder(tmp_path / "submission", out, device="cpu")
     assert seen["extra_data"]["status"] == "cannot_grade" and UNFINISHED in seen["output"]
     assert json.loads(out.read_text()) == seen  # what a killed grader leaves behind
+
+
+def test_a_folder_grading_adopts_workers_started_before_the_graders_imports(tmp_path, monkeypatch):
+    """Gradescope's and Classroom's gradings start their workers as `grade` does (`EarlyStart`), before the
+    grader imports torch, pytest and the checks, and the grading adopts them."""
+    from autograder.grading import workers
+    from autograder.platforms.folder import grade_folder
+
+    adopted = []
+    original = workers.EarlyStart.adopt
+
+    def adopt(self, *args, **kwargs):
+        worker = original(self, *args, **kwargs)
+        adopted.append(worker is not None)
+        return worker
+
+    monkeypatch.setattr(workers.EarlyStart, "adopt", adopt)
+    folder = tmp_path / "submission"
+    folder.mkdir()
+    (folder / "mha.py").write_text("x = 1\n")
+    run = grade_folder(folder, tmp_path / "results.json", device="cpu")
+    assert run.status == "graded" and adopted == [True]

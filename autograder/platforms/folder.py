@@ -112,9 +112,8 @@ def copy_submission(file: Path, folder: Path, work: Path) -> Path:
 
 
 def grade_folder(folder: Path, out: Path, device: str = "auto", isolation: str | None = None) -> GradingRun:
-    """Grade the submission in `folder` into results.json at `out` (always written); return the run."""
-    from autograder.grading.grade import Options, grade_submission
-
+    """Grade the submission in `folder` into results.json at `out` (always written); return the run. The
+    workers start (`EarlyStart`) before the grader imports torch, pytest and the checks, as `grade`'s do."""
     write_unfinished(out, "")
     found = find_submission(folder)
     note = clean_for_output(found.note)
@@ -127,14 +126,16 @@ def grade_folder(folder: Path, out: Path, device: str = "auto", isolation: str |
             except CannotCopy as exc:
                 run = GradingRun(status=CANNOT_GRADE, submission="", reason=clean_for_output(str(exc)))
             else:
+                from autograder.grading.workers import EarlyStart
+
+                isolation = isolation or os.environ.get("AUTOGRADER_ISOLATION", "auto")
+                early = EarlyStart.begin(
+                    copy, device=device, rubric_path=None, isolation=isolation, out=out, parts=None
+                )
+                from autograder.grading.grade import Options, grade_submission
+
                 run = grade_submission(
-                    copy,
-                    Options(
-                        device=device,
-                        out=out,
-                        quiet=True,
-                        isolation=isolation or os.environ.get("AUTOGRADER_ISOLATION", "auto"),
-                    ),
+                    copy, Options(device=device, out=out, quiet=True, isolation=isolation, early=early)
                 )
                 if note:
                     run.events.insert(0, note)

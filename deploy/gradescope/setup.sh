@@ -40,5 +40,7 @@ if torch.version.cuda:
 else:
     print(f"setup.sh: installed torch {torch.__version__}, the CPU build")
 '
+# The grader's bytecode, compiled once here: run_autograder writes none (each run starts from this image).
+"$ROOT/venv/bin/python" -m compileall -q "$SOURCE" > /dev/null
 # The student's code runs as another, unprivileged uid, never as root: it cannot read the grader's source.
 chmod -R go-rwx "$SOURCE"
