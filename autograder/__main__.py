@@ -1,28 +1,6 @@
-"""`python -m autograder`: the command line (`cli.main`), ended without the interpreter's teardown.
-
-Once a command has returned, everything it writes is written and every worker is closed. What a normal exit
-still does is run the `atexit` handlers (the fork servers' close among them), and then tear the interpreter
-down: with torch loaded, a third of a second of collecting and freeing objects whose memory the exit hands back
-anyway. So where no thread but this one is left (a thread that is not a daemon would be waited for), the
-handlers run here and the process ends with `os._exit`, its output flushed; else it exits as usual.
-"""
-
-import atexit
-import os
-import sys
-import threading
+"""`python -m autograder`: the command line (`cli.main`), ended without the interpreter's teardown (`ending`)."""
 
 from autograder.cli import main
+from autograder.ending import end
 
-try:
-    status = main()
-except SystemExit as stop:  # argparse's usage errors and --help, and a command that exits
-    if stop.code is not None and not isinstance(stop.code, int):
-        raise
-    status = stop.code or 0
-if any(t is not threading.current_thread() and not t.daemon for t in threading.enumerate()):
-    raise SystemExit(status)
-atexit._run_exitfuncs()
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(status)
+end(main)

@@ -10,10 +10,11 @@ from helpers import ROOT
 
 PACKAGE = ROOT / "autograder"
 # What each part of the package may import, besides itself (docs/architecture.md, "The map").
-TOP = {"contract", "rubric", "model", "atomic"}
+TOP = {"contract", "rubric", "model", "atomic", "ending"}
 MAY_IMPORT = {
     "contract": set(),
     "atomic": set(),
+    "ending": set(),
     "rubric": {"contract"},
     "model": {"contract", "atomic", "sandbox"},
     "sandbox": set(),
@@ -23,7 +24,7 @@ MAY_IMPORT = {
     "platforms": {"grading", "course", "authoring", *TOP},
     "doctor": {"grading", "sandbox", *TOP},
     "cli": {"grading", "course", "authoring", "platforms", "doctor", *TOP},
-    "__main__": {"cli"},
+    "__main__": {"cli", "ending"},
     "__init__": set(),
 }
 # The arrows that run back up, said in docs/architecture.md: a disputed grade says whether the grader
