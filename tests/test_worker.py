@@ -585,7 +585,7 @@ with open("/proc/self/clear_refs", "w") as handle:
     handle.write("5")
 before = status("VmRSS")
 try:
-    worker.request(CallRequest("f"))
+    worker.request(protocol.CallRequest("f"))
     outcome = "answered"
 except WorkerError as exc:
     outcome = str(exc)
