@@ -454,20 +454,20 @@ def field_values(record: Any) -> dict[str, Any]:
     return {f.name: getattr(record, f.name) for f in fields(record)}
 
 
-def from_fields(cls: type[T], data: Any, what: str) -> T:
+def from_fields(cls: type[T], data: Any, what: str, noun: str = "field") -> T:
     """`cls(**data)`, refusing a `data` that is not a dict, that has a key `cls` has no field for, or that lacks
-    a field without a default, each by name (a ValueError saying `what` it was)."""
+    a field without a default, each by name (a ValueError saying `what` it was, and calling a key `noun`)."""
     if not isinstance(data, dict):
         raise ValueError(f"{what}: not an object of named fields")
     known = [f for f in fields(cls) if f.init]  # type: ignore[arg-type]  # cls is a dataclass
     unknown = sorted(str(k) for k in data if k not in {f.name for f in known})
     if unknown:
-        raise ValueError(f"{what}: unknown field{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}")
+        raise ValueError(f"{what}: unknown {noun}{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}")
     missing = [
         f.name for f in known if f.name not in data and f.default is NO_DEFAULT and f.default_factory is NO_DEFAULT
     ]
     if missing:
-        raise ValueError(f"{what}: missing field{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}")
+        raise ValueError(f"{what}: missing {noun}{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}")
     return cls(**data)
 
 
@@ -794,7 +794,7 @@ class Reply:
 def _settings_from(cls: type[T], data: Any, what: str) -> T:
     if isinstance(data, dict):
         data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    return from_fields(cls, data, what)
+    return from_fields(cls, data, what, noun="key")
 
 
 def _json_object(text: str, what: str) -> Any:
