@@ -20,8 +20,11 @@ once, plus its header parsed (at most `header_bytes` of JSON).
 Values (what a request's arguments and a reply's answer are made of) are JSON scalars, or objects
 tagged with "$": tensor, list, tuple, dict (string keys), module (a handle to a module living in the
 worker), handle (the grader naming such a module), object (anything else: its class and repr).
-Replies are typed per operation (`parse_reply`), and anything that does not fit its schema raises
-`ProtocolError`: the worker's fault, never the grader's.
+Requests are typed, one frozen dataclass per operation (`REQUESTS`); the worker builds its replies from the
+reply types here (`reply_tree` encodes them), and the grader checks each reply against its operation's
+schema (`parse_reply`): anything that does not fit raises `ProtocolError`, the worker's fault, never the
+grader's. The worker-side settings (`WorkerSetup`, `ChildSetup`, `ForkServerSetup`) are typed here too, the
+only module both sides load.
 """
 
 from __future__ import annotations
