@@ -21,8 +21,9 @@ Messages (a SOCK_SEQPACKET socket pair; JSON):
 
 - the fork server to the grader, once, on its control socket: `{"ready": {...}}`, or `{"unsafe": why}` and it
   exits;
-- the grader to the fork server: `{"op": "fork", "config": {...}}` with four file descriptors: the worker's
-  request pipe (read end), its reply pipe (write end), its output pipe (write end) and its status socket;
+- the grader to the fork server: `{"op": "fork", "config": {...}}` (a `protocol.ChildSetup`; one with an unknown
+  or missing key is refused, and no child is forked) with four file descriptors: the worker's request pipe (read
+  end), its reply pipe (write end), its output pipe (write end) and its status socket;
 - on the status socket: the child says `forked` (the kernel attaches its process id, as the grader sees it),
   the grader answers `go` once the child is in its control group (anything else: the child exits, having run
   nothing), and the fork server reports `{"exit": code}` when the child has ended, or `{"error": why}` when it
