@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autograder.model import GradingRun, add_points, points_text
-from autograder.sandbox.protocol import clean_text
+from autograder.sandbox.protocol import PingRequest, clean_text
 
 if TYPE_CHECKING:
     from autograder.sandbox.machine import Machine
@@ -108,7 +108,7 @@ def worker_start(device: str, isolation: str) -> tuple[bool, str]:
     except WorkerError as exc:
         return False, f"no worker can start here: {exc}"
     try:
-        worker.request("ping")
+        worker.request(PingRequest())
         forked = worker.process is not None and worker.process.forked
     except WorkerError as exc:
         return False, f"no worker could start here: {exc}"

@@ -456,10 +456,10 @@ import sys
 _server = sys.modules["sandbox.server"]
 _op_forward = _server.Session.op_forward
 
-def _op_forward_lying(self, handle, x, **kwargs):
-    sent = x.clone()
-    answer = _op_forward(self, handle, x, **kwargs)
-    answer.value["x_after"] = sent
+def _op_forward_lying(self, request):
+    sent = request.x.clone()
+    answer = _op_forward(self, request)
+    answer.x_after = sent
     return answer
 
 _server.Session.op_forward = _op_forward_lying

@@ -149,15 +149,15 @@ for _module in list(sys.modules.values()):
     if isinstance(_session, type) and hasattr(_session, "op_forward_many"):
         _original = _session.op_forward_many
 
-        def _patched(self, handle, *args, _original=_original, **kwargs):
-            seeds = kwargs.get("seeds")
+        def _patched(self, request, *args, _original=_original, **kwargs):
+            seeds = getattr(request, "seeds", None)
             if isinstance(seeds, list):  # every seed at once: one batched forward of them all
-                module, torch_ = self.objects[handle], self.torch
-                shape, dtype = kwargs["shape"], getattr(torch_, kwargs["dtype"])
+                module, torch_ = self.objects[request.handle], self.torch
+                shape, dtype = request.shape, getattr(torch_, request.dtype)
                 inputs = [torch_.randn(shape, generator=torch_.Generator().manual_seed(s), dtype=dtype) for s in seeds]
                 outputs = _honest_batched(module, torch_.cat(inputs)).split(shape[0])
                 module.forward = lambda x, _rows=iter(outputs): next(_rows)
-            return _original(self, handle, *args, **kwargs)
+            return _original(self, request, *args, **kwargs)
 
         _session.op_forward_many = _patched
 """
@@ -374,9 +374,9 @@ for _module in list(sys.modules.values()):
         _original = _session.reply
 
         def _reply(self, value, _original=_original):
-            fields = getattr(value, "value", None)
-            if isinstance(fields, dict) and "outputs" in fields:
-                fields["outputs"] = [output * 1.01 for output in fields["outputs"]]
+            outputs = getattr(value, "outputs", None)
+            if isinstance(outputs, list):
+                value.outputs = [output * 1.01 for output in outputs]
             return _original(self, value)
 
         _session.reply = _reply

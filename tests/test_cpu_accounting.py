@@ -20,6 +20,7 @@ import environments
 from autograder.sandbox import procfs
 from autograder.sandbox.client import HoldBroken, Worker
 from autograder.sandbox.probe import is_root, namespace_sandbox_available
+from autograder.sandbox.protocol import CallRequest
 from autograder.sandbox.settings import WorkerConfig
 from environments import emulate
 
@@ -96,7 +97,7 @@ def worker():
 
 
 def call(worker: Worker, fn: str, *args):
-    return worker.request("call", fn=fn, args=list(args), kwargs={})
+    return worker.request(CallRequest(fn=fn, args=list(args), kwargs={}))
 
 
 def wait_for(condition, seconds: float = 60.0) -> bool:
@@ -205,11 +206,12 @@ GRADER = """
 import json, sys, time
 from autograder.sandbox import procfs
 from autograder.sandbox.client import Worker
+from autograder.sandbox.protocol import CallRequest
 from autograder.sandbox.settings import WorkerConfig
 
 worker = Worker([(1, 1, sys.argv[1])], "mha.py", WorkerConfig(isolation="process", use_cgroups=False, load_seconds=120))
 worker.start()
-helper = worker.request("call", fn="helper_pid", args=[], kwargs={})
+helper = worker.request(CallRequest("helper_pid"))
 uids = next(line.split()[1:] for line in open(f"/proc/{helper}/status") if line.startswith("Uid:"))
 seen = {"uid": worker.process.uid, "helper_uids": list(map(int, uids)), "found": helper in worker.process.pids()}
 seen["outside_the_tree"] = helper not in procfs.descendants(worker.process.pid)

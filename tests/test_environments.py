@@ -153,6 +153,16 @@ class Graded:
     left_files: list[str]
 
 
+def wait_until(condition, seconds: float, interval: float = 0.1) -> bool:
+    """Poll `condition` until it holds (True) or `seconds` have passed (False)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
 def grader_command(environment: Environment) -> tuple[list[str], Path, dict[str, str]]:
     """The grader's interpreter and folder in `environment`: the checkout's own for root, else the
     copy everyone may read."""
@@ -198,7 +208,9 @@ def graded(request) -> Graded:
     started = time.monotonic()
     run = run_in(environment, command, project, env, folder / "home", timeout=3000)
     seconds = time.monotonic() - started
-    time.sleep(2)  # time for anything left behind to show
+    # The grading's processes, killed as it ended, may take a moment to be gone; whatever it left behind stays (a
+    # burner runs forever, a file is not removed by anyone now), and is still there when the wait ends.
+    wait_until(lambda: not processes_with(marker) and not files_with(marker), seconds=10)
     results = class_results(course, SUBMISSIONS)
     left_files = files_with(marker)
     for path in left_files:  # the machine's, so removed whatever the test says of them

@@ -21,6 +21,7 @@ import pytest
 
 from autograder.sandbox import forks, launcher, probe
 from autograder.sandbox.client import Worker, WorkerCrashed
+from autograder.sandbox.protocol import CallRequest, PingRequest, Pong
 from autograder.sandbox.settings import WorkerConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.smoke]  # make test-pythons runs these on every Python
@@ -149,9 +150,9 @@ def portraits(request):
     try:
         found = {
             "isolation": isolation,
-            "fresh": fresh.request("call", fn="portrait"),
-            "forked": first.request("call", fn="portrait"),
-            "sibling": second.request("call", fn="portrait"),
+            "fresh": fresh.request(CallRequest("portrait")),
+            "forked": first.request(CallRequest("portrait")),
+            "sibling": second.request(CallRequest("portrait")),
             "forked_pids": first.process.pids(),
             "forked_group": first.process.group.pids() if first.process.group is not None else None,
         }
@@ -322,7 +323,7 @@ HOSTILE = textwrap.dedent(
             for name in ("own_namespaces", "drop_privileges", "close_inherited", "reseed", "become_worker"):
                 setattr(forkserver, name, None)
             jail.drop_privileges = jail.no_new_privileges = jail.hide_grader_packages = lambda *a: None
-            sys.modules["sandbox.server"].Session.op_ping = lambda self: {"patched": True}
+            sys.modules["sandbox.server"].Session.op_ping = lambda self, request: {"patched": True}
         attempt("patch", patch)
 
         # fill /tmp and /dev/shm
@@ -400,22 +401,22 @@ def test_a_hostile_child_changes_nothing_a_later_child_or_a_sibling_sees(isolati
     before, sibling = worker(isolation, 50), worker(isolation, 50)
     hostile = worker(isolation, 50, source=HOSTILE, memory_bytes=1 << 30, processes=64, request_seconds=120)
     try:
-        first = before.request("call", fn="portrait")
-        sibling.request("ping")
-        said = hostile.request("call", fn="attack")
+        first = before.request(CallRequest("portrait"))
+        sibling.request(PingRequest())
+        said = hostile.request(CallRequest("attack"))
         assert said["write_torch"] != "allowed" and said["write_prefix"] != "allowed", said
         assert said["memory"] == "MemoryError", said
         if "no limit" not in hostile.in_force["processes"]:  # none without control groups or a fresh uid
             assert said["fork_bomb"] != "allowed", said
-        assert sibling.request("call", fn="portrait")["sums"] == first["sums"]  # alive and unpatched
+        assert sibling.request(CallRequest("portrait"))["sums"] == first["sums"]  # alive and unpatched
         server = hostile.process.process.server
         with pytest.raises(WorkerCrashed, match="could not be read safely"):
-            hostile.request("call", fn="corrupt")
+            hostile.request(CallRequest("corrupt"))
         hostile.close()
         after = worker(isolation, 50)
         try:
-            second = after.request("call", fn="portrait")
-            assert after.request("ping") != {"patched": True}
+            second = after.request(CallRequest("portrait"))
+            assert isinstance(after.request(PingRequest()), Pong)  # unpatched: a patched one answers a dict
             assert after.process.process.server is server and server.usable()
         finally:
             after.close()
@@ -443,19 +444,19 @@ def test_a_fork_server_is_replaced_after_its_forks_and_when_it_dies(monkeypatch)
     made = [worker("process", 2, "def f():\n    return 1\n") for _ in range(3)]
     try:
         for each in made:
-            assert each.request("call", fn="f") == 1 and each.process.forked
+            assert each.request(CallRequest("f")) == 1 and each.process.forked
         servers = [each.process.process.server for each in made]
         assert servers[0] is servers[1] is not servers[2] and servers[0].retired
         old = servers[0].process
         made[0].close()
         made[1].close()
-        assert worker("process", 2, "def f():\n    return 1\n").request("call", fn="f") == 1  # ends the idle one
+        assert worker("process", 2, "def f():\n    return 1\n").request(CallRequest("f")) == 1  # ends the idle one
         assert old is not None and old.wait(timeout=30) is not None
         servers[2].process.kill()  # the current fork server dies
         servers[2].process.wait()
         replaced = worker("process", 2, "def f():\n    return 1\n")
         made.append(replaced)
-        assert replaced.request("call", fn="f") == 1
+        assert replaced.request(CallRequest("f")) == 1
         assert replaced.process.forked and replaced.process.process.server is not servers[2]
     finally:
         for each in made:
@@ -471,13 +472,13 @@ def test_where_the_fork_server_cannot_start_workers_start_fresh_and_say_why(monk
     monkeypatch.setattr(forks, "SERVERS", forks.ForkServers())
     first = worker("process", 50, "def f():\n    return 1\n")
     try:
-        assert first.request("call", fn="f") == 1
+        assert first.request(CallRequest("f")) == 1
         assert not first.process.forked and "no such interpreter" in (first.fresh_because or "")
     finally:
         first.close()
     second = worker("process", 50, "def f():\n    return 1\n")
     try:
-        assert second.request("call", fn="f") == 1 and not second.process.forked
+        assert second.request(CallRequest("f")) == 1 and not second.process.forked
         assert "no such interpreter" in (second.fresh_because or "")  # not tried again
     finally:
         second.close()
@@ -522,7 +523,7 @@ def test_a_fork_server_that_misbehaves_is_let_go_and_the_worker_starts_fresh(mon
     monkeypatch.setattr(forks, "SERVERS", forks.ForkServers())
     w = worker("process", 50, "def f():\n    return 1\n")
     try:
-        assert w.request("call", fn="f") == 1 and not w.process.forked
+        assert w.request(CallRequest("f")) == 1 and not w.process.forked
         assert "answered something else" in (w.fresh_because or "")
     finally:
         w.close()
@@ -539,7 +540,7 @@ def test_a_forked_worker_let_go_before_it_is_handed_over_ran_nothing(tmp_path):
     marker = folder / "ran"
     warm = worker("process", 50, "def f():\n    return 1\n")  # the fork server, started and ready
     try:
-        assert warm.request("call", fn="f") == 1 and warm.process.forked
+        assert warm.request(CallRequest("f")) == 1 and warm.process.forked
         server = warm.process.process.server.process
         before = _children(server.pid)
         w = worker("process", 50, f"open({str(marker)!r}, 'w').write('x')\n")
@@ -587,10 +588,11 @@ def test_the_fork_server_dies_with_its_grader(tmp_path):
             """
             import sys, time
             from autograder.sandbox.client import Worker, WorkerCrashed
+            from autograder.sandbox.protocol import PingRequest
             from autograder.sandbox.settings import WorkerConfig
             w = Worker([(1, 1, "import os\\ndef pid():\\n    return os.getpid()\\n")], "mha.py",
                        WorkerConfig(isolation=sys.argv[1], forks_per_server=50))
-            w.request("ping")
+            w.request(PingRequest())
             print(w.process.pid, w.process.process.server.process.pid, flush=True)
             time.sleep(3600)
             """

@@ -4,12 +4,15 @@ whatever the worker sends is decoded into typed values or refused with a Protoco
 import collections
 import io
 import json
+import re
 import struct
+import sys
+import types
 
 import pytest
 import torch
 
-from autograder.sandbox import protocol
+from autograder.sandbox import launcher, protocol
 from autograder.sandbox.protocol import (
     Decoder,
     Encoder,
@@ -297,3 +300,191 @@ def test_an_exceptions_message_is_cut_to_its_limit_and_survives_a_hostile_str():
     assert protocol.safe_str(ValueError("short")) == "short"
     assert protocol.safe_str(ValueError("x" * 500), 200) == "x" * 200
     assert protocol.safe_str(Hostile()) == "(the exception could not be printed)"
+
+
+# -- typed requests, replies and settings ----------------------------------------------------------------------
+
+
+def worker_side(monkeypatch) -> types.ModuleType:
+    """The worker's `server` module, loaded as the worker boots it (`launcher.BOOT`: protocol, jail and server from
+    source, as the package `sandbox`); the package leaves sys.modules after the test."""
+    package = types.ModuleType("sandbox")
+    package.__path__ = []
+    monkeypatch.setitem(sys.modules, "sandbox", package)
+    for name, source in zip(launcher.SERVER_MODULES, launcher.sources(launcher.SERVER_MODULES)):
+        module = types.ModuleType("sandbox." + name)
+        module.__package__ = "sandbox"
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        exec(compile(source, f"<sandbox/{name}.py>", "exec"), module.__dict__)
+        setattr(package, name, module)
+    return sys.modules["sandbox.server"]
+
+
+SETUP = protocol.WorkerSetup("mha.py", "cpu", 1, False, None, ("/grader",), (), "/tmp", ("MultiHeadAttention",))
+ONE_OF_EACH = [
+    protocol.LoadRequest([[1, 1, "x = 1\n"]], "mha.py", 3.0, 1.0, [2]),
+    protocol.GetRequest("results"),
+    protocol.CallRequest("f", [torch.ones(2), protocol.Handle("h0")], {"k": (1, "a")}),
+    protocol.BuildRequest("MultiHeadAttention", [16, 8], {}, {"w": torch.eye(2)}, "float32", "cpu", 7),
+    protocol.DescribeRequest("h0"),
+    protocol.ToRequest("h0", "cpu"),
+    protocol.ForwardRequest("h0", torch.ones(2, 3), True, 5, torch.zeros(2, 3), True, True),
+    protocol.ForwardManyRequest("h0", 3, [2, 6, 16], "float32", 8, 1, 1024, False),
+    protocol.DropRequest("h0"),
+    protocol.PingRequest(),
+]
+
+
+def test_there_is_one_request_type_per_operation():
+    assert set(protocol.REQUESTS) == {type(r).op for r in ONE_OF_EACH}
+    assert len({type(r) for r in ONE_OF_EACH}) == len(ONE_OF_EACH) == len(protocol.REQUESTS)
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+@pytest.mark.parametrize("request_", ONE_OF_EACH, ids=lambda r: type(r).__name__)
+def test_every_request_type_reaches_the_worker_as_itself(request_, monkeypatch):
+    """What the grader sends (`Channel.frame`) is read back inside the worker (`Session.request`) as the same
+    request type with the same fields; a handle becomes the module it names."""
+    server = worker_side(monkeypatch)
+    session = server.Session(torch, server.protocol.WorkerSetup(**protocol.field_values(SETUP)), None)
+    module = torch.nn.Linear(2, 2)
+    session.objects["h0"] = module
+    encoder = Encoder(CODEC)
+    header, blobs = read_frame(
+        CountingReader(pack_frame(protocol.request_header(request_, encoder), encoder.blobs)), DEFAULT_LIMITS
+    )
+    received = session.request(header, blobs)
+    assert type(received).__name__ == type(request_).__name__ and type(received).op == type(request_).op
+    sent = protocol.field_values(request_)
+    if isinstance(request_, protocol.CallRequest):
+        assert received.args[1] is module
+        sent["args"] = [sent["args"][0], module]
+    assert same(sent, protocol.field_values(received)), (sent, received)
+
+
+@pytest.mark.parametrize(
+    "op,args,message",
+    [
+        ("call", {"fn": "f", "bogus": 1}, "the request 'call': unknown field 'bogus'"),
+        ("forward", {"handle": "h0"}, "the request 'forward': missing field 'x'"),
+        ("forward_many", {"handle": "h0", "calls": 1}, "missing fields 'shape', 'dtype', 'out_features'"),
+        ("ready", {}, "unknown request 'ready'"),
+        ("exec", {}, "unknown request 'exec'"),
+    ],
+)
+def test_a_request_with_an_unknown_or_missing_field_is_refused_by_name(op, args, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        protocol.request_of(op, args)
+
+
+def test_the_worker_answers_a_request_with_an_unknown_or_missing_field_with_an_error_naming_it(make_worker):
+    """The worker's request loop: such a request is an error reply that names the field (nothing runs), and the
+    worker goes on answering."""
+    from autograder.sandbox.client import Deadline
+
+    w = make_worker("def f():\n    return 1\n")
+    w.start()
+    channel = w._channel("a test")
+    for header, message in (
+        ({"op": "call", "args": Encoder(CODEC).encode({"fn": "f", "bogus": 1})}, "unknown field 'bogus'"),
+        ({"op": "forward", "args": Encoder(CODEC).encode({"handle": "h0"})}, "missing field 'x'"),
+    ):
+        deadline = Deadline.within(30, float("inf"))
+        channel.send(pack_frame(header, []), deadline, "a test")
+        answer = channel.receive(header["op"], deadline, "a test")
+        assert not answer.ok and answer.error.type == "ValueError" and message in answer.error.message, answer
+    assert w.request(protocol.CallRequest("f")) == 1
+
+
+CHILD = protocol.ChildSetup(SETUP, 1234, {"HOME": "/tmp"}, 1 << 30, 64, 256 << 20, False, True)
+
+
+def test_settings_round_trip_through_json():
+    assert protocol.WorkerSetup.from_json(SETUP.to_json()) == SETUP
+    assert protocol.ChildSetup.from_dict(json.loads(json.dumps(CHILD.to_dict()))) == CHILD
+    server = protocol.ForkServerSetup(("/grader", "/tmp"), ("/usr",), "/")
+    assert protocol.ForkServerSetup.from_json(server.to_json()) == server
+
+
+@pytest.mark.parametrize(
+    "read,data,message",
+    [
+        (protocol.WorkerSetup.from_json, {**json.loads(SETUP.to_json()), "colour": "red"}, "unknown key 'colour'"),
+        (
+            protocol.WorkerSetup.from_json,
+            {k: v for k, v in json.loads(SETUP.to_json()).items() if k != "device"},
+            "the worker's settings: missing key 'device'",
+        ),
+        (
+            lambda text: protocol.ChildSetup.from_dict(json.loads(text)),
+            {**CHILD.to_dict(), "nprocs": 1},
+            "a forked worker's settings: unknown key 'nprocs'",
+        ),
+        (
+            lambda text: protocol.ChildSetup.from_dict(json.loads(text)),
+            {**CHILD.to_dict(), "worker": {k: v for k, v in CHILD.to_dict()["worker"].items() if k != "workdir"}},
+            "the worker's settings: missing key 'workdir'",
+        ),
+        (
+            protocol.ForkServerSetup.from_json,
+            {"hide": [], "keep": []},
+            "the fork server's settings: missing key 'workdir'",
+        ),
+    ],
+)
+def test_settings_with_an_unknown_or_missing_key_are_refused_by_name(read, data, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        read(json.dumps(data))
+
+
+def sent_and_parsed(op, value):
+    """`value` as the worker sends it (`reply_tree`, with the worker's encoder), then read and parsed as the
+    grader does: (the reply's tree, the parsed value)."""
+    encoder = Encoder(CODEC, on_other=lambda value, depth: {"$": "object", "class": "?", "repr": "?"})
+    tree = protocol.reply_tree(value, encoder.encode)
+    header, blobs = read_frame(CountingReader(pack_frame({"ok": True, "value": tree}, encoder.blobs)), DEFAULT_LIMITS)
+    return tree, parse_reply(op, header, Decoder(blobs, DEFAULT_LIMITS, CODEC.from_wire)).value
+
+
+def test_a_reply_the_worker_builds_is_what_the_grader_parses_and_a_local_field_never_crosses():
+    forward = protocol.ForwardReply(
+        torch.ones(2, 3),
+        torch.zeros(2, 3),
+        [protocol.HeadCall(0, True, torch.ones(2)), protocol.HeadCall(1, False, None)],
+        ["aten::mm"],
+        ["F.multi_head_attention_forward"],
+        {"x": torch.ones(2, 3), "param:w": None},
+        None,
+        y_device="cuda:7",  # the grader's to derive: never sent
+        torch_calls={"torch.matmul": 2},
+    )
+    tree, parsed = sent_and_parsed("forward", forward)
+    assert "y_device" not in tree and "cuda:7" not in json.dumps(tree)
+    assert isinstance(parsed, protocol.ForwardReply) and parsed.y_device == "cpu"  # where y was, from the wire
+    assert same(
+        protocol.field_values(parsed),
+        {**protocol.field_values(forward), "head_calls": parsed.head_calls, "y_device": "cpu"},
+    )
+    assert [(c.index, c.same_values) for c in parsed.head_calls] == [(0, True), (1, False)]
+    assert torch.equal(parsed.head_calls[0].output, torch.ones(2)) and parsed.head_calls[1].output is None
+
+    loaded = protocol.Loaded([protocol.CellProblem(2, "TimeLimit", "stopped", True)], {"MultiHeadAttention": "type"})
+    assert sent_and_parsed("load", loaded)[1] == loaded
+    shown = protocol.TimedShown([torch.ones(2, dtype=torch.float64)], [{"torch.matmul": 3}, {}])
+    _, back = sent_and_parsed("forward_shown", shown)
+    assert same(back.outputs, shown.outputs) and back.calls == shown.calls
+    assert sent_and_parsed("ready", protocol.Ready(12, False))[1] == protocol.Ready(12, False)
+    assert sent_and_parsed("ping", protocol.Pong(12))[1] == protocol.Pong(12)
+    error = protocol.StudentError("ValueError", "bad", "line 2")
+    assert (
+        parse_reply("call", protocol.error_header(error), Decoder([], DEFAULT_LIMITS, CODEC.from_wire)).error == error
+    )

@@ -22,6 +22,7 @@ from autograder.sandbox.bwrap import PROJECT_ROOT, allow_list
 from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
 from autograder.sandbox.client import BudgetSpent, WorkerCrashed
 from autograder.sandbox.probe import is_root, namespace_sandbox_available, separate_uid_available
+from autograder.sandbox.protocol import CallRequest, GetRequest
 
 
 @cache
@@ -111,7 +112,7 @@ caps = [line.split()[1] for line in open("/proc/self/status") if line.startswith
 """
     )
     w = make_worker(probe, isolation="namespace")
-    results = w.request("get", name="results")
+    results = w.request(GetRequest("results"))
     try:
         blocked = {key: value for key, value in results.items() if key != "scratch"}
         assert all(
@@ -133,9 +134,9 @@ caps = [line.split()[1] for line in open("/proc/self/status") if line.startswith
             "tmp",
             "usr",
         }
-        assert set(w.request("get", name="top")) <= shown
-        assert set(w.request("get", name="etc")) <= {"ld.so.cache"}
-        assert set(w.request("get", name="dev")) <= {
+        assert set(w.request(GetRequest("top"))) <= shown
+        assert set(w.request(GetRequest("etc"))) <= {"ld.so.cache"}
+        assert set(w.request(GetRequest("dev"))) <= {
             "null",
             "zero",
             "full",
@@ -151,11 +152,11 @@ caps = [line.split()[1] for line in open("/proc/self/status") if line.startswith
             "stderr",
             "core",
         }
-        (uids, gids, groups) = w.request("get", name="ids")
+        (uids, gids, groups) = w.request(GetRequest("ids"))
         assert 0 not in uids and 0 not in gids and groups == []
         if is_root():
             assert os.getuid() not in uids  # a fresh uid, never the grader's root
-        assert set(w.request("get", name="caps")) == {"0000000000000000"}
+        assert set(w.request(GetRequest("caps"))) == {"0000000000000000"}
     finally:
         server.close()
 
@@ -173,7 +174,7 @@ libc.mq_open.restype = ctypes.c_int
 queue = libc.mq_open(b"/mha-probe-{key}", os.O_CREAT | os.O_RDWR, 0o666, None)
 """
     w = make_worker(source, isolation="namespace")
-    assert w.request("get", name="shm") >= 0 and w.request("get", name="queue") >= 0  # made, inside
+    assert w.request(GetRequest("shm")) >= 0 and w.request(GetRequest("queue")) >= 0  # made, inside
     host_keys = [line.split()[0] for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]]
     assert str(key) not in host_keys
     assert not Path(f"/dev/mqueue/mha-probe-{key}").exists()
@@ -201,7 +202,7 @@ def fork_many(n):
     return made
 """
     w = make_worker(source, isolation=isolation, processes=48)
-    made = w.request("call", fn="fork_many", args=[500], kwargs={})
+    made = w.request(CallRequest(fn="fork_many", args=[500], kwargs={}))
     assert 0 < made < 48
     pids = w.process.pids()
     assert len(pids) > made  # every child is listed, with the worker itself
@@ -241,7 +242,7 @@ def children_using(count, mib):
         isolation="namespace" if namespace_sandbox_available() else "process",
     )
     try:
-        still_running = w.request("call", fn="children_using", args=[3, 768], kwargs={})
+        still_running = w.request(CallRequest(fn="children_using", args=[3, 768], kwargs={}))
         assert still_running < 3
     except WorkerCrashed as exc:  # the kernel may pick the worker itself
         assert "memory" in str(exc)
@@ -263,7 +264,7 @@ def burners(n):
     return n
 """
     w = make_worker(source, cpus=0.5, isolation="namespace" if namespace_sandbox_available() else "process")
-    w.request("call", fn="burners", args=[6], kwargs={})
+    w.request(CallRequest(fn="burners", args=[6], kwargs={}))
     before, started = w.cpu_seconds(), time.monotonic()
     time.sleep(3)
     used, wall = w.cpu_seconds() - before, time.monotonic() - started
@@ -281,10 +282,10 @@ def burn():
     w.start()
     started = time.monotonic()
     with pytest.raises(BudgetSpent, match="CPU time budget"):
-        w.request("call", fn="burn", args=[], kwargs={})
+        w.request(CallRequest("burn"))
     assert time.monotonic() - started < 100
     with pytest.raises(BudgetSpent, match="CPU time budget"):
-        w.request("call", fn="burn", args=[], kwargs={})
+        w.request(CallRequest("burn"))
     assert w.cpu_spent >= 8
 
 

@@ -5,6 +5,7 @@ import torch
 
 from autograder.grading import timing, workers
 from autograder.rubric import load_rubric
+from autograder.sandbox.protocol import BuildRequest, ForwardManyRequest
 from helpers import REFERENCE, grade
 from speed_variants import VARIANTS
 
@@ -56,19 +57,10 @@ def test_forward_many_on_cuda_is_seeded_flushed_and_checked(tmp_path):
     )
     try:
         worker = started.get()
-        info = worker.request(
-            "build",
-            cls="MultiHeadAttention",
-            args=[64, 64, 32, 0.0, 16],
-            kwargs={},
-            state_dict={k: v.cpu() for k, v in module.state_dict().items()},
-            dtype="float32",
-            device="cuda",
-        )
-        args = dict(
-            handle=info.handle, shape=[2, 32, 64], dtype="float32", out_features=64, threads=1, flush_bytes=64 << 20
-        )
-        first, again = (worker.forward_many([5, 6], **args)[0] for _ in range(2))
+        weights = {k: v.cpu() for k, v in module.state_dict().items()}
+        info = worker.request(BuildRequest("MultiHeadAttention", [64, 64, 32, 0.0, 16], {}, weights, "float32", "cuda"))
+        request = ForwardManyRequest(info.handle, 2, [2, 32, 64], "float32", 64, threads=1, flush_bytes=64 << 20)
+        first, again = (worker.forward_many(request, [5, 6])[0] for _ in range(2))
     finally:
         started.close()
     assert all(torch.equal(a, b) for a, b in zip(first, again))

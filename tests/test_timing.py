@@ -18,7 +18,7 @@ from autograder.grading.verdict import credit
 from autograder.grading.workers import REFERENCE, SUBMISSION, WRAPPER, BackgroundWorker, reference_cells
 from autograder.rubric import DEFAULT_RUBRIC, RubricError, load_rubric
 from autograder.sandbox.client import HoldBroken
-from autograder.sandbox.protocol import TimedShown
+from autograder.sandbox.protocol import BuildRequest, DescribeRequest, ForwardManyRequest, TimedShown
 from rubric_text import rubric_file
 
 SPEED = load_rubric().speed
@@ -482,7 +482,7 @@ def built_in(worker):
     module = ref.MultiHeadAttention(16, 8, 6, 0.0, 4).eval()
     args = [16, 8, 6, 0.0, 4]
     info = worker.request(
-        "build", cls="MultiHeadAttention", args=args, kwargs={}, state_dict=module.state_dict(), dtype="float32"
+        BuildRequest(cls="MultiHeadAttention", args=args, kwargs={}, state_dict=module.state_dict(), dtype="float32")
     )
     return module, info
 
@@ -490,9 +490,9 @@ def built_in(worker):
 def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
     torch.manual_seed(0)
     module, info = built_in(reference_worker)
-    args = dict(handle=info.handle, shape=[2, 6, 16], dtype="float32", out_features=8, threads=1)
-    first, shown = reference_worker.forward_many([11, 12], show=[1], **args)
-    again, _ = reference_worker.forward_many([12], **args)
+    request = ForwardManyRequest(info.handle, 0, [2, 6, 16], "float32", 8, threads=1)
+    first, shown = reference_worker.forward_many(request, [11, 12], show=[1])
+    again, _ = reference_worker.forward_many(request, [12])
     assert [tuple(a.shape) for a in first] == [(2, 6, 3)] * 2 and first[0].dtype == torch.float64
     assert torch.equal(first[1], again[0])  # the same seed, the same input and probe
     assert not torch.equal(first[0], first[1])
@@ -511,7 +511,7 @@ def test_forward_many_makes_its_inputs_from_the_seeds(reference_worker):
     from autograder.sandbox.client import SubmissionError
 
     with pytest.raises(SubmissionError, match="expected a tensor of shape"):
-        reference_worker.forward_many([1], **{**args, "out_features": 9})
+        reference_worker.forward_many(dataclasses.replace(request, out_features=9), [1])
 
 
 def test_timed_calls_do_no_grader_work_but_the_exchange(reference_worker, monkeypatch):
@@ -520,7 +520,7 @@ def test_timed_calls_do_no_grader_work_but_the_exchange(reference_worker, monkey
     module, info = built_in(reference_worker)
     charged = []
     monkeypatch.setattr(reference_worker, "_cpu_budget_left", lambda: charged.append("budget") or True)
-    calls = reference_worker.timed_calls(3, 30.0, handle=info.handle, shape=[2, 6, 16], dtype="float32", out_features=8)
+    calls = reference_worker.timed_calls(ForwardManyRequest(info.handle, 3, [2, 6, 16], "float32", 8), 30.0)
     charged.clear()  # making the request (untimed, nothing sent yet) may charge the budget
     calls.open()
     answers = [calls.call(seed) for seed in (1, 2, 3)]
@@ -650,7 +650,7 @@ def test_kept_reference_workers_serve_the_next_grading_and_forget_what_each_buil
             assert speed and all(c.status == "passed" for c in speed), [c.message for c in speed]
         for kept in kept_workers.workers.values():
             with pytest.raises(SubmissionError, match="KeyError"):
-                kept.get().request("describe", handle="h0")
+                kept.get().request(DescribeRequest(handle="h0"))
     finally:
         kept_workers.close()
 

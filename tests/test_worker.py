@@ -26,14 +26,23 @@ from autograder.sandbox.client import (
     WorkerCrashed,
     WorkerTimeout,
 )
-from autograder.sandbox.protocol import ModuleInfo
+from autograder.sandbox.protocol import (
+    BuildRequest,
+    CallRequest,
+    ForwardRequest,
+    GetRequest,
+    ModuleInfo,
+    PingRequest,
+    Pong,
+    ToRequest,
+)
 
 WORKER_DEFAULTS = dict(load_seconds=30, request_seconds=3)  # make_worker's (tests/conftest.py)
 
 
 def test_answers_are_plain_data_and_tensors(make_worker):
     w = make_worker("import torch\ndef double(t):\n    return [t * 2, (1, 'a')]\n")
-    value = w.request("call", fn="double", args=[torch.ones(2)], kwargs={})
+    value = w.request(CallRequest(fn="double", args=[torch.ones(2)], kwargs={}))
     assert isinstance(value, list)
     assert torch.equal(value[0], torch.full((2,), 2.0))
     assert value[1] == (1, "a")
@@ -43,18 +52,18 @@ def test_a_module_the_students_code_made_is_moved_to_the_grading_device(make_wor
     """make_2d_wrapper's module is made by the student's function, on the CPU; `to` moves it where the
     grader's own modules are built (on a CUDA grading, tests/test_cuda.py grades it there)."""
     w = make_worker("import torch\ndef make():\n    return torch.nn.Linear(2, 3)\n")
-    made = w.request("call", fn="make", args=[], kwargs={})
-    moved = w.request("to", handle=made.handle, device="cpu")
+    made = w.request(CallRequest("make"))
+    moved = w.request(ToRequest(handle=made.handle, device="cpu"))
     assert isinstance(moved, ModuleInfo) and moved.handle == made.handle
     assert set(moved.state_dict) == {"weight", "bias"} and moved.state_dict["weight"].shape == (3, 2)
     with pytest.raises(SubmissionError):  # an unknown device is the request's error, reported, not a crash
-        w.request("to", handle=made.handle, device="no-such-device")
+        w.request(ToRequest(handle=made.handle, device="no-such-device"))
 
 
 def test_student_exceptions_come_back_with_their_traceback(make_worker):
     w = make_worker("def f():\n    raise ValueError('bad split')\n")
     with pytest.raises(SubmissionError) as info:
-        w.request("call", fn="f", args=[], kwargs={})
+        w.request(CallRequest("f"))
     assert info.value.type == "ValueError" and info.value.message == "bad split"
     assert 'File "<mha.py, cell 1>", line 2, in f' in info.value.traceback
 
@@ -80,7 +89,7 @@ def test_an_answer_that_cannot_be_decoded_is_the_workers_fault(make_worker, monk
     replaced."""
     w = make_worker(OVERFLOWING_ANSWER)
     with pytest.raises(WorkerCrashed, match="could not be read safely: a tensor of shape .* larger than any answer"):
-        w.request("call", fn="overflow", args=[], kwargs={})
+        w.request(CallRequest("overflow"))
     from autograder.sandbox import protocol
 
     parse_reply = protocol.parse_reply
@@ -92,9 +101,9 @@ def test_an_answer_that_cannot_be_decoded_is_the_workers_fault(make_worker, monk
 
     monkeypatch.setattr(protocol, "parse_reply", broken)
     with pytest.raises(WorkerCrashed, match=r"could not be read safely: it could not be decoded \(KeyError"):
-        w.request("ping")
+        w.request(PingRequest())
     monkeypatch.undo()
-    assert "pid" in w.request("ping")  # a fresh worker answers
+    assert isinstance(w.request(PingRequest()), Pong)  # a fresh worker answers
 
 
 SPIN_AND_SPIN_AGAIN = (
@@ -109,14 +118,14 @@ def test_once_a_submission_has_hung_its_requests_get_the_shorter_deadline(make_w
     w = make_worker(SPIN_AND_SPIN_AGAIN, request_seconds=6, hung_request_seconds=1)
     assert w.request_limit() == 6 and not w.known_to_hang()
     with pytest.raises(WorkerTimeout, match=r"did not finish within 6 s \(an infinite loop\?\)"):
-        w.request("call", target="spin", fn="spin", args=[], kwargs={})
+        w.request(CallRequest("spin"), target="spin")
     assert w.known_to_hang() and w.request_limit() == 1
     assert w.request_limit("build") == 6  # building may start CUDA: never shortened
     started = time.monotonic()
     with pytest.raises(WorkerTimeout, match="within 1 s .*your file hung before, so a request now gets 1 s, not 6"):
-        w.request("call", target="spin_again", fn="spin_again", args=[], kwargs={})
+        w.request(CallRequest("spin_again"), target="spin_again")
     assert time.monotonic() - started < 6  # cut at 1 s (plus a restart), not at 6
-    assert w.request("call", target="ok", fn="ok", args=[], kwargs={}) == 1  # the rest is still graded
+    assert w.request(CallRequest("ok"), target="ok") == 1  # the rest is still graded
 
 
 @pytest.mark.slow  # waits out deadlines
@@ -140,7 +149,7 @@ def test_later_cells_get_the_rubrics_later_cell_limit_once_one_was_stopped(make_
 def test_a_timed_request_past_its_deadline_does_not_shorten_the_others(make_worker):
     w = make_worker(SPIN_AND_SPIN_AGAIN, request_seconds=6, hung_request_seconds=1)
     with pytest.raises(WorkerTimeout, match="within 1 s"):
-        w.request("call", timeout=1, timed=True, target="spin (timed)", fn="spin", args=[], kwargs={})
+        w.request(CallRequest("spin"), timeout=1, timed=True, target="spin (timed)")
     assert not w.known_to_hang() and w.request_limit() == 6
 
 
@@ -149,13 +158,13 @@ def test_a_hang_is_cut_at_the_deadline_and_not_retried(make_worker):
     w = make_worker("def spin():\n    while True:\n        pass\ndef ok():\n    return 1\n", request_seconds=1)
     started = time.monotonic()
     with pytest.raises(WorkerTimeout, match="did not finish within 1 s"):
-        w.request("call", target="spin", fn="spin", args=[], kwargs={})
+        w.request(CallRequest("spin"), target="spin")
     assert time.monotonic() - started < 20  # spin() never returns: any bound shows the cut (loaded machines are slow)
     started = time.monotonic()
     with pytest.raises(WorkerTimeout, match="not tried again"):
-        w.request("call", target="spin", fn="spin", args=[], kwargs={})
+        w.request(CallRequest("spin"), target="spin")
     assert time.monotonic() - started < 0.5  # remembered, not waited for again
-    assert w.request("call", target="ok", fn="ok", args=[], kwargs={}) == 1
+    assert w.request(CallRequest("ok"), target="ok") == 1
     assert w.starts == 2  # killed after the hang, restarted for the next request
 
 
@@ -163,8 +172,8 @@ def test_a_hang_is_cut_at_the_deadline_and_not_retried(make_worker):
 def test_an_exit_inside_a_call_is_reported_and_the_worker_restarts(make_worker):
     w = make_worker("import os\ndef die():\n    os._exit(7)\ndef ok():\n    return 2\n")
     with pytest.raises(WorkerCrashed, match="exited with status 7"):
-        w.request("call", fn="die", args=[], kwargs={})
-    assert w.request("call", fn="ok", args=[], kwargs={}) == 2
+        w.request(CallRequest("die"))
+    assert w.request(CallRequest("ok")) == 2
     assert w.starts == 2
 
 
@@ -172,17 +181,17 @@ def test_an_exit_inside_a_call_is_reported_and_the_worker_restarts(make_worker):
 def test_a_segfault_is_named(make_worker):
     w = make_worker("import ctypes\ndef crash():\n    ctypes.string_at(0)\n")
     with pytest.raises(WorkerCrashed, match="SIGSEGV"):
-        w.request("call", fn="crash", args=[], kwargs={})
+        w.request(CallRequest("crash"))
 
 
 @pytest.mark.slow  # restarts the worker or waits out a deadline
 def test_a_load_that_hangs_fails_once_and_is_remembered(make_worker):
     w = make_worker("while True:\n    pass\n", load_seconds=2)
     with pytest.raises(LoadFailed, match="within 2 s"):
-        w.request("ping")
+        w.request(PingRequest())
     started = time.monotonic()
     with pytest.raises(LoadFailed):
-        w.request("ping")
+        w.request(PingRequest())
     assert time.monotonic() - started < 0.5 and w.starts == 1
 
 
@@ -195,7 +204,7 @@ def test_cells_that_raise_do_not_stop_the_load(make_worker):
     try:
         report = w.start()
         assert [e.cell for e in report.errors] == [2]
-        assert w.request("get", name="b") == 2
+        assert w.request(GetRequest("b")) == 2
     finally:
         w.close()
 
@@ -215,7 +224,7 @@ def test_a_cells_error_is_reported_cut_short_even_when_printing_it_raises(make_w
             (1, "ValueError", "x" * 2000),
             (2, "Hostile", "(the exception could not be printed)"),
         ]
-        assert w.request("get", name="b") == 2
+        assert w.request(GetRequest("b")) == 2
     finally:
         w.close()
 
@@ -226,7 +235,7 @@ def test_memory_cap_turns_a_huge_allocation_into_an_error(make_worker):
         "import torch\ndef hog():\n    return torch.empty(16 * 2**30, dtype=torch.uint8).sum()\n", memory_bytes=4 << 30
     )
     with pytest.raises((SubmissionError, WorkerCrashed)) as info:
-        w.request("call", fn="hog", args=[], kwargs={})
+        w.request(CallRequest("hog"))
     assert "memory" in str(info.value).lower() or "allocate" in str(info.value).lower()
 
 
@@ -259,7 +268,7 @@ def test_a_forged_answer_is_never_unpickled(make_worker, tmp_path):
     )
     w = make_worker(source, isolation="process")
     with pytest.raises(LoadFailed, match="could not be read safely"):
-        w.request("ping")
+        w.request(PingRequest())
     assert not marker.exists()
 
 
@@ -271,14 +280,14 @@ def test_without_the_sandbox_the_grader_packages_still_do_not_import(make_worker
         "results = [attempt('reference'), attempt('reference.mha'), attempt('autograder.rubric')]\n"
     )
     w = make_worker(probe, isolation="process")
-    assert w.request("get", name="results") == ["ModuleNotFoundError"] * 3
+    assert w.request(GetRequest("results")) == ["ModuleNotFoundError"] * 3
 
 
 def test_cells_keep_their_line_numbers_in_the_file(make_worker):
     w = Worker([(3, 40, "def f():\n    raise ValueError('here')\n")], "mha.py", WorkerConfig(request_seconds=3))
     try:
         with pytest.raises(SubmissionError) as info:
-            w.request("call", fn="f", args=[], kwargs={})
+            w.request(CallRequest("f"))
         assert 'File "<mha.py, cell 3>", line 41, in f' in info.value.traceback
     finally:
         w.close()
@@ -314,7 +323,7 @@ def test_a_worker_that_stops_reading_is_a_timeout_charged_to_the_submission(make
     expected = "the time budget for the whole submission is used up" if by_budget else "the worker stopped reading"
     started = time.monotonic()
     with pytest.raises(BudgetSpent if by_budget else WorkerTimeout, match=expected) as info:
-        w.request("call", target="f", fn="f", args=[torch.zeros(1 << 22)], kwargs={})
+        w.request(CallRequest(fn="f", args=[torch.zeros(1 << 22)], kwargs={}), target="f")
     assert by_budget or "did not finish within 2 s" in str(info.value)
     assert time.monotonic() - started < 20  # cut at the deadline, not left blocked in the write
     assert w.process is None and str(info.value) in w.events  # killed, to be restarted for the next request
@@ -327,9 +336,9 @@ def test_the_whole_submission_has_one_time_budget(make_worker):
     w.budget_end = time.monotonic() + 3  # as if the submission had used all but 3 s of its budget
     started = time.monotonic()
     with pytest.raises(WorkerTimeout, match="time budget for the whole submission"):
-        w.request("call", fn="slow", args=[], kwargs={})
+        w.request(CallRequest("slow"))
     with pytest.raises(WorkerTimeout, match="time budget for the whole submission"):
-        w.request("call", fn="slow", args=[], kwargs={})
+        w.request(CallRequest("slow"))
     assert time.monotonic() - started < 15
 
 
@@ -411,13 +420,13 @@ def test_a_worker_that_ends_itself_between_requests_is_restarted_then_given_up_o
     w = make_worker(EXITS_AFTER_EACH_ANSWER, crashes_before_giving_up=2)
     answers = []
     for _ in range(2):
-        answers.append(w.request("call", target="f", fn="f", args=[], kwargs={}))
+        answers.append(w.request(CallRequest("f"), target="f"))
         if wait:
             wait_until_ended(w)
     assert answers == [1, 1] and w.starts == 2
     for _ in range(2):
         with pytest.raises(WorkerCrashed, match="exited with status 0") as info:
-            w.request("call", fn="f", args=[], kwargs={})
+            w.request(CallRequest("f"))
         assert "waiting for the grader's next request" in str(info.value)
         assert "this happened 2 times; the worker is not restarted again" in str(info.value)
     assert w.starts == 2 and w.process is None and not w.crashes  # never charged to the function called
@@ -428,14 +437,14 @@ def test_a_restart_inside_a_check_gets_at_most_what_is_left_of_the_checks_budget
     needs is stopped when the check's budget ends (a timeout of that request, not a load failure for the
     whole run); with budget enough, the restart loads the file again and answers."""
     w = make_worker("import time\ntime.sleep(4)\n" + EXITS_AFTER_EACH_ANSWER, cell_seconds=10)
-    assert w.request("call", fn="f", args=[], kwargs={}) == 1
+    assert w.request(CallRequest("f")) == 1
     wait_until_ended(w)
     check = CheckBudget(time.monotonic() + 1.0, 60.0)
     with pytest.raises(CheckTimeUp, match="this check used up its time budget \\(60 s\\)") as info:
-        w.request("call", fn="f", args=[], kwargs={}, check=check)
+        w.request(CallRequest("f"), check=check)
     assert "restarting it" in str(info.value)
     assert w.load_failure is None and w.process is None
-    assert w.request("call", fn="f", args=[], kwargs={}, check=CheckBudget(time.monotonic() + 60, 60)) == 1
+    assert w.request(CallRequest("f"), check=CheckBudget(time.monotonic() + 60, 60)) == 1
 
 
 def test_a_worker_environment_without_torch_is_the_graders_fault(make_worker, monkeypatch):
@@ -451,7 +460,7 @@ def test_a_worker_environment_without_torch_is_the_graders_fault(make_worker, mo
         monkeypatch.setattr(sys, "executable", str(python))
         w = make_worker("def f():\n    return 1\n", isolation="process")
         with pytest.raises(WorkerCannotStart, match="No module named 'torch'") as info:
-            w.request("call", fn="f", args=[], kwargs={})
+            w.request(CallRequest("f"))
         assert "the grader's environment is at fault" in str(info.value)
         assert w.load_failure is None and w.load_report is None and w.process is None
 
@@ -470,7 +479,7 @@ def test_a_prestarted_worker_runs_nothing_of_the_submission_until_it_is_started(
         assert w.process is not None and w.starts == 0 and not w.alive()
         ready, _, _ = select.select([w.process.from_worker], [], [], 60)  # it booted: its `ready` waits unread
         assert ready and not marker.exists() and w.load_report is None and "top level ran" not in w.output()
-        assert w.request("call", fn="f", args=[], kwargs={}) == 1
+        assert w.request(CallRequest("f")) == 1
         assert marker.read_text() == "x" and w.starts == 1
         w.kill()  # the output is read by a thread: once the worker ended, it has all of it
         assert w.output().count("top level ran") == 1
@@ -491,13 +500,13 @@ def test_a_prestarted_worker_that_dies_before_it_is_started_is_the_graders_fault
     os.kill(w.process.pid, 9)
     w.process.process.wait(timeout=30)  # gone before the request
     if forks:
-        assert w.request("call", fn="f", args=[], kwargs={}) == 1
+        assert w.request(CallRequest("f")) == 1
         assert w.fresh_because is not None
         assert "before it read the file" in w.fresh_because if said_ready else "before it" in w.fresh_because
         assert not w.process.forked and w.starts == 1
     else:
         with pytest.raises(WorkerCannotStart):
-            w.request("call", fn="f", args=[], kwargs={})
+            w.request(CallRequest("f"))
     assert w.ended_between == [] and w.given_up is None and w.load_failure is None
 
 
@@ -524,12 +533,12 @@ def test_the_op_trace_costs_no_dynamo_import_and_sees_the_same_ops_when_dynamo_i
     w = make_worker(TRACED + ("import torch._dynamo\n" if compiles else ""), cell_seconds=120, load_seconds=120)
     counts = []
     for heads in (2, 5):
-        module = w.request("build", cls="Loop", args=[heads], kwargs={}, state_dict=None, dtype=None, device="cpu")
-        answer = w.request("forward", handle=module.handle, x=torch.ones(2, 4), trace=True)
+        module = w.request(BuildRequest(cls="Loop", args=[heads], kwargs={}, state_dict=None, dtype=None, device="cpu"))
+        answer = w.request(ForwardRequest(handle=module.handle, x=torch.ones(2, 4), trace=True))
         counts.append(sum(op in ("addmm", "mm", "bmm", "matmul", "linear") for op in answer.ops))
     assert counts == [2, 5]
     assert w.load_report is not None and not w.load_report.errors
-    assert w.request("call", fn="loaded", args=[], kwargs={}) is compiles
+    assert w.request(CallRequest("loaded")) is compiles
 
 
 # Run in a process of its own: the grader's side of one hostile answer, a header of {}s just under the
@@ -576,7 +585,7 @@ with open("/proc/self/clear_refs", "w") as handle:
     handle.write("5")
 before = status("VmRSS")
 try:
-    worker.request("call", fn="f", args=[], kwargs={})
+    worker.request(protocol.CallRequest("f"))
     outcome = "answered"
 except WorkerError as exc:
     outcome = str(exc)
@@ -667,7 +676,7 @@ def test_a_worker_whose_file_cannot_load_refuses_every_request_without_starting_
     assert w.state is Lifecycle.LOAD_FAILED and w.load_failure == "that is not a Python file"
     w.prestart()
     with pytest.raises(LoadFailed, match="not a Python file"):
-        w.request("ping")
+        w.request(PingRequest())
     assert w.process is None and w.starts == 0
     w.kill()  # a final state stays final
     assert w.state is Lifecycle.LOAD_FAILED

@@ -108,7 +108,7 @@ class BackgroundWorker:
             return False
         self.worker.resume()
         try:
-            self.worker.request("ping", timeout=5.0)
+            self.worker.request(protocol.PingRequest(), timeout=5.0)
         except WorkerError:
             return False
         return True

@@ -33,11 +33,21 @@ import termios
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
 from autograder.sandbox import bwrap, launcher, probe, protocol
-from autograder.sandbox.protocol import Loaded, ProtocolError, Ready, StudentError
+from autograder.sandbox.protocol import (
+    ForwardManyRequest,
+    Loaded,
+    LoadRequest,
+    ProtocolError,
+    Ready,
+    Request,
+    ShowOutputs,
+    StudentError,
+    TimedCall,
+)
 from autograder.sandbox.settings import WorkerConfig
 
 
@@ -243,9 +253,9 @@ class Channel:
         self.process, self.limits, self.codec = process, limits, codec
         self.memory_bytes, self.budget = memory_bytes, budget
 
-    def frame(self, op: str, args: dict[str, Any]) -> bytes:
+    def frame(self, request: Request) -> bytes:
         encoder = protocol.Encoder(self.codec)
-        return protocol.pack_frame({"op": op, "args": encoder.encode(args)}, encoder.blobs)
+        return protocol.pack_frame(protocol.request_header(request, encoder), encoder.blobs)
 
     def send(self, frame: bytes, deadline: Deadline, what: str) -> None:
         """Write a frame; a worker that no longer reads its pipe has ended (WorkerCrashed)."""
@@ -254,15 +264,15 @@ class Channel:
         except (BrokenPipeError, OSError):  # nothing reads the pipe any more
             raise self.crashed(what) from None
 
-    def exchange(self, op: str, args: dict[str, Any], deadline: Deadline, what: str) -> protocol.Reply:
+    def exchange(self, request: Request, deadline: Deadline, what: str) -> protocol.Reply:
         """One untimed request and its reply. A worker that ended before reading the request raises
         EndedBeforeRequest (it ended on its own, between requests)."""
         try:
-            self.send(self.frame(op, args), deadline, what)
+            self.send(self.frame(request), deadline, what)
         except WorkerCrashed as exc:
             raise EndedBeforeRequest(str(exc)) from None
         try:
-            return self.receive(op, deadline, what)
+            return self.receive(request.op, deadline, what)
         except WorkerCrashed as exc:
             if self.request_unread():
                 raise EndedBeforeRequest(str(exc)) from None
@@ -507,15 +517,11 @@ class Worker:
 
     def _load(self, check: CheckBudget | None) -> protocol.Reply:
         """Send the file to the new worker and wait for its load report (within `load_seconds`)."""
-        args = {
-            "cells": self.cells,
-            "filename": self.filename,
-            "cell_seconds": self.config.cell_seconds,
-            "later_cell_seconds": self.config.later_cell_seconds,
-            "skip": self.skipped_cells,
-        }
+        request = LoadRequest(
+            self.cells, self.filename, self.config.cell_seconds, self.config.later_cell_seconds, self.skipped_cells
+        )
         deadline = self._deadline(self.config.load_seconds, check=check)
-        return self._channel("loading your file").exchange("load", args, deadline, "loading your file")
+        return self._channel("loading your file").exchange(request, deadline, "loading your file")
 
     def _ended_before_the_file(self, exc: EndedBeforeRequest, check: CheckBudget | None) -> protocol.Reply:
         """The new worker said ready, then ended before it read the file (killed from outside, say): none of the
@@ -734,19 +740,19 @@ class Worker:
 
     def request(
         self,
-        op: str,
+        request: Request,
         timeout: float | None = None,
         target: str | None = None,
         overrun_hint: str = "an infinite loop?",
         timed: bool = False,
         check: CheckBudget | None = None,
-        **args: Any,
     ) -> Any:
         """Send one request and return its decoded value. Raises SubmissionError when the student's code
         raised, WorkerTimeout / WorkerCrashed when the worker had to be killed (it is restarted next
         time), LoadFailed when the file cannot be loaded at all. A `timed` request (the speed part's) has
         its own deadline, and running past it does not make the submission known to hang. With `check`, the
         request, and a restart of the worker it needs, end when the check's budget does."""
+        op = request.op
         self._ready_for(op, target, check)
         if timed:
             timeout = timeout or self.config.request_seconds
@@ -759,10 +765,10 @@ class Worker:
                 )
         what = target or op
         try:
-            reply = self._channel(what).exchange(op, args, self._deadline(timeout, overrun_hint, check), what)
+            reply = self._channel(what).exchange(request, self._deadline(timeout, overrun_hint, check), what)
         except EndedBeforeRequest:  # it ended before reading this request: restarted for it, or given up on
             self._ended_on_its_own()
-            return self.request(op, timeout, target, overrun_hint, timed, check, **args)
+            return self.request(request, timeout, target, overrun_hint, timed, check)
         except (WorkerTimeout, WorkerCrashed) as exc:
             self.failed(exc, target, timed)
             raise
@@ -802,14 +808,13 @@ class Worker:
 
     def timed_calls(
         self,
-        calls: int,
+        request: ForwardManyRequest,
         timeout: float,
         target: str | None = None,
         check: CheckBudget | None = None,
         ready_seconds: float = 1.0,
-        **settings: Any,
     ) -> TimedCalls:
-        """A `forward_many` request for `calls` timed forwards, not sent yet: the worker is (re)started here
+        """A `forward_many` request for its `calls` timed forwards, not sent yet: the worker is (re)started here
         when it must be, outside any clock. The caller's clock then runs from `TimedCalls.open()` (the
         settings out, the worker's ready back within `ready_seconds`: the worker's whole time between the
         request and its first call is timed and bounded) through one `call(seed)` per call; `finish(show)`,
@@ -817,14 +822,15 @@ class Worker:
         what = f"{target} (timed)" if target else "forward_many"
         self._ready_for("forward_many", what, check)
         deadline = self._deadline(timeout, "far slower than the reference's forward, whose time sets this limit", check)
-        return TimedCalls(self, calls, deadline, what, settings, ready_seconds)
+        return TimedCalls(self, request, deadline, what, ready_seconds)
 
     def forward_many(
-        self, seeds: list[int], timeout: float | None = None, show: list[int] | None = None, **settings: Any
+        self, request: ForwardManyRequest, seeds: list[int], timeout: float | None = None, show: list[int] | None = None
     ) -> tuple[list[Any], protocol.TimedShown]:
-        """Every seed's timed forward in one `forward_many` request, and what it shows after (the outputs of
-        the calls in `show`, every call's record); untimed here: for tests and tools."""
-        calls = self.timed_calls(len(seeds), timeout or self.config.request_seconds, **settings)
+        """Every seed's timed forward in one `forward_many` request (its `calls`: one per seed), and what it shows
+        after (the outputs of the calls in `show`, every call's record); untimed here: for tests and tools."""
+        request = replace(request, calls=len(seeds))
+        calls = self.timed_calls(request, timeout or self.config.request_seconds)
         calls.open()
         answers = [calls.call(seed) for seed in seeds]
         return answers, calls.finish(show or [])
@@ -867,34 +873,38 @@ class TimedCalls:
     one failure policy (`Worker.failed`), as a timed request's."""
 
     def __init__(
-        self, worker: Worker, calls: int, deadline: Deadline, what: str, settings: dict[str, Any], ready_seconds: float
+        self, worker: Worker, request: ForwardManyRequest, deadline: Deadline, what: str, ready_seconds: float
     ):
-        self.worker, self.calls, self.left, self.deadline, self.what = worker, calls, calls, deadline, what
-        self.settings, self.ready_seconds = settings, ready_seconds
+        self.worker, self.request, self.deadline, self.what = worker, request, deadline, what
+        self.calls = self.left = request.calls
+        self.ready_seconds = ready_seconds
         self.opened = False
 
     def open(self) -> None:
-        frame = self.worker._channel(self.what).frame("forward_many", {"calls": self.calls, **self.settings})
+        frame = self.worker._channel(self.what).frame(self.request)
         ready = Deadline.within(
             min(self.ready_seconds, self.deadline.left()),
             self.worker.budget_end,
             "each timed call's input comes only with the call, so there is nothing to prepare before them",
         )
         self.opened = True
-        self._exchange(frame, "forward_many", ready, f"{self.what}, getting ready for its calls")
+        self._exchange(frame, self.request.op, ready, f"{self.what}, getting ready for its calls")
 
     def call(self, seed: int) -> Any:
         if not self.opened or self.left <= 0:
             raise ValueError("a timed call outside an open request's calls")
         self.left -= 1
-        return self._exchange(protocol.pack_frame({"seed": seed}, []), "forward_call", self.deadline)
+        return self._exchange(
+            protocol.pack_frame(protocol.field_values(TimedCall(seed)), []), "forward_call", self.deadline
+        )
 
     def finish(self, show: list[int]) -> protocol.TimedShown:
         """After the last call, outside every clock: the whole outputs of the calls in `show` and every
         call's record; then the submission's CPU budget is charged."""
         if self.left:
             raise ValueError(f"{self.left} timed calls were not made")
-        shown = self._exchange(protocol.pack_frame({"show": list(show)}, []), "forward_shown", self.deadline)
+        header = protocol.field_values(ShowOutputs(list(show)))
+        shown = self._exchange(protocol.pack_frame(header, []), "forward_shown", self.deadline)
         if not isinstance(shown, protocol.TimedShown) or len(shown.outputs) != len(show):
             self.worker.kill()
             raise WorkerCrashed(f"the worker's answer while {self.what} did not hold the outputs asked for")

@@ -34,6 +34,7 @@ from typing import IO, Any
 from autograder.sandbox import bwrap, procfs
 from autograder.sandbox.cgroups import WorkerGroup
 from autograder.sandbox.probe import Isolation
+from autograder.sandbox.protocol import ChildSetup
 
 MESSAGE_BYTES = 1 << 16
 
@@ -114,9 +115,9 @@ class ForkServer:
         return not self.retired and self.problem is None and (self.process is None or self.process.poll() is None)
 
     def fork(
-        self, config: dict[str, Any], fds: tuple[int, int, int], group: WorkerGroup | None, seconds: float
+        self, setup: ChildSetup, fds: tuple[int, int, int], group: WorkerGroup | None, seconds: float
     ) -> ForkedProcess:
-        """Ask for one child with a fresh worker's `config`, its channel's `fds` (the request pipe's read end,
+        """Ask for one child with a fresh worker's settings (`setup`), its channel's `fds` (the request pipe's read end,
         the reply pipe's write end, the output pipe's write end; the caller closes its copies), in `group`; the
         hand-over happens in the background, within `seconds`."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -127,7 +128,9 @@ class ForkServer:
                 if self.forks >= self.limit:
                     self.retired = True
                 socket.send_fds(
-                    self.control, [json.dumps({"op": "fork", "config": config}).encode()], [*fds, theirs.fileno()]
+                    self.control,
+                    [json.dumps({"op": "fork", "config": setup.to_dict()}).encode()],
+                    [*fds, theirs.fileno()],
                 )
         except OSError as exc:
             ours.close()
@@ -329,7 +332,7 @@ class ForkServers:
         key: ServerKey,
         limit: int,
         start: Callable[[socket.socket, IO[bytes]], subprocess.Popen[bytes]],
-        config: dict[str, Any],
+        setup: ChildSetup,
         fds: tuple[int, int, int],
         group: WorkerGroup | None,
         seconds: float,
@@ -351,7 +354,7 @@ class ForkServers:
             if server is None:
                 server = self.current[key] = ForkServer(key, start, limit)
         try:
-            return server.fork(config, fds, group, seconds)
+            return server.fork(setup, fds, group, seconds)
         except ForkFailed as exc:
             return str(exc)
 

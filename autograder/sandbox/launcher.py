@@ -29,7 +29,6 @@ worker ended, started or woke another of its processes meanwhile is void (`hold_
 from __future__ import annotations
 
 import functools
-import json
 import os
 import resource
 import select
@@ -45,6 +44,7 @@ from typing import IO
 
 from autograder.sandbox import bwrap, forks, probe, procfs
 from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
+from autograder.sandbox.protocol import ChildSetup, ForkServerSetup, WorkerSetup
 from autograder.sandbox.settings import WorkerConfig
 
 SANDBOX_DIR = Path(__file__).resolve().parent
@@ -482,17 +482,17 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
     hide = sorted({*bwrap.grader_folders(), tempfile.gettempdir(), *settings.config.hide})
     keep = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})
     workdir = bwrap.WORKDIR if scratch is None else scratch
-    config = {
-        "filename": settings.filename,
-        "device": settings.config.device,
-        "threads": settings.config.threads,
-        "sandbox": sandbox,
-        "uid": uid if sandbox else None,  # in the sandbox the worker drops to it itself
-        "hide": hide,
-        "keep": [k for k in keep if any(bwrap.inside(k, h) for h in hide)],  # the interpreter and its packages
-        "workdir": workdir,
-        "contract": list(settings.config.contract),
-    }
+    setup = WorkerSetup(
+        filename=settings.filename,
+        device=settings.config.device,
+        threads=settings.config.threads,
+        sandbox=sandbox,
+        uid=uid if sandbox else None,  # in the sandbox the worker drops to it itself
+        hide=tuple(hide),
+        keep=tuple(k for k in keep if any(bwrap.inside(k, h) for h in hide)),  # the interpreter and its packages
+        workdir=workdir,
+        contract=tuple(settings.config.contract),
+    )
     # RLIMIT_AS makes a huge allocation a clean MemoryError/RuntimeError; it breaks CUDA, where only the
     # control group's limit holds
     memory = settings.config.memory_bytes if settings.config.device == "cpu" else None
@@ -513,16 +513,16 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
     )
     fresh_because = None
     if settings.forks_per_server > 0:
-        child = {
-            **config,
-            "uid": uid,
-            "env": {**bwrap.worker_env(workdir), **({"PWD": workdir} if sandbox else {})},  # bubblewrap sets PWD
-            "memory_bytes": memory,
-            "nproc": settings.config.processes if uid is not None and group is None else None,
-            "scratch_bytes": settings.config.scratch_bytes,
-            "userns": sandbox and not probe.is_root(),
-            "separate_namespaces": not sandbox and uid is not None,
-        }
+        child = ChildSetup(
+            worker=setup,
+            uid=uid,
+            env={**bwrap.worker_env(workdir), **({"PWD": workdir} if sandbox else {})},  # bubblewrap sets PWD
+            memory_bytes=memory,
+            nproc=settings.config.processes if uid is not None and group is None else None,
+            scratch_bytes=settings.config.scratch_bytes,
+            userns=sandbox and not probe.is_root(),
+            separate_namespaces=not sandbox and uid is not None,
+        )
         forked = fork_worker(settings, child, (req_r, resp_w), group)
         if isinstance(forked, forks.ForkedProcess):
             os.close(req_r)
@@ -531,7 +531,7 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
         fresh_because = forked
     # -u: unbuffered, so what the student's code printed is captured even when the worker is killed
     command = [
-        *(sys.executable, "-I", "-u", "-c", BOOT, str(req_r), str(resp_w), json.dumps(config)),
+        *(sys.executable, "-I", "-u", "-c", BOOT, str(req_r), str(resp_w), setup.to_json()),
         *sources(SERVER_MODULES),
     ]
     if sandbox:
@@ -576,7 +576,7 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
 
 
 def fork_worker(
-    settings: LaunchSettings, child: dict[str, object], channel: tuple[int, int], group: WorkerGroup | None
+    settings: LaunchSettings, child: ChildSetup, channel: tuple[int, int], group: WorkerGroup | None
 ) -> forks.ForkedProcess | str:
     """The worker as a child of this process's fork server for its kind (`forks.SERVERS`), or why it cannot be
     one. The child gets the channel's two ends and an output pipe of its own."""
@@ -617,9 +617,9 @@ def start_fork_server(key: forks.ServerKey, control: socket.socket, log: IO[byte
     hide = sorted({*bwrap.grader_folders(), tempfile.gettempdir()})
     keep = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})
     workdir = bwrap.WORKDIR if sandbox else "/"
-    config = {"hide": hide, "keep": [k for k in keep if any(bwrap.inside(k, h) for h in hide)], "workdir": workdir}
+    setup = ForkServerSetup(tuple(hide), tuple(k for k in keep if any(bwrap.inside(k, h) for h in hide)), workdir)
     command = [
-        *(sys.executable, "-I", "-u", "-c", FORK_SERVER_BOOT, str(control.fileno()), json.dumps(config)),
+        *(sys.executable, "-I", "-u", "-c", FORK_SERVER_BOOT, str(control.fileno()), setup.to_json()),
         *sources(FORK_SERVER_MODULES),
     ]
     if sandbox:

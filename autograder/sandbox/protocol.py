@@ -20,8 +20,11 @@ once, plus its header parsed (at most `header_bytes` of JSON).
 Values (what a request's arguments and a reply's answer are made of) are JSON scalars, or objects
 tagged with "$": tensor, list, tuple, dict (string keys), module (a handle to a module living in the
 worker), handle (the grader naming such a module), object (anything else: its class and repr).
-Replies are typed per operation (`parse_reply`), and anything that does not fit its schema raises
-`ProtocolError`: the worker's fault, never the grader's.
+Requests are typed, one frozen dataclass per operation (`REQUESTS`); the worker builds its replies from the
+reply types here (`reply_tree` encodes them), and the grader checks each reply against its operation's
+schema (`parse_reply`): anything that does not fit raises `ProtocolError`, the worker's fault, never the
+grader's. The worker-side settings (`WorkerSetup`, `ChildSetup`, `ForkServerSetup`) are typed here too, the
+only module both sides load.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ import json
 import math
 import re
 import struct
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING as NO_DEFAULT
+from dataclasses import dataclass, field, fields, is_dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     import torch  # for annotations only: torch is passed in (`TensorCodec`), never imported here
@@ -445,9 +449,225 @@ class Decoder:
 
 
 # ----------------------------------------------------------------------------------------------
-# Requests and replies
+# Typed records: requests, replies and settings, each a dataclass whose fields are what crosses
 
-OPS = ("ready", "load", "get", "call", "build", "describe", "to", "forward", "forward_many", "drop", "ping")
+
+def field_values(record: Any) -> dict[str, Any]:
+    """A dataclass's fields by name, shallow (values as they are: `dataclasses.asdict` would copy tensors)."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
+
+
+def from_fields(cls: type[T], data: Any, what: str, noun: str = "field") -> T:
+    """`cls(**data)`, refusing a `data` that is not a dict, that has a key `cls` has no field for, or that lacks
+    a field without a default, each by name (a ValueError saying `what` it was, and calling a key `noun`)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}: not an object of named fields")
+    known = [f for f in fields(cls) if f.init]  # type: ignore[arg-type]  # cls is a dataclass
+    unknown = sorted(str(k) for k in data if k not in {f.name for f in known})
+    if unknown:
+        raise ValueError(f"{what}: unknown {noun}{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}")
+    missing = [
+        f.name for f in known if f.name not in data and f.default is NO_DEFAULT and f.default_factory is NO_DEFAULT
+    ]
+    if missing:
+        raise ValueError(f"{what}: missing {noun}{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}")
+    return cls(**data)
+
+
+# Requests: one type per operation (`REQUESTS`). The grader sends {"op": its op, "args": its fields, encoded as
+# one dict value}; the worker decodes the dict and makes the request of it (`request_of`), refusing an unknown
+# or missing field by name.
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """Run the submission's cells (each [number, first line in the file, source]) in order."""
+
+    op: ClassVar[str] = "load"
+    cells: list[list[Any]]
+    filename: str
+    cell_seconds: float | None = None
+    later_cell_seconds: float | None = None
+    skip: Sequence[int] = ()  # cells stopped in an earlier load: not run again
+
+
+@dataclass(frozen=True)
+class GetRequest:
+    """The value the submission defines under `name` (`MISSING` when none)."""
+
+    op: ClassVar[str] = "get"
+    name: str
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    """The submission's function `fn`, called."""
+
+    op: ClassVar[str] = "call"
+    fn: str
+    args: Sequence[Any] = ()
+    kwargs: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """The submission's class `cls` built (torch seeded with `seed`), holding `state_dict` when given, and moved
+    to `device` and `dtype`."""
+
+    op: ClassVar[str] = "build"
+    cls: str
+    args: Sequence[Any] = ()
+    kwargs: dict[str, Any] | None = None
+    state_dict: dict[str, Any] | None = None
+    dtype: str | None = None
+    device: str = "cpu"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DescribeRequest:
+    op: ClassVar[str] = "describe"
+    handle: str
+
+
+@dataclass(frozen=True)
+class ToRequest:
+    """A module the submission made, moved to `device`."""
+
+    op: ClassVar[str] = "to"
+    handle: str
+    device: str
+
+
+@dataclass(frozen=True)
+class ForwardRequest:
+    """One forward of a module on `x` (answered by a `ForwardReply`), with a backward of `grad_out` when given,
+    the dispatch trace when `trace`, and what the wrapper's heads saw when `hooks`."""
+
+    op: ClassVar[str] = "forward"
+    handle: str
+    x: Any  # a tensor
+    train: bool = False
+    seed: int = 0
+    grad_out: Any = None  # a tensor, or None
+    trace: bool = False
+    hooks: bool = False
+
+
+@dataclass(frozen=True)
+class ForwardManyRequest:
+    """`calls` timed forwards of a module, each on an input made from a seed the grader sends only when that call
+    starts (`TimedCall`), then the outputs the grader names after the last (`ShowOutputs`)."""
+
+    op: ClassVar[str] = "forward_many"
+    handle: str
+    calls: int
+    shape: list[int]
+    dtype: str
+    out_features: int
+    threads: int | None = None
+    flush_bytes: int = 0
+    record: bool = True
+
+
+@dataclass(frozen=True)
+class DropRequest:
+    """Forget a module."""
+
+    op: ClassVar[str] = "drop"
+    handle: str
+
+
+@dataclass(frozen=True)
+class PingRequest:
+    op: ClassVar[str] = "ping"
+
+
+Request = (
+    LoadRequest
+    | GetRequest
+    | CallRequest
+    | BuildRequest
+    | DescribeRequest
+    | ToRequest
+    | ForwardRequest
+    | ForwardManyRequest
+    | DropRequest
+    | PingRequest
+)
+REQUEST_TYPES: tuple[type[Request], ...] = (
+    LoadRequest,
+    GetRequest,
+    CallRequest,
+    BuildRequest,
+    DescribeRequest,
+    ToRequest,
+    ForwardRequest,
+    ForwardManyRequest,
+    DropRequest,
+    PingRequest,
+)
+REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in REQUEST_TYPES}
+
+
+def request_header(request: Request, encoder: Encoder) -> dict[str, Any]:
+    """The header of a request's frame: its op, and its fields encoded as one dict value."""
+    return {"op": request.op, "args": encoder.encode(field_values(request))}
+
+
+def request_type(op: Any) -> type[Request]:
+    """The request type of a frame's op (a ValueError for an unknown one)."""
+    cls = REQUESTS.get(op) if isinstance(op, str) else None
+    if cls is None:
+        raise ValueError(f"unknown request {op!r}")
+    return cls
+
+
+def request_of(op: Any, args: Any) -> Request:
+    """The request a frame's op and decoded arguments make: a ValueError for an unknown op, and for arguments
+    that are not its type's fields (naming the unknown or missing field)."""
+    return from_fields(request_type(op), args, f"the request {op!r}")
+
+
+# The frames inside a timed request (`ForwardManyRequest`), each a plain JSON object of its fields.
+
+
+@dataclass(frozen=True)
+class TimedCall:
+    """One timed call starts: its input is made from `seed`."""
+
+    seed: int
+
+    @classmethod
+    def of(cls, header: dict[str, Any]) -> TimedCall:
+        seed = header.get("seed")
+        if type(seed) is not int or set(header) != {"seed"}:
+            raise ValueError("a timed call without a seed")
+        return cls(seed)
+
+
+@dataclass(frozen=True)
+class ShowOutputs:
+    """After the last timed call: the calls whose whole outputs the grader wants (by index)."""
+
+    show: list[int]
+
+    @classmethod
+    def of(cls, header: dict[str, Any], calls: int) -> ShowOutputs:
+        show = header.get("show")
+        if not (isinstance(show, list) and all(type(i) is int and 0 <= i < calls for i in show)) or set(header) != {
+            "show"
+        }:
+            raise ValueError("the grader asked for timed outputs that do not exist")
+        return cls(show)
+
+
+# Replies: what the worker builds (`reply_tree` encodes them) and what `parse_reply` makes of a reply's header.
+# A field marked RECORDS is a list of records (dataclasses or dicts), sent as a JSON list of objects whose
+# values are encoded one by one; a field marked LOCAL is the grader's own (derived when the reply is parsed),
+# never sent.
+RECORDS: dict[str, bool] = {"records": True}
+LOCAL: dict[str, bool] = {"local": True}
 
 
 @dataclass
@@ -477,8 +697,13 @@ class Ready:
 
 
 @dataclass
+class Pong:
+    pid: int
+
+
+@dataclass
 class Loaded:
-    errors: list[CellProblem]
+    errors: list[CellProblem] = field(metadata=RECORDS)
     defined: dict[str, str]  # contract name -> the type of what the file defines under it
 
 
@@ -498,12 +723,12 @@ class ForwardReply:
 
     y: Any
     x_after: Any
-    head_calls: list[HeadCall] = field(default_factory=list)
+    head_calls: list[HeadCall] = field(default_factory=list, metadata=RECORDS)
     ops: list[str] | None = None  # worker-reported trace
     python_calls: list[str] | None = None  # worker-reported
     grads: dict[str, Any] | None = None
     grad_problem: str | None = None
-    y_device: str | None = None  # where y was in the worker, when it is a tensor
+    y_device: str | None = field(default=None, metadata=LOCAL)  # where y was in the worker, when it is a tensor
     torch_calls: dict[str, int] | None = None  # worker-reported: the PyTorch functions the forward called
 
 
@@ -514,7 +739,46 @@ class TimedShown:
     (worker-reported; empty when the request did not record)."""
 
     outputs: list[Any]
-    calls: list[dict[str, int]]
+    calls: list[dict[str, int]] = field(metadata=RECORDS)
+
+
+REPLY_TYPES: tuple[type[Any], ...] = (StudentError, Ready, Pong, Loaded, ForwardReply, TimedShown)
+
+
+def reply_tree(value: Any, encode: Callable[[Any], Any]) -> Any:
+    """The JSON tree a reply's value is sent as: a reply type (`REPLY_TYPES`) as an object of its fields, in
+    order (RECORDS fields as lists of objects, LOCAL fields left out), each value `encode`d; any other value is
+    `encode(value)`."""
+    if not isinstance(value, REPLY_TYPES):
+        return encode(value)
+    tree: dict[str, Any] = {}
+    for item in fields(value):
+        if item.metadata.get("local"):
+            continue
+        found = getattr(value, item.name)
+        if item.metadata.get("records"):
+            tree[item.name] = [{k: encode(v) for k, v in _record(r).items()} for r in found]
+        else:
+            tree[item.name] = encode(found)
+    return tree
+
+
+def _record(record: Any) -> dict[str, Any]:
+    if isinstance(record, dict):
+        return record
+    if is_dataclass(record) and not isinstance(record, type):
+        return {f.name: getattr(record, f.name) for f in fields(record) if not f.metadata.get("local")}
+    raise TypeError(f"a record that is neither a dataclass nor a dict: {type(record).__name__}")
+
+
+def as_is(value: Any) -> Any:
+    """The encoding of a reply whose fields are all plain JSON (an error reply's strings)."""
+    return value
+
+
+def error_header(error: StudentError) -> dict[str, Any]:
+    """The header of an error reply."""
+    return {"ok": False, "error": reply_tree(error, as_is)}
 
 
 @dataclass
@@ -522,6 +786,95 @@ class Reply:
     ok: bool
     value: Any = None
     error: StudentError | None = None
+
+
+# ----------------------------------------------------------------------------------------------
+# Worker-side settings: made by the grader (`launcher`), read by the worker, the fork server and its children.
+# Each crosses as JSON (a command line argument, a fork message); a key that is unknown or missing is refused by
+# name. Lists come back as tuples.
+
+
+def _settings_from(cls: type[T], data: Any, what: str) -> T:
+    if isinstance(data, dict):
+        data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return from_fields(cls, data, what, noun="key")
+
+
+def _json_object(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{what}: not JSON ({exc})") from None
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """A worker's own settings (`server.main`, `server.Session`)."""
+
+    filename: str  # the submission's file name, as its tracebacks say it
+    device: str
+    threads: int | None  # torch's threads (None: torch's default)
+    sandbox: bool  # under the namespace sandbox
+    uid: int | None  # the fresh uid it drops to itself (in the namespace sandbox of a root grader)
+    hide: tuple[str, ...]  # folders it must not see (`jail.hide_grader_packages`)
+    keep: tuple[str, ...]  # of those, what it keeps on sys.path (the interpreter and its packages)
+    workdir: str
+    contract: tuple[str, ...]  # the names the contract asks of the submission
+
+    def to_json(self) -> str:
+        return json.dumps(field_values(self))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> WorkerSetup:
+        return _settings_from(cls, data, "the worker's settings")
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSetup:
+        return cls.from_dict(_json_object(text, "the worker's settings"))
+
+
+@dataclass(frozen=True)
+class ChildSetup:
+    """A worker forked from a fork server (`forkserver.Child`): a worker's settings and what a fresh worker gets
+    from its launch instead (its environment, limits, uid and namespaces)."""
+
+    worker: WorkerSetup
+    uid: int | None  # its fresh uid, wherever it changes to it
+    env: dict[str, str]
+    memory_bytes: int | None  # RLIMIT_AS
+    nproc: int | None  # RLIMIT_NPROC
+    scratch_bytes: int  # its /tmp, under the namespace sandbox
+    userns: bool  # in a user namespace (the namespace sandbox of a grader that is not root)
+    separate_namespaces: bool  # its own network and IPC namespaces, outside the namespace sandbox
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**field_values(self), "worker": field_values(self.worker)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ChildSetup:
+        what = "a forked worker's settings"
+        if not isinstance(data, dict):
+            raise ValueError(f"{what}: not an object of named fields")
+        data = dict(data)
+        if "worker" in data:
+            data["worker"] = WorkerSetup.from_dict(data["worker"])
+        return _settings_from(cls, data, what)
+
+
+@dataclass(frozen=True)
+class ForkServerSetup:
+    """A fork server's settings (`forkserver.main`)."""
+
+    hide: tuple[str, ...]
+    keep: tuple[str, ...]
+    workdir: str
+
+    def to_json(self) -> str:
+        return json.dumps(field_values(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ForkServerSetup:
+        return _settings_from(cls, _json_object(text, "the fork server's settings"), "the fork server's settings")
 
 
 def _field(obj: dict[str, Any], name: str, kind: type[T], what: str) -> T:
@@ -533,7 +886,8 @@ def _field(obj: dict[str, Any], name: str, kind: type[T], what: str) -> T:
 
 
 def parse_reply(op: str, header: dict[str, Any], decoder: Decoder) -> Reply:
-    """Check a reply against the schema of `op` and decode it into typed values."""
+    """Check a reply against the schema of `op` (a request's, or "ready", "forward_call" and "forward_shown": the
+    worker's first frame, and the answers inside a timed request) and decode it into typed values."""
     ok = header.get("ok")
     if ok is False:
         error = _field(header, "error", dict, "an error reply")
@@ -552,6 +906,9 @@ def parse_reply(op: str, header: dict[str, Any], decoder: Decoder) -> Reply:
     if op == "ready":
         raw = _field(header, "value", dict, what)
         return Reply(True, Ready(_field(raw, "pid", int, what), bool(_field(raw, "cuda", bool, what))))
+    if op == "ping":
+        raw = _field(header, "value", dict, what)
+        return Reply(True, Pong(_field(raw, "pid", int, what)))
     if op == "load":
         raw = _field(header, "value", dict, what)
         errors = []

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import pytest
@@ -38,7 +38,21 @@ from autograder.sandbox.client import (
     WorkerError,
     WorkerTimeout,
 )
-from autograder.sandbox.protocol import MISSING, Foreign, ForwardReply, Handle, ModuleInfo
+from autograder.sandbox.protocol import (
+    MISSING,
+    BuildRequest,
+    CallRequest,
+    DescribeRequest,
+    Foreign,
+    ForwardManyRequest,
+    ForwardReply,
+    ForwardRequest,
+    GetRequest,
+    Handle,
+    ModuleInfo,
+    Request,
+    ToRequest,
+)
 
 # The cause of every check that cannot load its weights into the student's module (see scoring.name_once).
 CONSTRUCTOR_CAUSE = "your {} does not keep the given constructor, so the grader cannot build it with its weights"
@@ -220,10 +234,10 @@ class Submission:
             )
         return min(left, self.worker.config.request_seconds)
 
-    def _ask(self, op: str, target: str | None = None, timeout: float | None = None, **payload: Any) -> Any:
+    def _ask(self, request: Request, target: str | None = None, timeout: float | None = None) -> Any:
         limit = self._timeout() if timeout is None else min(self._timeout(), timeout)
         try:
-            return self.worker.request(op, timeout=limit, target=target, check=self._check(), **payload)
+            return self.worker.request(request, timeout=limit, target=target, check=self._check())
         except WorkerError as exc:
             self.failed(exc)
 
@@ -268,14 +282,14 @@ class Submission:
         raise exc
 
     def value(self, name: str) -> Any:
-        answer = self._ask("get", name=name)
+        answer = self._ask(GetRequest(name))
         if answer is MISSING:
             self.undefined(name, f"`{name}` is not defined in your file")
         return answer
 
     def call(self, fn: str, *args: Any, target: str | None = None, **kwargs: Any) -> Any:
         note("call", what=fn, args=list(args))
-        answer = self._ask("call", target=target or fn, fn=fn, args=_wire(list(args)), kwargs=_wire(kwargs))
+        answer = self._ask(CallRequest(fn, _wire(list(args)), _wire(kwargs)), target=target or fn)
         note("returned", what=fn, value=answer)
         return answer
 
@@ -284,13 +298,10 @@ class Submission:
         note("call", what=fn, args=list(args))
         try:
             answer = self.worker.request(
-                "call",
+                CallRequest(fn, _wire(list(args)), {}),
                 timeout=self._timeout(),
                 target=target or fn,
                 check=self._check(),
-                fn=fn,
-                args=_wire(list(args)),
-                kwargs={},
             )
         except SubmissionError as exc:
             note("returned", what=fn, value=Raised(exc.type, exc.message))
@@ -313,10 +324,8 @@ class Submission:
         its weights into) is one problem, said once (`NotCredited` with a cause), in the student's terms."""
         dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else None
         note("build", what=cls, args=list(args), kwargs=kwargs, weights=state_dict is not None, dtype=dtype_name)
-        request: dict[str, Any] = dict(
-            target=f"{cls}.__init__", cls=cls, args=list(args), kwargs=kwargs, device=self.device
-        )
-        answer, problem = attempt(self._ask, "build", state_dict=state_dict, dtype=dtype_name, **request)
+        request = BuildRequest(cls, list(args), kwargs, state_dict, dtype_name, self.device)
+        answer, problem = attempt(self._ask, request, target=f"{cls}.__init__")
         if problem is not None:
             words = self.constructor_changed(cls, args, kwargs, state_dict, dtype_name)
             if words:
@@ -338,16 +347,15 @@ class Submission:
         takes the given arguments in another order (it builds when they are named) or takes others, or it
         makes other attributes than those the grader loads its weights into. None: the constructor is not the
         reason (the build's own failure says what is)."""
-        request: dict[str, Any] = dict(
-            target=f"{cls}.__init__", cls=cls, device=self.device, state_dict=None, dtype=dtype_name
-        )
-        unloaded, problem = attempt(self._ask, "build", args=list(args), kwargs=kwargs, **request)
+        target = f"{cls}.__init__"
+        request = BuildRequest(cls, list(args), kwargs, None, dtype_name, self.device)
+        unloaded, problem = attempt(self._ask, request, target=target)
         if problem is not None:
             names = given_arguments(cls)
             if names is None or len(args) > len(names):
                 return None
             named = {**dict(zip(names, args)), **kwargs}
-            built, by_name = attempt(self._ask, "build", args=[], kwargs=named, **request)
+            built, by_name = attempt(self._ask, replace(request, args=[], kwargs=named), target=target)
             given = f"{cls}{given_signature(cls)}"
             rule = f"the grader builds your {cls} with the given constructor's arguments, in their order: {given}"
             if built is not None:
@@ -364,13 +372,13 @@ class Submission:
         grader builds there): a function that makes a module makes it on the CPU, wherever it is graded."""
         if self.device == "cpu":
             return module
-        answer = self._ask("to", target=target, handle=module.handle, device=self.device)
+        answer = self._ask(ToRequest(module.handle, self.device), target=target)
         if not isinstance(answer, ModuleInfo):
             fail("the worker did not describe the module")
         return answer
 
     def describe(self, module: ModuleInfo) -> ModuleInfo:
-        answer = self._ask("describe", handle=module.handle)
+        answer = self._ask(DescribeRequest(module.handle))
         if not isinstance(answer, ModuleInfo):
             fail("the worker did not describe the module")
         return answer
@@ -388,32 +396,25 @@ class Submission:
     ) -> ForwardReply:
         note("input", what=f"{module.cls}.forward" + (" (training mode)" if train else ""), value=x)
         answer = self._ask(
-            "forward",
-            target=f"{module.cls}.forward",
-            handle=module.handle,
-            x=x,
-            train=train,
-            seed=seed,
-            grad_out=grad_out,
-            trace=trace,
-            hooks=hooks,
+            ForwardRequest(module.handle, x, train, seed, grad_out, trace, hooks), target=f"{module.cls}.forward"
         )
         if not (isinstance(answer, ForwardReply) and isinstance(answer.x_after, torch.Tensor)):
             fail("the worker's answer did not include the input after the forward")
         return answer
 
-    def timed_calls(self, module: ModuleInfo, calls: int, timeout: float, **settings: Any) -> TimedCalls:
-        """Open one timed request of `calls` forwards on inputs the worker makes from seeds sent one per call
-        (`client.TimedCalls`): per call, a (batch, tokens, 3) tensor of probes of the output. A forward that
-        hangs here is not held against the untimed checks (its own target). Failures are left to the
-        caller (`failed`), which handles them the same way for every timed worker."""
+    def timed_calls(
+        self, module: ModuleInfo, request: ForwardManyRequest, timeout: float, ready_seconds: float = 1.0
+    ) -> TimedCalls:
+        """Open one timed request of `module`'s forwards (`request`: its calls, on inputs the worker makes from
+        seeds sent one per call, `client.TimedCalls`): per call, a (batch, tokens, 3) tensor of probes of the
+        output. A forward that hangs here is not held against the untimed checks (its own target). Failures are
+        left to the caller (`failed`), which handles them the same way for every timed worker."""
         return self.worker.timed_calls(
-            calls,
+            replace(request, handle=module.handle),
             min(self._timeout(), timeout),
             target=f"{module.cls}.forward",
             check=self._check(),
-            handle=module.handle,
-            **settings,
+            ready_seconds=ready_seconds,
         )
 
 

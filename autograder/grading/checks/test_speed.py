@@ -46,7 +46,7 @@ from autograder.model import TIMING_LOCK, SpeedBands, SpeedFigures, WorkloadFigu
 from autograder.rubric import Rubric, SpeedSettings, Workload
 from autograder.sandbox import procfs
 from autograder.sandbox.client import Worker, WorkerError, WorkerTimeout
-from autograder.sandbox.protocol import ModuleInfo
+from autograder.sandbox.protocol import BuildRequest, DropRequest, ForwardManyRequest, ModuleInfo, Request
 from reference import mha as ref
 
 LOOP_HINT = (
@@ -69,12 +69,12 @@ def timing_workers(context: GradingContext) -> Iterator[dict[str, BackgroundWork
             worker.close()
 
 
-def trusted(worker: Worker, op: str, **args: Any) -> Any:
+def trusted(worker: Worker, request: Request) -> Any:
     """A request to the reference's worker: a failure there is the grader's, never the student's."""
     try:
-        return worker.request(op, **args)
+        return worker.request(request)
     except WorkerError as exc:
-        raise CannotTime(f"the reference's timing worker failed ({op}): {exc}") from None
+        raise CannotTime(f"the reference's timing worker failed ({request.op}): {exc}") from None
 
 
 def speed_settings(rubric: Rubric) -> SpeedSettings:
@@ -260,9 +260,7 @@ def build_references(
         ),
     ):
         worker = timing_workers[name].get()
-        module = trusted(
-            worker, "build", cls=cls, args=args, kwargs={}, state_dict=weights, dtype=w.dtype, device=device
-        )
+        module = trusted(worker, BuildRequest(cls, args, {}, weights, w.dtype, device))
         built.append(Built(worker, module.handle))
     return built[0], built[1]
 
@@ -282,27 +280,21 @@ def timing_targets(
     wrapper's, trusted and never compared, does not. After each of the submission's requests, the whole
     outputs of `SHOWN` of its calls, picked at random once the clock has stopped, are checked."""
     w = workload
-    request_args: dict[str, Any] = dict(
-        shape=list(w.shape),
-        dtype=w.dtype,
-        out_features=w.d_out,
-        threads=threads,
-        flush_bytes=int(w.flush_mib * (1 << 20)),
-        ready_seconds=ready_seconds,
-    )
+
+    def forwards(handle: str, calls: int, record: bool) -> ForwardManyRequest:
+        flush_bytes = int(w.flush_mib * (1 << 20))
+        return ForwardManyRequest(handle, calls, list(w.shape), w.dtype, w.d_out, threads, flush_bytes, record)
 
     def in_reference_worker(built: Built, cls: str, record: bool) -> Callable[[int, float], timing.Calls]:
         return lambda calls, timeout: built.worker.timed_calls(
-            calls,
+            forwards(built.handle, calls, record),
             timeout,
             target=f"the reference's {cls}.forward",
-            handle=built.handle,
-            record=record,
-            **request_args,
+            ready_seconds=ready_seconds,
         )
 
     def in_submission_worker(calls: int, timeout: float) -> timing.Calls:
-        return submission.timed_calls(module, calls, timeout, record=True, **request_args)
+        return submission.timed_calls(module, forwards(module.handle, calls, True), timeout, ready_seconds)
 
     def grader_fault(exc: WorkerError) -> NoReturn:
         raise CannotTime(f"the reference's timing worker failed (forward_many): {exc}") from None
@@ -370,7 +362,7 @@ def drop(*built: Built) -> None:
     """Kept reference workers serve later gradings: they forget what this one built."""
     for module in built:
         with contextlib.suppress(WorkerError):
-            module.worker.request("drop", handle=module.handle)
+            module.worker.request(DropRequest(module.handle))
 
 
 def figures_of(measurement: timing.Measurement, workload: Workload, settings: SpeedSettings) -> WorkloadFigures:

@@ -21,8 +21,9 @@ Messages (a SOCK_SEQPACKET socket pair; JSON):
 
 - the fork server to the grader, once, on its control socket: `{"ready": {...}}`, or `{"unsafe": why}` and it
   exits;
-- the grader to the fork server: `{"op": "fork", "config": {...}}` with four file descriptors: the worker's
-  request pipe (read end), its reply pipe (write end), its output pipe (write end) and its status socket;
+- the grader to the fork server: `{"op": "fork", "config": {...}}` (a `protocol.ChildSetup`; one with an unknown
+  or missing key is refused, and no child is forked) with four file descriptors: the worker's request pipe (read
+  end), its reply pipe (write end), its output pipe (write end) and its status socket;
 - on the status socket: the child says `forked` (the kernel attaches its process id, as the grader sees it),
   the grader answers `go` once the child is in its control group (anything else: the child exits, having run
   nothing), and the fork server reports `{"exit": code}` when the child has ended, or `{"error": why}` when it
@@ -50,9 +51,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:  # the same modules, as the grader's package names them; no worker imports this
+    from autograder.sandbox import protocol
     from autograder.sandbox.inside import jail, server
 else:
-    from . import jail, server
+    from . import jail, protocol, server
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
@@ -110,12 +112,12 @@ def unsafe_to_fork(torch: types.ModuleType) -> str | None:
 def main(argv: list[str]) -> None:
     """The fork server: argv is CONTROL_FD CONFIG (JSON)."""
     control = socket.socket(fileno=int(argv[0]))
-    config = json.loads(argv[1])
+    setup = protocol.ForkServerSetup.from_json(argv[1])
     del sys.argv[1:]  # the sources of the sandbox modules
     _prctl(PR_SET_DUMPABLE, 0)  # its /proc files are not its user's to read, nor is it theirs to trace
     jail.no_new_privileges()
-    jail.hide_grader_packages(config["hide"], config["keep"])
-    os.chdir(config["workdir"])
+    jail.hide_grader_packages(list(setup.hide), list(setup.keep))
+    os.chdir(setup.workdir)
     import torch
 
     server.settle_imports()
@@ -170,8 +172,9 @@ def serve_forks(control: socket.socket, torch: types.ModuleType) -> NoReturn:
             os._exit(0)  # the grader is gone; every child dies with this process
         try:
             request = json.loads(data)
-            if request.get("op") != "fork" or len(fds) != 4:
+            if not isinstance(request, dict) or request.get("op") != "fork" or len(fds) != 4:
                 raise ValueError("not a fork request")
+            setup = protocol.ChildSetup.from_dict(request.get("config"))
         except ValueError:
             for fd in fds:
                 os.close(fd)
@@ -185,7 +188,7 @@ def serve_forks(control: socket.socket, torch: types.ModuleType) -> NoReturn:
         me = os.getpid()
         pid = os.fork()
         if pid == 0:
-            become_worker(Child(request["config"], fds[0], fds[1], fds[2], status, torch, me), control)
+            become_worker(Child(setup, fds[0], fds[1], fds[2], status, torch, me), control)
         for fd in fds[:3]:
             os.close(fd)
         children[pid] = status
@@ -212,7 +215,7 @@ def _reap(children: dict[int, socket.socket]) -> None:
 class Child:
     """One forked worker, on its way to being a fresh one."""
 
-    config: dict[str, Any]
+    setup: protocol.ChildSetup
     fd_in: int  # the grader's requests
     fd_out: int  # the replies
     output: int  # becomes stdout and stderr
@@ -234,7 +237,7 @@ def become_worker(child: Child, control: socket.socket) -> NoReturn:
         finally:
             os._exit(70)
     try:
-        server.serve(child.torch, child.config, child.fd_in, child.fd_out)
+        server.serve(child.torch, child.setup.worker, child.fd_in, child.fd_out)
     finally:
         os._exit(0)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -305,10 +308,10 @@ def limits(child: Child) -> None:
     """No core files; the address-space limit on the CPU (RLIMIT_AS: a huge allocation is a clean error); the
     fresh uid's process limit where no control group counts the worker's processes."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    memory = child.config.get("memory_bytes")
+    memory = child.setup.memory_bytes
     if memory:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    processes = child.config.get("nproc")
+    processes = child.setup.nproc
     if processes:
         resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
 
@@ -321,9 +324,9 @@ def own_namespaces(child: Child) -> None:
     worker ends it ends, and the kernel kills whatever is left), the worker pid 2, and the first process waits
     outside and ends as the worker did, for the fork server to report. As a process (no sandbox) under a root
     grader: its own network and IPC namespaces where the kernel allows, as for a fresh worker."""
-    config = child.config
-    if not config["sandbox"]:
-        if config.get("separate_namespaces"):
+    setup = child.setup
+    if not setup.worker.sandbox:
+        if setup.separate_namespaces:
             _libc().unshare(CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)  # best effort, as a fresh worker's
         return
     flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID | CLONE_NEWCGROUP
@@ -332,7 +335,7 @@ def own_namespaces(child: Child) -> None:
     for target, kept in _writable_mounts():
         if target != "/proc" and not target.startswith("/proc/"):  # /proc: its own, below
             _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
-    size = int(config["scratch_bytes"])
+    size = int(setup.scratch_bytes)
     for folder in ("/dev/shm", "/tmp"):  # empty, as the fork server's were, with the same owner and mode
         # What the sandbox bound under /tmp (the interpreter, its packages, the checkout: a clone made with
         # mktemp) is kept: moved aside into the fresh /dev/shm, then back on top of the fresh /tmp.
@@ -355,7 +358,7 @@ def own_namespaces(child: Child) -> None:
         _wait_and_end_as(init)
     _die_with_parent(None)  # pid 1 here: its parent, outside, has no pid in this namespace
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    if config.get("userns"):
+    if setup.userns:
         # no user namespaces below this one (as bubblewrap's --disable-userns): its limit is set while this
         # process still may, and no worker may raise it again
         with open("/proc/sys/user/max_user_namespaces", "w") as handle:
@@ -448,14 +451,14 @@ def _init(worker: int) -> NoReturn:
 def drop_privileges(child: Child) -> None:
     """A fresh unprivileged uid under a root grader (`jail.drop_privileges`, which checks that no capability is
     left); in a user namespace, every capability the fork server held to make namespaces, dropped for good."""
-    uid = child.config.get("uid")
+    uid = child.setup.uid
     if uid is not None:
-        if child.config["sandbox"] and os.geteuid() == 0:  # not changed yet (the init's worker inherits it)
+        if child.setup.worker.sandbox and os.geteuid() == 0:  # not changed yet (the init's worker inherits it)
             # what bubblewrap leaves a fresh worker of a root grader before it changes uid: the change clears the
             # effective and permitted sets, not the inheritable one, which must not keep the fork server's extras
             _set_capabilities(CAP_SETGID_SETUID)
         jail.drop_privileges(uid)
-    elif child.config.get("userns"):
+    elif child.setup.userns:
         _drop_capabilities()
 
 
@@ -484,15 +487,15 @@ def unprivileged(child: Child) -> None:
     """Its unprivileged uid (or, in a user namespace, no capability): done by the init under the namespace
     sandbox, whose worker inherits it, and checked here again."""
     drop_privileges(child)
-    _die_with_parent(1 if child.config["sandbox"] else child.server_pid)  # a change of uid cleared it
+    _die_with_parent(1 if child.setup.worker.sandbox else child.server_pid)  # a change of uid cleared it
 
 
 def dumpable(child: Child) -> None:
     """Dumpable or not as a fresh worker is: not where it changes to its uid itself, after exec (in the namespace
     sandbox of a root grader: the change clears it), dumpable elsewhere (exec makes it so). The fork server is
     not dumpable, and a change of uid without exec would clear it where a fresh worker's is set."""
-    config = child.config
-    _prctl(PR_SET_DUMPABLE, 0 if config["sandbox"] and config.get("uid") is not None else 1)
+    setup = child.setup
+    _prctl(PR_SET_DUMPABLE, 0 if setup.worker.sandbox and setup.uid is not None else 1)
 
 
 def no_new_privileges(child: Child) -> None:
@@ -503,18 +506,18 @@ def no_new_privileges(child: Child) -> None:
 def environment(child: Child) -> None:
     """A fresh worker's environment exactly (its home and TMPDIR in its own scratch folder), and its argv."""
     os.environ.clear()
-    os.environ.update(child.config["env"])
+    os.environ.update(child.setup.env)
     sys.argv[:] = ["-c"]
 
 
 def working_folder(child: Child) -> None:
-    os.chdir(child.config["workdir"])
+    os.chdir(child.setup.worker.workdir)
 
 
 def grader_packages_hidden(child: Child) -> None:
     """`import reference` and `import autograder` fail, and the folders the worker must not see (the
     submission's own, where the results go) leave sys.path, as in a fresh worker."""
-    jail.hide_grader_packages(child.config["hide"], child.config["keep"])
+    jail.hide_grader_packages(list(child.setup.worker.hide), list(child.setup.worker.keep))
 
 
 def reseed(child: Child) -> None:
@@ -531,7 +534,7 @@ def reseed(child: Child) -> None:
 def torch_threads(child: Child) -> None:
     """torch's threads, as the worker's settings say (the fork server never set them)."""
     torch = child.torch
-    torch.set_num_threads(child.config.get("threads") or torch.get_num_threads())
+    torch.set_num_threads(child.setup.worker.threads or torch.get_num_threads())
 
 
 # What a child re-establishes after the fork, in order: (name, why, step). Each has a test (tests/test_forkserver.py).

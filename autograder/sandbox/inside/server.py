@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import gc
-import json
 import linecache
 import os
 import signal
@@ -77,11 +76,11 @@ class Channel:
 class Session:
     """The submission's namespace and the objects built for the grader."""
 
-    def __init__(self, library: types.ModuleType, config: dict[str, Any], channel: Channel):
+    def __init__(self, library: types.ModuleType, setup: protocol.WorkerSetup, channel: Channel):
         self.torch = library  # torch, imported once the jail is in place
-        self.config = config
+        self.setup = setup
         self.channel = channel  # for a request that answers in several frames (`op_forward_many`)
-        self.contract = tuple(config.get("contract", ()))
+        self.contract = setup.contract
         self.codec = protocol.TensorCodec(library)
         self.namespace: dict[str, Any] = {}  # the submission's globals
         self.objects: dict[str, torch.nn.Module] = {}  # handle -> a module built or returned for the grader
@@ -104,23 +103,38 @@ class Session:
         return {"$": "object", "class": type(value).__name__[:200], "repr": safe_repr(value)}
 
     def reply(self, value: Any) -> tuple[dict[str, Any], list[bytes | bytearray]]:
-        """Encode `value` for the ok-reply; returns (header, blobs)."""
+        """Encode `value` (one of the protocol's reply types, or a plain value) for the ok-reply; returns
+        (header, blobs)."""
         self._current = self.encoder()
-        tree: Any
-        if isinstance(value, Raw):  # a typed reply: named fields, lists of field records, values
-            tree = {
-                key: [{k: self._current.encode(v) for k, v in item.items()} for item in field]
-                if isinstance(field, RawList)
-                else self._current.encode(field)
-                for key, field in value.value.items()
-            }
-        else:
-            tree = self._current.encode(value)
-        return {"ok": True, "value": tree}, self._current.blobs
+        return {"ok": True, "value": protocol.reply_tree(value, self._current.encode)}, self._current.blobs
 
-    def decode(self, tree: Any, blobs: list[bytes | bytearray]) -> Any:
+    def request(self, header: dict[str, Any], blobs: list[bytes | bytearray]) -> protocol.Request:
+        """The typed request a frame holds (a ValueError for an unknown op or field)."""
+        op = protocol.request_type(header.get("op")).op
         decoder = protocol.Decoder(blobs, REQUEST_LIMITS, self.codec.from_wire)
-        return self.resolve(decoder.decode(tree))
+        return protocol.request_of(op, self.resolve(decoder.decode(header.get("args", {"$": "dict", "items": []}))))
+
+    def handle(self, request: protocol.Request) -> Any:
+        """Answer one request: its reply's value, or `Streamed` when it has sent its replies itself."""
+        if isinstance(request, protocol.LoadRequest):
+            return self.op_load(request)
+        if isinstance(request, protocol.GetRequest):
+            return self.op_get(request)
+        if isinstance(request, protocol.CallRequest):
+            return self.op_call(request)
+        if isinstance(request, protocol.BuildRequest):
+            return self.op_build(request)
+        if isinstance(request, protocol.DescribeRequest):
+            return self.op_describe(request)
+        if isinstance(request, protocol.ToRequest):
+            return self.op_to(request)
+        if isinstance(request, protocol.ForwardRequest):
+            return self.op_forward(request)
+        if isinstance(request, protocol.ForwardManyRequest):
+            return self.op_forward_many(request)
+        if isinstance(request, protocol.DropRequest):
+            return self.op_drop(request)
+        return self.op_ping(request)
 
     def resolve(self, value: Any) -> Any:
         if isinstance(value, protocol.Handle):
@@ -152,40 +166,31 @@ class Session:
         return protocol.ModuleInfo(handle, type(module).__name__[:200], instance_of, bool(module.training), state_dict)
 
     # -- requests
-    def op_load(
-        self,
-        cells: list[list[Any]],
-        filename: str,
-        cell_seconds: float | None = None,
-        later_cell_seconds: float | None = None,
-        skip: list[int] | tuple[()] = (),
-    ) -> Raw:
+    def op_load(self, request: protocol.LoadRequest) -> protocol.Loaded:
         """Run the cells in order. A cell that raises is recorded and the next one runs; a cell still
         running after `cell_seconds` is stopped (SIGALRM), and once one has been, later cells get
         `later_cell_seconds` each (the rubric's): the file is known to hang. Cells in `skip` (stopped in an
         earlier load) are not run again.
         Each cell is compiled with its line numbers shifted to where it starts in the file, so
         tracebacks point at the student's own lines."""
+        filename, skip, later_cell_seconds = request.filename, request.skip, request.later_cell_seconds
         module = types.ModuleType("submission")
         module.__file__ = filename
         sys.modules["submission"] = module
         self.namespace = module.__dict__
-        errors: list[dict[str, Any]] = []
-        budget = cell_seconds
+        errors: list[protocol.CellProblem] = []
+        budget = request.cell_seconds
 
         def stop(signum: int, frame: types.FrameType | None) -> None:
             raise CellTimeout()
 
         signal.signal(signal.SIGALRM, stop)
-        for number, line, source in cells:
+        for number, line, source in request.cells:
             if number in skip:
                 errors.append(
-                    {
-                        "cell": number,
-                        "type": "TimeLimit",
-                        "timed_out": True,
-                        "message": "not run again: it did not finish in an earlier attempt",
-                    }
+                    protocol.CellProblem(
+                        number, "TimeLimit", "not run again: it did not finish in an earlier attempt", timed_out=True
+                    )
                 )
                 continue
             name = f"<{filename}, cell {number}>"
@@ -202,112 +207,85 @@ class Session:
                     signal.setitimer(signal.ITIMER_REAL, 0)
             except CellTimeout:
                 errors.append(
-                    {
-                        "cell": number,
-                        "type": "TimeLimit",
-                        "timed_out": True,
-                        "message": f"stopped after {budget:g} s (an infinite loop?); the cells after it were still run",
-                    }
+                    protocol.CellProblem(
+                        number,
+                        "TimeLimit",
+                        f"stopped after {budget:g} s (an infinite loop?); the cells after it were still run",
+                        timed_out=True,
+                    )
                 )
                 if budget is not None and later_cell_seconds is not None:
                     budget = min(budget, later_cell_seconds)
             except SyntaxError as exc:
                 if exc.lineno is not None:
                     exc.lineno += line - 1
-                errors.append(
-                    {
-                        "cell": number,
-                        "type": "SyntaxError",
-                        "message": protocol.safe_str(exc, MAX_MESSAGE_CHARS),
-                    }
-                )
+                errors.append(protocol.CellProblem(number, "SyntaxError", protocol.safe_str(exc, MAX_MESSAGE_CHARS)))
             except BaseException as exc:  # SystemExit too: a cell that exits does not end the load
                 errors.append(
-                    {
-                        "cell": number,
-                        "type": type(exc).__name__,
-                        "message": protocol.safe_str(exc, MAX_MESSAGE_CHARS),
-                    }
+                    protocol.CellProblem(number, type(exc).__name__, protocol.safe_str(exc, MAX_MESSAGE_CHARS))
                 )
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        listed = [e for n, e in enumerate(errors) if e.get("timed_out") or n < MAX_LOAD_ERRORS]
+        listed = [e for n, e in enumerate(errors) if e.timed_out or n < MAX_LOAD_ERRORS]
         if len(listed) < len(errors):
-            listed[-1]["message"] += f" (and {len(errors) - len(listed)} more cells raised errors, not listed)"
-        errors = listed
+            listed[-1].message += f" (and {len(errors) - len(listed)} more cells raised errors, not listed)"
         defined = {name: type(self.namespace[name]).__name__ for name in self.contract if name in self.namespace}
-        return Raw({"errors": RawList(errors), "defined": defined})
+        return protocol.Loaded(listed, defined)
 
-    def op_get(self, name: str) -> Any:
-        return self.namespace.get(name, protocol.MISSING)
+    def op_get(self, request: protocol.GetRequest) -> Any:
+        return self.namespace.get(request.name, protocol.MISSING)
 
-    def op_call(self, fn: str, args: list[Any] | tuple[()] = (), kwargs: dict[str, Any] | None = None) -> Any:
-        return self.lookup(fn)(*args, **(kwargs or {}))
+    def op_call(self, request: protocol.CallRequest) -> Any:
+        return self.lookup(request.fn)(*request.args, **(request.kwargs or {}))
 
-    def op_build(
-        self,
-        cls: str,
-        args: list[Any] | tuple[()] = (),
-        kwargs: dict[str, Any] | None = None,
-        state_dict: dict[str, torch.Tensor] | None = None,
-        dtype: str | None = None,
-        device: str = "cpu",
-        seed: int = 0,
-    ) -> protocol.ModuleInfo:
+    def op_build(self, request: protocol.BuildRequest) -> protocol.ModuleInfo:
         torch = self.torch
-        torch.manual_seed(seed)
-        module = self.lookup(cls)(*args, **(kwargs or {}))
-        if state_dict is not None:
-            module.load_state_dict(state_dict)
-        module = module.to(device=device, dtype=getattr(torch, dtype) if dtype else None)
-        return self.register(module, state=state_dict is None)
+        torch.manual_seed(request.seed)
+        module = self.lookup(request.cls)(*request.args, **(request.kwargs or {}))
+        if request.state_dict is not None:
+            module.load_state_dict(request.state_dict)
+        dtype = getattr(torch, request.dtype) if request.dtype else None
+        module = module.to(device=request.device, dtype=dtype)
+        return self.register(module, state=request.state_dict is None)
 
-    def op_describe(self, handle: str) -> protocol.ModuleInfo:
-        return self.describe(handle)
+    def op_describe(self, request: protocol.DescribeRequest) -> protocol.ModuleInfo:
+        return self.describe(request.handle)
 
-    def op_to(self, handle: str, device: str) -> protocol.ModuleInfo:
+    def op_to(self, request: protocol.ToRequest) -> protocol.ModuleInfo:
         """Move a module the student's code made (make_2d_wrapper's) to the grading device, as `build`
         does with the modules the grader builds."""
-        self.objects[handle] = self.objects[handle].to(device)
-        return self.describe(handle)
+        self.objects[request.handle] = self.objects[request.handle].to(request.device)
+        return self.describe(request.handle)
 
-    def op_forward(
-        self,
-        handle: str,
-        x: torch.Tensor,
-        train: bool = False,
-        seed: int = 0,
-        grad_out: torch.Tensor | None = None,
-        trace: bool = False,
-        hooks: bool = False,
-    ) -> Raw:
+    def op_forward(self, request: protocol.ForwardRequest) -> protocol.ForwardReply:
         torch = self.torch
-        module = self.objects[handle]
-        module.train(train)
-        x = x.to(self.config["device"])
+        module = self.objects[request.handle]
+        module.train(request.train)
+        grad_out = request.grad_out
+        x = request.x.to(self.setup.device)
         sent = x.clone()
         if grad_out is not None:
             x.requires_grad_(True)
-        head_calls: list[dict[str, Any]] = []
+        head_calls: list[protocol.HeadCall] = []
         removers = []
         heads: Any = getattr(module, "heads", None)
-        if hooks and isinstance(heads, torch.nn.ModuleList):
+        if request.hooks and isinstance(heads, torch.nn.ModuleList):
             for index, head in enumerate(heads):
 
                 def record(mod: object, args: tuple[Any, ...], output: object, index: int = index) -> None:
                     first = args[0] if args else None
                     head_calls.append(
-                        {
-                            "index": index,
-                            "same_values": isinstance(first, torch.Tensor)
+                        protocol.HeadCall(
+                            index,
+                            isinstance(first, torch.Tensor)
                             and first.shape == sent.shape
                             and bool(torch.equal(first.detach(), sent)),
-                            "output": output.detach().cpu().clone() if isinstance(output, torch.Tensor) else None,
-                        }
+                            output.detach().cpu().clone() if isinstance(output, torch.Tensor) else None,
+                        )
                     )
 
                 removers.append(head.register_forward_hook(record))
-        torch.manual_seed(seed)
-        recorder = OpRecorder(torch) if trace else None
+        torch.manual_seed(request.seed)
+        recorder = OpRecorder(torch) if request.trace else None
         calls = CallRecorder(torch)
         try:
             if recorder:
@@ -319,17 +297,12 @@ class Session:
         finally:
             for remover in removers:
                 remover.remove()
-        answer = {
-            "y": y,
-            "x_after": x.detach().cpu().clone(),
-            "head_calls": RawList(head_calls),
-            "torch_calls": calls.counts,
-        }
+        answer = protocol.ForwardReply(y, x.detach().cpu().clone(), head_calls, torch_calls=calls.counts)
         if recorder:
-            answer["ops"] = recorder.ops
-            answer["python_calls"] = recorder.python_calls
+            answer.ops = recorder.ops
+            answer.python_calls = recorder.python_calls
         if grad_out is not None and isinstance(y, torch.Tensor) and tuple(y.shape) != tuple(grad_out.shape):
-            answer["grad_problem"] = (
+            answer.grad_problem = (
                 f"the output has shape {tuple(y.shape)}, not {tuple(grad_out.shape)}, "
                 "so its gradients could not be checked"
             )
@@ -338,20 +311,10 @@ class Session:
             backward(y, grad_out.to(y.device, y.dtype))
             grads = {"x": x.grad}
             grads.update({f"param:{name}": p.grad for name, p in module.named_parameters()})
-            answer["grads"] = {k: None if g is None else g.detach().cpu().clone() for k, g in grads.items()}
-        return Raw(answer)
+            answer.grads = {k: None if g is None else g.detach().cpu().clone() for k, g in grads.items()}
+        return answer
 
-    def op_forward_many(
-        self,
-        handle: str,
-        calls: int,
-        shape: list[int],
-        dtype: str,
-        out_features: int,
-        threads: int | None = None,
-        flush_bytes: int = 0,
-        record: bool = True,
-    ) -> Streamed:
+    def op_forward_many(self, request: protocol.ForwardManyRequest) -> Streamed:
         """Forwards for timing (eval mode, no autograd), one seed at a time. This request carries only the
         settings: the worker answers that it is ready, then the grader sends one frame per call holding that
         call's seed, the next only once the previous call's answer has arrived, and times the whole exchange
@@ -369,14 +332,16 @@ class Session:
         device is synchronised after each one (no forward overlaps the next). An exception ends the calls:
         its error reply answers the call (or the request) it happened in."""
         torch = self.torch
-        module = self.objects[handle]
+        module = self.objects[request.handle]
         module.eval()
-        device = self.config["device"]
+        shape, calls, dtype, record = request.shape, request.calls, request.dtype, request.record
+        device = self.setup.device
         cuda = device.startswith("cuda")
-        if threads:
-            torch.set_num_threads(threads)
+        if request.threads:
+            torch.set_num_threads(request.threads)
+        flush_bytes = request.flush_bytes
         flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if cuda and flush_bytes else None
-        out_shape = (*shape[:-1], out_features)
+        out_shape = (*shape[:-1], request.out_features)
         channel = self.channel
         outputs: list[Any] = []
         records: list[dict[str, int]] = []
@@ -384,9 +349,7 @@ class Session:
         with torch.no_grad():
             for _ in range(calls):
                 frame, _blobs = channel.receive()
-                seed = frame.get("seed")
-                if type(seed) is not int:
-                    raise ValueError("a timed call without a seed")
+                seed = protocol.TimedCall.of(frame).seed
                 generator = torch.Generator(device=device).manual_seed(seed)
                 x = torch.randn(shape, generator=generator, device=device, dtype=getattr(torch, dtype))
                 probe = torch.randn(out_shape, generator=generator, device=device).double()
@@ -411,19 +374,16 @@ class Session:
                     torch.cuda.synchronize()
                 channel.send(*self.reply(answer.cpu()))
         frame, _blobs = channel.receive()  # the grader's clock has stopped: which outputs it wants whole
-        show = frame.get("show")
-        if not (isinstance(show, list) and all(type(i) is int and 0 <= i < calls for i in show)):
-            raise ValueError("the grader asked for timed outputs that do not exist")
-        shown = {"outputs": [outputs[i].cpu() for i in show], "calls": RawList(records)}
-        channel.send(*self.reply(Raw(shown)))
+        show = protocol.ShowOutputs.of(frame, calls).show
+        channel.send(*self.reply(protocol.TimedShown([outputs[i].cpu() for i in show], records)))
         return Streamed()
 
-    def op_drop(self, handle: str) -> None:
+    def op_drop(self, request: protocol.DropRequest) -> None:
         """Forget a module (a long-lived worker of the reference's frees what each grading built)."""
-        self.objects.pop(handle, None)
+        self.objects.pop(request.handle, None)
 
-    def op_ping(self) -> dict[str, int]:
-        return {"pid": os.getpid()}
+    def op_ping(self, request: protocol.PingRequest) -> protocol.Pong:
+        return protocol.Pong(os.getpid())
 
     def lookup(self, name: str) -> Any:
         if name not in self.namespace:
@@ -433,17 +393,6 @@ class Session:
 
 class Streamed:
     """What a request returns that has sent all its replies itself (`op_forward_many`)."""
-
-
-class Raw:
-    """A reply whose top level is a dict of named fields, not a single value."""
-
-    def __init__(self, value: dict[str, Any]):
-        self.value = value
-
-
-class RawList(list[dict[str, Any]]):
-    """A list of records (dicts of named fields) inside a Raw reply."""
 
 
 class OpRecorder:
@@ -588,18 +537,18 @@ def student_traceback(exc: BaseException, filename: str) -> str:
 
 def main(argv: list[str]) -> None:
     fd_in, fd_out = int(argv[0]), int(argv[1])
-    config = json.loads(argv[2])
+    setup = protocol.WorkerSetup.from_json(argv[2])
     del sys.argv[1:]  # the sources of the sandbox modules; nothing the submission needs
-    if config.get("uid") is not None:
-        jail.drop_privileges(config["uid"])
+    if setup.uid is not None:
+        jail.drop_privileges(setup.uid)
     jail.no_new_privileges()
-    jail.hide_grader_packages(config["hide"], config["keep"])
-    os.chdir(config["workdir"])
+    jail.hide_grader_packages(list(setup.hide), list(setup.keep))
+    os.chdir(setup.workdir)
     import torch
 
     settle_imports()
-    torch.set_num_threads(config.get("threads") or torch.get_num_threads())
-    serve(torch, config, fd_in, fd_out)
+    torch.set_num_threads(setup.threads or torch.get_num_threads())
+    serve(torch, setup, fd_in, fd_out)
 
 
 def settle_imports() -> None:
@@ -611,48 +560,31 @@ def settle_imports() -> None:
     gc.freeze()
 
 
-def serve(torch: types.ModuleType, config: dict[str, Any], fd_in: int, fd_out: int) -> None:
+def serve(torch: types.ModuleType, setup: protocol.WorkerSetup, fd_in: int, fd_out: int) -> None:
     """Say `ready`, then answer the grader's requests until it closes the channel: the same for a worker
     started fresh (`main`) and for one forked from the fork server (`forkserver`)."""
     channel = Channel(fd_in, fd_out)
-    session = Session(torch, config, channel)
-    channel.send({"ok": True, "value": {"pid": os.getpid(), "cuda": bool(torch.cuda.is_available())}})
+    session = Session(torch, setup, channel)
+    channel.send(*session.reply(protocol.Ready(os.getpid(), bool(torch.cuda.is_available()))))
     while True:
         try:
             header, blobs = channel.receive()
         except EOFError:  # the grader is done: end now, whatever threads the submission left running
             os._exit(0)
-        op = header.get("op")
         try:
-            if op not in protocol.OPS or op == "ready":
-                raise ValueError(f"unknown request {op!r}")
-            kwargs = session.decode(header.get("args", {"$": "dict", "items": []}), blobs)
-            value = getattr(session, f"op_{op}")(**kwargs)
+            value = session.handle(session.request(header, blobs))
             if isinstance(value, Streamed):  # every reply already sent
                 continue
             reply, reply_blobs = session.reply(value)
         except BaseException as exc:
-            reply, reply_blobs = (
-                {
-                    "ok": False,
-                    "error": {
-                        "type": type(exc).__name__,
-                        "message": protocol.safe_str(exc, MAX_MESSAGE_CHARS),
-                        "traceback": student_traceback(exc, config["filename"]),
-                    },
-                },
-                [],
+            error = protocol.StudentError(
+                type(exc).__name__,
+                protocol.safe_str(exc, MAX_MESSAGE_CHARS),
+                student_traceback(exc, setup.filename),
             )
+            reply, reply_blobs = protocol.error_header(error), []
         try:
             channel.send(reply, reply_blobs)
         except Exception as exc:  # an answer that cannot be serialised is the submission's fault
-            channel.send(
-                {
-                    "ok": False,
-                    "error": {
-                        "type": type(exc).__name__,
-                        "message": f"the answer could not be sent: {protocol.safe_str(exc, MAX_MESSAGE_CHARS)}",
-                        "traceback": "",
-                    },
-                }
-            )
+            message = f"the answer could not be sent: {protocol.safe_str(exc, MAX_MESSAGE_CHARS)}"
+            channel.send(protocol.error_header(protocol.StudentError(type(exc).__name__, message, "")))
