@@ -65,12 +65,13 @@ def forked_workers(device: str) -> dict:
     from autograder.grading.workers import worker_config
     from autograder.rubric import load_rubric
     from autograder.sandbox.client import Worker
+    from autograder.sandbox.protocol import CallRequest
 
     config = worker_config(load_rubric(), device, [], os.environ.get("AUTOGRADER_ISOLATION", "auto"))
     started = time.monotonic()
     workers = [Worker([(1, 1, FORWARD)], "mha.py", config) for _ in range(2)]
     try:
-        answers = [w.request("call", fn="run", args=[device], kwargs={}) for w in workers]
+        answers = [w.request(CallRequest("run", [device], {})) for w in workers]
         seconds = time.monotonic() - started
         processes = [w.process for w in workers]
         forked = all(p is not None and p.forked for p in processes)

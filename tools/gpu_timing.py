@@ -41,6 +41,7 @@ from autograder.grading import timing  # noqa: E402
 from autograder.grading.workers import REFERENCE, WRAPPER, start_trusted_workers  # noqa: E402
 from autograder.rubric import Workload, load_rubric  # noqa: E402
 from autograder.sandbox import procfs  # noqa: E402
+from autograder.sandbox.protocol import BuildRequest, ForwardManyRequest  # noqa: E402
 from autograder.sandbox.settings import WorkerConfig  # noqa: E402
 from reference import mha as ref  # noqa: E402
 
@@ -102,9 +103,7 @@ def grader_times(w: Workload, device: str, rounds: int, handle: Any) -> dict[str
         ):
             worker = workers[name].get()
             state = {k: v.cpu() for k, v in module.state_dict().items()}
-            info = worker.request(
-                "build", cls=cls, args=args, kwargs={}, state_dict=state, dtype=w.dtype, device=device
-            )
+            info = worker.request(BuildRequest(cls, args, {}, state_dict=state, dtype=w.dtype, device=device))
             built[name] = (worker, info.handle, w.wrapper_calls if name == WRAPPER else w.calls)
         per_call: dict[str, list[float]] = {name: [] for name in built}
         states: list[dict[str, Any]] = []
@@ -113,18 +112,17 @@ def grader_times(w: Workload, device: str, rounds: int, handle: Any) -> dict[str
             for index in range(rounds + settings.warmup_rounds):
                 for name, (worker, module_handle, calls) in built.items():
                     stage.run(worker)
-                    timed = worker.timed_calls(
-                        calls,
-                        120.0,
+                    request = ForwardManyRequest(
                         handle=module_handle,
+                        calls=calls,
                         shape=list(w.shape),
                         dtype=w.dtype,
                         out_features=w.d_out,
                         threads=settings.threads,
                         flush_bytes=int(w.flush_mib * (1 << 20)),
                         record=name != WRAPPER,
-                        ready_seconds=settings.ready_seconds,
                     )
+                    timed = worker.timed_calls(request, 120.0, ready_seconds=settings.ready_seconds)
                     before = gpu_state(handle) if handle is not None else None
                     cpu, waits, mine = worker.cpu_seconds(), worker.thread_waits(), procfs.own_wait()
                     start = time.perf_counter()
