@@ -36,3 +36,23 @@ def test_flops_count_the_projections_and_the_attention_the_mask_keeps():
     pairs = 8 * 9 // 2  # query-key pairs of 8 tokens that the causal mask keeps
     assert shape.flops(wrapper=False) == 4 * 2 * tokens * 16 * 16 + 2 * 2 * 2 * pairs * 16
     assert shape.flops(wrapper=True) == shape.flops(wrapper=False) - 2 * tokens * 16 * 16  # no output projection
+
+
+@pytest.mark.slow
+def test_the_gpu_checks_tools_run_on_the_cpu():
+    """`tools/gpu_check.sh`'s timing and fork-server tools, run on the CPU as they are rehearsed before a GPU is
+    lent: they drive the grader's own workers, so a change of the workers' API that forgets them fails here,
+    not on the GPU."""
+    from dataclasses import replace
+
+    import fork_check  # noqa: E402  (tools/ is not a package)
+    import gpu_timing  # noqa: E402
+
+    from autograder.rubric import load_rubric
+
+    found = fork_check.forked_workers("cpu")
+    assert len(found["answers"]) == 2 and (found["forked"] or found["why_fresh"])
+    speed = load_rubric().speed
+    workload = replace(speed.workloads_for("cpu")[0], calls=2)
+    times = gpu_timing.grader_times(workload, "cpu", 1, None)
+    assert times, times
