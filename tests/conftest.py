@@ -8,6 +8,8 @@ from browser import find_or_install_chromium
 from helpers import REFERENCE, grade
 from sharding import shards_of
 
+pytest_plugins = ["root_report"]  # the tests that need root and did not run, said apart
+
 
 @pytest.fixture(scope="session")
 def reference_results(tmp_path_factory) -> dict:
