@@ -335,9 +335,14 @@ ONE_OF_EACH = [
 ]
 
 
-def test_there_is_one_request_type_per_operation():
+def test_there_is_one_request_type_per_operation_and_a_method_of_the_worker_per_type(monkeypatch):
     assert set(protocol.REQUESTS) == {type(r).op for r in ONE_OF_EACH}
     assert len({type(r) for r in ONE_OF_EACH}) == len(ONE_OF_EACH) == len(protocol.REQUESTS)
+    # the worker answers each with its `op_` method (`Session.handle`), which takes that type
+    server = worker_side(monkeypatch)
+    for op, kind in protocol.REQUESTS.items():
+        method = getattr(server.Session, f"op_{op}")
+        assert method.__annotations__["request"] == f"protocol.{kind.__name__}", op
 
 
 def same(a, b) -> bool:

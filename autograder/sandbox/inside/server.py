@@ -115,26 +115,9 @@ class Session:
         return protocol.request_of(op, self.resolve(decoder.decode(header.get("args", {"$": "dict", "items": []}))))
 
     def handle(self, request: protocol.Request) -> Any:
-        """Answer one request: its reply's value, or `Streamed` when it has sent its replies itself."""
-        if isinstance(request, protocol.LoadRequest):
-            return self.op_load(request)
-        if isinstance(request, protocol.GetRequest):
-            return self.op_get(request)
-        if isinstance(request, protocol.CallRequest):
-            return self.op_call(request)
-        if isinstance(request, protocol.BuildRequest):
-            return self.op_build(request)
-        if isinstance(request, protocol.DescribeRequest):
-            return self.op_describe(request)
-        if isinstance(request, protocol.ToRequest):
-            return self.op_to(request)
-        if isinstance(request, protocol.ForwardRequest):
-            return self.op_forward(request)
-        if isinstance(request, protocol.ForwardManyRequest):
-            return self.op_forward_many(request)
-        if isinstance(request, protocol.DropRequest):
-            return self.op_drop(request)
-        return self.op_ping(request)
+        """Answer one request with its operation's `op_` method: its reply's value, or `Streamed` when it has sent
+        its replies itself."""
+        return getattr(self, f"op_{request.op}")(request)
 
     def resolve(self, value: Any) -> Any:
         if isinstance(value, protocol.Handle):
