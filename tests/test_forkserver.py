@@ -580,6 +580,41 @@ def test_forking_is_refused_with_a_second_thread_or_cuda():
         thread.join()
 
 
+LINK_PROBE = """
+import os
+
+def seen(link):
+    return [os.path.islink(link), os.readlink(link) if os.path.islink(link) else None, len(os.listdir(link))]
+"""
+
+
+@pytest.mark.skipif(not probe.namespace_sandbox_available(), reason="bubblewrap cannot run here")
+def test_a_symbolic_link_the_sandbox_makes_under_tmp_is_there_in_a_forked_worker_as_in_a_fresh_one():
+    """The allow list recreates the symbolic links on the way to the interpreter and its packages (a virtualenv
+    reached through one); where such a link lies under /tmp, a forked worker's fresh /tmp keeps it, as a fresh
+    worker's does: else every import not done before the fork fails there."""
+    from dataclasses import replace
+
+    from autograder.sandbox import bwrap
+    from autograder.sandbox.protocol import CallRequest
+
+    allowed = bwrap.allow_list()
+    stdlib = os.path.realpath(os.path.dirname(os.__file__))
+    assert any(bwrap.inside(stdlib, b) for b in allowed.binds)
+    link = f"/tmp/mha-link-{os.getpid()}/stdlib"
+    linked = replace(allowed, links=(*allowed.links, (link, stdlib)))
+    found = []
+    for forks_per_server in (0, 50):
+        made = worker("namespace", forks_per_server, LINK_PROBE)
+        made.allowed = linked
+        try:
+            found.append(made.request(CallRequest("seen", [link])))
+            assert made.process.forked == (forks_per_server > 0)
+        finally:
+            made.close()
+    assert found[0] == found[1] and found[0][:2] == [True, stdlib] and found[0][2] > 10, found
+
+
 def test_the_fork_server_dies_with_its_grader(tmp_path):
     """A grader killed outright takes its fork server and every forked worker with it."""
     script = tmp_path / "grader.py"

@@ -338,8 +338,10 @@ def own_namespaces(child: Child) -> None:
     size = int(setup.scratch_bytes)
     for folder in ("/dev/shm", "/tmp"):  # empty, as the fork server's were, with the same owner and mode
         # What the sandbox bound under /tmp (the interpreter, its packages, the checkout: a clone made with
-        # mktemp) is kept: moved aside into the fresh /dev/shm, then back on top of the fresh /tmp.
+        # mktemp) is kept: moved aside into the fresh /dev/shm, then back on top of the fresh /tmp; and so are the
+        # symbolic links it made there (a virtualenv reached through one), made again.
         aside = _mounts_under("/tmp") if folder == "/tmp" else []
+        links = _links_under("/tmp", aside) if folder == "/tmp" else []
         for index, target in enumerate(aside):
             os.makedirs(f"/dev/shm/.kept/{index}")
             _mount(target, f"/dev/shm/.kept/{index}", None, MS_MOVE)
@@ -352,6 +354,9 @@ def own_namespaces(child: Child) -> None:
             os.rmdir(f"/dev/shm/.kept/{index}")
         if aside:
             os.rmdir("/dev/shm/.kept")
+        for link, target in links:
+            os.makedirs(os.path.dirname(link), mode=0o755, exist_ok=True)
+            os.symlink(target, link)
     _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
     init = os.fork()
     if init:
@@ -382,6 +387,19 @@ def _mounts_under(folder: str) -> list[str]:
         points = sorted({line.split()[4].replace("\\040", " ") for line in handle})
     below = [p for p in points if p.startswith(folder + "/")]
     return [p for p in below if not any(p.startswith(q + "/") for q in below)]
+
+
+def _links_under(folder: str, mounts: list[str]) -> list[tuple[str, str]]:
+    """(path, target) of every symbolic link below `folder`, but inside the mounts in `mounts`: what the sandbox
+    made there (`bwrap.command`'s `--symlink`). No student code has run where this is read."""
+    found = []
+    for parent, folders, files in os.walk(folder):
+        folders[:] = [f for f in folders if os.path.join(parent, f) not in mounts]
+        for name in folders + files:
+            path = os.path.join(parent, name)
+            if os.path.islink(path):
+                found.append((path, os.readlink(path)))
+    return found
 
 
 def _writable_mounts() -> list[tuple[str, int]]:
