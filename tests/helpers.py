@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from autograder.course.grading_pool import Grader, JobAnswer
@@ -148,3 +149,14 @@ def course_of_samples(course: Path, students: dict[str, str]) -> Path:
         target.parent.mkdir(parents=True)
         shutil.copy(source, target)
     return course
+
+
+def wait_until(condition, seconds: float = 10.0, interval: float = 0.05) -> bool:
+    """Poll `condition` until it holds (True) or `seconds` have passed (False): readiness, or an end, waited on
+    rather than slept through."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+    return True

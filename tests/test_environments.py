@@ -39,7 +39,7 @@ import pytest
 
 import environments
 from environments import NORMAL_UID, emulate
-from helpers import ROOT, class_results, part_scores
+from helpers import ROOT, class_results, part_scores, wait_until
 from hostile import (
     BACKGROUND_BURNER,
     BROKEN_MHA_FORWARD,
@@ -151,16 +151,6 @@ class Graded:
     left_running: list[str]
     seconds: float
     left_files: list[str]
-
-
-def wait_until(condition, seconds: float, interval: float = 0.1) -> bool:
-    """Poll `condition` until it holds (True) or `seconds` have passed (False)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
-    return True
 
 
 def grader_command(environment: Environment) -> tuple[list[str], Path, dict[str, str]]:

@@ -6,11 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from autograder.course.grading_pool import Grader
 from autograder.sandbox import procfs
+from helpers import wait_until
 
 # A stand-in for a grading process (`pool`) whose worker (`worker`) started a setsid child (`child`). The
 # child is hostile: when its parent dies, it starts another setsid process, out of the tree. Each process
@@ -40,13 +40,6 @@ while True:
 
 def noted(folder: Path) -> list[int]:
     return sorted(int(path.name) for path in folder.iterdir())
-
-
-def wait_until(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return condition()
 
 
 def test_a_stat_line_is_read_whatever_the_command_name_holds():

@@ -214,7 +214,6 @@ class OutputsAhead:
     def __init__(self, course: Path, record: Record, options: OutputOptions):
         self.course, self.record, self.options = Path(course), record, options
         self.graded_entries: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
-        self.pages = 0  # feedback pages written ahead
         self.thread = threading.Thread(target=self._run, name="outputs-ahead", daemon=True)
         self.thread.start()
 
@@ -238,7 +237,7 @@ class OutputsAhead:
                 continue
             with contextlib.suppress(Exception):
                 row = Row(entry, self.record.run(entry.student) if entry.has_file else None)
-                self.pages += write_feedback(self.course, [row], released=self.options.released)
+                write_feedback(self.course, [row], released=self.options.released)
 
 
 def mirror_results(course: Path, record: Record, rows: list[Row]) -> int:

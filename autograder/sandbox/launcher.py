@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -467,6 +468,14 @@ class QuotaFiller:
             pass
 
 
+def hidden_and_kept(extra: Iterable[str] = ()) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What a worker (or a fork server) must not see, `jail.hide_grader_packages`' folders: the grader's packages,
+    the temporary folder and `extra`; and of those, what it keeps on sys.path: the interpreter and its packages."""
+    hide = tuple(sorted({*bwrap.grader_folders(), tempfile.gettempdir(), *extra}))
+    prefixes = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    return hide, tuple(k for k in prefixes if any(bwrap.inside(k, h) for h in hide))
+
+
 def launch(settings: LaunchSettings) -> WorkerProcess:
     sandbox = settings.isolation == "namespace"
     uid = probe.fresh_uid() if probe.is_root() and (sandbox or probe.separate_uid_available()) else None
@@ -479,8 +488,7 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
     req_r, req_w = os.pipe()
     os.set_blocking(req_w, False)  # a write never waits on a worker that stopped reading (client._write_all)
     resp_r, resp_w = os.pipe()
-    hide = sorted({*bwrap.grader_folders(), tempfile.gettempdir(), *settings.config.hide})
-    keep = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    hide, keep = hidden_and_kept(settings.config.hide)
     workdir = bwrap.WORKDIR if scratch is None else scratch
     setup = WorkerSetup(
         filename=settings.filename,
@@ -488,8 +496,8 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
         threads=settings.config.threads,
         sandbox=sandbox,
         uid=uid if sandbox else None,  # in the sandbox the worker drops to it itself
-        hide=tuple(hide),
-        keep=tuple(k for k in keep if any(bwrap.inside(k, h) for h in hide)),  # the interpreter and its packages
+        hide=hide,
+        keep=keep,
         workdir=workdir,
         contract=tuple(settings.config.contract),
     )
@@ -614,10 +622,8 @@ def start_fork_server(key: forks.ServerKey, control: socket.socket, log: IO[byte
     worker's environment, the grader's packages hidden, dying with the grader. Its children re-establish the
     rest (`inside/forkserver.py`)."""
     sandbox = key.isolation == "namespace"
-    hide = sorted({*bwrap.grader_folders(), tempfile.gettempdir()})
-    keep = sorted({sys.prefix, sys.base_prefix, sys.exec_prefix})
     workdir = bwrap.WORKDIR if sandbox else "/"
-    setup = ForkServerSetup(tuple(hide), tuple(k for k in keep if any(bwrap.inside(k, h) for h in hide)), workdir)
+    setup = ForkServerSetup(*hidden_and_kept(), workdir)
     command = [
         *(sys.executable, "-I", "-u", "-c", FORK_SERVER_BOOT, str(control.fileno()), setup.to_json()),
         *sources(FORK_SERVER_MODULES),

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import dataclass, field, fields, is_dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, get_args
 
 if TYPE_CHECKING:
     import torch  # for annotations only: torch is passed in (`TensorCodec`), never imported here
@@ -595,18 +595,7 @@ Request = (
     | DropRequest
     | PingRequest
 )
-REQUEST_TYPES: tuple[type[Request], ...] = (
-    LoadRequest,
-    GetRequest,
-    CallRequest,
-    BuildRequest,
-    DescribeRequest,
-    ToRequest,
-    ForwardRequest,
-    ForwardManyRequest,
-    DropRequest,
-    PingRequest,
-)
+REQUEST_TYPES: tuple[type[Request], ...] = get_args(Request)
 REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in REQUEST_TYPES}
 
 

@@ -405,12 +405,12 @@ class Submission:
     def timed_calls(
         self, module: ModuleInfo, request: ForwardManyRequest, timeout: float, ready_seconds: float = 1.0
     ) -> TimedCalls:
-        """Open one timed request of `module`'s forwards (`request`: its calls, on inputs the worker makes from
-        seeds sent one per call, `client.TimedCalls`): per call, a (batch, tokens, 3) tensor of probes of the
-        output. A forward that hangs here is not held against the untimed checks (its own target). Failures are
+        """Open one timed request of `module`'s forwards (`request`, made for its handle: its calls, on inputs the
+        worker makes from seeds sent one per call, `client.TimedCalls`): per call, a (batch, tokens, 3) tensor of
+        probes of the output. A forward that hangs here is not held against the untimed checks (its own target). Failures are
         left to the caller (`failed`), which handles them the same way for every timed worker."""
         return self.worker.timed_calls(
-            replace(request, handle=module.handle),
+            request,
             min(self._timeout(), timeout),
             target=f"{module.cls}.forward",
             check=self._check(),
