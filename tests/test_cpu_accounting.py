@@ -188,7 +188,8 @@ import os
 if os.fork():
     os._exit(0)  # its parent ends: it is handed to the grader (the subreaper), out of the worker's tree
 os.setsid()
-open("helper.pid", "w").write(str(os.getpid()))
+open("helper.pid.part", "w").write(str(os.getpid()))
+os.rename("helper.pid.part", "helper.pid")  # whole when it appears: the reader never sees it empty
 while True:
     pass
 '''
