@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 import docker_env
-from docker_env import Daemon, Ran
+from docker_env import Daemon, Ran, checked
 from helpers import ROOT, SAMPLES, part_scores
 from hostile import BACKGROUND_BURNER, BROKEN_MHA_FORWARD, escape_attempts, reference_theft, with_cells
 
@@ -505,6 +505,22 @@ def test_the_kubernetes_image_refuses_as_a_normal_user_and_says_what_to_change(r
     assert "no sandbox is available here" in reason and "What would fix it here" in reason
     assert "docker run --security-opt seccomp=unconfined" in reason and "--isolation process" in reason
     assert "Install bubblewrap" not in reason and ">., " not in reason  # bubblewrap is installed; whole sentences
+
+
+def test_the_kubernetes_image_holds_its_virtualenv_once(daemon, images):
+    """The image is its Python base, the virtualenv (torch: 1 GB of it) and the grader's small files: a
+    change of mode to a file of an earlier layer would copy it into a later one (the image was 3 GB, torch
+    twice)."""
+    size = int(checked(daemon.docker("image", "inspect", "--format", "{{.Size}}", images.kubernetes), "inspect").stdout)
+    base = int(
+        checked(
+            daemon.docker("image", "inspect", "--format", "{{.Size}}", docker_env.python_image(daemon)), "inspect"
+        ).stdout
+    )
+    du = daemon.docker("run", "--rm", "--network", "none", images.kubernetes, "du", "-sb", "/opt/mha-exercise/.venv")
+    venv = int(checked(du, "du").stdout.split()[0])
+    assert venv > 500 * 2**20  # torch is in it
+    assert size - base < 1.25 * venv, f"image {size >> 20} MB: base {base >> 20} MB, virtualenv {venv >> 20} MB"
 
 
 def test_grade_class_refuses_before_it_changes_anything_in_the_course(runs):

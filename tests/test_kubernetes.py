@@ -1,6 +1,7 @@
 """deploy/kubernetes/: the manifests are valid Kubernetes objects (checked offline against the
 schemas kubernetes-validate ships), and the grading Job shards the class the way the grader expects."""
 
+import fnmatch
 import re
 from pathlib import Path
 
@@ -78,3 +79,26 @@ def test_the_pods_grade_as_root_of_a_user_namespace_of_their_own():
     assert "--isolation" not in command  # auto: a fresh uid per worker, or bubblewrap where the pod allows it
     dockerfile = (ROOT / "deploy" / "kubernetes" / "Dockerfile").read_text()
     assert "chmod -R g+rX,g-w,o-rwx" in dockerfile and "bubblewrap" in dockerfile and "USER 1000" not in dockerfile
+
+
+def test_the_image_context_leaves_out_what_git_ignores():
+    """An instructor builds the image from their checkout: what git ignores there (the other Pythons'
+    virtualenvs, 4.7 GB each after `make test-pythons`; builds, caches, a class's outputs) is never sent to
+    Docker. Each .gitignore entry, as a path at the top of the tree, is matched by a .dockerignore pattern
+    (Docker's: anchored at the context's root, `**` for any folders)."""
+    ignored = [
+        line.strip().strip("/")
+        for line in (ROOT / ".gitignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    patterns = [
+        line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if line.strip() and line[0] != "#"
+    ]
+
+    def excluded(path: str) -> bool:
+        return any(fnmatch.fnmatchcase(path, pattern.removeprefix("**/")) for pattern in patterns)
+
+    assert ignored and patterns
+    missing = [entry for entry in ignored if not excluded(entry.replace("*", "x"))]
+    assert not missing, f"sent to Docker though git ignores them: {missing}"
+    assert not excluded("autograder/__init__.py") and not excluded("requirements.lock")  # what the image needs

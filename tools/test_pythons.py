@@ -12,17 +12,24 @@ default Python. A table says, per Python, whether the setup and the smoke set pa
 machine are listed, not failed; any setup or smoke set that fails makes the whole run fail.
 
 torch 2.13.0 for Python 3.11 is the CPU wheel where pip finds one; for the others, pip takes PyPI's
-build, which carries CUDA's runtime (about 3 GB), and runs on the CPU all the same.
+build, which carries CUDA's runtime, and runs on the CPU all the same: 4.7 GB a virtualenv, of which 3.6 GB
+are the same bytes in every Python's (CUDA's runtime, and torch's own libraries). Once a virtualenv is made,
+each of its files that another one here has byte for byte, at the same place, becomes a hard link to that
+file (`share_identical_files`): three Pythons' virtualenvs take 6.7 GB of disk, not 14. `--discard` removes
+each Python's virtualenv and copy of the tree once its smoke set has run (`.ci/run`: a CI machine's disk
+may be small).
 """
 
 from __future__ import annotations
 
 import argparse
+import filecmp
 import glob
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -123,39 +130,116 @@ def copy_of_tree(name: str) -> Path:
     return copy
 
 
+def site_packages(venv: Path) -> Path | None:
+    found = sorted(venv.glob("lib/python3*/site-packages"))
+    return found[0] if found else None
+
+
+def share_identical_files(venv: Path, others: list[Path]) -> int:
+    """Make each file of `venv`'s site-packages that one of `others`' has at the same place, with the same
+    bytes and mode, a hard link to that file; the bytes of disk this saves. pip never writes into an installed
+    file (it replaces or removes it), so the virtualenvs stay independent. Files already shared are passed
+    over unread."""
+    mine = site_packages(venv)
+    theirs = [found for found in map(site_packages, others) if found and found != mine]
+    if mine is None or not theirs:
+        return 0
+    saved = 0
+    for folder, _, names in os.walk(mine):
+        for name in names:
+            path = Path(folder) / name
+            relative = path.relative_to(mine)
+            try:
+                own = path.lstat()
+            except OSError:
+                continue
+            if not path.is_file() or path.is_symlink() or own.st_size == 0:
+                continue
+            for other in theirs:
+                twin = other / relative
+                try:
+                    found = twin.lstat()
+                except OSError:
+                    continue
+                if (found.st_dev, found.st_ino) == (own.st_dev, own.st_ino):
+                    break  # shared already
+                if twin.is_symlink() or (found.st_size, found.st_mode) != (own.st_size, own.st_mode):
+                    continue
+                if not filecmp.cmp(path, twin, shallow=False):
+                    continue
+                staged = path.with_name(f".{name}.shared")
+                try:
+                    os.link(twin, staged)
+                    os.replace(staged, path)
+                except OSError:  # another file system, or a link limit: the copy stays
+                    staged.unlink(missing_ok=True)
+                    continue
+                if own.st_nlink == 1:
+                    saved += own.st_size
+                break
+    return saved
+
+
+_sharing = threading.Lock()  # one Python's virtualenv shared with the others at a time
+_made: list[Path] = []  # the virtualenvs made (or found made) so far: what the next one may share with
+
+
 def run_one(
-    name: str, python: str, torch: str, pytest_args: list[str], log: Path | None = None, setup_only: bool = False
+    name: str,
+    python: str,
+    torch: str,
+    pytest_args: list[str],
+    log: Path | None = None,
+    setup_only: bool = False,
+    share_with: tuple[Path, ...] = (),
+    discard: bool = False,
 ) -> tuple[str, str, float]:
     """`make setup` and the smoke set (or `pytest_args`) for one Python, in a copy of the tree
     (`copy_of_tree`: the virtualenv installs the project from it, so that one made by `--setup-only` serves a
-    later run). With a `log`, everything it prints goes to the log."""
+    later run). Once made, the virtualenv shares its identical files with the virtualenvs of `share_with` and
+    those made before it (`share_identical_files`). With a `log`, everything it prints goes to the log; with
+    `discard`, the virtualenv and the copy are removed once the smoke set has run."""
     venv = ROOT / ".venvs" / name
     started = time.monotonic()
     where = copy_of_tree(name)
-    with ExitStack() as stack:
-        out = stack.enter_context(open(log, "w")) if log else None
-        err = subprocess.STDOUT if out else None
-        setup = subprocess.run(
-            ["make", "--no-print-directory", "setup", f"PYTHON={python}", f"VENV={venv}", f"TORCH_SPEC={torch}"],
-            cwd=where,
-            stdout=out,
-            stderr=err,
+    try:
+        with ExitStack() as stack:
+            out = stack.enter_context(open(log, "w")) if log else None
+            err = subprocess.STDOUT if out else None
+            setup = subprocess.run(
+                ["make", "--no-print-directory", "setup", f"PYTHON={python}", f"VENV={venv}", f"TORCH_SPEC={torch}"],
+                cwd=where,
+                stdout=out,
+                stderr=err,
+            )
+            if setup.returncode:
+                return "failed", "not run", time.monotonic() - started
+            with _sharing:
+                saved = share_identical_files(venv, [*share_with, *_made])
+                if venv not in _made:
+                    _made.append(venv)
+            if saved:
+                print(f"setup: {saved / 2**30:.1f} GB of {venv.name}'s files shared with other virtualenvs", file=out)
+            if setup_only:
+                return "passed", "not run (--setup-only)", time.monotonic() - started
+            suite = subprocess.run(
+                [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-m", SMOKE_MARKERS, *(pytest_args or SMOKE)],
+                cwd=where,
+                stdout=out,
+                stderr=err,
+            )
+        return (
+            "passed",
+            "passed" if suite.returncode == 0 else f"failed (exit {suite.returncode})",
+            time.monotonic() - started,
         )
-        if setup.returncode:
-            return "failed", "not run", time.monotonic() - started
-        if setup_only:
-            return "passed", "not run (--setup-only)", time.monotonic() - started
-        suite = subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-m", SMOKE_MARKERS, *(pytest_args or SMOKE)],
-            cwd=where,
-            stdout=out,
-            stderr=err,
-        )
-    return (
-        "passed",
-        "passed" if suite.returncode == 0 else f"failed (exit {suite.returncode})",
-        time.monotonic() - started,
-    )
+    finally:
+        if discard:
+            with _sharing:
+                if venv in _made:
+                    _made.remove(venv)  # nothing more shares with it
+            shutil.rmtree(venv, ignore_errors=True)
+            shutil.rmtree(where, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         "--setup-only",
         action="store_true",
         help="make each Python's virtualenv, run no test (.ci/run does it in the background, early)",
+    )
+    parser.add_argument(
+        "--discard",
+        action="store_true",
+        help="remove each Python's virtualenv and copy of the tree once its smoke set has run (.ci/run)",
     )
     parser.add_argument("pytest_args", nargs="*", help="more arguments for pytest")
     args = parser.parse_args(argv)
@@ -202,7 +291,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.jobs <= 1:
             print(title, flush=True)
         log = ROOT / ".venvs" / f"{name}.log" if args.jobs > 1 else None
-        setup, suite, seconds = run_one(name, python, args.torch, pytest_args, log, args.setup_only)
+        setup, suite, seconds = run_one(
+            name,
+            python,
+            args.torch,
+            pytest_args,
+            log,
+            args.setup_only,
+            share_with=(ROOT / args.skip_venv,) if args.skip_venv else (),
+            discard=args.discard,
+        )
         if log:
             print(title + f" (in .venvs/{name}.src, beside others)\n" + log.read_text(errors="replace"), flush=True)
         rows[name] = (name, label, setup, suite, seconds)
