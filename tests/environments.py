@@ -26,6 +26,7 @@ from helpers import ROOT
 sys.path.insert(0, str(ROOT / "tools"))
 import apt_packages  # noqa: E402  (tools/ is not a package)
 import emulate  # noqa: E402
+import shared_files  # noqa: E402
 
 SYSTEM_PYTHON = emulate.SYSTEM_PYTHON
 COPIED = ("pyproject.toml", "README.md", "requirements.lock", "autograder", "reference", "tools", "deploy")
@@ -96,6 +97,7 @@ def make_system_project(project: Path) -> None:
             shutil.copy2(source, target)
     subprocess.run(["chmod", "-R", "a+rX", str(project)], check=True)
     subprocess.run([SYSTEM_PYTHON, "tools/setup_venv.py", "--venv", ".venv"], cwd=project, check=True)
+    shared_files.share_identical_files(project / ".venv", [ROOT / ".venv"])  # the same wheels: 1.5 GB once
     subprocess.run(["chmod", "-R", "a+rX", str(project)], check=True)
     close_to_workers(project)
 

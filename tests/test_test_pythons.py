@@ -14,7 +14,8 @@ import pytest
 from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
-import test_pythons  # noqa: E402  (tools/ is not a package)
+import shared_files  # noqa: E402  (tools/ is not a package)
+import test_pythons  # noqa: E402
 
 
 def test_a_shim_is_resolved_to_the_interpreter_it_runs(tmp_path):
@@ -70,7 +71,7 @@ def test_identical_files_of_two_pythons_virtualenvs_become_one(tmp_path):
     script.chmod(0o755)
     (first / "lib/python3.10/site-packages/torch/run.sh").write_bytes(b"#!/bin/sh\n")  # the same bytes, mode 0644
 
-    assert test_pythons.share_identical_files(second, [first]) == len(runtime)
+    assert shared_files.share_identical_files(second, [first]) == len(runtime)
 
     def inode(venv: Path, minor: str, relative: str) -> int:
         return (venv / "lib" / f"python{minor}" / "site-packages" / relative).stat().st_ino
@@ -83,8 +84,8 @@ def test_identical_files_of_two_pythons_virtualenvs_become_one(tmp_path):
     assert (second / "lib/python3.12/site-packages/torch/_C.so").read_bytes() == b"for 3.12"
     assert os.access(script, os.X_OK)
     assert not list(second.rglob(".*.shared"))
-    assert test_pythons.share_identical_files(second, [first]) == 0  # shared already: nothing more to save
-    assert test_pythons.share_identical_files(second, []) == 0
+    assert shared_files.share_identical_files(second, [first]) == 0  # shared already: nothing more to save
+    assert shared_files.share_identical_files(second, []) == 0
 
 
 def test_a_discarded_pythons_virtualenv_and_tree_are_gone(tmp_path, monkeypatch):

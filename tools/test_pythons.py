@@ -23,7 +23,6 @@ may be small).
 from __future__ import annotations
 
 import argparse
-import filecmp
 import glob
 import os
 import shutil
@@ -34,6 +33,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
+
+from shared_files import share_identical_files
 
 ROOT = Path(__file__).resolve().parent.parent
 MINORS = ("3.10", "3.11", "3.12", "3.13")
@@ -128,56 +129,6 @@ def copy_of_tree(name: str) -> Path:
             (copy / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, copy / relative)
     return copy
-
-
-def site_packages(venv: Path) -> Path | None:
-    found = sorted(venv.glob("lib/python3*/site-packages"))
-    return found[0] if found else None
-
-
-def share_identical_files(venv: Path, others: list[Path]) -> int:
-    """Make each file of `venv`'s site-packages that one of `others`' has at the same place, with the same
-    bytes and mode, a hard link to that file; the bytes of disk this saves. pip never writes into an installed
-    file (it replaces or removes it), so the virtualenvs stay independent. Files already shared are passed
-    over unread."""
-    mine = site_packages(venv)
-    theirs = [found for found in map(site_packages, others) if found and found != mine]
-    if mine is None or not theirs:
-        return 0
-    saved = 0
-    for folder, _, names in os.walk(mine):
-        for name in names:
-            path = Path(folder) / name
-            relative = path.relative_to(mine)
-            try:
-                own = path.lstat()
-            except OSError:
-                continue
-            if not path.is_file() or path.is_symlink() or own.st_size == 0:
-                continue
-            for other in theirs:
-                twin = other / relative
-                try:
-                    found = twin.lstat()
-                except OSError:
-                    continue
-                if (found.st_dev, found.st_ino) == (own.st_dev, own.st_ino):
-                    break  # shared already
-                if twin.is_symlink() or (found.st_size, found.st_mode) != (own.st_size, own.st_mode):
-                    continue
-                if not filecmp.cmp(path, twin, shallow=False):
-                    continue
-                staged = path.with_name(f".{name}.shared")
-                try:
-                    os.link(twin, staged)
-                    os.replace(staged, path)
-                except OSError:  # another file system, or a link limit: the copy stays
-                    staged.unlink(missing_ok=True)
-                    continue
-                if own.st_nlink == 1:
-                    saved += own.st_size
-                break
-    return saved
 
 
 _sharing = threading.Lock()  # one Python's virtualenv shared with the others at a time
