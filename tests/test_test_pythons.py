@@ -114,3 +114,56 @@ def test_a_discarded_pythons_virtualenv_and_tree_are_gone(tmp_path, monkeypatch)
     assert discarded[:2] == ("passed", "failed (exit 1)")
     assert not (tmp_path / ".venvs" / "3.10").exists() and not made[-1].exists()
     assert tmp_path / ".venvs" / "3.10" not in test_pythons._made
+
+
+def fake_dist(venv: Path, minor: str, name: str, version: str, tag: str, files: dict[str, bytes]) -> None:
+    site = venv / "lib" / f"python{minor}" / "site-packages"
+    dist_info = f"{name}-{version}.dist-info"
+    for relative, data in files.items():
+        (site / relative).parent.mkdir(parents=True, exist_ok=True)
+        (site / relative).write_bytes(data)
+    (site / dist_info).mkdir(parents=True)
+    (site / dist_info / "WHEEL").write_text(f"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: {tag}\n")
+    (site / dist_info / "METADATA").write_text(f"Name: {name}\nVersion: {version}\n")
+    listed = [*files, f"{dist_info}/WHEEL", f"{dist_info}/METADATA", f"{dist_info}/RECORD"]
+    (site / dist_info / "RECORD").write_text("".join(f"{path},,\n" for path in listed))
+
+
+def test_a_new_virtualenv_takes_cudas_runtime_from_another_not_from_the_index(tmp_path):
+    """What pip is about to install that another Python's virtualenv has from a wheel for any Python (CUDA's
+    runtime) is linked in first, so pip finds it installed; a pure-Python or a Python-specific wheel, another
+    version, one with files outside site-packages, or one the virtualenv has already, is left to pip."""
+    donor = tmp_path / "3.10"
+    fake_dist(
+        donor,
+        "3.10",
+        "nvidia_cublas",
+        "13.1.1.3",
+        "py3-none-manylinux_2_27_x86_64",
+        {"nvidia/cublas/lib/libcublas.so.13": b"ELF", "nvidia/cublas/__pycache__/x.cpython-310.pyc": b"pyc"},
+    )
+    fake_dist(donor, "3.10", "sympy", "1.14.0", "py3-none-any", {"sympy/__init__.py": b""})
+    fake_dist(donor, "3.10", "triton", "3.7.1", "cp310-cp310-manylinux_2_27_x86_64", {"triton/_C.so": b"ELF"})
+    fake_dist(donor, "3.10", "nvidia_nccl_cu13", "2.29.6", "py3-none-manylinux_2_18_x86_64", {"nvidia/nccl": b"o"})
+    fake_dist(donor, "3.10", "nvidia_tool", "1.0", "py3-none-manylinux_2_18_x86_64", {"../../../bin/tool": b"x"})
+    fake_dist(donor, "3.10", "nvidia_nvtx", "13.0.85", "py3-none-manylinux1_x86_64", {"nvidia/nvtx/a.so": b"1"})
+    target = tmp_path / "3.12"
+    fake_dist(target, "3.12", "nvidia_nvtx", "13.0.84", "py3-none-manylinux1_x86_64", {"nvidia/nvtx/a.so": b"0"})
+    wanted = {
+        "nvidia-cublas": "13.1.1.3",
+        "sympy": "1.14.0",
+        "triton": "3.7.1",
+        "nvidia-nccl-cu13": "2.29.7",
+        "nvidia-tool": "1.0",
+        "nvidia-nvtx": "13.0.85",
+    }
+    assert shared_files.seed_distributions(target, wanted, [donor]) == ["nvidia-cublas"]
+    site, theirs = target / "lib/python3.12/site-packages", donor / "lib/python3.10/site-packages"
+    library = "nvidia/cublas/lib/libcublas.so.13"
+    assert (site / library).stat().st_ino == (theirs / library).stat().st_ino
+    assert (site / "nvidia_cublas-13.1.1.3.dist-info" / "RECORD").is_file()
+    assert not (site / "nvidia/cublas/__pycache__").exists()  # 3.10's bytecode is not 3.12's
+    assert not (site / "sympy").exists() and not (site / "triton").exists() and not (site / "nvidia/nccl").exists()
+    assert (site / "nvidia/nvtx/a.so").read_bytes() == b"0"
+    assert not (target / "bin").exists()
+    assert shared_files.seed_distributions(target, wanted, [donor]) == []  # installed now

@@ -10,8 +10,10 @@ independent. Standard library only: tools/test_pythons.py runs before any virtua
 
 from __future__ import annotations
 
+import csv
 import filecmp
 import os
+import re
 from pathlib import Path
 
 
@@ -62,3 +64,67 @@ def share_identical_files(venv: Path, others: list[Path]) -> int:
                     saved += own.st_size
                 break
     return saved
+
+
+def python_independent(dist_info: Path) -> bool:
+    """Whether a distribution was installed from a wheel for any Python 3 and a given platform (tag
+    `py3-none-<platform>`): CUDA's runtime libraries, the same files whichever Python installs them. A
+    pure-Python wheel (`py3-none-any`) is not counted: installed, it holds its Python's own bytecode."""
+    try:
+        lines = (dist_info / "WHEEL").read_text().splitlines()
+    except OSError:
+        return False
+    tags = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Tag:")]
+    parts = [tag.split("-") for tag in tags]
+    return bool(parts) and all(
+        len(p) == 3 and p[0] in ("py3", "py2.py3") and p[1] == "none" and p[2] != "any" for p in parts
+    )
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed(site: Path) -> dict[str, Path]:
+    """{normalized name: dist-info folder} of the distributions installed in `site`."""
+    found = {}
+    for dist_info in site.glob("*.dist-info"):
+        name = dist_info.name.removesuffix(".dist-info").rsplit("-", 1)[0]
+        found[normalized(name)] = dist_info
+    return found
+
+
+def seed_distributions(venv: Path, wanted: dict[str, str], donors: list[Path]) -> list[str]:
+    """Install into `venv` those of `wanted` ({name: version}, what pip is about to install there) that one of
+    `donors` has installed at that version from a Python-independent wheel (`python_independent`), as hard
+    links to the donor's files: pip then finds them installed and neither downloads nor unpacks them again
+    (CUDA's runtime: 2.7 GB a Python). Only distributions whose files all lie in site-packages are taken, never
+    one `venv` has at any version; their bytecode is left out. The names seeded."""
+    mine = site_packages(venv)
+    if mine is None:
+        return []
+    have = installed(mine)
+    wanted = {normalized(name): version for name, version in wanted.items()}
+    seeded = []
+    for donor in filter(None, map(site_packages, donors)):
+        for name, dist_info in installed(donor).items():
+            version = dist_info.name.removesuffix(".dist-info").rsplit("-", 1)[-1]
+            if name in have or wanted.get(name) != version or not python_independent(dist_info):
+                continue
+            try:
+                with open(dist_info / "RECORD", newline="") as record:
+                    files = [row[0] for row in csv.reader(record) if row]
+            except OSError:
+                continue
+            if any(Path(file).is_absolute() or ".." in Path(file).parts for file in files):
+                continue  # scripts or data outside site-packages: pip installs it
+            for file in files:
+                if "__pycache__" in Path(file).parts or not (donor / file).is_file():
+                    continue
+                target = mine / file
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.unlink(missing_ok=True)
+                os.link(donor / file, target)
+            have[name] = mine / dist_info.name
+            seeded.append(name)
+    return seeded

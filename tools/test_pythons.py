@@ -13,18 +13,22 @@ machine are listed, not failed; any setup or smoke set that fails makes the whol
 
 torch 2.13.0 for Python 3.11 is the CPU wheel where pip finds one; for the others, pip takes PyPI's
 build, which carries CUDA's runtime, and runs on the CPU all the same: 4.7 GB a virtualenv, of which 3.6 GB
-are the same bytes in every Python's (CUDA's runtime, and torch's own libraries). Once a virtualenv is made,
-each of its files that another one here has byte for byte, at the same place, becomes a hard link to that
-file (`share_identical_files`): three Pythons' virtualenvs take 6.7 GB of disk, not 14. `--discard` removes
-each Python's virtualenv and copy of the tree once its smoke set has run (`.ci/run`: a CI machine's disk
-may be small).
+are the same bytes in every Python's (CUDA's runtime, 2.7 GB, and much of torch's own libraries). So the first
+Python's virtualenv is made alone; each later one first takes CUDA's runtime from those made before it, as
+hard links (`seed`: pip finds it installed and neither downloads nor unpacks it), and once made, each of its
+files that another virtualenv here has byte for byte, at the same place, becomes a hard link to that file
+(tools/shared_files.py). Three Pythons' virtualenvs take 7 GB of disk, not 16. `--discard` removes each
+Python's virtualenv and copy of the tree once its smoke set has run (`.ci/run`: a CI machine's disk may be
+small).
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -34,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
-from shared_files import share_identical_files
+from shared_files import seed_distributions, share_identical_files
 
 ROOT = Path(__file__).resolve().parent.parent
 MINORS = ("3.10", "3.11", "3.12", "3.13")
@@ -131,6 +135,32 @@ def copy_of_tree(name: str) -> Path:
     return copy
 
 
+def seed(venv: Path, python: str, torch: str, where: Path, donors: list[Path]) -> list[str]:
+    """Before a new virtualenv's `make setup`: make it, ask its pip what installing torch there would install
+    (`--dry-run --report`), and install those distributions that a virtualenv of `donors` has from a
+    Python-independent wheel as hard links to its files (`seed_distributions`: CUDA's runtime, which pip then
+    neither downloads nor unpacks again). The names seeded; none where the virtualenv was made already."""
+    if not donors or (venv / ".inputs").exists():
+        return []
+    if not (venv / "bin" / "python").exists():
+        if subprocess.run([python, "-m", "venv", str(venv)], capture_output=True).returncode:
+            return []  # make setup says why
+    asked = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        + ["--dry-run", "--ignore-installed", "--report", "-", "--constraint", str(where / "requirements.lock")]
+        + shlex.split(torch),
+        capture_output=True,
+        text=True,
+        cwd=where,
+    )
+    try:
+        install = json.loads(asked.stdout)["install"] if asked.returncode == 0 else []
+        wanted = {item["metadata"]["name"]: item["metadata"]["version"] for item in install}
+    except (ValueError, KeyError, TypeError):
+        return []
+    return seed_distributions(venv, wanted, donors)
+
+
 _sharing = threading.Lock()  # one Python's virtualenv shared with the others at a time
 _made: list[Path] = []  # the virtualenvs made (or found made) so far: what the next one may share with
 
@@ -157,6 +187,13 @@ def run_one(
         with ExitStack() as stack:
             out = stack.enter_context(open(log, "w")) if log else None
             err = subprocess.STDOUT if out else None
+            with _sharing:
+                donors = [*share_with, *_made]
+            seeded = seed(venv, python, torch, where, donors)
+            if seeded:
+                print(f"setup: {len(seeded)} distributions taken from other virtualenvs: {', '.join(seeded)}", file=out)
+                if out:
+                    out.flush()
             setup = subprocess.run(
                 ["make", "--no-print-directory", "setup", f"PYTHON={python}", f"VENV={venv}", f"TORCH_SPEC={torch}"],
                 cwd=where,
@@ -257,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = (name, label, setup, suite, seconds)
 
     (ROOT / ".venvs").mkdir(exist_ok=True)
+    if runs and not all((ROOT / ".venvs" / name / ".inputs").exists() for name, *_ in runs):
+        run(runs.pop(0))  # alone: the others take what they share with it from it (`seed`), not from the index
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         list(pool.map(run, runs))
     ordered = [rows[name] for name in (*MINORS, "system") if name in rows]
