@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -168,34 +167,3 @@ def test_a_new_virtualenv_takes_cudas_runtime_from_another_not_from_the_index(tm
     assert (site / "nvidia/nvtx/a.so").read_bytes() == b"0"
     assert not (target / "bin").exists()
     assert shared_files.seed_distributions(target, wanted, [donor]) == []  # installed now
-
-
-def test_the_first_virtualenv_is_made_before_those_that_take_from_it(tmp_path, monkeypatch):
-    """3.12's and 3.13's virtualenvs start once 3.10's is made (they take CUDA's runtime from it); the system's
-    3.11, whose torch is the default virtualenv's CPU build, is made beside 3.10's."""
-    monkeypatch.setattr(test_pythons, "ROOT", tmp_path)
-    pythons = {"3.10": "py310", "3.11": "default", "3.12": "py312", "3.13": "py313", "system": "sys311"}
-    versions = {"py310": "3.10.13", "default": "3.11.7", "py312": "3.12.1", "py313": "3.13.0", "sys311": "3.11.2"}
-    monkeypatch.setattr(test_pythons, "find_pythons", lambda: {k: v for k, v in pythons.items() if k != "3.11"})
-    monkeypatch.setattr(
-        test_pythons,
-        "version_of",
-        lambda python: versions["default" if python.endswith("/venv/bin/python") else python],
-    )
-    monkeypatch.setattr(test_pythons, "base_of", lambda venv: "default")
-    monkeypatch.setattr(test_pythons, "real_interpreter", lambda python: python)
-    done: set[str] = set()
-    seen: dict[str, set[str]] = {}
-
-    def run_one(name, python, torch, pytest_args, log=None, setup_only=False, **kwargs):
-        if log:
-            log.write_text("")
-        seen[name] = set(done)  # what was made when this one started
-        time.sleep(0.05)
-        done.add(name)
-        return "passed", "not run (--setup-only)", 0.0
-
-    monkeypatch.setattr(test_pythons, "run_one", run_one)
-    assert test_pythons.main(["--skip-venv", "venv", "--jobs", "2", "--setup-only"]) == 0
-    assert seen["3.10"] == set() and "3.10" not in seen["system"] and "3.12" not in seen["system"]
-    assert {"3.10", "system"} <= seen["3.12"] and {"3.10", "system"} <= seen["3.13"]

@@ -13,9 +13,8 @@ machine are listed, not failed; any setup or smoke set that fails makes the whol
 
 torch 2.13.0 for Python 3.11 is the CPU wheel where pip finds one; for the others, pip takes PyPI's
 build, which carries CUDA's runtime, and runs on the CPU all the same: 4.7 GB a virtualenv, of which 3.6 GB
-are the same bytes in every Python's (CUDA's runtime, 2.7 GB, and much of torch's own libraries). So the first
-Python's virtualenv is made before the others (beside those of the default Python's version, which take the
-CPU build); each later one first takes CUDA's runtime from those made before it, as
+are the same bytes in every Python's (CUDA's runtime, 2.7 GB, and much of torch's own libraries). So a
+virtualenv started once another is made first takes CUDA's runtime from those made before it, as
 hard links (`seed`: pip finds it installed and neither downloads nor unpacks it), and once made, each of its
 files that another virtualenv here has byte for byte, at the same place, becomes a hard link to that file
 (tools/shared_files.py). Three Pythons' virtualenvs take 7 GB of disk, not 16. `--discard` removes each
@@ -295,17 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = (name, label, setup, suite, seconds)
 
     (ROOT / ".venvs").mkdir(exist_ok=True)
-    batches = [runs]
-    if len(runs) > 1 and not all((ROOT / ".venvs" / name / ".inputs").exists() for name, *_ in runs):
-        # The first Python's virtualenv before the others, which take what they share with it from it (`seed`),
-        # not from the index; beside it, those of the default Python's version, which take torch's build the
-        # default virtualenv has (nothing to take from the first).
-        default_minor = (version_of(str(ROOT / args.skip_venv / "bin" / "python")) or "?").rsplit(".", 1)[0]
-        first = [runs[0]] + [job for job in runs[1:] if (version_of(job[1]) or "").startswith(default_minor + ".")]
-        batches = [first, [job for job in runs if job not in first]]
-    for batch in batches:
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            list(pool.map(run, batch))
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        list(pool.map(run, runs))
     ordered = [rows[name] for name in (*MINORS, "system") if name in rows]
     print("\nPython   interpreter                                        make setup  smoke set")
     for name, python, setup, suite, seconds in ordered:
