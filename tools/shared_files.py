@@ -85,12 +85,12 @@ def normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def installed(site: Path) -> dict[str, Path]:
-    """{normalized name: dist-info folder} of the distributions installed in `site`."""
+def installed(site: Path) -> dict[str, tuple[str, Path]]:
+    """{normalized name: (version, dist-info folder)} of the distributions installed in `site`."""
     found = {}
     for dist_info in site.glob("*.dist-info"):
-        name = dist_info.name.removesuffix(".dist-info").rsplit("-", 1)[0]
-        found[normalized(name)] = dist_info
+        name, _, version = dist_info.name.removesuffix(".dist-info").rpartition("-")
+        found[normalized(name)] = (version, dist_info)
     return found
 
 
@@ -107,8 +107,7 @@ def seed_distributions(venv: Path, wanted: dict[str, str], donors: list[Path]) -
     wanted = {normalized(name): version for name, version in wanted.items()}
     seeded = []
     for donor in filter(None, map(site_packages, donors)):
-        for name, dist_info in installed(donor).items():
-            version = dist_info.name.removesuffix(".dist-info").rsplit("-", 1)[-1]
+        for name, (version, dist_info) in installed(donor).items():
             if name in have or wanted.get(name) != version or not python_independent(dist_info):
                 continue
             try:
@@ -125,6 +124,6 @@ def seed_distributions(venv: Path, wanted: dict[str, str], donors: list[Path]) -
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.unlink(missing_ok=True)
                 os.link(donor / file, target)
-            have[name] = mine / dist_info.name
+            have[name] = (version, mine / dist_info.name)
             seeded.append(name)
     return seeded

@@ -17,7 +17,7 @@ are the same bytes in every Python's (CUDA's runtime, 2.7 GB, and much of torch'
 virtualenv started once another is made first takes CUDA's runtime from those made before it, as
 hard links (`seed`: pip finds it installed and neither downloads nor unpacks it), and once made, each of its
 files that another virtualenv here has byte for byte, at the same place, becomes a hard link to that file
-(tools/shared_files.py). Three Pythons' virtualenvs take 7 GB of disk, not 16. `--discard` removes each
+(tools/shared_files.py). Three Pythons' CUDA builds took 8.5 GB of disk in CI, not 16. `--discard` removes each
 Python's virtualenv and copy of the tree once its smoke set has run (`.ci/run`: a CI machine's disk may be
 small).
 """
