@@ -12,3 +12,11 @@ Both sides:                        protocol.py (standard library only: frames, v
 The untrusted side is never imported by the grader: the launcher hands its sources to a fresh
 interpreter, which loads them as the package `sandbox` (see `launcher.BOOT`).
 """
+
+# Imported before anything here forks, so before the grader's first thread starts: each registers a fork hook
+# with a parent's half (`before`: take a lock, `after_in_parent`: release it). Registered while another thread
+# is inside a fork (the reference's timing workers start in threads while the main thread imports torch, which
+# imports logging), only the parent's release would run for that fork, and the interpreter would print
+# "cannot release un-acquired lock" on the grader's stderr. tests/test_grader_forks.py holds the rule.
+import concurrent.futures.thread  # noqa: E402, F401
+import logging  # noqa: E402, F401
