@@ -299,3 +299,44 @@ def test_the_timing_plots_log_axis_has_at_least_two_ticks_whatever_the_range():
     low, high = times.get_ylim()
     labelled = [t for t in times.get_yticks() if low <= t <= high]
     assert len(labelled) >= 2, labelled
+
+
+def test_every_label_of_the_speed_figure_fits_inside_it_and_clear_of_the_other_plot():
+    """The figure's margins are fixed (measuring them cost a second drawing of each figure): with the widest
+    labels its axes can get, every title, label, tick label and legend lies inside the figure, and a row's
+    right plot's labels stay clear of its left plot."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    from autograder.course.feedback import speed_figure
+
+    bands = SpeedBands(full_credit_at=0.75, no_credit_at=0.55)
+
+    def rounds(submission, reference, wrapper, n=12):
+        return {"submission": [submission] * n, "reference": [reference] * n, "wrapper": [wrapper] * n}
+
+    extremes = {
+        "tiny times": {"64 heads of width 4, 16 tokens": rounds(0.0003, 0.0002, 0.0041)},
+        "huge times": {"a workload": rounds(123456.0, 2.0, 14.0, n=60)},
+        "far faster": {"a workload": rounds(0.01, 1.0, 9.0, n=2)},
+        "three rows": {
+            "64 heads of width 4, 16 tokens": rounds(1.1, 1.0, 7.4),
+            "8 heads of width 64, 512 tokens, a long name": rounds(950.0, 900.0, 4000.0),
+            "one": rounds(0.05, 0.04, 0.3, n=1),
+        },
+    }
+    for name, series in extremes.items():
+        figure = speed_figure(series, bands)
+        canvas = FigureCanvasAgg(figure)  # what savefig draws with
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        drawn = figure.get_tightbbox(renderer)  # inches: every artist drawn, tick labels and legends included
+        width, height = figure.get_size_inches()
+        assert drawn.x0 >= 0 and drawn.y0 >= 0 and drawn.x1 <= width and drawn.y1 <= height, (name, drawn)
+        rows = list(zip(figure.axes[0::2], figure.axes[1::2]))
+        for times, scored in rows:
+            assert scored.yaxis.get_tightbbox(renderer).x0 > times.get_window_extent(renderer).x1, name
+            assert times.get_legend().get_window_extent(renderer).x1 <= times.get_window_extent(renderer).x1
+        for (upper, _), (lower, _) in zip(rows, rows[1:]):
+            assert upper.get_tightbbox(renderer).y0 > lower.get_tightbbox(renderer).y1, name
+    assert len(figure.findobj(Text)) > 30

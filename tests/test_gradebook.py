@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import csv
+import os
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -203,3 +206,37 @@ def test_our_own_configuration_is_read_without_loading_it_and_gives_what_loading
     (course / "nbgrader_config.py").write_text(edited)
     assert not gradebook.ours_unchanged(course / "nbgrader_config.py")
     assert gradebook.course_settings(course) == (assumed[0], "mha-2026")
+
+
+def test_a_new_gradebook_is_the_one_nbgrader_makes_without_starting_alembic(tmp_path, monkeypatch):
+    """nbgrader's `Gradebook` asks a separate `alembic heads` for the schema's version when it makes a database
+    (three seconds of CPU); ours is read in this process. The two databases agree: the same version, the
+    same tables and columns."""
+    import nbgrader.api
+    from sqlalchemy import create_engine, inspect, text
+
+    from autograder.course.gradebook import opened
+
+    theirs, ours = f"sqlite:///{tmp_path / 'theirs.db'}", f"sqlite:///{tmp_path / 'ours.db'}"
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    with nbgrader.api.Gradebook(theirs, "course"):  # nbgrader's own way: it starts `alembic heads`
+        pass
+
+    def refused() -> str:
+        raise AssertionError("alembic was started")
+
+    monkeypatch.setattr(nbgrader.api, "get_alembic_version", refused)
+    with opened(ours, "course") as gradebook:
+        gradebook.add_student("ann")
+
+    def schema(url: str) -> tuple[str, dict[str, list[str]]]:
+        engine = create_engine(url)
+        with engine.connect() as connection:
+            version = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+        found = inspect(engine)
+        tables = {name: sorted(c["name"] for c in found.get_columns(name)) for name in found.get_table_names()}
+        engine.dispose()
+        return version, tables
+
+    assert schema(ours) == schema(theirs)
+    assert schema(ours)[0] and len(schema(ours)[1]) > 5

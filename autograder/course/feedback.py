@@ -183,6 +183,11 @@ def log_ticks(low: float, high: float) -> list[float]:
     return sorted({float(f"{t:.2g}") for t in steps if low <= float(f"{t:.2g}") <= high} | set(ticks)) or [low, high]
 
 
+FIGURE_INCHES, ROW_INCHES = 9.0, 3.0  # a workload's row of the speed figure
+MARGIN_INCHES = (0.9, 0.15, 0.6, 0.35, 0.95)  # left, right, bottom, top, and between rows
+WSPACE = 0.2  # between a row's two plots, of a plot's width
+
+
 def speed_plot(series: dict[str, dict[str, list[float]]], bands: SpeedBands | None) -> str:
     """`speed_figure` as a PNG, base64 for a data: URI."""
     figure = speed_figure(series, bands)
@@ -201,7 +206,22 @@ def speed_figure(series: dict[str, dict[str, list[float]]], bands: SpeedBands | 
     from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, FormatStrFormatter, MaxNLocator, NullFormatter
 
-    figure = Figure(figsize=(9, 3.0 * len(series)), dpi=100)
+    height = ROW_INCHES * len(series)
+    figure = Figure(figsize=(FIGURE_INCHES, height), dpi=100)
+    # Margins fixed in inches, wide enough for the widest labels the axes can get (a log axis's "0.0003", the
+    # titles, the legends inside): `tight_layout` measured them for each figure, which drew it once more, half
+    # of what a class run spent on its feedback pages' figures. tests/test_feedback.py checks that every label
+    # of extreme figures stays inside the figure and clear of the other plot.
+    left, right, bottom, top, gap = MARGIN_INCHES
+    axes_height = (height - bottom - top - gap * (len(series) - 1)) / len(series)
+    figure.subplots_adjust(
+        left=left / FIGURE_INCHES,
+        right=1 - right / FIGURE_INCHES,
+        bottom=bottom / height,
+        top=1 - top / height,
+        wspace=WSPACE,
+        hspace=gap / axes_height,
+    )
     axes = figure.subplots(len(series), 2, squeeze=False)
     for (name, rounds), (times, scored) in zip(series.items(), axes):
         x = range(1, len(rounds["submission"]) + 1)
@@ -229,7 +249,6 @@ def speed_figure(series: dict[str, dict[str, list[float]]], bands: SpeedBands | 
             axis.xaxis.set_major_locator(MaxNLocator(integer=True))
             axis.set_xlabel("round")
             axis.grid(alpha=0.3)
-    figure.tight_layout()
     return figure
 
 
