@@ -834,3 +834,67 @@ def test_feedback_pages_and_the_gradebook_are_made_while_the_class_is_graded(tmp
     monkeypatch.setattr(class_outputs.OutputsAhead, "graded", lambda self, entry: None)
     assert grade_class.grade_class(grade_class.ClassOptions(course, device="cpu", jobs=1, force=True)) == 0
     assert "feedback.html (3 written)" in " ".join(capsys.readouterr().out.split())
+
+
+def quick_job(tmp_path: Path, name: str) -> dict:
+    """A job a grading process answers at once: a file that is not there (cannot grade, no worker)."""
+    out = tmp_path / "results" / name / "mha" / "results.json"
+    return {"id": name, "submission": str(tmp_path / "none.py"), "out": str(out), "device": "cpu"} | {
+        "rubric": str(DEFAULT_RUBRIC)
+    }
+
+
+@pytest.mark.slow
+def test_the_grading_processes_start_one_at_a_time_each_once_the_last_has_imported(tmp_path, monkeypatch):
+    """Started all at once, a class's grading processes shared the cores for their imports and the first
+    grading began only once all had imported; now each starts once the one before has said so."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from autograder.course import grading_pool
+
+    events: list[tuple[float, str, int]] = []
+    popen, read_answer = grading_pool.subprocess.Popen, grading_pool.Grader._read_answer
+
+    def spawning(*args, **kwargs):
+        events.append((time.monotonic(), "spawn", threading.get_ident()))
+        return popen(*args, **kwargs)
+
+    def reading(self, fd, deadline, ready=False):
+        line = read_answer(self, fd, deadline, ready)
+        if ready:
+            events.append((time.monotonic(), f"ready {line!r}", threading.get_ident()))
+        return line
+
+    monkeypatch.setattr(grading_pool.subprocess, "Popen", spawning)
+    monkeypatch.setattr(grading_pool.Grader, "_read_answer", reading)
+    graders = [grading_pool.Grader() for _ in range(3)]
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda k: graders[k].grade(quick_job(tmp_path, f"s{k}"), 300), range(3)))
+    finally:
+        for grader in graders:
+            grader.close()
+    assert all(answer.ok for answer in answers), answers
+    kinds = [kind.split()[0] for _, kind, _ in sorted(events)]
+    assert kinds == ["spawn", "ready"] * 3, events  # never a second spawn before the first said it is ready
+    assert all(b'{"ready": ' in kind.encode() for _, kind, _ in events if kind.startswith("ready")), events
+    ordered = sorted(events)
+    assert all(ordered[i][2] == ordered[i + 1][2] for i in range(0, 6, 2)), ordered  # each thread its own pair
+
+
+@pytest.mark.slow
+def test_a_ready_line_that_comes_late_is_never_taken_for_an_answer(tmp_path, monkeypatch):
+    from autograder.course import grading_pool
+
+    monkeypatch.setattr(grading_pool, "READY_SECONDS", 0.0)  # the ready line is not waited for: it comes late
+    grader = grading_pool.Grader()
+    try:
+        first = grader.grade(quick_job(tmp_path, "ann"), 300)
+        second = grader.grade(quick_job(tmp_path, "bob"), 300)
+    finally:
+        grader.close()
+    assert first.ok and second.ok and grader.starts == 1, (first, second)
+    for name in ("ann", "bob"):
+        assert (tmp_path / "results" / name / "mha" / "results.json").exists()
+    assert grader.buffer == b""  # nothing left over: each answer was read as the answer to its own job
