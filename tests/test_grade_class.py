@@ -673,14 +673,25 @@ def test_a_class_run_closes_the_course_to_other_users_and_writes_nothing_they_ca
         assert stat.S_IMODE(path.stat().st_mode) == 0o640, path
 
 
+def quick_job(tmp_path: Path, name: str) -> dict:
+    """A job a grading process answers at once: a file that is not there (cannot grade, no worker)."""
+    out = tmp_path / "results" / name / "mha" / "results.json"
+    return {
+        "id": name,
+        "submission": str(tmp_path / "none.py"),
+        "out": str(out),
+        "device": "cpu",
+        "rubric": str(DEFAULT_RUBRIC),
+    }
+
+
 def test_the_record_written_by_a_grading_process_is_private_too(tmp_path):
     """The grading processes of `make grade` write the record's results.json 0640, as every course output."""
     import json
     import stat
 
-    out = tmp_path / "results" / "ann" / "mha" / "results.json"
-    job = {"id": "ann", "submission": str(tmp_path / "none.py"), "out": str(out), "device": "cpu"}
-    job["rubric"] = str(DEFAULT_RUBRIC)  # a file that is not there: graded at once (cannot grade), no worker
+    job = quick_job(tmp_path, "ann")
+    out = Path(job["out"])
     done = subprocess.run(
         [sys.executable, "-m", "autograder.course.grading_pool"],
         input=json.dumps(job) + "\n",
@@ -834,14 +845,6 @@ def test_feedback_pages_and_the_gradebook_are_made_while_the_class_is_graded(tmp
     monkeypatch.setattr(class_outputs.OutputsAhead, "graded", lambda self, entry: None)
     assert grade_class.grade_class(grade_class.ClassOptions(course, device="cpu", jobs=1, force=True)) == 0
     assert "feedback.html (3 written)" in " ".join(capsys.readouterr().out.split())
-
-
-def quick_job(tmp_path: Path, name: str) -> dict:
-    """A job a grading process answers at once: a file that is not there (cannot grade, no worker)."""
-    out = tmp_path / "results" / name / "mha" / "results.json"
-    return {"id": name, "submission": str(tmp_path / "none.py"), "out": str(out), "device": "cpu"} | {
-        "rubric": str(DEFAULT_RUBRIC)
-    }
 
 
 @pytest.mark.slow

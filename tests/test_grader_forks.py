@@ -22,7 +22,7 @@ from helpers import REFERENCE, ROOT
 
 WRAPPER = textwrap.dedent(
     """
-    import os, runpy, sys, threading, traceback
+    import json, os, runpy, sys, threading, traceback
 
     report = sys.argv.pop(1)
     register = os.register_at_fork
@@ -36,7 +36,6 @@ WRAPPER = textwrap.dedent(
                 handle.write(json.dumps(line) + "\\n")
         return register(**hooks)
 
-    import json
     os.register_at_fork = watched
     sys.argv[0] = "autograder"
     runpy.run_module("autograder", run_name="__main__", alter_sys=True)

@@ -206,8 +206,8 @@ class OutputOptions:
 class OutputsAhead:
     """What the class outputs cost that need not wait for the last grading, done in a thread of its own while
     the class is graded (a class run's coordinator mostly waits on its grading processes meanwhile): the
-    imports (matplotlib, nbgrader), the gradebook's database where it does not exist yet (nbgrader starts
-    `alembic` to make one), and each student's feedback page once their run is recorded (`graded`).
+    imports (matplotlib, nbgrader), the gradebook's database where it does not exist yet
+    (`gradebook.stamp_new_database`), and each student's feedback page once their run is recorded (`graded`).
     `write_class_outputs` then finds those pages current and writes only what is not. Only a saving of time:
     what fails here is done again, and said, by `write_class_outputs`."""
 

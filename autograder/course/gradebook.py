@@ -25,7 +25,6 @@ import io
 import json
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -182,11 +181,8 @@ def opened(db_url: str, course_id: str) -> Iterator[Any]:
     from nbgrader.api import Gradebook
 
     logging.getLogger("nbgrader").setLevel(logging.WARNING)
-    bin_dir = str(Path(sys.executable).parent)  # nbgrader runs `alembic` from its own environment
-    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     with contextlib.redirect_stderr(io.StringIO()):
-        stamp_new_database(db_url)
+        stamp_new_database(db_url)  # so `Gradebook` never starts `alembic` (it would only for a new database)
         with Gradebook(db_url, course_id) as gradebook:
             yield gradebook
 

@@ -131,20 +131,17 @@ class Grader:
         self.log.seek(0)
         self.log.truncate()
         with STARTING:
-            return self._start_alone(env)
-
-    def _start_alone(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "autograder.course.grading_pool"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            env=env,
-            preexec_fn=functools.partial(procfs.die_with_parent, signal.SIGTERM),  # dies with the class run
-        )
-        self.buffer, self.done = b"", 0
-        self.starts += 1
-        self._read_answer(_pipe(self.process.stdout).fileno(), time.monotonic() + READY_SECONDS, ready=True)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "autograder.course.grading_pool"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.log,
+                env=env,
+                preexec_fn=functools.partial(procfs.die_with_parent, signal.SIGTERM),  # dies with the class run
+            )
+            self.buffer, self.done = b"", 0
+            self.starts += 1
+            self._read_answer(_pipe(self.process.stdout).fileno(), time.monotonic() + READY_SECONDS, ready=True)
         return self.process
 
     def grade(self, job: dict[str, Any], timeout: float) -> JobAnswer:

@@ -18,5 +18,5 @@ interpreter, which loads them as the package `sandbox` (see `launcher.BOOT`).
 # is inside a fork (the reference's timing workers start in threads while the main thread imports torch, which
 # imports logging), only the parent's release would run for that fork, and the interpreter would print
 # "cannot release un-acquired lock" on the grader's stderr. tests/test_grader_forks.py holds the rule.
-import concurrent.futures.thread  # noqa: E402, F401
-import logging  # noqa: E402, F401
+import concurrent.futures.thread  # noqa: F401
+import logging  # noqa: F401
