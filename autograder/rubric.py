@@ -187,6 +187,20 @@ class SpeedSettings:
 
 
 @dataclass(frozen=True)
+class GraphSettings:
+    """[graph]: what a captured forward may be for the grader to replay it (the structure checks and the speed
+    part judge and time the graph of the student's forward: `grading/graphs.py`). Optional; these are its
+    defaults."""
+
+    max_nodes: int = 20000  # operations of one forward (a loop over 64 heads runs about 3,000)
+    max_constant_mib: float = 64.0  # tensors a forward holds that are neither its input nor the module's state
+    allow: tuple[str, ...] = ()  # ATen operations allowed beyond the grader's list (by name: "unfold")
+
+
+GRAPH_KEYS = ("max_nodes", "max_constant_mib", "allow")
+
+
+@dataclass(frozen=True)
 class Rubric:
     parts: dict[str, Part]
     tests: dict[str, CheckSettings]
@@ -196,6 +210,7 @@ class Rubric:
     apis: dict[str, bool]
     path: Path = DEFAULT_RUBRIC
     speed: SpeedSettings | None = None  # [speed]: required when there is a speed part
+    graph: GraphSettings = GraphSettings()  # [graph]
 
     def part_points(self, part: str) -> float:
         return self.parts[part].points if part in self.parts else 0.0
@@ -266,7 +281,7 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise RubricError(f"cannot read rubric {path}: {exc}") from exc
-    _no_unknown(data, ("parts", "tests", "defaults", "tolerances", "limits", "apis", "speed"), "", path)
+    _no_unknown(data, ("parts", "tests", "defaults", "tolerances", "limits", "apis", "speed", "graph"), "", path)
 
     parts = {}
     for part, settings in _table(data, "parts", path).items():
@@ -337,7 +352,22 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
     speed = None
     if "speed" in data or "speed" in parts:
         speed = _speed_settings(_table(data, "speed", path), path)
-    return Rubric(parts, tests, default_visibility, tolerances, limits, apis, path, speed)
+    return Rubric(parts, tests, default_visibility, tolerances, limits, apis, path, speed, _graph_settings(data, path))
+
+
+def _graph_settings(data: dict[str, Any], path: Path) -> GraphSettings:
+    """[graph], every key checked; absent keys take GraphSettings' defaults."""
+    table = _table(data, "graph", path, required=False)
+    _no_unknown(table, GRAPH_KEYS, "in [graph]: ", path)
+    defaults = GraphSettings()
+    allow = table.get("allow", [])
+    if not (isinstance(allow, list) and all(isinstance(name, str) and name.isidentifier() for name in allow)):
+        raise RubricError(f'{path}: [graph] allow must be a list of ATen operation names, as "unfold"')
+    return GraphSettings(
+        int(_number(table.get("max_nodes", defaults.max_nodes), "[graph] max_nodes", path, minimum=1, kind=int)),
+        _number(table.get("max_constant_mib", defaults.max_constant_mib), "[graph] max_constant_mib", path),
+        tuple(allow),
+    )
 
 
 def _speed_settings(table: dict[str, Any], path: Path) -> SpeedSettings:

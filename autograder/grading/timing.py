@@ -285,16 +285,19 @@ def measure(
     clock: Callable[[], float] = time.perf_counter,
     points: float = 1.0,
     own_wait: Callable[[], float] | None = None,
+    quiet: Sequence[Timed] = (),
 ) -> Measurement:
     """Warm-up rounds, then measured rounds of each target's forwards (see the module's docstring) until
-    the sequential verdict (`verdict.decide`, on the `points` the measurement decides) settles the credit
-    or `settings.max_rounds` are taken; in a round every target's inputs come from the same new seeds.
-    `own_wait()` (`procfs.own_wait`), when given: the seconds this thread has waited for a CPU, which the
-    request is not charged either (its calls are a ping-pong of this thread and the worker's). The clock runs
-    from the request's settings to its last answer, so the worker's time before its first call is charged
-    too. `verify(round)` checks a round's answers, probes, shown outputs and records (it raises TimingFailed). Raises TimingFailed when the submission's forwards
-    fail, or are so slow after warm-up that even its best time is below `give_up_below` of the reference's
-    worst."""
+        the sequential verdict (`verdict.decide`, on the `points` the measurement decides) settles the credit
+        or `settings.max_rounds` are taken; in a round every target's inputs come from the same new seeds.
+        `own_wait()` (`procfs.own_wait`), when given: the seconds this thread has waited for a CPU, which the
+        request is not charged either (its calls are a ping-pong of this thread and the worker's). The clock runs
+        from the request's settings to its last answer, so the worker's time before its first call is charged
+        too. `verify(round)` checks a round's answers, probes and shown outputs (it raises TimingFailed). `quiet`: workers
+    that are not timed and stay stopped throughout (the submission's own, whose code must not run while anything is
+    timed). Raises TimingFailed when the submission's forwards
+        fail, or are so slow after warm-up that even its best time is below `give_up_below` of the reference's
+        worst."""
     by_name = {t.name: t for t in targets}
     names = [t.name for t in targets]
     warm: dict[str, list[float]] = {name: [] for name in names}
@@ -346,7 +349,7 @@ def measure(
         verify(RoundAnswers(round_seeds, answers, show, shown))
 
     began = time.perf_counter()
-    with Stage([t.worker for t in targets]) as stage:
+    with Stage([t.worker for t in targets] + list(quiet)) as stage:
         for _ in range(settings.warmup_rounds):  # the reference before the submission: its time bounds the wait
             one_round(names, counted=False)
         if SUBMISSION in warm and REFERENCE in warm:

@@ -128,15 +128,17 @@ def trusted_config(config: WorkerConfig) -> WorkerConfig:
 
 
 def start_trusted_workers(config: WorkerConfig, allowed: bwrap.AllowList | None = None) -> dict[str, BackgroundWorker]:
-    """The wrapper's and the reference's timing workers, each loading only the reference's definitions and
-    starting now, in the background. The submission's module is timed in the submission's own worker, which
-    the speed check is the first to use (so all three timed modules live in processes that have run nothing
-    but the timed forwards: a worker that has run every other check runs the same forward about 10 % slower)."""
-    cells, trusted = reference_cells(), trusted_config(config)
-    return {
-        WRAPPER: BackgroundWorker(cells, "reference.py", trusted, allowed),
-        REFERENCE: BackgroundWorker(cells, "reference.py", trusted, allowed),
-    }
+    """The three timing workers, each loading only the reference's definitions and starting now, in the
+    background: the wrapper's, the reference's, and the one that replays the graph captured from the
+    submission's forward (`SUBMISSION`; it also replays the graphs the structure checks judge). No student code
+    ever runs in any of them: the submission's own worker only answers the checks and is captured, and what is
+    timed is the same kind of replayed graph in the same kind of process for all three."""
+    return {name: trusted_worker(config, allowed) for name in (WRAPPER, REFERENCE, SUBMISSION)}
+
+
+def trusted_worker(config: WorkerConfig, allowed: bwrap.AllowList | None = None) -> BackgroundWorker:
+    """One trusted worker: the reference's definitions only, started now, in the background."""
+    return BackgroundWorker(reference_cells(), "reference.py", trusted_config(config), allowed)
 
 
 def reference_cells(path: Path = REFERENCE_SOURCE) -> list[tuple[int, int, str]]:

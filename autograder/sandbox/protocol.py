@@ -348,6 +348,7 @@ class Decoder:
         self.nodes = 0
         self.used: set[int] = set()
         self.devices: list[str] = []  # the device each decoded tensor was on in the worker, in order
+        self.made: dict[int, Any] = {}  # the tensors it made, by id (kept, so that no id is reused)
 
     def text(self, value: Any) -> str:
         return clean_text(value, self.limits.string_chars)
@@ -366,7 +367,9 @@ class Decoder:
             raise ProtocolError(f"an answer with a bare {type(node).__name__}")
         kind = node.get("$")
         if kind == "tensor":
-            return self.make_tensor(self.tensor(node))
+            tensor = self.make_tensor(self.tensor(node))
+            self.made[id(tensor)] = tensor
+            return tensor
         if kind in ("list", "tuple"):
             items = self.items(node)
             values = [self.decode(v, depth + 1) for v in items]
@@ -406,6 +409,10 @@ class Decoder:
                 raise ProtocolError("a float that is not nan or inf")
             return float(text)
         raise ProtocolError(f"an answer with an unknown kind of value: {self.text(str(kind))[:40]}")
+
+    def is_tensor(self, value: Any) -> bool:
+        """Whether `value` is a tensor this decoder made (every one was checked)."""
+        return self.made.get(id(value)) is value
 
     def items(self, node: dict[str, Any]) -> list[Any]:
         items = node.get("items")
@@ -542,7 +549,7 @@ class ToRequest:
 @dataclass(frozen=True)
 class ForwardRequest:
     """One forward of a module on `x` (answered by a `ForwardReply`), with a backward of `grad_out` when given,
-    the dispatch trace when `trace`, and what the wrapper's heads saw when `hooks`."""
+    and what the wrapper's heads saw when `hooks`."""
 
     op: ClassVar[str] = "forward"
     handle: str
@@ -550,7 +557,6 @@ class ForwardRequest:
     train: bool = False
     seed: int = 0
     grad_out: Any = None  # a tensor, or None
-    trace: bool = False
     hooks: bool = False
 
 
@@ -567,7 +573,33 @@ class ForwardManyRequest:
     out_features: int
     threads: int | None = None
     flush_bytes: int = 0
-    record: bool = True
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    """A module's forward captured as the ATen operations it runs (answered by a `Captured`): in eval mode, without
+    autograd, on an input of `shape` and `dtype` drawn from `seed` on the worker's device. The state tensors whose
+    names are in `known` (the weights the grader loaded) are not sent back; at most `max_nodes` operations."""
+
+    op: ClassVar[str] = "capture"
+    handle: str
+    shape: list[int]
+    dtype: str
+    seed: int = 0
+    known: list[str] = field(default_factory=list)
+    max_nodes: int = 20000
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    """A captured graph (`Graph.to_wire()`), rebuilt as a module of its own whose forward(x) runs the graph on
+    `state` (one tensor per graph input, in order) and x, on `device`: answered by its `ModuleInfo`. Sent only to
+    a worker that never loaded a submission, which runs nothing but the graph's operations."""
+
+    op: ClassVar[str] = "replay"
+    graph: Any
+    state: list[Any]
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -592,6 +624,8 @@ Request = (
     | ToRequest
     | ForwardRequest
     | ForwardManyRequest
+    | CaptureRequest
+    | ReplayRequest
     | DropRequest
     | PingRequest
 )
@@ -654,9 +688,10 @@ class ShowOutputs:
 # Replies: what the worker builds (`reply_tree` encodes them) and what `parse_reply` makes of a reply's header.
 # A field marked RECORDS is a list of records (dataclasses or dicts), sent as a JSON list of objects whose
 # values are encoded one by one; a field marked LOCAL is the grader's own (derived when the reply is parsed),
-# never sent.
+# never sent; a field marked WIRE is sent as its value's plain data (`to_wire()`).
 RECORDS: dict[str, bool] = {"records": True}
 LOCAL: dict[str, bool] = {"local": True}
+WIRE: dict[str, bool] = {"wire": True}  # a field sent as its value's `to_wire()`
 
 
 @dataclass
@@ -713,25 +748,29 @@ class ForwardReply:
     y: Any
     x_after: Any
     head_calls: list[HeadCall] = field(default_factory=list, metadata=RECORDS)
-    ops: list[str] | None = None  # worker-reported trace
-    python_calls: list[str] | None = None  # worker-reported
     grads: dict[str, Any] | None = None
     grad_problem: str | None = None
     y_device: str | None = field(default=None, metadata=LOCAL)  # where y was in the worker, when it is a tensor
-    torch_calls: dict[str, int] | None = None  # worker-reported: the PyTorch functions the forward called
 
 
 @dataclass
 class TimedShown:
     """What a timed request shows once its calls are done: the whole outputs of the calls the grader named
-    (float64, in the order it named them) and every call's record of the PyTorch functions it called
-    (worker-reported; empty when the request did not record)."""
+    (float64, in the order it named them)."""
 
     outputs: list[Any]
-    calls: list[dict[str, int]] = field(metadata=RECORDS)
 
 
-REPLY_TYPES: tuple[type[Any], ...] = (StudentError, Ready, Pong, Loaded, ForwardReply, TimedShown)
+@dataclass
+class Captured:
+    """A forward captured as ATen operations: the graph (sent as `Graph.to_wire()`) and the module's state
+    tensors that the request did not name as known, by name (each a graph input)."""
+
+    graph: Graph = field(metadata=WIRE)
+    state: dict[str, Any]
+
+
+REPLY_TYPES: tuple[type[Any], ...] = (StudentError, Ready, Pong, Loaded, ForwardReply, TimedShown, Captured)
 
 
 def reply_tree(value: Any, encode: Callable[[Any], Any]) -> Any:
@@ -745,6 +784,8 @@ def reply_tree(value: Any, encode: Callable[[Any], Any]) -> Any:
         if item.metadata.get("local"):
             continue
         found = getattr(value, item.name)
+        if item.metadata.get("wire"):
+            found = found.to_wire()
         if item.metadata.get("records"):
             tree[item.name] = [{k: encode(v) for k, v in _record(r).items()} for r in found]
         else:
@@ -866,6 +907,135 @@ class ForkServerSetup:
         return _settings_from(cls, _json_object(text, "the fork server's settings"), "the fork server's settings")
 
 
+# ----------------------------------------------------------------------------------------------
+# Captured graphs. A forward captured by the worker (`CaptureRequest`) is a list of ATen operations over the
+# module's state tensors (`inputs`, by name), the forward's input (the input after them), constant tensors and
+# the operations before it. It crosses as plain data (`to_wire`, `from_wire`): an argument is a JSON scalar, a
+# list or tuple of arguments, a reference ({"ref": kind, "index": i}: an input, an earlier node or a constant) or a
+# torch value by name ({"special": kind, "name": name}: a dtype, a device, a layout, a memory format), flat so that
+# an argument that is a list of references stays within the encoder's depth. `from_wire`
+# checks the structure (every reference to something that exists and comes before it); which operations are
+# allowed is the grader's judgement (`grading/graphs.py`), and only a worker that never ran student code
+# rebuilds one (`ReplayRequest`).
+
+GRAPH_REFS = ("input", "node", "constant")
+GRAPH_SPECIALS = ("dtype", "device", "layout", "memory_format")
+GRAPH_TARGET = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){1,3}")
+GRAPH_NAME = re.compile(r"[A-Za-z0-9_.:]{1,200}")
+GRAPH_DEPTH = 4  # arguments nest at most this deep (an ATen argument is at most a list of lists)
+GRAPH_NODES = 1 << 17  # operations in a graph at most, whatever the rubric allows
+
+
+@dataclass(frozen=True)
+class GraphRef:
+    """An argument that is a graph input (the state's in order, then the forward's input), an earlier node's
+    result or a constant."""
+
+    kind: str
+    index: int
+
+
+@dataclass(frozen=True)
+class GraphSpecial:
+    """An argument that is a torch value named by its kind and name: `dtype` float32, `device` cpu, ..."""
+
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    """One operation: its target (`aten.mm.default`, or `operator.getitem` of a result that is a tuple)."""
+
+    target: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A captured forward: the state tensors it takes, by name, in order (the forward's input follows them),
+    its operations, its output (an argument: a reference to what it returns) and its constants (tensors)."""
+
+    inputs: tuple[str, ...]
+    nodes: tuple[GraphNode, ...]
+    output: Any
+    constants: tuple[Any, ...] = ()
+
+    def targets(self) -> list[str]:
+        return [node.target for node in self.nodes]
+
+    def to_wire(self) -> dict[str, Any]:
+        def wire(arg: Any) -> Any:
+            if isinstance(arg, GraphRef):
+                return {"ref": arg.kind, "index": arg.index}
+            if isinstance(arg, GraphSpecial):
+                return {"special": arg.kind, "name": arg.name}
+            if isinstance(arg, list):
+                return [wire(a) for a in arg]
+            if isinstance(arg, tuple):
+                return tuple(wire(a) for a in arg)
+            return arg
+
+        return {
+            "inputs": list(self.inputs),
+            "nodes": [
+                [n.target, [wire(a) for a in n.args], {k: wire(v) for k, v in n.kwargs.items()}] for n in self.nodes
+            ],
+            "output": wire(self.output),
+            "constants": list(self.constants),
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any, is_constant: Callable[[Any], bool]) -> Graph:
+        """The graph a decoded wire value describes, its structure checked (a ProtocolError otherwise):
+        `is_constant` says what may be a constant (a tensor)."""
+        if not (isinstance(value, dict) and set(value) == {"inputs", "nodes", "output", "constants"}):
+            raise ProtocolError("a graph that is not an object of inputs, nodes, output and constants")
+        inputs, nodes, constants = value["inputs"], value["nodes"], value["constants"]
+        if not (isinstance(inputs, list) and all(isinstance(n, str) and GRAPH_NAME.fullmatch(n) for n in inputs)):
+            raise ProtocolError("a graph whose inputs are not a list of names")
+        if not (isinstance(constants, list) and all(is_constant(c) for c in constants)):
+            raise ProtocolError("a graph whose constants are not a list of tensors")
+        if not (isinstance(nodes, list) and len(nodes) <= GRAPH_NODES):
+            raise ProtocolError("a graph whose nodes are not a list, or too many")
+        sizes = {"input": len(inputs) + 1, "constant": len(constants), "node": 0}
+
+        def arg(node: Any, depth: int = 0) -> Any:
+            if node is None or isinstance(node, (bool, int, float, str)):
+                return node
+            if depth >= GRAPH_DEPTH:
+                raise ProtocolError("a graph argument nested too deeply")
+            if isinstance(node, list):
+                return [arg(a, depth + 1) for a in node]
+            if isinstance(node, tuple):
+                return tuple(arg(a, depth + 1) for a in node)
+            if isinstance(node, dict) and set(node) == {"ref", "index"}:
+                kind, index = node["ref"], node["index"]
+                if kind in GRAPH_REFS and type(index) is int and 0 <= index < sizes[kind]:
+                    return GraphRef(kind, index)
+            if isinstance(node, dict) and set(node) == {"special", "name"}:
+                kind, name = node["special"], node["name"]
+                if kind in GRAPH_SPECIALS and isinstance(name, str) and GRAPH_NAME.fullmatch(name):
+                    return GraphSpecial(kind, name)
+            raise ProtocolError("a graph argument that is neither a value nor a reference to an earlier one")
+
+        parsed = []
+        for item in nodes:
+            if not (isinstance(item, (list, tuple)) and len(item) == 3):
+                raise ProtocolError("a graph node that is not [target, args, kwargs]")
+            target, args, kwargs = item
+            if not (isinstance(target, str) and GRAPH_TARGET.fullmatch(target)):
+                raise ProtocolError("a graph node whose target is not a dotted name")
+            if not (isinstance(args, (list, tuple)) and isinstance(kwargs, dict)):
+                raise ProtocolError("a graph node whose arguments are not a list and a dict")
+            if not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+                raise ProtocolError("a graph node whose keyword arguments are not names")
+            parsed.append(GraphNode(target, tuple(arg(a) for a in args), {k: arg(v) for k, v in kwargs.items()}))
+            sizes["node"] += 1
+        return cls(tuple(inputs), tuple(parsed), arg(value["output"]), tuple(constants))
+
+
 def _field(obj: dict[str, Any], name: str, kind: type[T], what: str) -> T:
     """`obj[name]`, which must be a `kind` (a bool is not an int here)."""
     value = obj.get(name)
@@ -931,8 +1101,6 @@ def parse_reply(op: str, header: dict[str, Any], decoder: Decoder) -> Reply:
                     decoded if isinstance(output, dict) and output.get("$") == "tensor" else None,
                 )
             )
-        ops = _strings(raw.get("ops"), decoder, what)
-        python_calls = _strings(raw.get("python_calls"), decoder, what)
         grads = raw.get("grads")
         grads = None if grads is None else decoder.decode(grads)
         if grads is not None and not isinstance(grads, dict):
@@ -947,12 +1115,9 @@ def parse_reply(op: str, header: dict[str, Any], decoder: Decoder) -> Reply:
                 y,
                 decoder.decode(_field(raw, "x_after", dict, what)),
                 calls,
-                ops,
-                python_calls,
                 grads,
                 None if problem is None else decoder.text(problem),
                 y_device,
-                _counts(None if raw.get("torch_calls") is None else decoder.decode(raw["torch_calls"]), decoder, what),
             ),
         )
     if op == "forward_many":  # ready for the timed calls
@@ -963,39 +1128,18 @@ def parse_reply(op: str, header: dict[str, Any], decoder: Decoder) -> Reply:
         if not (isinstance(raw, dict) and raw.get("$") == "tensor"):
             raise ProtocolError(f"{what}: not a tensor")
         return Reply(True, decoder.decode(raw))
-    if op == "forward_shown":  # after the timed calls: the outputs asked for, every call's record
+    if op == "forward_shown":  # after the timed calls: the outputs asked for
         raw = _field(header, "value", dict, what)
         listed = raw.get("outputs")
         nodes = decoder.items(listed) if isinstance(listed, dict) and listed.get("$") == "list" else None
         if nodes is None or not all(isinstance(n, dict) and n.get("$") == "tensor" for n in nodes):
             raise ProtocolError(f"{what}: outputs that are not a list of tensors")
-        outputs = [decoder.decode(node) for node in nodes]
-        records = []
-        for item in _field(raw, "calls", list, what)[: decoder.limits.list_items]:
-            counts = _counts(item, decoder, what)
-            records.append(counts if counts is not None else {})
-        return Reply(True, TimedShown(outputs, records))
+        return Reply(True, TimedShown([decoder.decode(node) for node in nodes]))
+    if op == "capture":
+        raw = _field(header, "value", dict, what)
+        state = decoder.decode(raw.get("state"))
+        if not (isinstance(state, dict) and all(decoder.is_tensor(v) for v in state.values())):
+            raise ProtocolError(f"{what}: a state that is not a dict of tensors")
+        graph = Graph.from_wire(decoder.decode(raw.get("graph")), decoder.is_tensor)
+        return Reply(True, Captured(graph, {name: state[name] for name in graph.inputs if name in state}))
     return Reply(True, decoder.decode(raw))
-
-
-def _counts(value: Any, decoder: Decoder, what: str) -> dict[str, int] | None:
-    """A record of calls by name: a dict of names to non-negative counts (at most 256 names)."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise ProtocolError(f"{what}: a record of calls that is not an object")
-    counts = {}
-    for name, count in list(value.items())[:256]:
-        if not (isinstance(name, str) and type(count) is int and 0 <= count < 1 << 40):
-            raise ProtocolError(f"{what}: a record of calls with a count that is not a number")
-        counts[decoder.text(name)[:200]] = count
-    return counts
-
-
-def _strings(value: Any, decoder: Decoder, what: str) -> list[str] | None:
-    if value is None:
-        return None
-    value = decoder.decode(value)
-    if not isinstance(value, list):
-        raise ProtocolError(f"{what}: a trace that is not a list of names")
-    return [v[:200] if isinstance(v, str) else "?" for v in value]

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 import pytest
 
 from autograder.grading.checks.harness import Inputs, Notes, Submission, check_seed, dtypes_for
 from autograder.grading.plugin import part_of
-from autograder.grading.workers import BackgroundWorker
+from autograder.grading.workers import SUBMISSION, BackgroundWorker, trusted_worker
 from autograder.model import SpeedFigures
 from autograder.rubric import Rubric
+from autograder.sandbox.client import Worker
 
 
 @dataclass
@@ -64,6 +65,18 @@ class GradingFixtures:
     @pytest.fixture(scope="session")
     def context(self) -> GradingContext:
         return self._context
+
+    @pytest.fixture(scope="session")
+    def replayer(self) -> Iterator[Worker]:
+        """The trusted worker that replays the graphs captured from the submission's forward: the speed part's
+        (started when the grading starts, `workers.start_trusted_workers`), else one of its own kind."""
+        started = self._context.timing_workers.get(SUBMISSION)
+        own = None
+        if started is None:
+            own = started = trusted_worker(self._context.submission.worker.config)
+        yield started.get()
+        if own is not None:
+            own.close()
 
     @pytest.fixture
     def inputs(self, request: pytest.FixtureRequest) -> Inputs:

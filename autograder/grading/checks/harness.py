@@ -42,6 +42,8 @@ from autograder.sandbox.protocol import (
     MISSING,
     BuildRequest,
     CallRequest,
+    Captured,
+    CaptureRequest,
     DescribeRequest,
     Foreign,
     ForwardManyRequest,
@@ -50,13 +52,13 @@ from autograder.sandbox.protocol import (
     GetRequest,
     Handle,
     ModuleInfo,
+    ReplayRequest,
     Request,
     ToRequest,
 )
 
 # The cause of every check that cannot load its weights into the student's module (see scoring.name_once).
 CONSTRUCTOR_CAUSE = "your {} does not keep the given constructor, so the grader cannot build it with its weights"
-MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "mv", "dot", "addmv", "linear", "_addmm_activation"}
 P = ParamSpec("P")
 R = TypeVar("R")
 M = TypeVar("M", bound=torch.nn.Module)
@@ -391,15 +393,50 @@ class Submission:
         train: bool = False,
         seed: int = 0,
         grad_out: torch.Tensor | None = None,
-        trace: bool = False,
         hooks: bool = False,
     ) -> ForwardReply:
         note("input", what=f"{module.cls}.forward" + (" (training mode)" if train else ""), value=x)
         answer = self._ask(
-            ForwardRequest(module.handle, x, train, seed, grad_out, trace, hooks), target=f"{module.cls}.forward"
+            ForwardRequest(module.handle, x, train, seed, grad_out, hooks), target=f"{module.cls}.forward"
         )
         if not (isinstance(answer, ForwardReply) and isinstance(answer.x_after, torch.Tensor)):
             fail("the worker's answer did not include the input after the forward")
+        return answer
+
+    def capture(
+        self,
+        module: ModuleInfo,
+        shape: tuple[int, ...],
+        dtype_name: str,
+        known: list[str],
+        max_nodes: int,
+        seed: int = 0,
+    ) -> Captured:
+        """`module`'s forward captured as a graph of ATen operations in the worker (`protocol.CaptureRequest`), on
+        an input of `shape` drawn from `seed`: plain data, for the grader to judge (`graphs`) and a trusted
+        worker to replay. The state tensors named in `known` (the weights the grader loaded) are not sent back.
+        A forward that cannot be captured fails here, at its line, saying why and how to write it so it can."""
+        note("capture", what=f"{module.cls}.forward", shape=list(shape), dtype=dtype_name)
+        request = CaptureRequest(module.handle, list(shape), dtype_name, seed, known, max_nodes)
+        try:
+            answer = self.worker.request(
+                request, timeout=self._timeout(), target=f"{module.cls}.forward", check=self._check()
+            )
+        except SubmissionError as exc:
+            trace = f"\n{exc.traceback}" if exc.traceback else ""
+            if exc.type == "NotImplementedError":
+                self.failed(exc)
+            fail(
+                f"your {module.cls}.forward could not be captured as a graph of PyTorch operations, which the grader "
+                f"checks and times: {exc.type}: {exc.message}{trace}\n{CANNOT_CAPTURE}",
+                mistake=CANNOT_CAPTURE,
+                diagnosis=CANNOT_CAPTURE,
+            )
+        except WorkerError as exc:
+            self.failed(exc)
+        if not isinstance(answer, Captured):
+            fail("the worker's answer to the capture was not a graph")
+        note("captured", what=f"{module.cls}.forward", operations=len(answer.graph.nodes))
         return answer
 
     def timed_calls(
@@ -416,6 +453,64 @@ class Submission:
             check=self._check(),
             ready_seconds=ready_seconds,
         )
+
+
+# What a forward that cannot be captured must change, in the student's terms.
+CANNOT_CAPTURE = (
+    "the forward cannot be captured as a graph: it must not branch on a tensor's values or read one (`if "
+    "scores.max() > 0`, `.item()`, `bool(...)`, a shape made from values); write it with tensor operations only, "
+    "whatever the input's values"
+)
+NOT_REPLAYABLE = "the captured forward uses operations the grader does not replay"
+HIDDEN_FROM_CAPTURE = (
+    "the captured forward is not right on a new input: part of the work was hidden from the capture "
+    "(computed outside PyTorch's operations, or kept from an earlier call), so it was frozen as a constant"
+)
+
+
+def replay_state(captured: Captured, known: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The state a captured graph takes, in its inputs' order: the grader's own tensor wherever it loaded one
+    under that name (never the worker's copy), else the one the worker sent."""
+    state = []
+    for name in captured.graph.inputs:
+        tensor = known.get(name, captured.state.get(name))
+        if tensor is None:
+            fail(f"the captured forward takes a tensor the grader cannot supply ({name})", diagnosis=NOT_REPLAYABLE)
+        state.append(tensor)
+    return state
+
+
+def replay(worker: Worker, captured: Captured, state: list[torch.Tensor], device: str) -> ModuleInfo:
+    """The captured graph rebuilt in `worker`, a trusted worker that never ran student code (`ReplayRequest`): a
+    module of its own there, whose forward runs only the graph. A graph that cannot be rebuilt is the student's
+    (the grader checked its structure and operations: what is left is how they were called)."""
+    try:
+        answer = worker.request(ReplayRequest(captured.graph.to_wire(), state, device))
+    except SubmissionError as exc:
+        fail(
+            f"the graph captured from your forward could not be replayed: {exc.type}: {exc.message}",
+            diagnosis=NOT_REPLAYABLE,
+        )
+    if not isinstance(answer, ModuleInfo):
+        fail("the replaying worker did not describe the graph's module", diagnosis=NOT_REPLAYABLE)
+    return answer
+
+
+def replayed_forward(worker: Worker, module: ModuleInfo, x: torch.Tensor) -> object:
+    """The replayed graph's output on `x`, in the trusted worker; a failure there is the graph's (the
+    student's)."""
+    try:
+        answer = worker.request(ForwardRequest(module.handle, x))
+    except SubmissionError as exc:
+        fail(
+            f"the graph captured from your forward failed when replayed: {exc.type}: {exc.message}",
+            diagnosis=NOT_REPLAYABLE,
+        )
+    except (WorkerTimeout, WorkerCrashed) as exc:
+        fail(f"the graph captured from your forward did not run when replayed: {exc}", diagnosis=NOT_REPLAYABLE)
+    if not isinstance(answer, ForwardReply):
+        fail("the replaying worker did not answer with an output", diagnosis=NOT_REPLAYABLE)
+    return answer.y
 
 
 def _wire(value: Any) -> Any:
@@ -541,47 +636,6 @@ def first_match(actual: object, variants: Mapping[str, torch.Tensor | Callable[[
         if matches(actual, candidate):
             return description
     return None
-
-
-def count_matmuls(ops: list[str]) -> int:
-    return sum(op in MATMUL_OPS for op in ops)
-
-
-# API name (the rubric's [apis]) -> the PyTorch functions that are it, as a forward's record of calls names them
-FORBIDDEN_FUNCTIONS: dict[str, tuple[str, ...]] = {
-    "scaled_dot_product_attention": ("scaled_dot_product_attention",),
-    "nn_multihead_attention": ("multi_head_attention_forward", "MultiheadAttention"),
-    "flex_attention": ("flex_attention",),
-}
-
-
-def forbidden_calls(record: Mapping[str, int], apis: Mapping[str, bool]) -> list[str]:
-    """The APIs the rubric does not allow that a forward's record of PyTorch calls shows it used."""
-    return [
-        api
-        for api, names in FORBIDDEN_FUNCTIONS.items()
-        if not apis.get(api, False) and any(name in called for called in record for name in names)
-    ]
-
-
-def calls_difference(checked: Mapping[str, int], timed: Mapping[str, int], most: int = 6) -> str:
-    """In words, how a timed forward's record of PyTorch calls differs from a checked one's."""
-
-    def listed(counts: dict[str, int]) -> str:
-        items = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-        text = ", ".join(f"{name} x{count}" for name, count in items[:most])
-        return text + (f" and {len(items) - most} more" if len(items) > most else "")
-
-    more = {
-        name: timed.get(name, 0) - checked.get(name, 0) for name in timed if timed.get(name, 0) > checked.get(name, 0)
-    }
-    fewer = {name: checked.get(name, 0) - timed.get(name, 0) for name in checked if checked[name] > timed.get(name, 0)}
-    parts = []
-    if more:
-        parts.append(f"when timed it also called {listed(more)}")
-    if fewer:
-        parts.append(f"{'and' if more else 'when timed it'} left out {listed(fewer)}")
-    return " ".join(parts) or "the records differ"
 
 
 def build_pair(

@@ -8,15 +8,18 @@ property's own case is right: a forward returning zeros earns nothing here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
 from typing import Any
 
 import pytest
 import torch
 
+from autograder.grading import graphs
 from autograder.grading.checks.harness import (
     DTYPE_NOT_KEPT,
+    HIDDEN_FROM_CAPTURE,
     IN_PLACE,
+    NOT_REPLAYABLE,
     OTHER_DEVICE,
     ForwardReply,
     Inputs,
@@ -26,7 +29,6 @@ from autograder.grading.checks.harness import (
     book_pair,
     build_pair,
     check_gradients,
-    count_matmuls,
     fail,
     fail_if,
     first_match,
@@ -34,12 +36,17 @@ from autograder.grading.checks.harness import (
     in_student_terms,
     note,
     reference_forward,
+    replay,
+    replay_state,
+    replayed_forward,
     value_problem,
     values_first,
 )
 from autograder.grading.checks.mistakes import mha_dropout_variants, mha_train_forward, mha_variants
+from autograder.grading.plugin import NotCredited
 from autograder.rubric import Rubric
-from autograder.sandbox.protocol import ModuleInfo
+from autograder.sandbox.client import Worker, WorkerError
+from autograder.sandbox.protocol import DropRequest, Graph, ModuleInfo
 from reference import mha as ref
 
 FORWARD = "MultiHeadAttention.forward"
@@ -51,18 +58,6 @@ CASES: dict[str, tuple[int, int, int, int, int, int, bool]] = {
     "short sequence": (4, 3, 6, 12, 9, 3, False),
     "12 heads": (1, 8, 12, 24, 8, 12, True),
     "1 head": (2, 5, 4, 6, 5, 1, False),
-}
-# The fused attention entry points, by the ATen ops (or Python calls) they show up as in the trace.
-SDPA_OPS = ("scaled_dot_product", "_flash_attention", "_efficient_attention", "_cudnn_attention")
-MHA_OPS = ("_native_multi_head_attention", "_transformer_encoder_layer")
-MHA_CALLS = ("nn.MultiheadAttention", "F.multi_head_attention_forward")
-# API name -> whether a trace (the ATen ops, the Python calls) shows it used
-FORBIDDEN: dict[str, Callable[[list[str], list[str]], bool]] = {
-    "scaled_dot_product_attention": lambda ops, calls: any(name in op for op in ops for name in SDPA_OPS),
-    "nn_multihead_attention": lambda ops, calls: (
-        any(call in MHA_CALLS for call in calls) or any(name in op for op in ops for name in MHA_OPS)
-    ),
-    "flex_attention": lambda ops, calls: any("flex_attention" in op for op in ops),
 }
 
 
@@ -235,55 +230,72 @@ def test_gradients(submission: Submission, inputs: Inputs, rubric: Rubric) -> No
     )
 
 
-def traced(submission: Submission, inputs: Inputs, rubric: Rubric, heads: int) -> ForwardReply:
-    """The trace of a forward with `heads` heads. The trace is the worker's word, so what the traced forward
-    computed must be right, and the same as an untraced forward of the same module and input: a forward
-    that behaves differently when observed gains nothing."""
+def captured(
+    submission: Submission, inputs: Inputs, rubric: Rubric, replayer: Worker, heads: int, *, ready_made_ok: bool = False
+) -> Graph:
+    """The graph of the student's forward with `heads` heads, as the grader judges it: captured in the student's
+    worker, its operations checked here (`graphs`), then replayed where no student code ever ran (`replayer`) on
+    a new input and compared with the reference. So the graph judged is the forward's own: whatever the forward
+    hid from the capture was frozen as a constant, and is wrong on the new input. A forward whose own output is
+    wrong earns nothing here (its values first); one that uses a ready-made attention is said once, by
+    test_no_ready_made_attention, unless `ready_made_ok` (that check itself)."""
     reference, module = build_pair(submission, inputs, ref.MultiHeadAttention, 12, 24, 6, 0.0, heads)
     x = inputs.randn(2, 6, 12)
-    answer = run(submission, reference, module, x, trace=True)
     values_first(
-        output_problem(reference, x, answer.y, "float64", rubric, f"output of the traced forward ({heads} heads)"),
+        output_problem(
+            reference, x, run(submission, reference, module, x).y, "float64", rubric, f"output ({heads} heads)"
+        ),
         "This check of how the forward is organised",
     )
-    untraced = run(submission, reference, module, x).y
-    if not isinstance(untraced, torch.Tensor) or not torch.equal(untraced, answer.y):
-        fail(
-            "the forward gave different outputs for the same input when its operations were traced and when "
-            "they were not: it must compute the same way whether or not it is observed"
+    known = reference.state_dict()
+    capture = submission.capture(module, tuple(x.shape), "float64", list(known), rubric.graph.max_nodes)
+    used = graphs.ready_made(capture.graph, rubric)
+    if used and not ready_made_ok:
+        raise NotCredited(
+            f"your forward uses {', '.join(used)}, which the exercise does not allow",
+            cause="the forward uses a ready-made attention",
         )
-    return answer
+    if used:
+        return capture.graph
+    problem = graphs.not_allowed(capture.graph, rubric)
+    if problem is not None:
+        fail(problem.message, mistake=NOT_REPLAYABLE, diagnosis=NOT_REPLAYABLE)
+    module_replayed = replay(replayer, capture, replay_state(capture, known), "cpu")
+    fresh = inputs.randn(2, 6, 12)
+    y = replayed_forward(replayer, module_replayed, fresh)
+    with contextlib.suppress(WorkerError):
+        replayer.request(DropRequest(module_replayed.handle))
+    if output_problem(reference, fresh, y, "float64", rubric, "replayed") is not None:
+        fail(
+            f"your forward ({heads} heads) is right on the grader's input, but the graph of PyTorch operations "
+            f"captured from it is not right on a new input.\nLikely mistake: {HIDDEN_FROM_CAPTURE}.",
+            mistake=HIDDEN_FROM_CAPTURE,
+        )
+    return capture.graph
 
 
 @pytest.mark.part("mha")
-@pytest.mark.evidence("worker")
-def test_one_pass_for_all_heads(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
-    """the forward issues as many matrix multiplies for 12 heads as for 2 (no loop over heads)"""
-    two = count_matmuls(traced(submission, inputs, rubric, 2).ops or [])
-    twelve = count_matmuls(traced(submission, inputs, rubric, 12).ops or [])
+def test_one_pass_for_all_heads(submission: Submission, inputs: Inputs, rubric: Rubric, replayer: Worker) -> None:
+    """the forward runs as many matrix multiplies for 12 heads as for 2 (no loop over heads)"""
+    two = graphs.matmuls(captured(submission, inputs, rubric, replayer, 2))
+    twelve = graphs.matmuls(captured(submission, inputs, rubric, replayer, 12))
     note("counted", what="matrix multiplies of one forward, 12 heads against 2", expected=two, actual=twelve)
     if twelve != two:
         fail(
-            f"the forward issued {two} matrix multiplies for 2 heads and {twelve} for 12: the work grows "
+            f"the forward runs {two} matrix multiplies for 2 heads and {twelve} for 12: the work grows "
             "with the number of heads, so the heads are computed one at a time (a loop over heads?). "
             "Project once, view as (b, T, H, head_dim), transpose to (b, H, T, head_dim) and let one "
             "batched matmul serve every head.",
             mistake="the heads are computed one at a time (a loop over heads): the matrix multiplies grow with them",
         )
     if two == 0:
-        fail("the forward issued no matrix multiplies at all that the grader could see")
+        fail("the forward runs no matrix multiplies at all")
 
 
 @pytest.mark.part("mha")
-@pytest.mark.evidence("worker")
-def test_no_ready_made_attention(submission: Submission, inputs: Inputs, rubric: Rubric) -> None:
+def test_no_ready_made_attention(submission: Submission, inputs: Inputs, rubric: Rubric, replayer: Worker) -> None:
     """the forward writes the attention itself (no scaled_dot_product_attention, nn.MultiheadAttention, flex)"""
-    answer = traced(submission, inputs, rubric, 4)
-    used = [
-        name
-        for name, found in FORBIDDEN.items()
-        if not rubric.apis.get(name, False) and found(answer.ops or [], answer.python_calls or [])
-    ]
+    used = graphs.ready_made(captured(submission, inputs, rubric, replayer, 4, ready_made_ok=True), rubric)
     if used:
         fail(
             f"the forward calls {', '.join(used)}; the exercise is to write the computation yourself "

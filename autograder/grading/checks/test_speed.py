@@ -1,12 +1,18 @@
 """Speed: the submission's weight split against the reference wrapper, by as much as the reference's.
 
-The speed part's checks run first in a grading (`GradingFixtures` orders them), so that the submission's
-module is timed in a worker that has only loaded its file, as the reference's are.
+What is timed is never student code. This check builds the submission's MultiHeadAttention with hidden weights
+in its worker, checks its output on the timed workload (a clear message beats a timing of something wrong),
+captures its forward there as a graph of ATen operations, judges the graph here (`graphs`), and has it replayed
+by a trusted worker that never ran student code; the reference MultiHeadAttention and the wrapper, with the same
+weights, are captured and replayed the same way in their own trusted workers. It holds the device's timing lock
+while it measures the three graphs (`autograder/grading/timing.py`), with the submission's own worker stopped
+throughout, then scores the submission's speedup over the wrapper as a fraction of the reference's own speedup
+in the same run (`[speed]` in the rubric). Every timed call gets a fresh input from the operating system's
+randomness and is checked: what a student hid from the capture is simply not run, and a graph that is not right
+on a fresh input earns nothing.
 
-How it is measured is `autograder/grading/timing.py`'s business; this check builds the three modules with the same
-hidden weights, checks the submission's values on the timed workload first (a clear message beats a timing
-of something wrong), holds the device's timing lock while it measures, then scores the submission's speedup
-over the wrapper as a fraction of the reference's own speedup in the same run (`[speed]` in the rubric).
+The speed part's checks run first in a grading (`GradingFixtures` orders them), so that the graphs are timed in
+workers that have run nothing else of this grading.
 """
 
 from __future__ import annotations
@@ -20,19 +26,21 @@ from typing import Any, NoReturn
 import pytest
 import torch
 
-from autograder.grading import timing, verdict
+from autograder.grading import graphs, timing, verdict
 from autograder.grading.checks.fixtures import GradingContext
 from autograder.grading.checks.harness import (
+    NOT_REPLAYABLE,
     Inputs,
     Submission,
     assert_close,
-    calls_difference,
     fail,
-    forbidden_calls,
     reference_forward,
+    replay,
+    replay_state,
 )
 from autograder.grading.checks.mistakes import NOT_ONE_PASS
 from autograder.grading.devices import TimingLockError, device_key, timing_lock
+from autograder.grading.plugin import NotCredited
 from autograder.grading.verdict import Verdict
 from autograder.grading.workers import (
     REFERENCE,
@@ -45,8 +53,17 @@ from autograder.grading.workers import (
 from autograder.model import TIMING_LOCK, SpeedBands, SpeedFigures, WorkloadFigures
 from autograder.rubric import Rubric, SpeedSettings, Workload
 from autograder.sandbox import procfs
-from autograder.sandbox.client import Worker, WorkerError, WorkerTimeout
-from autograder.sandbox.protocol import BuildRequest, DropRequest, ForwardManyRequest, ModuleInfo, Request
+from autograder.sandbox.client import SubmissionError, Worker, WorkerError, WorkerTimeout
+from autograder.sandbox.protocol import (
+    BuildRequest,
+    Captured,
+    CaptureRequest,
+    DropRequest,
+    ForwardManyRequest,
+    ModuleInfo,
+    ReplayRequest,
+    Request,
+)
 from reference import mha as ref
 
 LOOP_HINT = (
@@ -118,14 +135,12 @@ def probes_of(y: torch.Tensor, probe: torch.Tensor) -> torch.Tensor:
 
 
 def verifier(
-    workload: Workload, rubric: Rubric, mha: ref.MultiHeadAttention, checked_calls: dict[str, int], device: str
+    workload: Workload, rubric: Rubric, mha: ref.MultiHeadAttention, device: str
 ) -> Callable[[timing.RoundAnswers], None]:
-    """Checks a round's answers. Every timed call of the submission is a checked one: every column of its
-    probes against the reference's for the same seed; the whole outputs of the calls picked after the clock
+    """Checks a round's answers. Every timed call of the submission's graph is a checked one: every column of its
+    probes against the reference's for the same seed, and the whole outputs of the calls picked after the clock
     stopped against the reference's output on that input, computed here, and against the probes the call
-    answered; and every call's record of PyTorch calls against the record of the same forward when its values
-    were checked (`check_values_first`). A forward that computes, or calls anything, differently when timed
-    earns no speed points, whatever it used to tell the two apart."""
+    answered. A graph that is not right on every fresh input earns no speed points."""
     rtol, atol = rubric.tolerance(workload.dtype)
     sigmas = speed_settings(rubric).probe_sigmas
     reference = mha.to(device)
@@ -134,8 +149,7 @@ def verifier(
         mine = round.answers[SUBMISSION]
         for answer, expected in zip(mine, round.answers[REFERENCE]):
             timing.check_probes(answer, expected, rtol, atol, sigmas, workload.d_out)
-        shown = round.shown[SUBMISSION]
-        for index, y in zip(round.show[SUBMISSION], shown.outputs):
+        for index, y in zip(round.show[SUBMISSION], round.shown[SUBMISSION].outputs):
             x, probe = timed_input(round.seeds[index], workload, device)
             expected = reference_forward(reference, x).double().cpu()
             if not isinstance(y, torch.Tensor) or tuple(y.shape) != tuple(expected.shape):
@@ -152,15 +166,6 @@ def verifier(
                     "the whole output a timed call showed after the timing is not the output whose probes it "
                     "answered while it was timed"
                 )
-        for record in shown.calls:
-            if record != checked_calls:
-                raise timing.TimingFailed(
-                    "your forward called different PyTorch functions when it was timed than when its values "
-                    f"were checked on the same workload ({calls_difference(checked_calls, record)}). The speed "
-                    "part times only a forward that computes the same way whether or not it is checked"
-                )
-        if len(shown.calls) != len(mine):
-            raise timing.TimingFailed("the timed calls' records of what they called did not come back whole")
 
     return verify
 
@@ -213,42 +218,65 @@ def check_values_first(
     workload: Workload,
     rubric: Rubric,
     device: str,
-) -> dict[str, int]:
-    """The submission's output on this very workload, before any timing: a timing of something wrong
-    would mean nothing. Twice, on two inputs, so that whatever a forward does once (a mask made on its first
-    call) is behind it; the second forward's record of PyTorch calls is what every timed call must match,
-    and it may not show an API the rubric forbids."""
-    record: dict[str, int] = {}
-    for _ in range(2):
-        x = inputs.randn(*workload.shape, dtype=getattr(torch, workload.dtype))
-        answer = submission.forward(module, x)
-        assert_close(
-            answer.y,
-            reference_forward(mha.to(device), x.to(device)).cpu(),
-            workload.dtype,
-            rubric,
-            f"output on the speed workload ({describe(workload)})",
-        )
-        record = answer.torch_calls or {}
-    used = forbidden_calls(record, rubric.apis)
+) -> None:
+    """The submission's own output on this very workload, before anything is captured or timed: a timing of
+    something wrong would mean nothing, and a clear message beats a timing's."""
+    x = inputs.randn(*workload.shape, dtype=getattr(torch, workload.dtype))
+    assert_close(
+        submission.forward(module, x).y,
+        reference_forward(mha.to(device), x.to(device)).cpu(),
+        workload.dtype,
+        rubric,
+        f"output on the speed workload ({describe(workload)})",
+    )
+
+
+def captured_graph(
+    submission: Submission, module: ModuleInfo, state: dict[str, torch.Tensor], workload: Workload, rubric: Rubric
+) -> Captured:
+    """The graph of the submission's forward on this workload's shape, judged here: what is timed. A forward
+    that uses a ready-made attention earns nothing here and is told so once, by the check of part mha that
+    the speed part requires; one whose graph runs what the grader does not replay fails, saying which."""
+    capture = submission.capture(module, workload.shape, workload.dtype, list(state), rubric.graph.max_nodes)
+    used = graphs.ready_made(capture.graph, rubric)
     if used:
-        fail(
-            f"{describe(workload)}: on this workload your forward calls {', '.join(used)}, which the exercise does "
-            "not allow (the speed part times the attention you write yourself)"
+        raise NotCredited(
+            f"your forward uses {', '.join(used)}, which the exercise does not allow",
+            cause="the forward uses a ready-made attention",
         )
-    return record
+    problem = graphs.not_allowed(capture.graph, rubric)
+    if problem is not None:
+        fail(f"{describe(workload)}: {problem.message}", mistake=NOT_REPLAYABLE, diagnosis=NOT_REPLAYABLE)
+    return capture
 
 
-def build_references(
+def trusted_graph(
+    worker: Worker, built: ModuleInfo, workload: Workload, state: dict[str, torch.Tensor], device: str, what: str
+) -> Built:
+    """A reference module built in its timing worker, captured there and replayed there as a graph, as the
+    submission's is: the three timed modules are replayed graphs in the same kind of process."""
+    captured = trusted(worker, CaptureRequest(built.handle, list(workload.shape), workload.dtype, 0, list(state)))
+    if not isinstance(captured, Captured):
+        raise CannotTime(f"the capture of the reference's {what} did not give a graph")
+    # the reference's own state (its mask) where the grader did not load it
+    tensors = [state[name] if name in state else captured.state[name] for name in captured.graph.inputs]
+    replayed = trusted(worker, ReplayRequest(captured.graph.to_wire(), tensors, device))
+    trusted(worker, DropRequest(built.handle))
+    return Built(worker, replayed.handle)
+
+
+def build_timed(
     timing_workers: dict[str, BackgroundWorker],
     workload: Workload,
     state: dict[str, torch.Tensor],
     wrapper_state: dict[str, torch.Tensor],
+    capture: Captured,
     device: str,
-) -> tuple[Built, Built]:
-    """The reference MultiHeadAttention and the wrapper, with the same weights, each in its timing worker."""
+) -> dict[str, Built]:
+    """The three timed modules, each a replayed graph in its timing worker: the reference MultiHeadAttention's
+    and the wrapper's (with the same weights), and the submission's, with the grader's weights."""
     w = workload
-    built = []
+    built = {}
     weights: dict[str, torch.Tensor]
     for name, cls, args, weights in (
         (REFERENCE, "MultiHeadAttention", [w.d_in, w.d_out, w.tokens, 0.0, w.heads], state),
@@ -261,65 +289,53 @@ def build_references(
     ):
         worker = timing_workers[name].get()
         module = trusted(worker, BuildRequest(cls, args, {}, weights, w.dtype, device))
-        built.append(Built(worker, module.handle))
-    return built[0], built[1]
+        built[name] = trusted_graph(worker, module, w, weights, device, cls)
+    replayer = timing_workers[SUBMISSION].get()
+    built[SUBMISSION] = Built(replayer, replay(replayer, capture, replay_state(capture, state), device).handle)
+    return built
 
 
 def timing_targets(
-    submission: Submission,
-    module: ModuleInfo,
-    reference: Built,
-    wrapper: Built,
-    workload: Workload,
-    threads: int,
-    ready_seconds: float,
+    built: dict[str, Built], workload: Workload, threads: int, ready_seconds: float
 ) -> list[timing.Target]:
-    """The three timed modules, each by its timed `forward_many` requests on the workload's inputs, through
-    the same client code (`client.TimedCalls`): only what a failure means differs. The reference's and the
-    submission's forwards run under the call recorder (`server.CallRecorder`), so both pay its cost; the
-    wrapper's, trusted and never compared, does not. After each of the submission's requests, the whole
-    outputs of `SHOWN` of its calls, picked at random once the clock has stopped, are checked."""
+    """The three timed graphs, each by its timed `forward_many` requests on the workload's inputs, through the
+    same client code (`client.TimedCalls`) in the same kind of trusted worker: only what a failure means
+    differs. After each of the submission's requests, the whole outputs of `SHOWN` of its calls, picked at
+    random once the clock has stopped, are checked."""
     w = workload
 
-    def forwards(handle: str, calls: int, record: bool) -> ForwardManyRequest:
+    def calls_of(name: str, what: str) -> Callable[[int, float], timing.Calls]:
         flush_bytes = int(w.flush_mib * (1 << 20))
-        return ForwardManyRequest(handle, calls, list(w.shape), w.dtype, w.d_out, threads, flush_bytes, record)
-
-    def in_reference_worker(built: Built, cls: str, record: bool) -> Callable[[int, float], timing.Calls]:
-        return lambda calls, timeout: built.worker.timed_calls(
-            forwards(built.handle, calls, record),
+        one = built[name]
+        return lambda calls, timeout: one.worker.timed_calls(
+            ForwardManyRequest(one.handle, calls, list(w.shape), w.dtype, w.d_out, threads, flush_bytes),
             timeout,
-            target=f"the reference's {cls}.forward",
+            target=what,
             ready_seconds=ready_seconds,
         )
-
-    def in_submission_worker(calls: int, timeout: float) -> timing.Calls:
-        return submission.timed_calls(module, forwards(module.handle, calls, True), timeout, ready_seconds)
 
     def grader_fault(exc: WorkerError) -> NoReturn:
         raise CannotTime(f"the reference's timing worker failed (forward_many): {exc}") from None
 
-    def submission_failed(exc: WorkerError) -> NoReturn:
+    def graph_failed(exc: WorkerError) -> NoReturn:
         if isinstance(exc, WorkerTimeout):  # its deadline is set by the reference's time: too slow, not hung
-            fail(str(exc), mistake=NOT_ONE_PASS)
-        submission.failed(exc)
+            fail(f"{describe(w)}: the graph of your forward {exc}", mistake=NOT_ONE_PASS)
+        detail = f"{exc.type}: {exc.message}" if isinstance(exc, SubmissionError) else str(exc)
+        fail(f"{describe(w)}: the graph of your forward failed when it was timed: {detail}", diagnosis=NOT_REPLAYABLE)
 
     return [
         timing.Target(
-            WRAPPER,
-            wrapper.worker,
-            in_reference_worker(wrapper, "MultiHeadAttentionWrapper", record=False),
-            w.wrapper_calls,
-            grader_fault,
+            WRAPPER, built[WRAPPER].worker, calls_of(WRAPPER, "the reference wrapper"), w.wrapper_calls, grader_fault
         ),
+        timing.Target(REFERENCE, built[REFERENCE].worker, calls_of(REFERENCE, "the reference"), w.calls, grader_fault),
         timing.Target(
-            REFERENCE,
-            reference.worker,
-            in_reference_worker(reference, "MultiHeadAttention", record=True),
+            SUBMISSION,
+            built[SUBMISSION].worker,
+            calls_of(SUBMISSION, "your forward"),
             w.calls,
-            grader_fault,
+            graph_failed,
+            shown=SHOWN,
         ),
-        timing.Target(SUBMISSION, submission.worker, in_submission_worker, w.calls, submission_failed, shown=SHOWN),
     ]
 
 
@@ -348,6 +364,7 @@ def measure_locked(
                 submission.worker.config.request_seconds,
                 points=points,
                 own_wait=procfs.own_wait,
+                quiet=[submission.worker],
             )
     except TimingLockError as exc:
         raise CannotTime(str(exc), cause=TIMING_LOCK) from None
@@ -432,14 +449,15 @@ def test_faster_than_the_wrapper(
     module = submission.build(
         "MultiHeadAttention", w.d_in, w.d_out, w.tokens, 0.0, w.heads, state_dict=state, dtype=getattr(torch, w.dtype)
     )
-    checked_calls = check_values_first(submission, module, mha, inputs, w, rubric, device)
-    reference, wrapper = build_references(timing_workers, w, state, wrapper_state, device)  # only now: see above
+    check_values_first(submission, module, mha, inputs, w, rubric, device)
+    capture = captured_graph(submission, module, state, w, rubric)
+    built = build_timed(timing_workers, w, state, wrapper_state, capture, device)  # only now: see above
     try:
-        targets = timing_targets(submission, module, reference, wrapper, w, settings.threads, settings.ready_seconds)
-        verify = verifier(w, rubric, mha, checked_calls, device)
+        targets = timing_targets(built, w, settings.threads, settings.ready_seconds)
+        verify = verifier(w, rubric, mha, device)
         measurement = measure_locked(context, submission, targets, verify, w, rubric, device, points, started)
     finally:
-        drop(reference, wrapper)
+        drop(*built.values())
     figures = figures_of(measurement, w, settings)
     said = speed_verdict(measurement, settings, points)
     figures = replace(

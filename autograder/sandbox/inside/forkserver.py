@@ -121,6 +121,7 @@ def main(argv: list[str]) -> None:
     import torch
 
     server.settle_imports()
+    server.prepare_capture()
     problem = unsafe_to_fork(torch)
     if problem is not None and threads() > 1:
         # A library's thread pool started at import (numpy's OpenBLAS) is shut down by its own fork handler:

@@ -4,7 +4,9 @@ The grader starts it as a fresh `python -I -u -c BOOT ...` process (see `launche
 this module, `jail` and `protocol` from source under the package name `sandbox`; it imports nothing
 else of the grader, and torch only after `jail` has shut the process in. It loads one submission cell
 by cell and answers requests: load, get a name, call a function, build a module, describe it, run a
-forward (with optional backward, head hooks and a dispatch trace), run forwards for timing, drop a module, ping.
+forward (with optional backward and head hooks), run forwards for timing, capture a forward as a graph of ATen
+operations, rebuild such a graph as a module (`replay`: sent only to workers that never loaded a submission), drop
+a module, ping.
 
 Nothing said here is trusted: the grader validates every reply against the protocol's schema and
 compares every value with its own reference computation.
@@ -38,8 +40,6 @@ MAX_ITEMS, MAX_DEPTH = 4096, 6
 # the grader's limit on an answer's header.
 MAX_LOAD_ERRORS = 200
 MAX_MESSAGE_CHARS = 2000  # an exception's message, as the worker reports it
-# The functions one forward's record names at most (`CallRecorder`); calls of others are not counted.
-MAX_RECORDED_NAMES = 256
 # The grader's frames are trusted; these bounds only stop a runaway request.
 REQUEST_LIMITS = protocol.FrameLimits(
     header_bytes=256 << 20, blob_bytes=4 << 30, string_chars=1 << 24, list_items=1 << 20
@@ -268,22 +268,12 @@ class Session:
 
                 removers.append(head.register_forward_hook(record))
         torch.manual_seed(request.seed)
-        recorder = OpRecorder(torch) if request.trace else None
-        calls = CallRecorder(torch)
         try:
-            if recorder:
-                with recorder, calls:
-                    y = module(x)
-            else:
-                with calls:
-                    y = module(x)
+            y = module(x)
         finally:
             for remover in removers:
                 remover.remove()
-        answer = protocol.ForwardReply(y, x.detach().cpu().clone(), head_calls, torch_calls=calls.counts)
-        if recorder:
-            answer.ops = recorder.ops
-            answer.python_calls = recorder.python_calls
+        answer = protocol.ForwardReply(y, x.detach().cpu().clone(), head_calls)
         if grad_out is not None and isinstance(y, torch.Tensor) and tuple(y.shape) != tuple(grad_out.shape):
             answer.grad_problem = (
                 f"the output has shape {tuple(y.shape)}, not {tuple(grad_out.shape)}, "
@@ -304,20 +294,19 @@ class Session:
         on its own clock. So no input exists before its call starts: no call can be batched with, or
         prepared for, a later one, whatever the submission does to this code (it runs beside it).
         Per seed: x of `shape` and a probe R of the output's shape, both standard normal from a generator
-        seeded with it, on the device; y = module(x), under the call recorder when `record` (as every forward
-        of `op_forward` is); the answer is, per token, (sum y*R, sum |y|, sum y*y) over the output's
-        features, in float64. It takes the whole of y, so no call can answer before its forward is done; the
-        grader compares it with the reference's answer for the same seed.
-        Every call's output (a float64 copy) and record are kept: after the last call the grader sends one
-        more frame, `show`, naming the calls whose whole outputs it wants, chosen only then; the answer holds
-        those outputs and every call's record. So any timed call may turn out to be a checked one.
+        seeded with it, on the device; y = module(x); the answer is, per token, (sum y*R, sum |y|, sum y*y)
+        over the output's features, in float64. It takes the whole of y, so no call can answer before its
+        forward is done; the grader compares it with the reference's answer for the same seed.
+        Every call's output (a float64 copy) is kept: after the last call the grader sends one more frame,
+        `show`, naming the calls whose whole outputs it wants, chosen only then. So any timed call may turn out
+        to be a checked one.
         On CUDA a buffer of `flush_bytes` is overwritten before each forward (a cold L2 cache) and the
         device is synchronised after each one (no forward overlaps the next). An exception ends the calls:
         its error reply answers the call (or the request) it happened in."""
         torch = self.torch
         module = self.objects[request.handle]
         module.eval()
-        shape, calls, dtype, record = request.shape, request.calls, request.dtype, request.record
+        shape, calls, dtype = request.shape, request.calls, request.dtype
         device = self.setup.device
         cuda = device.startswith("cuda")
         if request.threads:
@@ -327,7 +316,6 @@ class Session:
         out_shape = (*shape[:-1], request.out_features)
         channel = self.channel
         outputs: list[Any] = []
-        records: list[dict[str, int]] = []
         channel.send(*self.reply(None))  # ready: the grader's clock started before the request was sent
         with torch.no_grad():
             for _ in range(calls):
@@ -338,13 +326,7 @@ class Session:
                 probe = torch.randn(out_shape, generator=generator, device=device).double()
                 if flush is not None:
                     flush.fill_(seed & 0xFF)
-                recorder = CallRecorder(torch) if record else None
-                if recorder is not None:
-                    with recorder:
-                        y = module(x)
-                    records.append(recorder.counts)
-                else:
-                    y = module(x)
+                y = module(x)
                 if not isinstance(y, torch.Tensor) or tuple(y.shape) != out_shape:
                     raise ValueError(
                         f"the forward returned {getattr(y, 'shape', type(y).__name__)} for an input of "
@@ -358,8 +340,32 @@ class Session:
                 channel.send(*self.reply(answer.cpu()))
         frame, _blobs = channel.receive()  # the grader's clock has stopped: which outputs it wants whole
         show = protocol.ShowOutputs.of(frame, calls).show
-        channel.send(*self.reply(protocol.TimedShown([outputs[i].cpu() for i in show], records)))
+        channel.send(*self.reply(protocol.TimedShown([outputs[i].cpu() for i in show])))
         return Streamed()
+
+    def op_capture(self, request: protocol.CaptureRequest) -> protocol.Captured:
+        """The module's forward as the ATen operations it runs (`make_fx` over `functional_call`, so that the
+        module's parameters and buffers are the graph's inputs, by name), in eval mode without autograd, on an
+        input drawn from the request's seed. Whatever the forward computes where the capture cannot see it
+        becomes a constant of the graph: right only for this one input."""
+        torch = self.torch
+        module = self.objects[request.handle]
+        module.eval()
+        generator = torch.Generator(device=self.setup.device).manual_seed(request.seed)
+        x = torch.randn(
+            request.shape, generator=generator, device=self.setup.device, dtype=getattr(torch, request.dtype)
+        )
+        graph, state = capture(torch, module, x, request.max_nodes)
+        known = set(request.known)
+        return protocol.Captured(graph, {k: v.detach().cpu() for k, v in state.items() if k not in known})
+
+    def op_replay(self, request: protocol.ReplayRequest) -> protocol.ModuleInfo:
+        """A captured graph rebuilt as a module of its own (`replayed`), registered like any module built."""
+        torch = self.torch
+        graph = protocol.Graph.from_wire(request.graph, lambda value: isinstance(value, torch.Tensor))
+        if len(request.state) != len(graph.inputs):
+            raise ValueError(f"{len(request.state)} state tensors for a graph of {len(graph.inputs)} inputs")
+        return self.register(replayed(torch, graph, list(request.state), request.device), state=False)
 
     def op_drop(self, request: protocol.DropRequest) -> None:
         """Forget a module (a long-lived worker of the reference's frees what each grading built)."""
@@ -378,120 +384,155 @@ class Streamed:
     """What a request returns that has sent all its replies itself (`op_forward_many`)."""
 
 
-class OpRecorder:
-    """Records every ATen op a forward issues (whatever Python name it was called by), plus calls of
-    nn.MultiheadAttention and F.multi_head_attention_forward, which are not single ATen ops."""
+def capture(
+    torch: types.ModuleType, module: torch.nn.Module, x: torch.Tensor, max_nodes: int
+) -> tuple[protocol.Graph, dict[str, torch.Tensor]]:
+    """`module(x)` captured as a graph of ATen operations (`make_fx`, tracing real tensors): the module's
+    parameters and buffers, by name, then x, are its inputs. A forward that branches on a tensor's value, or asks
+    for one (`.item()`), cannot be captured: make_fx raises, at the student's line."""
+    prepare_capture()
+    from torch.func import functional_call
+    from torch.fx.experimental.proxy_tensor import make_fx
 
-    def __init__(self, library: types.ModuleType):
-        from torch.utils._python_dispatch import TorchDispatchMode
+    state: dict[str, Any] = dict(module.named_parameters())
+    state.update(module.named_buffers())
+    names = list(state)
 
-        recorder = self
-        self.ops: list[str] = []
-        self.python_calls: list[str] = []
+    def forward(*args: Any) -> Any:
+        return functional_call(module, dict(zip(names, args[:-1])), (args[-1],))
 
-        class Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch declares no types for it
-            supports_higher_order_operators = True
-
-            @classmethod
-            def _should_skip_dynamo(cls) -> bool:
-                # torch wraps a mode's __torch_dispatch__ so that torch.compile does not trace into it, and
-                # the wrapper's first call imports torch._dynamo: about a second of CPU in every worker, for
-                # nothing unless the submission compiles. So the wrapper only where dynamo is loaded already.
-                return "torch._dynamo" in sys.modules
-
-            def __torch_dispatch__(
-                self,
-                func: Any,
-                types: Any,
-                args: tuple[Any, ...] = (),
-                kwargs: dict[str, Any] | None = None,
-            ) -> Any:
-                name = getattr(getattr(func, "overloadpacket", None), "__name__", None) or getattr(
-                    func, "_name", str(func)
-                )
-                recorder.ops.append(str(name))
-                return func(*args, **(kwargs or {}))
-
-        self.mode = Mode()  # type: ignore[no-untyped-call]  # torch declares no types for it
-        self.torch = library
-        self.patched: list[tuple[Any, str, str]] = [
-            (library.nn.MultiheadAttention, "forward", "nn.MultiheadAttention"),
-            (library.nn.functional, "multi_head_attention_forward", "F.multi_head_attention_forward"),
-        ]
-        self.originals = [getattr(owner, name) for owner, name, _ in self.patched]
-
-    def __enter__(self) -> OpRecorder:
-        recorder = self
-        for (owner, name, label), original in zip(self.patched, self.originals):
-
-            def counting(*args: Any, _original: Any = original, _label: str = label, **kwargs: Any) -> Any:
-                recorder.python_calls.append(_label)
-                return _original(*args, **kwargs)
-
-            setattr(owner, name, counting)
-        self.mode.__enter__()  # type: ignore[no-untyped-call]  # torch declares no types for it
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for (owner, name, _), original in zip(self.patched, self.originals):
-            setattr(owner, name, original)
-        self.mode.__exit__(*exc)  # type: ignore[no-untyped-call]  # torch declares no types for it
+    with torch.no_grad():
+        graph_module = make_fx(forward, tracing_mode="real")(*[t.detach() for t in state.values()], x)
+    return graph_of(torch, graph_module, names, max_nodes), {k: v.detach() for k, v in state.items()}
 
 
-class CallRecorder:
-    """Counts, by name, the PyTorch functions a forward calls (a `TorchFunctionMode`: `torch.Tensor.matmul`,
-    `torch.nn.functional.linear`, ...). Every forward the grader asks of a module runs under one, checked and
-    timed alike (`op_forward`, `op_forward_many`), so its presence tells a forward nothing about why it runs;
-    the grader compares a timed forward's record with a checked one's. It costs a few microseconds per call
-    (the reference's and the submission's timed forwards both pay it)."""
+def graph_of(torch: types.ModuleType, graph_module: Any, names: list[str], max_nodes: int) -> protocol.Graph:
+    """A captured `torch.fx.GraphModule` as the protocol's plain data (`protocol.Graph`)."""
+    import operator
 
-    names: dict[Any, str] = {}  # function -> its name, shared by every recorder (equal functions hash equal)
+    refs: dict[Any, protocol.GraphRef] = {}
+    nodes: list[protocol.GraphNode] = []
+    constants: list[Any] = []
+    output: Any = None
+    inputs = 0
+    specials = (
+        (torch.dtype, "dtype"),
+        (torch.device, "device"),
+        (torch.layout, "layout"),
+        (torch.memory_format, "memory_format"),
+    )
 
-    def __init__(self, library: types.ModuleType):
-        from torch.overrides import TorchFunctionMode, resolve_name
+    def arg(value: Any) -> Any:
+        if isinstance(value, torch.fx.Node):
+            return refs[value]
+        if isinstance(value, tuple):
+            return tuple(arg(v) for v in value)
+        if isinstance(value, list):
+            return [arg(v) for v in value]
+        for kind, name in specials:
+            if isinstance(value, kind):
+                return protocol.GraphSpecial(name, str(value).removeprefix("torch."))
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        raise ValueError(f"the captured forward has an argument the grader cannot send: {type(value).__name__}")
 
-        recorder, names = self, self.names
-        self.counts: dict[str, int] = {}
-
-        class Mode(TorchFunctionMode):
-            def __torch_function__(
-                self,
-                func: Any,
-                types: Any,
-                args: tuple[Any, ...] = (),
-                kwargs: dict[str, Any] | None = None,
-            ) -> Any:
-                try:
-                    name = names[func]
-                except (KeyError, TypeError):
-                    name = function_name(func, resolve_name)
-                    if len(names) < 4096:
-                        try:
-                            names[func] = name
-                        except TypeError:
-                            pass
-                counts = recorder.counts
-                if name in counts or len(counts) < MAX_RECORDED_NAMES:
-                    counts[name] = counts.get(name, 0) + 1
-                return func(*args, **(kwargs or {}))
-
-        self.mode = Mode()
-
-    def __enter__(self) -> CallRecorder:
-        self.mode.__enter__()  # type: ignore[no-untyped-call]  # torch declares no types for it
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.mode.__exit__(*exc)  # type: ignore[no-untyped-call]  # torch declares no types for it
+    for node in graph_module.graph.nodes:
+        if node.op == "placeholder":
+            refs[node] = protocol.GraphRef("input", inputs)
+            inputs += 1
+        elif node.op == "get_attr":
+            refs[node] = protocol.GraphRef("constant", len(constants))
+            constants.append(getattr(graph_module, node.target).detach().cpu().clone())
+        elif node.op == "call_function":
+            if len(nodes) >= max_nodes:
+                raise ValueError(f"the captured forward runs more than {max_nodes} operations")
+            target = "operator.getitem" if node.target is operator.getitem else str(node.target)
+            refs[node] = protocol.GraphRef("node", len(nodes))
+            nodes.append(
+                protocol.GraphNode(target[:200], arg(tuple(node.args)), {k: arg(v) for k, v in node.kwargs.items()})
+            )
+        elif node.op == "output":
+            output = arg(node.args[0])
+    return protocol.Graph(tuple(names), tuple(nodes), output, tuple(constants))
 
 
-def function_name(func: Any, resolve_name: Any) -> str:
-    """A PyTorch function's public name (`torch.Tensor.view`), or its qualified name."""
-    try:
-        name = resolve_name(func) or getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
-    except Exception:
-        name = None
-    return str(name or "?")[:200]
+def replayed(torch: types.ModuleType, graph: protocol.Graph, state: list[Any], device: str) -> Any:
+    """A captured graph rebuilt as a `torch.fx.GraphModule` and wrapped in a module whose forward(x) runs it on
+    `state` and x. Only ATen operations (and `operator.getitem` of their tuple results) are looked up, by name,
+    in `torch.ops.aten`: nothing else a graph names can run."""
+    import operator
+
+    fx = torch.fx
+    body = fx.Graph()
+    root = torch.nn.Module()
+    inputs = [body.placeholder(f"state_{i}") for i in range(len(graph.inputs))] + [body.placeholder("x")]
+    constants = []
+    for index, tensor in enumerate(graph.constants):
+        root.register_buffer(f"constant_{index}", tensor.to(device))
+        constants.append(body.get_attr(f"constant_{index}"))
+    nodes: list[Any] = []
+    by_kind = {"input": inputs, "node": nodes, "constant": constants}
+
+    def arg(value: Any) -> Any:
+        if isinstance(value, protocol.GraphRef):
+            return by_kind[value.kind][value.index]
+        if isinstance(value, protocol.GraphSpecial):
+            return special(torch, value)
+        if isinstance(value, tuple):
+            return tuple(arg(v) for v in value)
+        if isinstance(value, list):
+            return [arg(v) for v in value]
+        return value
+
+    for node in graph.nodes:
+        function = operator.getitem if node.target == "operator.getitem" else aten_operation(torch, node.target)
+        nodes.append(body.call_function(function, arg(node.args), {k: arg(v) for k, v in node.kwargs.items()}))
+    body.output(arg(graph.output))
+    body.lint()
+    return replay_module(torch)(fx.GraphModule(root, body), [t.to(device) for t in state])
+
+
+def aten_operation(torch: types.ModuleType, target: str) -> Any:
+    """`aten.NAME.OVERLOAD`, looked up in torch.ops.aten; anything else is refused."""
+    namespace, _, rest = target.partition(".")
+    name, _, overload = rest.partition(".")
+    if namespace != "aten" or not name or not overload or "." in overload:
+        raise ValueError(f"{target} is not an ATen operation")
+    operation = getattr(getattr(torch.ops.aten, name), overload)
+    if not isinstance(operation, torch._ops.OpOverload):
+        raise ValueError(f"{target} is not an ATen operation")
+    return operation
+
+
+def special(torch: types.ModuleType, value: protocol.GraphSpecial) -> Any:
+    """A dtype, device, layout or memory format, by name."""
+    if value.kind == "device":
+        return torch.device(value.name)
+    found = getattr(torch, value.name, None)
+    kinds = {"dtype": torch.dtype, "layout": torch.layout, "memory_format": torch.memory_format}
+    if not isinstance(found, kinds[value.kind]):
+        raise ValueError(f"{value.name} is not a {value.kind}")
+    return found
+
+
+_REPLAY_MODULE: list[Any] = []
+
+
+def replay_module(torch: types.ModuleType) -> Any:
+    """The class of a replayed graph's module (made once torch is imported): forward(x) is graph(*state, x)."""
+    if not _REPLAY_MODULE:
+
+        class Replayed(torch.nn.Module):  # type: ignore[name-defined,misc]  # torch is passed in
+            def __init__(self, graph: Any, state: list[Any]):
+                super().__init__()
+                self.graph = graph
+                self.state = state
+
+            def forward(self, x: Any) -> Any:
+                return self.graph(*self.state, x)
+
+        _REPLAY_MODULE.append(Replayed)
+    return _REPLAY_MODULE[0]
 
 
 def backward(y: torch.Tensor, grad_out: torch.Tensor) -> None:
@@ -541,6 +582,19 @@ def settle_imports() -> None:
     server does it once, and its children inherit it)."""
     gc.collect()
     gc.freeze()
+
+
+def prepare_capture() -> None:
+    """Import what capturing a forward needs (`make_fx` imports torch's compiler stack on its first call: a second
+    or two of CPU), once, and settle it (`settle_imports`). The fork server does it before it forks, so that a
+    forked worker's first capture costs only itself; a worker started fresh, at its first capture."""
+    if "torch._dynamo" in sys.modules and "torch.fx.experimental.proxy_tensor" in sys.modules:
+        return
+    import torch._dynamo  # noqa: F401  (make_fx's first call imports it)
+    import torch.func  # noqa: F401
+    import torch.fx.experimental.proxy_tensor  # noqa: F401
+
+    settle_imports()
 
 
 def serve(torch: types.ModuleType, setup: protocol.WorkerSetup, fd_in: int, fd_out: int) -> None:
