@@ -29,11 +29,17 @@ from autograder.sandbox.client import (
 from autograder.sandbox.protocol import (
     BuildRequest,
     CallRequest,
+    Captured,
+    CaptureRequest,
     ForwardRequest,
     GetRequest,
+    Graph,
+    GraphNode,
+    GraphRef,
     ModuleInfo,
     PingRequest,
     Pong,
+    ReplayRequest,
     ToRequest,
 )
 
@@ -510,35 +516,81 @@ def test_a_prestarted_worker_that_dies_before_it_is_started_is_the_graders_fault
     assert w.ended_between == [] and w.given_up is None and w.load_failure is None
 
 
-TRACED = """
-import sys
+CAPTURED = """
 import torch
-def loaded():
-    return "torch._dynamo" in sys.modules
+
 class Loop(torch.nn.Module):
     def __init__(self, heads):
         super().__init__()
         self.heads = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(heads))
     def forward(self, x):
         return torch.stack([h(x) for h in self.heads]).sum(0)
+
+class Branches(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # a branch on a value
+            return x * 2
+        return x
+
+class Hides(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Python)):
+            hidden = self.w(x)  # where no dispatch mode sees it
+        return hidden * 1
 """
 
 
-@pytest.mark.parametrize("compiles", [False, True])
-def test_the_op_trace_costs_no_dynamo_import_and_sees_the_same_ops_when_dynamo_is_loaded(make_worker, compiles):
-    """The first traced forward used to import torch._dynamo (torch wraps a dispatch mode for torch.compile's
-    sake): about a second of CPU in every grading. Not any more; where the submission has loaded dynamo
-    itself, the wrapper is kept, and the trace records the same ops either way."""
-    # importing dynamo at the top level takes seconds of CPU: under load, more than a cell's usual 3 s
-    w = make_worker(TRACED + ("import torch._dynamo\n" if compiles else ""), cell_seconds=120, load_seconds=120)
+def built(w, cls, *args):
+    return w.request(BuildRequest(cls=cls, args=list(args), kwargs={}, state_dict=None, dtype=None, device="cpu"))
+
+
+def test_a_captured_forward_is_its_aten_operations_and_a_loop_shows_in_their_count(make_worker):
+    """The structure checks count a captured graph's matrix multiplies: a loop over 2 and over 5 heads captures
+    2 and 5; the graph names its state by the module's own names, in order, the input after them."""
+    from autograder.grading import graphs
+
+    w = make_worker(CAPTURED, request_seconds=60)
     counts = []
     for heads in (2, 5):
-        module = w.request(BuildRequest(cls="Loop", args=[heads], kwargs={}, state_dict=None, dtype=None, device="cpu"))
-        answer = w.request(ForwardRequest(handle=module.handle, x=torch.ones(2, 4), trace=True))
-        counts.append(sum(op in ("addmm", "mm", "bmm", "matmul", "linear") for op in answer.ops))
+        captured = w.request(CaptureRequest(built(w, "Loop", heads).handle, [2, 4], "float32"))
+        assert isinstance(captured, Captured)
+        counts.append(graphs.matmuls(captured.graph))
+        assert captured.graph.inputs[:2] == ("heads.0.weight", "heads.0.bias")
+        assert set(captured.state) == set(captured.graph.inputs)  # none was known: all sent
     assert counts == [2, 5]
-    assert w.load_report is not None and not w.load_report.errors
-    assert w.request(CallRequest("loaded")) is compiles
+
+
+def test_a_forward_that_branches_on_a_value_cannot_be_captured(make_worker):
+    w = make_worker(CAPTURED, request_seconds=60)
+    with pytest.raises(SubmissionError) as raised:
+        w.request(CaptureRequest(built(w, "Branches").handle, [2, 4], "float32"))
+    assert "if x.sum() > 0" in raised.value.traceback  # the student's line: the branch
+
+
+def test_what_a_forward_hides_from_the_capture_is_frozen_in_the_graph_as_a_constant(make_worker):
+    """Run where no student code runs, the graph of a forward that hid its work gives the captured input's answer
+    on every input: the work it hid was never captured."""
+    w = make_worker(CAPTURED, request_seconds=60)
+    module = built(w, "Hides")
+    captured = w.request(CaptureRequest(module.handle, [2, 4], "float32", seed=3, known=[]))
+    assert len(captured.graph.constants) == 1 and not any("addmm" in t for t in captured.graph.targets())
+    replay = make_worker("x = 1", request_seconds=60)  # a worker that never ran the module's code
+    state = [captured.state[name] for name in captured.graph.inputs]
+    replayed = replay.request(ReplayRequest(captured.graph.to_wire(), state, "cpu"))
+    first = replay.request(ForwardRequest(replayed.handle, torch.randn(2, 4))).y
+    second = replay.request(ForwardRequest(replayed.handle, torch.randn(2, 4))).y
+    assert torch.equal(first, second)
+
+
+def test_a_replayed_graph_runs_only_aten_operations(make_worker):
+    """A graph naming any other function (a Python callable by its dotted name) is refused when it is rebuilt."""
+    w = make_worker("x = 1", request_seconds=60)
+    graph = Graph(("w",), (GraphNode("os.system", ("echo",), {}),), GraphRef("node", 0))
+    with pytest.raises(SubmissionError, match="not an ATen operation"):
+        w.request(ReplayRequest(graph.to_wire(), [torch.eye(2)], "cpu"))
 
 
 # Run in a process of its own: the grader's side of one hostile answer, a header of {}s just under the

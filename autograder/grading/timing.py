@@ -79,9 +79,9 @@ from autograder.grading.workers import (
     trusted_config,
 )
 from autograder.model import Decision, WorkloadFigures
-from autograder.rubric import SpeedSettings
-from autograder.sandbox.client import WorkerError
-from autograder.sandbox.protocol import TimedShown
+from autograder.rubric import SpeedSettings, Workload
+from autograder.sandbox.client import Worker, WorkerError
+from autograder.sandbox.protocol import Captured, CaptureRequest, DropRequest, ModuleInfo, ReplayRequest, TimedShown
 from autograder.sandbox.settings import WorkerConfig
 
 
@@ -139,6 +139,26 @@ class KeptWorkers:
 
 
 # -- what is timed -------------------------------------------------------------------------------------------
+
+
+def replay_in(
+    worker: Worker, handle: str, workload: Workload, state: dict[str, torch.Tensor], device: str
+) -> str:
+    """A module of the reference's, built in its trusted `worker` under `handle`, captured there on the workload's
+    shape and replayed there as a graph, as the submission's forward is (the three timed modules are replayed
+    graphs in the same kind of process); the built module is dropped. Returns the replayed graph's handle.
+    Its own state where `state` (the weights the grader loaded) does not name it (its mask). Raises WorkerError
+    or ValueError."""
+    captured = worker.request(CaptureRequest(handle, list(workload.shape), workload.dtype, 0, list(state)))
+    if not isinstance(captured, Captured):
+        raise ValueError("the capture did not give a graph")
+    tensors = [state[name] if name in state else captured.state[name] for name in captured.graph.inputs]
+    replayed = worker.request(ReplayRequest(captured.graph.to_wire(), tensors, device))
+    worker.request(DropRequest(handle))
+    if not isinstance(replayed, ModuleInfo):
+        raise ValueError("the replay did not give a module")
+    return replayed.handle
+
 
 
 class Timed(Protocol):

@@ -428,7 +428,7 @@ class Submission:
                 self.failed(exc)
             fail(
                 f"your {module.cls}.forward could not be captured as a graph of PyTorch operations, which the grader "
-                f"checks and times: {exc.type}: {exc.message}{trace}\n{CANNOT_CAPTURE}",
+                f"checks and times: {exc.type}: {capture_message(exc.message)}{trace}\n{CANNOT_CAPTURE}",
                 mistake=CANNOT_CAPTURE,
                 diagnosis=CANNOT_CAPTURE,
             )
@@ -466,6 +466,13 @@ HIDDEN_FROM_CAPTURE = (
     "the captured forward is not right on a new input: part of the work was hidden from the capture "
     "(computed outside PyTorch's operations, or kept from an earlier call), so it was frozen as a constant"
 )
+
+
+def capture_message(message: str) -> str:
+    """An error the capture raised, without torch's advice to whoever calls make_fx (not the student)."""
+    sentences = re.split(r"(?<=[.!])\s+", message)
+    kept = [s for s in sentences if not re.search(r"make_fx|tracing_mode|symbolic|guard_or|For more info", s)]
+    return " ".join(kept) or message
 
 
 def replay_state(captured: Captured, known: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:

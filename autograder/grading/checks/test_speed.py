@@ -57,11 +57,9 @@ from autograder.sandbox.client import SubmissionError, Worker, WorkerError, Work
 from autograder.sandbox.protocol import (
     BuildRequest,
     Captured,
-    CaptureRequest,
     DropRequest,
     ForwardManyRequest,
     ModuleInfo,
-    ReplayRequest,
     Request,
 )
 from reference import mha as ref
@@ -250,19 +248,13 @@ def captured_graph(
     return capture
 
 
-def trusted_graph(
-    worker: Worker, built: ModuleInfo, workload: Workload, state: dict[str, torch.Tensor], device: str, what: str
-) -> Built:
-    """A reference module built in its timing worker, captured there and replayed there as a graph, as the
-    submission's is: the three timed modules are replayed graphs in the same kind of process."""
-    captured = trusted(worker, CaptureRequest(built.handle, list(workload.shape), workload.dtype, 0, list(state)))
-    if not isinstance(captured, Captured):
-        raise CannotTime(f"the capture of the reference's {what} did not give a graph")
-    # the reference's own state (its mask) where the grader did not load it
-    tensors = [state[name] if name in state else captured.state[name] for name in captured.graph.inputs]
-    replayed = trusted(worker, ReplayRequest(captured.graph.to_wire(), tensors, device))
-    trusted(worker, DropRequest(built.handle))
-    return Built(worker, replayed.handle)
+def trusted_graph(worker: Worker, built: ModuleInfo, workload: Workload, state: dict[str, torch.Tensor], device: str) -> Built:
+    """A reference module built in its timing worker, captured and replayed there as the submission's is
+    (`timing.replay_in`); a failure is the grader's."""
+    try:
+        return Built(worker, timing.replay_in(worker, built.handle, workload, state, device))
+    except (WorkerError, ValueError) as exc:
+        raise CannotTime(f"the reference's timing worker could not capture and replay its forward: {exc}") from None
 
 
 def build_timed(
@@ -289,7 +281,7 @@ def build_timed(
     ):
         worker = timing_workers[name].get()
         module = trusted(worker, BuildRequest(cls, args, {}, weights, w.dtype, device))
-        built[name] = trusted_graph(worker, module, w, weights, device, cls)
+        built[name] = trusted_graph(worker, module, w, weights, device)
     replayer = timing_workers[SUBMISSION].get()
     built[SUBMISSION] = Built(replayer, replay(replayer, capture, replay_state(capture, state), device).handle)
     return built
