@@ -248,6 +248,8 @@ class WorkloadFigures:
     credit: float | None = None  # the fraction of the workload's points earned
     seconds: float | None = None  # the whole check's time on this workload
     said: str | None = None  # the verdict in words
+    # by target: how often each ATen operation runs in one forward of the graph that was timed
+    operations: dict[str, dict[str, int]] | None = None
     kept: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -271,6 +273,8 @@ class WorkloadFigures:
                 data[name] = getattr(self, name)
         if self.said is not None:
             data.setdefault("verdict", verdict)["said"] = self.said
+        if self.operations is not None:
+            data["operations"] = self.operations
         return {**data, **self.kept}
 
     @classmethod
@@ -286,7 +290,7 @@ class WorkloadFigures:
         spread = _numbers(data.get("relative_spread"))
         per_round = data.get("per_round_ms")
         rounds, workload, failed = data.get("rounds"), data.get("workload"), data.get("failed")
-        known = {*MEASURED_KEYS, "rounds", "timed_seconds", "workload", "failed", "credit", "seconds"}
+        known = {*MEASURED_KEYS, "rounds", "timed_seconds", "workload", "failed", "credit", "seconds", "operations"}
         if said is not None or decision is not None:
             known.add("verdict")
         if decision is not None:
@@ -306,8 +310,21 @@ class WorkloadFigures:
             credit=_number(data.get("credit")),
             seconds=_number(data.get("seconds")),
             said=said if isinstance(said, str) else None,
+            operations=_operations(data.get("operations")),
             kept={k: v for k, v in data.items() if k not in known},
         )
+
+
+def _operations(value: object) -> dict[str, dict[str, int]] | None:
+    """Operation counts by target as read back: a dict of dicts of whole counts, else absent."""
+    if not isinstance(value, dict):
+        return None
+    counts = {}
+    for target, ops in value.items():
+        if not (isinstance(ops, dict) and all(type(n) is int for n in ops.values())):
+            return None
+        counts[str(target)] = {str(k): n for k, n in ops.items()}
+    return counts
 
 
 @dataclass(frozen=True)

@@ -396,12 +396,15 @@ print("MEMORY CHILDREN still running:", len(_running))
 """
 
 
-# Lies about its own behaviour: each passes the structure checks only if the worker's word were taken.
-def _when_traced(traced: str) -> str:
-    return f"""
+# The fourth audit's attacks on what the grader observed inside the worker. The structure checks and the speed
+# part now judge, replay and time a graph captured from the forward: each is judged by what was captured.
+_SPLIT_HELPERS = """
 import torch.nn.functional as F
 
 _honest = MultiHeadAttention.forward
+
+def _hidden():  # nothing inside is seen by a dispatch mode: not by a trace, not by the capture
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Python))
 
 def _loop_over_heads(self, x):  # right values, one head at a time
     b, T, _ = x.shape
@@ -421,17 +424,61 @@ def _sdpa(self, x):  # right values, from the ready-made kernel
     y = F.scaled_dot_product_attention(split(self.W_query(x)), split(self.W_key(x)), split(self.W_value(x)),
                                        is_causal=True)
     return self.out_proj(y.transpose(1, 2).reshape(b, T, -1))
+"""
 
-def _cheap(self, x):  # the matmuls of one pass, and a wrong answer
-    return self.out_proj(self.W_value(x) * 0 + self.W_query(x) @ torch.eye(self.d_out, dtype=x.dtype))
-
+# The loop over heads with its per-head work hidden from every dispatch mode: a trace saw the same four linears
+# for 2 and 12 heads (100/100 in the fourth audit). Captured, the hidden work is a constant: wrong on a new input.
+HIDES_THE_LOOP = (
+    _SPLIT_HELPERS
+    + """
 def _forward(self, x):
-    if torch._C._len_torch_dispatch_stack() > 0:  # being traced
-        return {traced}(self, x)
-    return _{"sdpa" if traced == "_honest" else "loop_over_heads"}(self, x)
+    with _hidden():
+        y = _loop_over_heads(self, x)
+    return y + 0 * self.W_query(x).sum()  # a visible op or two
 
 MultiHeadAttention.forward = _forward
 """
+)
+
+# The ready-made kernel hidden from both recorders, always (100/100 in the fourth audit).
+HIDES_THE_KERNEL = (
+    _SPLIT_HELPERS
+    + """
+def _forward(self, x):
+    with torch._C.DisableTorchFunction(), _hidden():
+        return _sdpa(self, x)
+
+MultiHeadAttention.forward = _forward
+"""
+)
+
+# The loop when checked, the kernel when it believes it is timed: by autograd (the timed calls run without it),
+# or by its caller's frame (the worker's timed request). The capture runs without autograd, in its own request.
+KERNEL_WITHOUT_AUTOGRAD = (
+    _SPLIT_HELPERS
+    + """
+def _forward(self, x):
+    return _loop_over_heads(self, x) if torch.is_grad_enabled() else _sdpa(self, x)
+
+MultiHeadAttention.forward = _forward
+"""
+)
+KERNEL_WHEN_TIMED_BY_FRAME = (
+    _SPLIT_HELPERS
+    + """
+import sys
+
+def _forward(self, x):
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "op_forward_many":
+            return _sdpa(self, x)
+        frame = frame.f_back
+    return _loop_over_heads(self, x)
+
+MultiHeadAttention.forward = _forward
+"""
+)
 
 
 # The parallel forward right, plus a call of F.multi_head_attention_forward (the fused multi-head kernel).

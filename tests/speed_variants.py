@@ -169,20 +169,41 @@ for _module in list(sys.modules.values()):
 
 
 def slowed(fraction: float) -> str:
-    """The reference's forward, then as long again as `fraction` of its own time spent busy: its speed is
-    1 / (1 + fraction) of the reference's, a submission that sits where the bands score in proportion."""
+    """The reference's forward, then about `fraction` of its own time again in real tensor work, captured with it
+    (a busy loop in Python would not be: what is timed is the captured graph): its speed is about
+    1 / (1 + fraction) of the reference's, a submission that sits where the bands score in proportion. How many
+    element-wise operations that takes is measured on this machine, one thread, on the first forward (which is
+    not captured: the speed check's values come first)."""
     return with_cell(
         f"""
 import time
 
 _honest = MultiHeadAttention.forward
 
+def _calibrate(self, x):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            y = _honest(self, x)
+            started = time.perf_counter()
+            for _ in range(20):
+                _honest(self, x)
+            forward = (time.perf_counter() - started) / 20
+            started = time.perf_counter()
+            for _ in range(2000):
+                y = y * 1.0
+            step = (time.perf_counter() - started) / 2000
+    finally:
+        torch.set_num_threads(threads)
+    self.__dict__["_steps"] = max(1, round({fraction!r} * forward / step))
+
 def _forward(self, x):
-    started = time.perf_counter()
+    if "_steps" not in self.__dict__ and torch._C._len_torch_dispatch_stack() == 0:
+        _calibrate(self, x)
     y = _honest(self, x)
-    until = time.perf_counter() + {fraction!r} * (time.perf_counter() - started)
-    while time.perf_counter() < until:
-        pass
+    for _ in range(self.__dict__.get("_steps", 0)):
+        y = y * 1.0
     return y
 
 MultiHeadAttention.forward = _forward
@@ -210,7 +231,8 @@ VARIANTS = {
 # -- telling a timed forward from a checked one --------------------------------------------------------------
 # Each is the reference's forward when it believes it is checked, and the forbidden (and fast)
 # scaled_dot_product_attention when it believes it is timed, by one signal alone. Before every timed call was
-# also a checked one, each of these earned full speed points; now none earns any.
+# also a checked one, each of these earned full speed points; now what is timed is the graph captured from the
+# forward, which the grader refuses when it holds the kernel (tests/test_timed_is_checked.py).
 
 _TWO_FACED = """
 import sys

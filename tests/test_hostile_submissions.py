@@ -54,6 +54,10 @@ from hostile import (
     EXPANDED_OUTPUT,
     FAKE_EQUALITY,
     HIDES_ITS_MUTATION,
+    HIDES_THE_KERNEL,
+    HIDES_THE_LOOP,
+    KERNEL_WHEN_TIMED_BY_FRAME,
+    KERNEL_WITHOUT_AUTOGRAD,
     LOOP_IN_EVERY_FORWARD,
     LOOP_IN_FORWARD,
     MEMORY_HOG,
@@ -64,7 +68,6 @@ from hostile import (
     SEGFAULT_IN_FORWARD,
     SLOW_EVERY_FORWARD,
     SYS_EXIT_AT_IMPORT,
-    _when_traced,
     definitions,
     escape_attempts,
     hostile_server,
@@ -330,27 +333,42 @@ CASES += [
         limits=(("submission_seconds", 40),),
         wall_seconds=150,
     ),
-    # lies about its own behaviour: the structure checks rest on the worker's word (tagged so), but what a
-    # traced forward computes must be right, and the same untraced
+    # the fourth audit: what the worker observed of itself was forged. The structure checks and the speed part
+    # judge a graph captured from the forward, replayed where no student code runs: what was hidden from it is a
+    # constant there, wrong on a new input; a kernel the capture sees is refused
     Case(
-        "cheap_answer_when_traced",
-        lambda c: with_cells(last=_when_traced("_cheap")),
+        "hides_the_loop_from_the_capture",
+        lambda c: with_cells(last=HIDES_THE_LOOP),
         {"mha": "some", "speed": "all"},
-        ("output of the traced forward",),
+        ("not right on a new input",),
+        {"mha": ("mha::test_one_pass_for_all_heads", "mha::test_no_ready_made_attention")},
+    ),
+    Case(
+        "hides_the_kernel_from_the_capture",
+        lambda c: with_cells(last=HIDES_THE_KERNEL),
+        {"mha": "some", "speed": "all"},
+        ("not right on a new input",),
         {"mha": ("mha::test_one_pass_for_all_heads", "mha::test_no_ready_made_attention", "mha::test_dropout")},
     ),
     Case(
-        "sdpa_when_not_traced",
-        lambda c: with_cells(last=_when_traced("_honest")),
-        {"mha": "some", "speed": "all"},  # the speed part rests on the no-ready-made-attention check
-        ("different outputs for the same input when its operations were traced", "not your own computation"),
-        {"mha": ("mha::test_one_pass_for_all_heads", "mha::test_no_ready_made_attention", "mha::test_dropout")},
+        "kernel_without_autograd",
+        lambda c: with_cells(last=KERNEL_WITHOUT_AUTOGRAD),
+        {"mha": "some", "speed": "all"},  # captured without autograd: the kernel, refused
+        ("scaled_dot_product_attention",),
+        {"mha": ("mha::test_one_pass_for_all_heads", "mha::test_no_ready_made_attention")},
+    ),
+    Case(
+        "kernel_when_timed_by_frame",
+        lambda c: with_cells(last=KERNEL_WHEN_TIMED_BY_FRAME),
+        {"mha": "some", "speed": "all"},  # captured in its own request: the loop, which is what is timed
+        ("Compute every head in one batched pass",),
+        {"mha": ("mha::test_one_pass_for_all_heads",)},
     ),
     Case(
         "calls_fused_multi_head_attention",
         lambda c: with_cells(last=CALLS_FUSED_MHA),
         {"mha": "some", "speed": MAY},
-        ("nn_multihead_attention",),
+        ("scaled_dot_product_attention",),  # its slow path, as the capture sees it: the kernel, by its ATen name
         {"mha": ("mha::test_no_ready_made_attention",)},
     ),
     Case("hides_its_input_mutation", lambda c: with_cells(last=HIDES_ITS_MUTATION), {}, ()),

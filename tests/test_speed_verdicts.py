@@ -2,11 +2,13 @@
 
 Every submission below is graded `GRADINGS` times (the speed part alone, one at a time, in a long-lived grading
 process as `grade-class` grades: its start, its fork server and the reference's timing workers are paid once
-for all the gradings, not once per grading) while another process burns a core. The reference's own definitions must earn the speed points in every grading; a loop over heads
-with the right values (two of them: the sample class's, and the tightest one, which loops over nothing but the
-two attention matmuls), a forward that sleeps 50 ms, a submission that burns the CPU from import on,
-caching by shape, and a loop that batches the timed calls it can see coming (from its callers' frames, or by
-patching the worker's timed request) must earn none in any. Caching by input identity earns nothing in any
+for all the gradings, not once per grading) while another process burns a core. The reference's own definitions must earn the speed points in every grading, and so must the reference with a
+50 ms sleep in its forward or with CPU burners started at import: what is timed is the graph captured from the
+forward, replayed in a trusted worker while the submission's own worker is stopped, so neither counts. A loop
+over heads with the right values (two of them: the sample class's, and the tightest one, which loops over
+nothing but the two attention matmuls), caching by shape (captured, its cached answer is a constant, wrong on a
+new input), and a loop that batches the timed calls it can see coming (from its callers' frames, or by patching
+the worker's timed request) must earn none in any. Caching by input identity earns nothing in any
 grading where its cache answers a call (a wrong answer, caught); where the allocator never gives a new input an
 old one's place, every answer was computed, and it is graded as the reference it then is. Near the bands' edges,
 the reference slowed to about 0.55, 0.65 and 0.75 of its speed must get a credit within wide bounds in
@@ -33,7 +35,9 @@ from helpers import GradingPool
 from speed_variants import NEAR_EDGES, VARIANTS, slowed
 
 GRADINGS = int(os.environ.get("SPEED_VERDICT_GRADINGS", "10"))
-EARNS_ALL = {"reference"}
+# What is timed is the graph captured from the forward: a sleep in it, or threads and processes it started
+# (stopped while anything is timed), are not part of that graph and change nothing
+EARNS_ALL = {"reference", "sleeps_50ms", "burners_at_import"}
 # caches answers by the input's identity: wrong, and caught, whenever a new input takes an old one's place
 HONEST_WHEN_NOT_CAUGHT = {"cached_by_identity"}
 EARNS_NOTHING = set(VARIANTS) - EARNS_ALL - HONEST_WHEN_NOT_CAUGHT

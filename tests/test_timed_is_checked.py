@@ -1,22 +1,27 @@
-"""The code that is timed is the code that is checked: no signal a submission can read earns it speed points.
+"""What is timed is what was captured: no signal a submission can read earns it speed points.
 
 Each submission here is the reference's forward when it believes it is being checked and the forbidden (and
 fast) scaled_dot_product_attention when it believes it is being timed, by one signal alone: autograd, train or
 eval mode, the request on the stack, the pattern of frames, the caller's frame, the workload's shapes, the order
 of calls, the time since the module's first forward, an active dispatch mode (`speed_variants.TELLS`); and the
 third audit's loop over heads when checked. Before every timed call was itself a checked one, each earned full
-speed points (relative speedups 0.97 to 1.16). Now every timed call's record of PyTorch calls must be the
-record of the same forward when its values were checked on the same workload, and that record may not show a
-forbidden API: each gets 0 and says why.
+speed points (relative speedups 0.97 to 1.16). Now nothing the submission's worker runs is timed: its forward is
+captured once as a graph of ATen operations, the grader refuses a graph with a ready-made attention, and a
+trusted worker replays and times the graph it accepted. So each is either refused, saying why, or timed as the
+honest forward it showed the capture: the graph that was timed (results.json's `operations`) never holds the
+kernel.
 
 A submission that knows the grader's generator (graded with a known `--seed`) and predicts the timing seeds
-from it, as they were once drawn, answers nothing from its table: the seeds come from the operating system.
+from it, as they were once drawn, answers nothing from its table: the seeds come from the operating system. And
+patches to the submission's own request loop (the outputs it shows, a wait before it is ready) change nothing:
+it is not what is timed.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from autograder.grading.graphs import ATTENTION_OPS
 from helpers import GradingPool, grade, part_scores
 from speed_variants import (
     LOOPS_WHEN_CHECKED,
@@ -30,7 +35,7 @@ from speed_variants import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
-CAUGHT = ("called different PyTorch functions when it was timed", "calls scaled_dot_product_attention")
+KERNEL = [prefix for prefixes in ATTENTION_OPS.values() for prefix in prefixes]
 
 
 @pytest.fixture(scope="module")
@@ -45,38 +50,54 @@ def speed_check(results: dict) -> dict:
     return check
 
 
+def timed_operations(results: dict) -> dict[str, int] | None:
+    """The operations of the submission's graph that was timed, as results.json records them (None: not timed)."""
+    workloads = (results["extra_data"].get("speed") or {}).get("workloads") or {}
+    figures = next(iter(workloads.values()), {})
+    return (figures.get("operations") or {}).get("submission")
+
+
 @pytest.mark.parametrize("tell", list(TELLS))
-def test_a_forward_that_tells_timed_from_checked_gets_no_speed_points(pool, tmp_path, tell):
+def test_a_forward_that_tells_timed_from_checked_gains_nothing(pool, tmp_path, tell):
     path = tmp_path / "mha.py"
     path.write_text(two_faced(tell))
     results, _ = pool.grade(path, tmp_path, parts=["speed"])
     assert results["extra_data"]["status"] == "graded"
     check = speed_check(results)
-    assert check["score"] == 0 and check["status"] == "failed", check["output"]
-    assert any(reason in check["output"] for reason in CAUGHT), check["output"]
+    operations = timed_operations(results)
+    if check["status"] == "failed" and "scaled_dot_product_attention" in check["output"]:
+        assert check["score"] == 0 and operations is None  # refused before anything was timed
+    else:  # the capture saw the honest forward: that, and only that, was timed
+        assert operations is not None and operations.get("bmm", 0) >= 2, (check["output"], operations)
+        assert not [op for op in operations if any(op.startswith(k) or k in op for k in KERNEL)], operations
 
 
 def test_the_honest_forward_is_not_accused(pool, tmp_path):
-    """The control: the same records check on the reference's own forward finds nothing to say."""
+    """The control: the reference's own forward is captured, timed and earns the speed points."""
     path = tmp_path / "mha.py"
     path.write_text(definitions())
     results, _ = pool.grade(path, tmp_path, parts=["speed"])
     check = speed_check(results)
     assert check["score"] > 0, check["output"]
-    assert not any(reason in check["output"] for reason in CAUGHT)
+    assert (
+        timed_operations(results)
+        == (results["extra_data"]["speed"]["workloads"].popitem()[1])["operations"]["reference"]
+    )  # the same ATen operations as the reference's own graph
 
 
 def test_a_loop_when_checked_and_ready_made_attention_when_timed(pool, tmp_path):
-    """The third audit's submission, graded whole: its loop over heads costs it the structure check, and its
-    timed forwards earn nothing."""
+    """The third audit's submission, graded whole: captured without autograd, it shows the kernel, which the
+    check of part mha refuses (and the speed part rests on)."""
     path = tmp_path / "mha.py"
     path.write_text(LOOPS_WHEN_CHECKED)
     results, _ = pool.grade(path, tmp_path)
     check = speed_check(results)
-    assert check["score"] == 0 and CAUGHT[0] in check["output"], check["output"]
+    assert check["score"] == 0, check["output"]
     scores = part_scores(results)
-    assert scores["mha"][0] < scores["mha"][1]  # the loop, when checked, is a loop
-    assert scores["speed"][0] == 0
+    assert scores["mha"][0] < scores["mha"][1]
+    assert any("scaled_dot_product_attention" in t["output"] for t in results["tests"] if t["tags"][0] == "mha"), (
+        results["tests"]
+    )
 
 
 def test_a_submission_that_predicts_the_timing_seeds_predicts_nothing(tmp_path):
@@ -90,21 +111,15 @@ def test_a_submission_that_predicts_the_timing_seeds_predicts_nothing(tmp_path):
     assert check["score"] == 0 and check["status"] == "failed", check["output"]
 
 
-def test_whole_outputs_shown_after_the_timing_must_be_the_ones_timed(pool, tmp_path):
+@pytest.mark.parametrize(
+    "source", [SHOWS_OTHER_OUTPUTS, holds_before_ready(5.0)], ids=["shows_other_outputs", "holds_before_ready"]
+)
+def test_patching_the_submissions_own_request_loop_changes_nothing_that_is_timed(pool, tmp_path, source):
+    """These patches of the worker's timed request earned nothing once it was what was timed (caught); it is not
+    timed any more, so they are the reference they otherwise are."""
     path = tmp_path / "mha.py"
-    path.write_text(SHOWS_OTHER_OUTPUTS)
+    path.write_text(source)
     results, _ = pool.grade(path, tmp_path, parts=["speed"])
     check = speed_check(results)
-    assert check["score"] == 0 and "asked for once the timing had stopped" in check["output"], check["output"]
-
-
-@pytest.mark.parametrize("seconds,said", [(0.5, "your forward took"), (5.0, "getting ready for its calls")])
-def test_the_time_before_the_first_timed_call_is_timed_and_bounded(pool, tmp_path, seconds, said):
-    """A worker that spends time between a timed request and its ready (to prepare, or to hold the device's
-    timing lock) is charged for it; past the rubric's `ready_seconds` the request is stopped."""
-    path = tmp_path / "mha.py"
-    path.write_text(holds_before_ready(seconds))
-    results, answer = pool.grade(path, tmp_path, parts=["speed"])
-    check = speed_check(results)
-    assert check["score"] == 0 and said in check["output"], check["output"]
+    assert check["score"] > 0, check["output"]
     assert results["execution_time"] < 60

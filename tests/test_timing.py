@@ -497,7 +497,8 @@ def test_a_module_captured_and_replayed_in_its_worker_computes_what_it_computes(
     module, info = built_in(reference_worker)
     (cpu,) = [w for w in load_rubric().speed.workloads if w.device == "cpu"]
     workload = dataclasses.replace(cpu, batch=2, tokens=6, d_in=16, d_out=8, heads=4)
-    replayed = timing.replay_in(reference_worker, info.handle, workload, module.state_dict(), "cpu")
+    replayed, graph = timing.replay_in(reference_worker, info.handle, workload, module.state_dict(), "cpu")
+    assert graph.inputs[-1] == "mask" and "aten.bmm.default" in graph.targets()
     request = ForwardManyRequest(replayed, 0, [2, 6, 16], "float32", 8, threads=1)
     answers, shown = reference_worker.forward_many(request, [21, 22], show=[0, 1])
     for seed, y in zip((21, 22), shown.outputs):

@@ -105,7 +105,7 @@ def grader_times(w: Workload, device: str, rounds: int, handle: Any) -> dict[str
             state = {k: v.cpu() for k, v in module.state_dict().items()}
             info = worker.request(BuildRequest(cls, args, {}, state_dict=state, dtype=w.dtype, device=device))
             # timed as a grading times it: the forward captured and replayed as a graph
-            replayed = timing.replay_in(worker, info.handle, w, state, device)
+            replayed, _graph = timing.replay_in(worker, info.handle, w, state, device)
             built[name] = (worker, replayed, w.wrapper_calls if name == WRAPPER else w.calls)
         per_call: dict[str, list[float]] = {name: [] for name in built}
         states: list[dict[str, Any]] = []

@@ -153,8 +153,8 @@ def gate_speed(outcomes: list[Outcome], rubric: Rubric) -> list[Outcome]:
     else:  # the values are right; what the speed part rests on besides (no ready-made attention) is not
         reason = (
             f"{NOT_CREDITED_PREFIX}speed counts only for a forward that passes the checks of {named} it rests on (no "
-            "ready-made attention, the same computation whether or not it is observed), and one of them "
-            "failed: the speed of a forward that is not your own computation earns nothing"
+            "ready-made attention), and one of them failed: the speed of a forward that is not your own computation "
+            "earns nothing"
         )
 
     def gated(o: Outcome) -> Outcome:

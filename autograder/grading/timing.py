@@ -81,7 +81,15 @@ from autograder.grading.workers import (
 from autograder.model import Decision, WorkloadFigures
 from autograder.rubric import SpeedSettings, Workload
 from autograder.sandbox.client import Worker, WorkerError
-from autograder.sandbox.protocol import Captured, CaptureRequest, DropRequest, ModuleInfo, ReplayRequest, TimedShown
+from autograder.sandbox.protocol import (
+    Captured,
+    CaptureRequest,
+    DropRequest,
+    Graph,
+    ModuleInfo,
+    ReplayRequest,
+    TimedShown,
+)
 from autograder.sandbox.settings import WorkerConfig
 
 
@@ -143,12 +151,13 @@ class KeptWorkers:
 
 def replay_in(
     worker: Worker, handle: str, workload: Workload, state: dict[str, torch.Tensor], device: str
-) -> str:
+) -> tuple[str, Graph]:
     """A module of the reference's, built in its trusted `worker` under `handle`, captured there on the workload's
-    shape and replayed there as a graph, as the submission's forward is (the three timed modules are replayed
-    graphs in the same kind of process); the built module is dropped. Returns the replayed graph's handle.
-    Its own state where `state` (the weights the grader loaded) does not name it (its mask). Raises WorkerError
-    or ValueError."""
+        shape and replayed there as a graph, as the submission's forward is (the three timed modules are replayed
+        graphs in the same kind of process); the built module is dropped. Returns the replayed graph's handle, and the
+    graph.
+        Its own state where `state` (the weights the grader loaded) does not name it (its mask). Raises WorkerError
+        or ValueError."""
     captured = worker.request(CaptureRequest(handle, list(workload.shape), workload.dtype, 0, list(state)))
     if not isinstance(captured, Captured):
         raise ValueError("the capture did not give a graph")
@@ -157,8 +166,7 @@ def replay_in(
     worker.request(DropRequest(handle))
     if not isinstance(replayed, ModuleInfo):
         raise ValueError("the replay did not give a module")
-    return replayed.handle
-
+    return replayed.handle, captured.graph
 
 
 class Timed(Protocol):

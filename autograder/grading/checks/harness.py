@@ -462,6 +462,7 @@ CANNOT_CAPTURE = (
     "whatever the input's values"
 )
 NOT_REPLAYABLE = "the captured forward uses operations the grader does not replay"
+READY_MADE = "a ready-made attention, which the exercise does not allow"
 HIDDEN_FROM_CAPTURE = (
     "the captured forward is not right on a new input: part of the work was hidden from the capture "
     "(computed outside PyTorch's operations, or kept from an earlier call), so it was frozen as a constant"

@@ -21,6 +21,7 @@ from autograder.grading.checks.harness import (
     IN_PLACE,
     NOT_REPLAYABLE,
     OTHER_DEVICE,
+    READY_MADE,
     ForwardReply,
     Inputs,
     Submission,
@@ -300,7 +301,7 @@ def test_no_ready_made_attention(submission: Submission, inputs: Inputs, rubric:
         fail(
             f"the forward calls {', '.join(used)}; the exercise is to write the computation yourself "
             "(scores, mask, softmax, weighted sum), so these are not allowed here",
-            mistake="a ready-made attention, which the exercise does not allow",
+            mistake=READY_MADE,
         )
 
 

@@ -30,6 +30,7 @@ from autograder.grading import graphs, timing, verdict
 from autograder.grading.checks.fixtures import GradingContext
 from autograder.grading.checks.harness import (
     NOT_REPLAYABLE,
+    READY_MADE,
     Inputs,
     Submission,
     assert_close,
@@ -40,7 +41,6 @@ from autograder.grading.checks.harness import (
 )
 from autograder.grading.checks.mistakes import NOT_ONE_PASS
 from autograder.grading.devices import TimingLockError, device_key, timing_lock
-from autograder.grading.plugin import NotCredited
 from autograder.grading.verdict import Verdict
 from autograder.grading.workers import (
     REFERENCE,
@@ -59,6 +59,7 @@ from autograder.sandbox.protocol import (
     Captured,
     DropRequest,
     ForwardManyRequest,
+    Graph,
     ModuleInfo,
     Request,
 )
@@ -202,10 +203,11 @@ def record(context: GradingContext, workload: Workload, figures: WorkloadFigures
 
 @dataclass
 class Built:
-    """A module built in one of the reference's timing workers."""
+    """A timed graph: replayed in a trusted timing worker under a handle."""
 
     worker: Worker
     handle: str
+    graph: Graph
 
 
 def check_values_first(
@@ -234,13 +236,15 @@ def captured_graph(
 ) -> Captured:
     """The graph of the submission's forward on this workload's shape, judged here: what is timed. A forward
     that uses a ready-made attention earns nothing here and is told so once, by the check of part mha that
-    the speed part requires; one whose graph runs what the grader does not replay fails, saying which."""
+    the speed part requires, or here where only this workload's graph shows it; one whose graph runs what the
+    grader does not replay fails, saying which."""
     capture = submission.capture(module, workload.shape, workload.dtype, list(state), rubric.graph.max_nodes)
     used = graphs.ready_made(capture.graph, rubric)
-    if used:
-        raise NotCredited(
-            f"your forward uses {', '.join(used)}, which the exercise does not allow",
-            cause="the forward uses a ready-made attention",
+    if used:  # (when the check of part mha finds it too, the speed part is not credited instead: said once)
+        fail(
+            f"{describe(workload)}: your forward calls {', '.join(used)} here, which the exercise does not allow "
+            "(the speed part times the attention you write yourself)",
+            mistake=READY_MADE,
         )
     problem = graphs.not_allowed(capture.graph, rubric)
     if problem is not None:
@@ -248,11 +252,13 @@ def captured_graph(
     return capture
 
 
-def trusted_graph(worker: Worker, built: ModuleInfo, workload: Workload, state: dict[str, torch.Tensor], device: str) -> Built:
+def trusted_graph(
+    worker: Worker, built: ModuleInfo, workload: Workload, state: dict[str, torch.Tensor], device: str
+) -> Built:
     """A reference module built in its timing worker, captured and replayed there as the submission's is
     (`timing.replay_in`); a failure is the grader's."""
     try:
-        return Built(worker, timing.replay_in(worker, built.handle, workload, state, device))
+        return Built(worker, *timing.replay_in(worker, built.handle, workload, state, device))
     except (WorkerError, ValueError) as exc:
         raise CannotTime(f"the reference's timing worker could not capture and replay its forward: {exc}") from None
 
@@ -283,7 +289,8 @@ def build_timed(
         module = trusted(worker, BuildRequest(cls, args, {}, weights, w.dtype, device))
         built[name] = trusted_graph(worker, module, w, weights, device)
     replayer = timing_workers[SUBMISSION].get()
-    built[SUBMISSION] = Built(replayer, replay(replayer, capture, replay_state(capture, state), device).handle)
+    replayed = replay(replayer, capture, replay_state(capture, state), device)
+    built[SUBMISSION] = Built(replayer, replayed.handle, capture.graph)
     return built
 
 
@@ -454,6 +461,7 @@ def test_faster_than_the_wrapper(
     said = speed_verdict(measurement, settings, points)
     figures = replace(
         figures,
+        operations={name: dict(graphs.op_counts(one.graph)) for name, one in built.items()},
         workload=asdict(w),
         credit=said.credit,
         seconds=round(time.perf_counter() - started, 3),
