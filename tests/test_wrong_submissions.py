@@ -510,6 +510,13 @@ MISTAKES = [
         diagnoses=2,  # the structure that loops, and the speed it costs
     ),
     Mistake(
+        "mha_branches_on_a_value",  # a sanity check on the values: right, but not a graph of tensor operations
+        MHA_SCALE,
+        MHA_SCALE + "        if torch.isnan(attn_weights).any():\n            raise ValueError(\"NaN in the attention weights\")\n",
+        {"mha": ("test_one_pass_for_all_heads", "test_no_ready_made_attention"), "speed": SPEED},
+        {"mha": ("could not be captured as a graph", "must not branch on a tensor's values")},
+    ),
+    Mistake(
         "mha_sdpa",
         MHA_ATTENTION,
         "        context_vec = torch.nn.functional.scaled_dot_product_attention(\n"

@@ -70,6 +70,19 @@ ALLOWED_OPS = frozenset(
 )  # fmt: skip
 GETITEM = "operator.getitem"
 
+# What a check of the graph says, in the student's terms (each the same for every student who meets it).
+CANNOT_CAPTURE = (
+    "the forward cannot be captured as a graph: it must not branch on a tensor's values or read one (`if "
+    "scores.max() > 0`, `.item()`, `bool(...)`, a shape made from values); write it with tensor operations only, "
+    "whatever the input's values"
+)
+NOT_REPLAYABLE = "the captured forward uses operations the grader does not replay"
+HIDDEN_FROM_CAPTURE = (
+    "the captured forward is not right on a new input: part of the work was hidden from the capture "
+    "(computed outside PyTorch's operations, or kept from an earlier call), so it was frozen as a constant"
+)
+READY_MADE = "a ready-made attention, which the exercise does not allow"
+
 
 def op_name(target: str) -> str | None:
     """The ATen operation a target names (`aten.mm.default` -> `mm`), without a trailing `_` of an in-place
@@ -81,18 +94,23 @@ def op_name(target: str) -> str | None:
     return name[:-1] if name.endswith("_") and not name.endswith("__") and not name.startswith("_") else name
 
 
+def attention_api(target: str) -> str | None:
+    """The ready-made attention API (the rubric's [apis] name) an operation is, if any."""
+    name = target.split(".")[1] if "." in target else target
+    for api, prefixes in ATTENTION_OPS.items():
+        if any(name.startswith(prefix) or prefix in target for prefix in prefixes):
+            return api
+    return None
+
+
+def is_attention(target: str) -> bool:
+    return attention_api(target) is not None
+
+
 def ready_made(graph: Graph, rubric: Rubric) -> list[str]:
     """The APIs the rubric does not allow that the graph uses (by the ATen operations they show up as)."""
-    used = []
-    for api, prefixes in ATTENTION_OPS.items():
-        if rubric.apis.get(api, False):
-            continue
-        for target in graph.targets():
-            name = target.split(".")[1] if target.count(".") >= 1 else target
-            if any(name.startswith(prefix) or prefix in target for prefix in prefixes):
-                used.append(api)
-                break
-    return used
+    used = {attention_api(t) for t in graph.targets()} - {None}
+    return [api for api in ATTENTION_OPS if api in used and not rubric.apis.get(api, False)]
 
 
 @dataclass(frozen=True)
@@ -104,9 +122,11 @@ class GraphProblem:
     targets: tuple[str, ...] = ()
 
 
-def not_allowed(graph: Graph, rubric: Rubric) -> GraphProblem | None:
+def not_allowed(graph: Graph, rubric: Rubric, attention: bool = False) -> GraphProblem | None:
     """Why the grader will not replay this graph, or None: too many operations or bytes of constants (the
-    rubric's `[graph]`), or an operation outside the allow-list. Ready-made attention is `ready_made`'s."""
+    rubric's `[graph]`), or an operation outside the allow-list. Ready-made attention is `ready_made`'s to say;
+    `attention`: its operations may be replayed here (a structure check replays a graph to check its values, and
+    the ready-made attention is charged once, by its own check; it is never timed)."""
     limits = rubric.graph
     if len(graph.nodes) > limits.max_nodes:
         return GraphProblem(
@@ -120,7 +140,15 @@ def not_allowed(graph: Graph, rubric: Rubric) -> GraphProblem | None:
             f"module's parameters and buffers (at most {limits.max_constant_mib:g} MiB): make them buffers of the module"
         )
     allowed = ALLOWED_OPS | set(limits.allow)
-    refused = sorted({t for t in graph.targets() if t != GETITEM and (op_name(t) is None or op_name(t) not in allowed)})
+    refused = sorted(
+        {
+            t
+            for t in graph.targets()
+            if t != GETITEM
+            and (op_name(t) is None or op_name(t) not in allowed)
+            and not (attention and op_name(t) is not None and is_attention(t))
+        }
+    )
     if refused:
         listed = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
         return GraphProblem(

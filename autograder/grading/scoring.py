@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from autograder.contract import PART_IDS
+from autograder.grading import graphs
 from autograder.model import (
     FAILED,
     GRADER,
@@ -149,6 +150,11 @@ def gate_speed(outcomes: list[Outcome], rubric: Rubric) -> list[Outcome]:
         reason = (
             f"{NOT_CREDITED_PREFIX}speed counts only once the values of {named} are right, and they are not yet. "
             "Fix them first: a fast forward that computes something else earns nothing"
+        )
+    elif not any(o.mistake == graphs.READY_MADE for o in failed):  # no kernel: its graph could not be judged
+        reason = (
+            f"{NOT_CREDITED_PREFIX}speed counts only for a forward whose graph of PyTorch operations the grader can "
+            f"capture and check, as the checks of {named} do, and they could not: their message says why"
         )
     else:  # the values are right; what the speed part rests on besides (no ready-made attention) is not
         reason = (

@@ -25,6 +25,7 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 import pytest
 import torch
 
+from autograder.grading.graphs import CANNOT_CAPTURE, HIDDEN_FROM_CAPTURE, NOT_REPLAYABLE, READY_MADE
 from autograder.grading.plugin import CheckFailed, NotCredited, SharedProblem
 from autograder.rubric import Rubric
 from autograder.sandbox.client import (
@@ -62,7 +63,15 @@ CONSTRUCTOR_CAUSE = "your {} does not keep the given constructor, so the grader 
 P = ParamSpec("P")
 R = TypeVar("R")
 M = TypeVar("M", bound=torch.nn.Module)
-__all__ = ["Foreign", "ForwardReply", "NotCredited"]
+__all__ = [
+    "CANNOT_CAPTURE",
+    "HIDDEN_FROM_CAPTURE",
+    "NOT_REPLAYABLE",
+    "READY_MADE",
+    "Foreign",
+    "ForwardReply",
+    "NotCredited",
+]
 
 
 @dataclass
@@ -453,20 +462,6 @@ class Submission:
             check=self._check(),
             ready_seconds=ready_seconds,
         )
-
-
-# What a forward that cannot be captured must change, in the student's terms.
-CANNOT_CAPTURE = (
-    "the forward cannot be captured as a graph: it must not branch on a tensor's values or read one (`if "
-    "scores.max() > 0`, `.item()`, `bool(...)`, a shape made from values); write it with tensor operations only, "
-    "whatever the input's values"
-)
-NOT_REPLAYABLE = "the captured forward uses operations the grader does not replay"
-READY_MADE = "a ready-made attention, which the exercise does not allow"
-HIDDEN_FROM_CAPTURE = (
-    "the captured forward is not right on a new input: part of the work was hidden from the capture "
-    "(computed outside PyTorch's operations, or kept from an earlier call), so it was frozen as a constant"
-)
 
 
 def capture_message(message: str) -> str:

@@ -44,7 +44,6 @@ from autograder.grading.checks.harness import (
     values_first,
 )
 from autograder.grading.checks.mistakes import mha_dropout_variants, mha_train_forward, mha_variants
-from autograder.grading.plugin import NotCredited
 from autograder.rubric import Rubric
 from autograder.sandbox.client import Worker, WorkerError
 from autograder.sandbox.protocol import DropRequest, Graph, ModuleInfo
@@ -238,8 +237,8 @@ def captured(
     worker, its operations checked here (`graphs`), then replayed where no student code ever ran (`replayer`) on
     a new input and compared with the reference. So the graph judged is the forward's own: whatever the forward
     hid from the capture was frozen as a constant, and is wrong on the new input. A forward whose own output is
-    wrong earns nothing here (its values first); one that uses a ready-made attention is said once, by
-    test_no_ready_made_attention, unless `ready_made_ok` (that check itself)."""
+    wrong earns nothing here (its values first). With `ready_made_ok` (test_no_ready_made_attention itself), a
+    graph that uses a ready-made attention is returned as it is, for that check to say so."""
     reference, module = build_pair(submission, inputs, ref.MultiHeadAttention, 12, 24, 6, 0.0, heads)
     x = inputs.randn(2, 6, 12)
     values_first(
@@ -251,14 +250,11 @@ def captured(
     known = reference.state_dict()
     capture = submission.capture(module, tuple(x.shape), "float64", list(known), rubric.graph.max_nodes)
     used = graphs.ready_made(capture.graph, rubric)
-    if used and not ready_made_ok:
-        raise NotCredited(
-            f"your forward uses {', '.join(used)}, which the exercise does not allow",
-            cause="the forward uses a ready-made attention",
-        )
-    if used:
+    if used and ready_made_ok:  # that check fails, saying so; nothing else to judge
         return capture.graph
-    problem = graphs.not_allowed(capture.graph, rubric)
+    # A ready-made attention is charged once, by test_no_ready_made_attention: here its graph is still replayed,
+    # for its values (it is never timed), and judged for its structure.
+    problem = graphs.not_allowed(capture.graph, rubric, attention=bool(used))
     if problem is not None:
         fail(problem.message, mistake=NOT_REPLAYABLE, diagnosis=NOT_REPLAYABLE)
     module_replayed = replay(replayer, capture, replay_state(capture, known), "cpu")

@@ -898,14 +898,18 @@ _check_mha()
 # reference `MultiHeadAttention` in the same run, with the same weights and new inputs every
 # round, and compares your speedup over the wrapper with the reference's own: about as fast as the
 # reference earns the speed points, and a loop over heads earns none, even when its values are
-# right. To keep the comparison fair it uses one thread for everyone and stops everything else
-# your code started while the reference is timed; while your forward is timed, only the process
-# that runs it may run, and it may start no other process or thread (a timed call that ends, starts
-# or wakes another of your processes earns no speed points).
+# right. What it times is not your Python code itself but the PyTorch operations it runs: the grader
+# records them once, as a graph (the matrix multiplies, views, softmax and so on, in order), checks
+# that graph (no ready-made attention, as many matrix multiplies for 12 heads as for 2), and runs it
+# on new inputs in a clean process, where it is timed with one thread, as the reference's graphs are.
+# So your forward must be a computation on tensors whatever their values: it must not branch on a
+# tensor's values or read one out (`if scores.max() > 0`, `.item()`, `bool(...)`), which cannot be
+# recorded as a graph. Anything else it does (printing, sleeping, starting threads) is not part of the
+# graph, and neither helps nor hurts.
 #
-# The next cell times your two classes the same way on this machine, for 4, 16 and 64 heads of the
-# same total width: watch the speedup grow with the number of heads. You can call
-# `_time_against_wrapper(num_heads=...)` yourself to try other shapes.
+# The next cell records your forward the same way, then times your two classes on this machine, for
+# 4, 16 and 64 heads of the same total width: watch the speedup grow with the number of heads. You
+# can call `_time_against_wrapper(num_heads=...)` yourself to try other shapes.
 
 # %% Self-check: part speed, 10 points, do not edit
 # Self-check for speed: your MultiHeadAttention against your wrapper, timed as the grader times it.
@@ -946,6 +950,31 @@ def _time_against_wrapper(num_heads, batch=2, num_tokens=16, d_model=256, rounds
     return statistics.median(ratios)
 
 
+def _capture_problem(num_heads=4):
+    """None when the forward of your MultiHeadAttention can be recorded as a graph of PyTorch operations, as
+    the grader records it before it checks and times it; else what went wrong."""
+    from torch.func import functional_call
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    mha = MultiHeadAttention(12, 24, 6, 0.0, num_heads).eval()
+    state = {**dict(mha.named_parameters()), **dict(mha.named_buffers())}
+    names = list(state)
+
+    def forward(*tensors):
+        return functional_call(mha, dict(zip(names, tensors[:-1])), (tensors[-1],))
+
+    try:
+        with torch.no_grad():
+            make_fx(forward)(*[t.detach() for t in state.values()], torch.randn(2, 6, 12))
+    except Exception as error:
+        first = str(error).split(". ")[0]
+        return (f"your forward could not be captured as a graph of PyTorch operations ({type(error).__name__}: "
+                f"{first}). The forward cannot be captured as a graph: it must not branch on a tensor's values or "
+                "read one (`if scores.max() > 0`, `.item()`, `bool(...)`, a shape made from values); write it with "
+                "tensor operations only, whatever the input's values")
+    return None
+
+
 def _verdict_of(check):
     """A self-check's verdict, whatever it raises: "passed: ...", "waiting: ...", "not done yet", "failed: ..."."""
     try:
@@ -966,6 +995,8 @@ def _check_speed():
     if not wrapper.startswith("passed"):
         return ("waiting: this self-check times MultiHeadAttention against your wrapper, whose output is not right "
                 "yet: see the self-checks of parts 2 and 3 (the grader times it against its own wrapper)")
+    problem = _capture_problem()
+    assert problem is None, problem
     workload = dict(_SPEED_WORKLOAD)
     heads = workload.pop("num_heads")
     speedups = {h: _time_against_wrapper(h, **workload) for h in (4, 16, heads)}
