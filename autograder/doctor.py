@@ -223,7 +223,9 @@ def speed_report(runs: list[SpeedRun], trusted: bool, why: str, seconds: float) 
 def copies_report(copies: list[str]) -> str:
     """The other copies of the reference that any user could read, and the command that closes them."""
     rows = [("copy", path) for path in copies]
-    rows.append(("why", "a worker's fresh uid under process isolation, or any other user here, could read the solution"))
+    rows.append(
+        ("why", "a worker's fresh uid under process isolation, or any other user here, could read the solution")
+    )
     rows.append(("do", "chmod -R o-rwx " + " ".join(shlex.quote(path) for path in copies)))
     return _section("WARNING: other copies of the reference any user can read", rows)
 

@@ -438,7 +438,7 @@ def test_no_file_a_worker_writes_is_larger_than_the_sandboxs_scratch_folder(make
     """RLIMIT_FSIZE: a file in /run/lock (on the machine's disk) or in its own scratch folder stops at the
     namespace sandbox's whole /tmp; a file up to that size is written whole."""
     marker = f"mha-big-{uuid.uuid4().hex[:12]}"
-    source = f"""
+    source = """
 import os
 
 def write(path, size):

@@ -173,7 +173,7 @@ def readable_copies(places: Iterable[str], depth: int = COPY_DEPTH, most: int = 
     folders are looked at."""
     own = reference_folder()
     found: list[str] = []
-    stack = [(os.path.realpath(p), 0) for p in reversed(places) if reachable_by_others(p)]
+    stack = [(os.path.realpath(p), 0) for p in reversed(list(places)) if reachable_by_others(p)]
     seen: set[str] = set()
     while stack and len(seen) < most:
         folder, level = stack.pop()

@@ -125,7 +125,16 @@ def remove_files_of(uid: int, folders: Iterable[str] | None = None) -> None:
         return
     paths = entries_of(uid, shared_folders() if folders is None else folders)
     if paths:
-        procfs.as_uid(uid, lambda: [remove_own(path, uid) for path in paths])
+        procfs.as_uid(uid, lambda: remove_all(paths, uid))
+
+
+def remove_all(paths: list[str], uid: int) -> None:
+    """`remove_own` each of `paths`: what goes wrong with one stops none of the others."""
+    for path in paths:
+        try:
+            remove_own(path, uid)
+        except OSError:
+            continue
 
 
 def remove_own(path: str, uid: int) -> None:
