@@ -485,6 +485,7 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
     if scratch and uid is not None:
         os.chown(scratch, uid, uid)
         os.chmod(scratch, 0o700)
+        leftovers.find_shared_folders_now()  # where its uid could leave files, found while it runs
     req_r, req_w = os.pipe()
     os.set_blocking(req_w, False)  # a write never waits on a worker that stopped reading (client._write_all)
     resp_r, resp_w = os.pipe()
