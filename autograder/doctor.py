@@ -9,7 +9,9 @@ its speed part can be trusted.
    of the reference's own definitions and of a loop over heads with the right values, a few times
    each in one grading process. The speed part can be trusted here when the reference earns its
    points every time and the loop never does.
-4. The one change that would improve grading here most, with its command.
+4. Other copies of the reference any user could read (beside the checkout, in home folders, in the temporary
+   folders: `exposure.readable_copies`), which a worker's fresh uid could read under process isolation.
+5. The one change that would improve grading here most, with its command.
 
 Exit status: 0 when grading works here and its speed part can be trusted; 1 when the speed
 self-test found it cannot be; 2 when grading would refuse here (no isolation) or could not run.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autograder.model import GradingRun, add_points, points_text
+from autograder.sandbox import exposure
 from autograder.sandbox.protocol import PingRequest, clean_text
 
 if TYPE_CHECKING:
@@ -216,6 +220,16 @@ def speed_report(runs: list[SpeedRun], trusted: bool, why: str, seconds: float) 
     return _section(f"Speed self-test (the speed part as graded, {seconds:.0f} s)", rows)
 
 
+def copies_report(copies: list[str]) -> str:
+    """The other copies of the reference that any user could read, and the command that closes them."""
+    rows = [("copy", path) for path in copies]
+    rows.append(
+        ("why", "a worker's fresh uid under process isolation, or any other user here, could read the solution")
+    )
+    rows.append(("do", "chmod -R o-rwx " + " ".join(shlex.quote(path) for path in copies)))
+    return _section("WARNING: other copies of the reference any user can read", rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograder doctor", description=__doc__.splitlines()[0])
     add_arguments(parser)
@@ -253,6 +267,10 @@ def run(args: argparse.Namespace) -> int:
     findings: dict[str, Any] = {"machine": machine.to_dict()}
     if not args.json:
         say(machine_report(machine))
+    copies = exposure.readable_copies(exposure.places_for_copies())
+    findings["reference_copies"] = copies
+    if copies and not args.json:
+        say("\n" + copies_report(copies))
     status = EXIT_OK if machine.isolation else EXIT_CANNOT_GRADE
     can_grade = machine.isolation is not None or isolation != "auto"
     device = "cuda" if args.device == "auto" and machine.cuda.available else args.device
@@ -276,6 +294,8 @@ def run(args: argparse.Namespace) -> int:
             status = max(status, EXIT_SPEED_UNTRUSTED)
         if not trusted and not machine.advice:
             machine.advice = "grade on a quieter machine, or one with writable control groups"
+    if copies and not machine.advice and "process" in (machine.isolation, isolation):
+        machine.advice = "close the other copies of the reference: chmod -R o-rwx " + " ".join(map(shlex.quote, copies))
     findings["advice"] = machine.advice
     if args.json:
         say(json.dumps(findings, indent=2))

@@ -661,6 +661,42 @@ def notebook_with_magics() -> str:
     return nbformat.writes(notebook)
 
 
+# Round 4: under process isolation (Gradescope's setting: a fresh uid, the machine's file systems) a worker left a
+# note and 256 MiB in /run/lock, world-writable and on the machine's disk, and the next student's worker read
+# them back. The places: every world-writable folder a fresh uid finds ({places}), and one open to all below /tmp
+# ({shared}, as /tmp/.X11-unix); {marker} names what it leaves.
+LEAVES_A_NOTE = """
+import os
+for _folder in {places!r} + [{shared!r}]:
+    try:
+        with open(os.path.join(_folder, "{marker}-note"), "w") as _handle:
+            _handle.write("NOTE from an earlier worker")
+        print("LEFT a note in", _folder)
+    except OSError as _exc:
+        print("NO NOTE in", _folder, _exc.strerror)
+_written = 0
+try:
+    with open("/run/lock/{marker}-big", "wb") as _handle:
+        while _written < {big_mib}:
+            _handle.write(bytes(1 << 20))
+            _written += 1
+    print("BIG wrote", _written, "MiB")
+except OSError as _exc:
+    print("BIG stopped at", _written, "MiB:", _exc.strerror)
+"""
+
+# A later student's worker, looking for what an earlier one left.
+READS_THE_NOTE = """
+import glob, os
+_found = [
+    _path + ": " + (open(_path, "rb").read(100).decode(errors="replace") + " " + str(os.path.getsize(_path)) + " bytes")
+    for _folder in {places!r} + [{shared!r}]
+    for _path in sorted(glob.glob(os.path.join(_folder, "{marker}-*")))
+]
+print("FOUND " + "; ".join(_found) if _found else "NOTHING LEFT by an earlier worker")
+"""
+
+
 def processes_with(marker: str) -> list[str]:
     alive = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):

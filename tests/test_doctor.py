@@ -249,3 +249,43 @@ def test_the_speed_report_and_the_advice_read_as_sentences():
     last = done.stdout.strip().splitlines()[-1]
     assert "do  nothing" not in done.stdout
     assert last.startswith("The one change that would improve grading here") or last.strip().startswith("do ")
+
+
+def test_doctor_warns_of_another_copy_of_the_reference_that_any_user_can_read(monkeypatch, capsys):
+    """A clone or an old release beside the checkout, in a home folder or in /tmp hands the solution to every user
+    of the machine, and under process isolation to every worker: doctor names each copy another user could read
+    (not one in a folder they cannot enter, a hidden one or one deeper than it looks) and the command that closes
+    them."""
+    import argparse
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from autograder.sandbox import exposure
+
+    base = Path(tempfile.mkdtemp(prefix="mha-copies-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        copies = {
+            name: base / name / "reference"
+            for name in ("ta/old-clone", "closed/clone", ".cache/clone", "a/b/c/clone", "release")
+        }
+        for copy in copies.values():
+            copy.mkdir(parents=True)
+            (copy / "mha.py").write_text("the solution\n")
+        (base / "closed").chmod(0o700)
+        (copies["release"] / "mha.py").chmod(0o600)  # closed already
+        readable = [str(copies["ta/old-clone"])]
+        assert exposure.readable_copies([str(base)]) == readable
+
+        monkeypatch.setattr(exposure, "places_for_copies", lambda: [str(base)])
+        monkeypatch.setattr(machine, "survey", lambda: a_machine())
+        monkeypatch.setattr(doctor, "worker_start", lambda device, isolation: (True, "forked"))
+        args = argparse.Namespace(device="cpu", isolation="process", gradings=1, no_speed=True, json=False)
+        doctor.run(args)
+        printed = " ".join(capsys.readouterr().out.split())
+        assert "other copies of the reference any user can read" in printed
+        assert f"do chmod -R o-rwx {readable[0]}" in printed
+        assert "The one change that would improve grading here do close the other copies" in printed
+    finally:
+        shutil.rmtree(base)

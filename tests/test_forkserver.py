@@ -102,7 +102,7 @@ PORTRAIT = textwrap.dedent(
             "cgroup": open("/proc/self/cgroup").read(),
             "fds": sorted(fds.values()),
             "session": [os.getsid(0) == os.getpid(), os.getpgrp() == os.getsid(0), os.getsid(0) if os.getpid() < 10 else None],
-            "limits": {name: resource.getrlimit(getattr(resource, name)) for name in ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_STACK")},
+            "limits": {name: resource.getrlimit(getattr(resource, name)) for name in ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_FSIZE", "RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_STACK")},
             "namespaces": {kind: os.readlink("/proc/self/ns/" + kind) for kind in ("pid", "net", "ipc", "uts", "mnt", "cgroup")},
             "hostname": os.uname().nodename,
             "mounts": {target: kind for target, (kind, _) in mounts.items()},
@@ -198,6 +198,8 @@ def test_the_session(portraits):
 
 def test_the_limits(portraits):
     same(portraits, "limits")
+    scratch = WorkerConfig().scratch_bytes  # no file larger than the sandbox's whole /tmp: the machine's disk too
+    assert tuple(portraits["forked"]["limits"]["RLIMIT_FSIZE"]) == (scratch, scratch)
 
 
 def test_the_namespaces(portraits):

@@ -901,3 +901,24 @@ def test_a_ready_line_that_comes_late_is_never_taken_for_an_answer(tmp_path, mon
     for name in ("ann", "bob"):
         assert (tmp_path / "results" / name / "mha" / "results.json").exists()
     assert grader.buffer == b""  # nothing left over: each answer was read as the answer to its own job
+
+
+@pytest.mark.slow
+def test_a_grading_process_that_ends_leaves_no_scratch_folder_behind(tmp_path):
+    """A class run's grading process, told to end when idle, closes its kept timing workers itself: their
+    scratch folders (process isolation: in the temporary folder) and what their uids left go with them.
+    Killed instead, each process left two empty scratch folders in /tmp."""
+    from autograder.course import grading_pool
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(mode=0o1777)
+    (tmp_path / "mha.py").write_text(REFERENCE.read_text())
+    job = {**quick_job(tmp_path, "ann"), "submission": str(tmp_path / "mha.py"), "parts": ["speed"]}
+    grader = grading_pool.Grader(env={**os.environ, "TMPDIR": str(scratch), "AUTOGRADER_ISOLATION": "process"})
+    try:
+        answer = grader.grade({**job, "isolation": "process"}, 300)
+        assert answer.ok, answer
+        assert len(list(scratch.glob("mha-worker-*"))) == 2  # the kept timing workers', alive
+    finally:
+        grader.close()
+    assert list(scratch.glob("mha-worker-*")) == []

@@ -58,6 +58,7 @@ from hostile import (
     HIDES_THE_LOOP,
     KERNEL_WHEN_TIMED_BY_FRAME,
     KERNEL_WITHOUT_AUTOGRAD,
+    LEAVES_A_NOTE,
     LOOP_IN_EVERY_FORWARD,
     LOOP_IN_FORWARD,
     MEMORY_HOG,
@@ -65,6 +66,7 @@ from hostile import (
     MUTATES_INPUT,
     NON_TENSORS,
     PRINT_FLOOD,
+    READS_THE_NOTE,
     SEGFAULT_IN_FORWARD,
     SLOW_EVERY_FORWARD,
     SYS_EXIT_AT_IMPORT,
@@ -861,6 +863,78 @@ def test_no_process_of_the_submission_rewrites_results_after_grading(process_iso
     assert got.results["output"] != "hacked" and got.results["score"] < 100
     assert checks_run(got.results) == checks_run(reference_results)
     assert not processes_with(got.context.marker)
+
+
+# -- process isolation: what a worker leaves in the machine's world-writable folders reaches no classmate ------
+
+WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")  # where they exist
+BIG_MIB = 320  # more than a worker's largest file (the namespace sandbox's whole /tmp, 256 MiB)
+
+
+@pytest.fixture(scope="module")
+def left_for_a_classmate(tmp_path_factory) -> Iterator[tuple[dict[str, Graded], list[str]]]:
+    """Round 4: a submission that leaves a note (and a big file) in every world-writable folder, then a later
+    student's that looks for them, graded one after the other as Gradescope grades (process isolation, each
+    worker a fresh uid: root's grader, from the copy of the project every user may read,
+    `environments.system_project`); and what is left of the first once both are graded."""
+    if os.geteuid() != 0:
+        pytest.skip("a fresh uid per worker needs a root grader")
+    import environments
+
+    python = environments.system_project() / ".venv" / "bin" / "python"
+    marker = f"hostile-{uuid.uuid4().hex[:12]}"
+    root = tmp_path_factory.mktemp("left-for-a-classmate")
+    shared = Path("/tmp") / f"shared-{marker}"  # a folder open to all below /tmp, as /tmp/.X11-unix
+    shared.mkdir()
+    shared.chmod(0o1777)
+    places = [p for p in WORLD_WRITABLE if os.path.isdir(p)]
+    fill = {"places": places, "shared": str(shared), "marker": marker, "big_mib": BIG_MIB}
+    sources = {"leaves_a_note": LEAVES_A_NOTE.format(**fill), "reads_the_note": READS_THE_NOTE.format(**fill)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTOGRADER_", "PYTEST"))}
+
+    def left() -> list[str]:
+        return sorted(str(p) for folder in [*places, shared] for p in Path(folder).glob(f"{marker}-*"))
+
+    graded = {}
+    try:
+        for name, source in sources.items():  # in turn: the second is the later student
+            context = Context(root / name, root / f"{name}-out", marker, sandboxed=False)
+            context.submission_dir.mkdir()
+            context.out_dir.mkdir()
+            path = context.submission_dir / "mha.py"
+            path.write_text(with_cells(first=source))
+            command = [str(python), "-m", "autograder", "grade", str(path), "--out", str(context.out_file), "--quiet"]
+            started = time.monotonic()
+            run = subprocess.run(
+                [*command, "--isolation", "process"], capture_output=True, text=True, timeout=600, cwd=root, env=env
+            )
+            wall = time.monotonic() - started
+            results = json.loads(context.out_file.read_text())
+            graded[name] = Graded(context, results, run.returncode, run.stderr, wall, 0, {})
+        yield graded, left()
+    finally:
+        for path in left():
+            Path(path).unlink()
+        shared.rmdir()
+
+
+@pytest.mark.slow
+def test_what_a_worker_leaves_in_world_writable_folders_never_reaches_a_later_one(left_for_a_classmate):
+    graded, left = left_for_a_classmate
+    writer, reader = graded["leaves_a_note"], graded["reads_the_note"]
+    for got in (writer, reader):
+        assert got.returncode == 0, got.stderr
+        assert got.results["extra_data"]["isolation"] == "process"
+        assert "fresh unprivileged uid" in got.results["extra_data"]["sandbox"]["user"]
+        assert got.results["extra_data"]["status"] == "graded"
+    wrote, read = writer.results["output"], reader.results["output"]
+    held = {
+        "a note left in /run/lock": "LEFT a note in /run/lock" in wrote,
+        "its big file cut at 256 MiB": "BIG stopped at 256 MiB: File too large" in wrote,
+        "the later worker found nothing": "NOTHING LEFT by an earlier worker" in read,
+        "nothing of it left after both": left == [],
+    }
+    assert all(held.values()), (held, wrote[-1500:], read[-1500:], left)
 
 
 def cgroups_available() -> bool:

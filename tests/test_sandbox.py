@@ -378,32 +378,90 @@ def test_the_scratch_folder_is_mounted_before_the_binds(monkeypatch):
 
 
 @pytest.mark.skipif(not separate_uid_available(), reason="no fresh uid here: process isolation runs as the grader")
-def test_what_a_fresh_uid_left_in_the_machines_shared_folders_goes_with_its_worker(make_worker, tmp_path):
-    """Under process isolation /tmp, /var/tmp and /dev/shm are the machine's: what the worker's fresh uid left
-    there is removed when its worker ends (a later worker would see it), and nothing of anyone else's, not
-    even what a link it left points at."""
+@pytest.mark.parametrize("forks_per_server", [0, 50], ids=["fresh", "forked"])
+def test_what_a_fresh_uid_left_in_the_machines_world_writable_folders_goes_with_its_worker(
+    make_worker, forks_per_server
+):
+    """Under process isolation the machine's world-writable folders are the machine's: what the worker's fresh
+    uid left in any of them (/tmp, /var/tmp, /dev/shm, /run/lock, /dev/mqueue, and folders open to all below
+    them, one that lets others write but not list among them) is removed when its worker ends, its own folders
+    whatever their mode and depth; and nothing of anyone else's, not even what a link it left points at."""
     marker = f"mha-leftover-{uuid.uuid4().hex[:12]}"
-    kept = Path("/tmp") / f"{marker}-the-graders"  # the grader's own file in /tmp, linked to by the worker
+    places = [p for p in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue") if os.path.isdir(p)]
+    shared, drop = Path("/tmp", f"{marker}-shared"), Path("/tmp", f"{marker}-drop")  # as .X11-unix, as a 1733 spool
+    kept = shared / f"{marker}-the-graders"  # the grader's own file in a shared folder, linked to by the worker
+    shared.mkdir()
+    drop.mkdir()
+    shared.chmod(0o1777)
+    drop.chmod(0o1733)
     kept.write_text("keep")
     source = f"""
 import os
-for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+for folder in {[*places, str(shared), str(drop)]!r}:
     with open(os.path.join(folder, "{marker}"), "w") as handle:
         handle.write("left")
-os.makedirs("/tmp/{marker}-tree/deep/er")
-with open("/tmp/{marker}-tree/deep/er/file", "w") as handle:
+os.makedirs("/run/lock/{marker}-tree/closed")
+with open("/run/lock/{marker}-tree/closed/note", "w") as handle:
     handle.write("left")
+os.chmod("/run/lock/{marker}-tree/closed", 0)
+os.chdir("/tmp")
+for _ in range(2500):  # deeper than any path may be long
+    os.mkdir("{marker}-deep")
+    os.chdir("{marker}-deep")
 os.symlink("{kept}", "/tmp/{marker}-link")
 os.symlink("/tmp", "/tmp/{marker}-folder-link")
 """
+
+    graders = {str(kept), str(shared), str(drop)}
+
+    def left() -> set[str]:
+        return {str(p) for folder in [*places, shared, drop] for p in Path(folder).glob(f"{marker}*")} - graders
+
     try:
-        w = make_worker(source, isolation="process")
+        w = make_worker(source, isolation="process", forks_per_server=forks_per_server)
         w.start()
         uid = w.process.uid
-        left = sorted(str(p) for folder in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(folder).glob(f"{marker}*"))
-        assert len(left) == 7 and all(os.lstat(p).st_uid == uid for p in left if not p.endswith("-the-graders"))
+        found = left()
+        # a file in each place, the shared folder and the drop; the tree, the deep chain and the two links
+        assert len(found) == len(places) + 2 + 4 and {os.lstat(p).st_uid for p in found} == {uid}, found
         w.close()
-        after = sorted(str(p) for folder in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(folder).glob(f"{marker}*"))
-        assert after == [str(kept)] and kept.read_text() == "keep"
+        assert left() == set() and kept.read_text() == "keep"
     finally:
         kept.unlink()
+        shared.rmdir()
+        subprocess.run(["rm", "-rf", str(drop)], check=True)
+
+
+@pytest.mark.skipif(not separate_uid_available(), reason="no fresh uid here: process isolation runs as the grader")
+@pytest.mark.parametrize("forks_per_server", [0, 50], ids=["fresh", "forked"])
+def test_no_file_a_worker_writes_is_larger_than_the_sandboxs_scratch_folder(make_worker, forks_per_server):
+    """RLIMIT_FSIZE: a file in /run/lock (on the machine's disk) or in its own scratch folder stops at the
+    namespace sandbox's whole /tmp; a file up to that size is written whole."""
+    marker = f"mha-big-{uuid.uuid4().hex[:12]}"
+    source = """
+import os
+
+def write(path, size):
+    try:
+        with open(path, "wb") as handle:
+            handle.write(bytes(size))
+        return "written"
+    except OSError as exc:
+        return exc.strerror
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+"""
+    w = make_worker(source, isolation="process", forks_per_server=forks_per_server, scratch_bytes=1 << 20)
+    w.start()
+    said = {
+        (folder, size): w.request(CallRequest("write", (f"{folder}/{marker}", size)))
+        for folder in ("/run/lock", ".")
+        for size in (1 << 20, (1 << 20) + 1)
+    }
+    assert said == {
+        ("/run/lock", 1 << 20): "written",
+        ("/run/lock", (1 << 20) + 1): "File too large",
+        (".", 1 << 20): "written",
+        (".", (1 << 20) + 1): "File too large",
+    }

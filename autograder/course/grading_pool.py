@@ -21,6 +21,7 @@ no grader behind.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -108,6 +109,9 @@ class JobAnswer:
 # time at a time, so a class run ends no sooner than its first timing plus all of them.
 STARTING = threading.Lock()
 READY_SECONDS = 120.0  # at most this long for a process to say it has imported; then the next starts anyway
+# An idle process told to end (its input closed) closes its kept workers, which removes their scratch folders
+# and what their uids left, then exits; killed, it left them behind (two scratch folders in /tmp a process)
+ENDING_SECONDS = 60.0
 
 
 class Grader:
@@ -121,6 +125,7 @@ class Grader:
         self.buffer = b""
         self.done = 0
         self.starts = 0
+        self.busy = False  # a job was sent and not answered
 
     def _start(self) -> subprocess.Popen[bytes]:
         env = dict(self.env)
@@ -150,6 +155,7 @@ class Grader:
             self.close()
             process = self._start()
         started = time.monotonic()
+        self.busy = True
         try:
             stdin = _pipe(process.stdin)
             stdin.write((json.dumps(job) + "\n").encode())
@@ -168,6 +174,7 @@ class Grader:
                     problem += f": {tail}"
             self.close()
             return JobAnswer(False, problem, seconds)
+        self.busy = False
         self.done += 1
         return JobAnswer(True, "", seconds)
 
@@ -199,8 +206,16 @@ class Grader:
         return lines[-1][:300] if lines else ""
 
     def close(self) -> None:
+        """End the process: an idle one by closing its input, so that it closes its workers itself (`serve`),
+        and whatever is still running then, or of a busy one, stopped whole and killed."""
         if self.process is None:
             return
+        if not self.busy and self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                _pipe(self.process.stdin).close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(ENDING_SECONDS)
+        self.busy = False
         if self.process.poll() is None:
             procfs.kill_tree(procfs.tree_of(self.process.pid))  # stopped whole, then killed
         else:

@@ -150,3 +150,55 @@ def problem(isolation: str, rubric: Path) -> str:
     if chosen != "process" or not (probe.is_root() and probe.separate_uid_available()):
         return ""
     return refusal(rubric)
+
+
+# -- other copies of the reference on the machine (`doctor`) ------------------------------------------------
+
+COPY_DEPTH = 3  # folders below each place: /home/ta/courses/reference, /tmp/clone/reference
+COPY_FOLDERS_SEEN = 20_000  # at most this many folders looked at in all: a second or so on a slow disk
+NOT_COPIES = frozenset({"site-packages", "node_modules", "__pycache__"})  # never entered (nor hidden folders)
+
+
+def places_for_copies() -> list[str]:
+    """Where a second copy of the reference would sit: beside the checkout (another clone, a release built from
+    it), in home folders, and in the temporary folders."""
+    checkout = [str(bwrap.PROJECT_ROOT.parent)] if bwrap.PROJECT_ROOT is not None else []
+    return [*checkout, "/home", "/root", "/srv", "/opt", "/tmp", "/var/tmp"]
+
+
+def readable_copies(places: Iterable[str], depth: int = COPY_DEPTH, most: int = COPY_FOLDERS_SEEN) -> list[str]:
+    """Folders named `reference` holding the reference's `mha.py`, at most `depth` folders below `places`, that
+    another user, a worker's fresh uid under process isolation among them, could read; never the grader's own
+    (closed before any grading starts) and never below a folder other users cannot enter. At most `most`
+    folders are looked at."""
+    own = reference_folder()
+    found: list[str] = []
+    stack = [(os.path.realpath(p), 0) for p in reversed(list(places)) if reachable_by_others(p)]
+    seen: set[str] = set()
+    while stack and len(seen) < most:
+        folder, level = stack.pop()
+        if folder in seen:
+            continue
+        seen.add(folder)
+        copy = os.path.join(folder, "reference")
+        if copy != own and os.path.isfile(os.path.join(copy, "mha.py")) and first_readable(copy) is not None:
+            found.append(copy)
+        if level < depth:
+            stack += [(child, level + 1) for child in reversed(_enterable(folder))]
+    return found
+
+
+def _enterable(folder: str) -> list[str]:
+    """The folders in `folder` other users may enter, but for hidden ones and `NOT_COPIES`; never a link."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(
+                e.path
+                for e in entries
+                if not e.name.startswith(".")
+                and e.name not in NOT_COPIES
+                and e.is_dir(follow_symlinks=False)
+                and _others_may(e.stat(follow_symlinks=False), stat.S_IXOTH)
+            )
+    except OSError:
+        return []

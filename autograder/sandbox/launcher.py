@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from autograder.sandbox import bwrap, forks, probe, procfs
+from autograder.sandbox import bwrap, forks, leftovers, probe, procfs
 from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
 from autograder.sandbox.protocol import ChildSetup, ForkServerSetup, WorkerSetup
 from autograder.sandbox.settings import WorkerConfig
@@ -372,7 +372,7 @@ class WorkerProcess:
         if walked:
             procfs.wait_gone(tree)  # a control group's kill waits for it to empty; a walked tree is waited here
         if self.uid is not None and self.isolation == "process":
-            procfs.remove_files_of(self.uid)  # the machine's /tmp and /dev/shm: what it left, no later worker sees
+            leftovers.remove_files_of(self.uid)  # the machine's world-writable folders: no later worker sees it
         self._release()
 
     def _release(self) -> None:
@@ -485,6 +485,7 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
     if scratch and uid is not None:
         os.chown(scratch, uid, uid)
         os.chmod(scratch, 0o700)
+        leftovers.find_shared_folders_now()  # where its uid could leave files, found while it runs
     req_r, req_w = os.pipe()
     os.set_blocking(req_w, False)  # a write never waits on a worker that stopped reading (client._write_all)
     resp_r, resp_w = os.pipe()
@@ -553,6 +554,7 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
         if group is not None:
             group.attach_self()
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (settings.config.scratch_bytes, settings.config.scratch_bytes))
         if memory:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         if uid is not None and settings.config.processes and group is None:

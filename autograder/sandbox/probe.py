@@ -251,7 +251,15 @@ def describe_isolation(
             else "the grader's own unprivileged uid, through a user namespace"
         )
     else:
-        facts["filesystem"] = "the grader's, as the worker's user may read it; a private scratch folder"
+        facts["filesystem"] = (
+            f"the grader's, as the worker's user may read it; a private scratch folder; no file over "
+            f"{scratch_bytes >> 20} MiB (RLIMIT_FSIZE)"
+            + (
+                "; what its uid leaves in the machine's world-writable folders removed when it ends"
+                if uid is not None
+                else ""
+            )
+        )
         facts["user"] = (
             "a fresh unprivileged uid (the grader is root); its own network and IPC namespaces where the kernel allows"
             if uid is not None

@@ -28,9 +28,7 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
-import shutil
 import signal
-import stat as stat_mode
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -341,36 +339,6 @@ def kill_uid(uid: int) -> None:
     """SIGKILL every process of `uid` (a fresh uid: only one worker's): kill(-1) from a child that becomes it
     reaches exactly the processes that uid may signal, which are its own. Root only."""
     as_uid(uid, lambda: os.kill(-1, signal.SIGKILL))
-
-
-SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")  # the machine's world-writable folders, sticky
-
-
-def remove_files_of(uid: int, folders: Iterable[str] = SHARED_FOLDERS) -> None:
-    """Remove what `uid` (a fresh uid: one worker's, its processes all ended) left in the machine's shared
-    folders, as that uid (`as_uid`): in a sticky folder it can remove only entries it owns, so a link it left
-    is removed and never followed, and nothing of anyone else's can go. Root only."""
-
-    def remove() -> None:
-        for folder in folders:
-            try:
-                names = os.listdir(folder)
-            except OSError:
-                continue
-            for name in names:
-                path = os.path.join(folder, name)
-                try:
-                    entry = os.lstat(path)
-                    if entry.st_uid != uid:
-                        continue
-                    if stat_mode.S_ISDIR(entry.st_mode):
-                        shutil.rmtree(path, ignore_errors=True)
-                    else:
-                        os.unlink(path)
-                except OSError:
-                    continue
-
-    as_uid(uid, remove)
 
 
 def reap_orphans() -> None:

@@ -306,9 +306,11 @@ def new_session(child: Child) -> None:
 
 
 def limits(child: Child) -> None:
-    """No core files; the address-space limit on the CPU (RLIMIT_AS: a huge allocation is a clean error); the
-    fresh uid's process limit where no control group counts the worker's processes."""
+    """No core files; no file larger than the sandbox's whole /tmp (RLIMIT_FSIZE: under process isolation it
+    writes on the machine's disks); the address-space limit on the CPU (RLIMIT_AS: a huge allocation is a clean
+    error); the fresh uid's process limit where no control group counts the worker's processes."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (child.setup.scratch_bytes, child.setup.scratch_bytes))
     memory = child.setup.memory_bytes
     if memory:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -563,7 +565,7 @@ AFTER_FORK: tuple[tuple[str, str, Callable[[Child], None]], ...] = (
     ("control group", "in the worker's own control group before it does anything else", join_control_group),
     ("file descriptors", "only its channel and output: nothing of the fork server or a sibling", close_inherited),
     ("session", "its own session and process group", new_session),
-    ("limits", "no core files, its address-space and process limits", limits),
+    ("limits", "no core files, its file size, address-space and process limits", limits),
     ("namespaces", "its own mount (/tmp, /dev/shm), network, IPC, UTS, cgroup and pid namespaces", own_namespaces),
     ("uid", "its fresh unprivileged uid, or no capability in a user namespace", unprivileged),
     ("dumpable", "as a fresh worker is", dumpable),
