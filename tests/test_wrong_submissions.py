@@ -512,7 +512,8 @@ MISTAKES = [
     Mistake(
         "mha_branches_on_a_value",  # a sanity check on the values: right, but not a graph of tensor operations
         MHA_SCALE,
-        MHA_SCALE + "        if torch.isnan(attn_weights).any():\n            raise ValueError(\"NaN in the attention weights\")\n",
+        MHA_SCALE
+        + '        if torch.isnan(attn_weights).any():\n            raise ValueError("NaN in the attention weights")\n',
         {"mha": ("test_one_pass_for_all_heads", "test_no_ready_made_attention"), "speed": SPEED},
         {"mha": ("could not be captured as a graph", "must not branch on a tensor's values")},
     ),
