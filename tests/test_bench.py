@@ -45,7 +45,8 @@ def test_the_gpu_checks_tools_run_on_the_cpu():
     not on the GPU."""
     from dataclasses import replace
 
-    import fork_check  # noqa: E402  (tools/ is not a package)
+    import capture_check  # noqa: E402  (tools/ is not a package)
+    import fork_check  # noqa: E402
     import gpu_timing  # noqa: E402
 
     from autograder.rubric import load_rubric
@@ -56,3 +57,5 @@ def test_the_gpu_checks_tools_run_on_the_cpu():
     workload = replace(speed.workloads_for("cpu")[0], calls=2)
     times = gpu_timing.grader_times(workload, "cpu", 1, None)
     assert times, times
+    captured = capture_check.measure("cpu", 2)
+    assert captured and all(row["same_output"] and row["allowed"] for row in captured), captured

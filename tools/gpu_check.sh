@@ -8,10 +8,13 @@
 #      nvidia-ml-py), and whether a frozen helper's queued GPU work slows the reference (tools/gpu_timing.py),
 #   5. the fork server on the device (tools/fork_check.py): it holds no CUDA while two workers forked from it
 #      each make a context of their own, and a correct grading's cost from the command line and in a
-#      long-lived grading process (wall, CPU, execution_time).
+#      long-lived grading process (wall, CPU, execution_time),
+#   6. the capture and the replay on the device (tools/capture_check.py): the reference's forwards captured as
+#      graphs in one worker, replayed in another, their outputs compared, and what each step costs.
+# (Steps 2 and 4 time replayed graphs, as every grading does.)
 # Everything it prints is also kept under $OUT (default gpu-check/): the test log, the class table and
 # each results.json, bench.json and bench.png, gpu-timing.txt and gpu-timing.json, fork-check.txt and
-# fork-check.json, and the sample class's time (grade-class.time).
+# fork-check.json, capture-check.txt and capture-check.json, and the sample class's time (grade-class.time).
 #
 #   tools/gpu_check.sh                      # uses .venv, installing a CUDA build of torch if it has none
 #   VENV=/opt/venv tools/gpu_check.sh       # an environment that already has a CUDA build of torch
@@ -79,6 +82,9 @@ fi
 
 echo "== 5. the fork server on $DEVICE: no CUDA in it, a context per worker; a correct grading's cost"
 "$PY" tools/fork_check.py --device "$DEVICE" --out "$OUT" 2>&1 | tee "$OUT/fork-check.txt" || status=1
+
+echo "== 6. the reference's forwards captured and replayed as graphs on $DEVICE: their cost, and the same outputs"
+"$PY" tools/capture_check.py --device "$DEVICE" --out "$OUT" 2>&1 | tee "$OUT/capture-check.txt" || status=1
 
 echo "== done (status $status): see $OUT/"
 exit $status

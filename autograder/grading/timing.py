@@ -149,18 +149,32 @@ class KeptWorkers:
 # -- what is timed -------------------------------------------------------------------------------------------
 
 
+# The reference's captured graphs, by what they were captured from (its class, arguments, the workload's shape and
+# dtype, the device): its code does not change while a grading process runs and a graph takes its weights as
+# inputs, so one capture serves every grading of the process (the wrapper's, over 64 heads, takes seconds).
+REFERENCE_GRAPHS: dict[tuple[Any, ...], Captured] = {}
+
+
 def replay_in(
-    worker: Worker, handle: str, workload: Workload, state: dict[str, torch.Tensor], device: str
+    worker: Worker,
+    handle: str,
+    workload: Workload,
+    state: dict[str, torch.Tensor],
+    device: str,
+    key: tuple[Any, ...] | None = None,
 ) -> tuple[str, Graph]:
     """A module of the reference's, built in its trusted `worker` under `handle`, captured there on the workload's
-        shape and replayed there as a graph, as the submission's forward is (the three timed modules are replayed
-        graphs in the same kind of process); the built module is dropped. Returns the replayed graph's handle, and the
-    graph.
-        Its own state where `state` (the weights the grader loaded) does not name it (its mask). Raises WorkerError
-        or ValueError."""
-    captured = worker.request(CaptureRequest(handle, list(workload.shape), workload.dtype, 0, list(state)))
-    if not isinstance(captured, Captured):
-        raise ValueError("the capture did not give a graph")
+    shape (or its graph taken from `REFERENCE_GRAPHS` under `key`) and replayed there as a graph, as the
+    submission's forward is (the three timed modules are replayed graphs in the same kind of process); the built
+    module is dropped. Its own state where `state` (the weights the grader loaded) does not name it (its mask).
+    Returns the replayed graph's handle, and the graph. Raises WorkerError or ValueError."""
+    captured = REFERENCE_GRAPHS.get(key) if key is not None else None
+    if captured is None:
+        captured = worker.request(CaptureRequest(handle, list(workload.shape), workload.dtype, 0, list(state)))
+        if not isinstance(captured, Captured):
+            raise ValueError("the capture did not give a graph")
+        if key is not None:
+            REFERENCE_GRAPHS[key] = captured
     tensors = [state[name] if name in state else captured.state[name] for name in captured.graph.inputs]
     replayed = worker.request(ReplayRequest(captured.graph.to_wire(), tensors, device))
     worker.request(DropRequest(handle))

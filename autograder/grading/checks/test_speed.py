@@ -253,12 +253,17 @@ def captured_graph(
 
 
 def trusted_graph(
-    worker: Worker, built: ModuleInfo, workload: Workload, state: dict[str, torch.Tensor], device: str
+    worker: Worker,
+    built: ModuleInfo,
+    workload: Workload,
+    state: dict[str, torch.Tensor],
+    device: str,
+    key: tuple[Any, ...],
 ) -> Built:
-    """A reference module built in its timing worker, captured and replayed there as the submission's is
-    (`timing.replay_in`); a failure is the grader's."""
+    """A reference module built in its timing worker, captured (once per grading process: `key`) and replayed
+    there as the submission's is (`timing.replay_in`); a failure is the grader's."""
     try:
-        return Built(worker, *timing.replay_in(worker, built.handle, workload, state, device))
+        return Built(worker, *timing.replay_in(worker, built.handle, workload, state, device, key))
     except (WorkerError, ValueError) as exc:
         raise CannotTime(f"the reference's timing worker could not capture and replay its forward: {exc}") from None
 
@@ -287,7 +292,7 @@ def build_timed(
     ):
         worker = timing_workers[name].get()
         module = trusted(worker, BuildRequest(cls, args, {}, weights, w.dtype, device))
-        built[name] = trusted_graph(worker, module, w, weights, device)
+        built[name] = trusted_graph(worker, module, w, weights, device, (cls, *args, *w.shape, w.dtype, device))
     replayer = timing_workers[SUBMISSION].get()
     replayed = replay(replayer, capture, replay_state(capture, state), device)
     built[SUBMISSION] = Built(replayer, replayed.handle, capture.graph)
