@@ -84,7 +84,9 @@ def measure(device: str, repeats: int) -> list[dict[str, Any]]:
             info = builder.request(BuildRequest(cls, args, {}, state, dtype, device))
             captures = []
             for _ in range(repeats):
-                captured, seconds = timed(builder, CaptureRequest(info.handle, list(shape), dtype, 0, list(state)))
+                captured, seconds = timed(
+                    builder, CaptureRequest(info.handle, list(shape), dtype, 0, list(state), device=device)
+                )
                 captures.append(seconds)
             graph = captured.graph
             problem = graphs.not_allowed(graph, rubric)

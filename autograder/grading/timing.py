@@ -170,7 +170,8 @@ def replay_in(
     Returns the replayed graph's handle, and the graph. Raises WorkerError or ValueError."""
     captured = REFERENCE_GRAPHS.get(key) if key is not None else None
     if captured is None:
-        captured = worker.request(CaptureRequest(handle, list(workload.shape), workload.dtype, 0, list(state)))
+        request = CaptureRequest(handle, list(workload.shape), workload.dtype, 0, list(state), device=device)
+        captured = worker.request(request)
         if not isinstance(captured, Captured):
             raise ValueError("the capture did not give a graph")
         if key is not None:

@@ -578,8 +578,9 @@ class ForwardManyRequest:
 @dataclass(frozen=True)
 class CaptureRequest:
     """A module's forward captured as the ATen operations it runs (answered by a `Captured`): in eval mode, without
-    autograd, on an input of `shape` and `dtype` drawn from `seed` on the worker's device. The state tensors whose
-    names are in `known` (the weights the grader loaded) are not sent back; at most `max_nodes` operations."""
+    autograd, on an input of `shape` and `dtype` drawn from `seed` on `device` (where the module was built). The
+    state tensors whose names are in `known` (the weights the grader loaded) are not sent back; at most
+    `max_nodes` operations."""
 
     op: ClassVar[str] = "capture"
     handle: str
@@ -588,6 +589,7 @@ class CaptureRequest:
     seed: int = 0
     known: list[str] = field(default_factory=list)
     max_nodes: int = 20000
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)

@@ -419,14 +419,15 @@ class Submission:
         dtype_name: str,
         known: list[str],
         max_nodes: int,
-        seed: int = 0,
+        device: str = "cpu",
     ) -> Captured:
         """`module`'s forward captured as a graph of ATen operations in the worker (`protocol.CaptureRequest`), on
-        an input of `shape` drawn from `seed`: plain data, for the grader to judge (`graphs`) and a trusted
-        worker to replay. The state tensors named in `known` (the weights the grader loaded) are not sent back.
+        a random input of `shape` on `device` (where the module was built): plain data, for the grader to judge
+        (`graphs`) and a trusted worker to replay. The state tensors named in `known` (the weights the grader
+        loaded) are not sent back.
         A forward that cannot be captured fails here, at its line, saying why and how to write it so it can."""
         note("capture", what=f"{module.cls}.forward", shape=list(shape), dtype=dtype_name)
-        request = CaptureRequest(module.handle, list(shape), dtype_name, seed, known, max_nodes)
+        request = CaptureRequest(module.handle, list(shape), dtype_name, 0, known, max_nodes, device)
         try:
             answer = self.worker.request(
                 request, timeout=self._timeout(), target=f"{module.cls}.forward", check=self._check()

@@ -232,13 +232,18 @@ def check_values_first(
 
 
 def captured_graph(
-    submission: Submission, module: ModuleInfo, state: dict[str, torch.Tensor], workload: Workload, rubric: Rubric
+    submission: Submission,
+    module: ModuleInfo,
+    state: dict[str, torch.Tensor],
+    workload: Workload,
+    rubric: Rubric,
+    device: str,
 ) -> Captured:
     """The graph of the submission's forward on this workload's shape, judged here: what is timed. A forward
     that uses a ready-made attention earns nothing here and is told so once, by the check of part mha that
     the speed part requires, or here where only this workload's graph shows it; one whose graph runs what the
     grader does not replay fails, saying which."""
-    capture = submission.capture(module, workload.shape, workload.dtype, list(state), rubric.graph.max_nodes)
+    capture = submission.capture(module, workload.shape, workload.dtype, list(state), rubric.graph.max_nodes, device)
     used = graphs.ready_made(capture.graph, rubric)
     if used:  # (when the check of part mha finds it too, the speed part is not credited instead: said once)
         fail(
@@ -454,7 +459,7 @@ def test_faster_than_the_wrapper(
         "MultiHeadAttention", w.d_in, w.d_out, w.tokens, 0.0, w.heads, state_dict=state, dtype=getattr(torch, w.dtype)
     )
     check_values_first(submission, module, mha, inputs, w, rubric, device)
-    capture = captured_graph(submission, module, state, w, rubric)
+    capture = captured_graph(submission, module, state, w, rubric, device)
     built = build_timed(timing_workers, w, state, wrapper_state, capture, device)  # only now: see above
     try:
         targets = timing_targets(built, w, settings.threads, settings.ready_seconds)

@@ -351,10 +351,8 @@ class Session:
         torch = self.torch
         module = self.objects[request.handle]
         module.eval()
-        generator = torch.Generator(device=self.setup.device).manual_seed(request.seed)
-        x = torch.randn(
-            request.shape, generator=generator, device=self.setup.device, dtype=getattr(torch, request.dtype)
-        )
+        generator = torch.Generator(device=request.device).manual_seed(request.seed)
+        x = torch.randn(request.shape, generator=generator, device=request.device, dtype=getattr(torch, request.dtype))
         graph, state = capture(torch, module, x, request.max_nodes)
         known = set(request.known)
         return protocol.Captured(graph, {k: v.detach().cpu() for k, v in state.items() if k not in known})
