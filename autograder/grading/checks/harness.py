@@ -472,6 +472,9 @@ def capture_message(message: str) -> str:
     return " ".join(kept) or message
 
 
+REPLAYED = "the graph captured from your forward"  # the target of the replaying worker's requests
+
+
 def replay_state(captured: Captured, known: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
     """The state a captured graph takes, in its inputs' order: the grader's own tensor wherever it loaded one
     under that name (never the worker's copy), else the one the worker sent."""
@@ -489,12 +492,14 @@ def replay(worker: Worker, captured: Captured, state: list[torch.Tensor], device
     module of its own there, whose forward runs only the graph. A graph that cannot be rebuilt is the student's
     (the grader checked its structure and operations: what is left is how they were called)."""
     try:
-        answer = worker.request(ReplayRequest(captured.graph.to_wire(), state, device))
+        answer = worker.request(ReplayRequest(captured.graph.to_wire(), state, device), target=REPLAYED)
     except SubmissionError as exc:
         fail(
             f"the graph captured from your forward could not be replayed: {exc.type}: {exc.message}",
             diagnosis=NOT_REPLAYABLE,
         )
+    except (WorkerTimeout, WorkerCrashed) as exc:  # only this submission's graphs run in that worker
+        fail(f"the graph captured from your forward could not be replayed: {exc}", diagnosis=NOT_REPLAYABLE)
     if not isinstance(answer, ModuleInfo):
         fail("the replaying worker did not describe the graph's module", diagnosis=NOT_REPLAYABLE)
     return answer
@@ -504,7 +509,7 @@ def replayed_forward(worker: Worker, module: ModuleInfo, x: torch.Tensor) -> obj
     """The replayed graph's output on `x`, in the trusted worker; a failure there is the graph's (the
     student's)."""
     try:
-        answer = worker.request(ForwardRequest(module.handle, x))
+        answer = worker.request(ForwardRequest(module.handle, x), target=REPLAYED)
     except SubmissionError as exc:
         fail(
             f"the graph captured from your forward failed when replayed: {exc.type}: {exc.message}",
