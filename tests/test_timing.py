@@ -418,6 +418,14 @@ def test_partial_credit_and_the_gate_on_the_values(tmp_path):
     gated = score([values, ready_made, full], rubric)[2]
     assert gated.score == 0 and "not your own computation" in gated.message
     assert "values of" not in gated.message
+    # the values right, but the forward's graph could not be captured (or replayed): gated, accusing it of nothing
+    from autograder.grading import graphs
+
+    for trouble in graphs.CANNOT_JUDGE:
+        uncaptured = dataclasses.replace(ready_made, message="could not be captured", diagnosis=trouble)
+        gated = score([values, uncaptured, full], rubric)[2]
+        assert gated.score == 0 and "can capture and check" in gated.message
+        assert "not your own computation" not in gated.message
 
 
 def test_a_check_reports_its_credit_to_the_plugin(pytester, tmp_path):

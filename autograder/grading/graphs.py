@@ -82,6 +82,7 @@ HIDDEN_FROM_CAPTURE = (
     "(computed outside PyTorch's operations, or kept from an earlier call), so it was frozen as a constant"
 )
 READY_MADE = "a ready-made attention, which the exercise does not allow"
+CANNOT_JUDGE = frozenset({CANNOT_CAPTURE, NOT_REPLAYABLE, HIDDEN_FROM_CAPTURE})  # a graph the checks could not judge
 
 
 def op_name(target: str) -> str | None:

@@ -151,7 +151,7 @@ def gate_speed(outcomes: list[Outcome], rubric: Rubric) -> list[Outcome]:
             f"{NOT_CREDITED_PREFIX}speed counts only once the values of {named} are right, and they are not yet. "
             "Fix them first: a fast forward that computes something else earns nothing"
         )
-    elif not any(o.mistake == graphs.READY_MADE for o in failed):  # no kernel: its graph could not be judged
+    elif all({o.mistake, o.diagnosis} & graphs.CANNOT_JUDGE for o in failed):  # its graph could not be judged
         reason = (
             f"{NOT_CREDITED_PREFIX}speed counts only for a forward whose graph of PyTorch operations the grader can "
             f"capture and check, as the checks of {named} do, and they could not: their message says why"
