@@ -907,7 +907,7 @@ def test_a_ready_line_that_comes_late_is_never_taken_for_an_answer(tmp_path, mon
 def test_a_grading_process_that_ends_leaves_no_scratch_folder_behind(tmp_path):
     """A class run's grading process, told to end when idle, closes its kept timing workers itself: their
     scratch folders (process isolation: in the temporary folder) and what their uids left go with them.
-    Killed instead, each process left two empty scratch folders in /tmp."""
+    Killed instead, each process left its kept workers' empty scratch folders in /tmp."""
     from autograder.course import grading_pool
 
     scratch = tmp_path / "tmp"
@@ -918,7 +918,7 @@ def test_a_grading_process_that_ends_leaves_no_scratch_folder_behind(tmp_path):
     try:
         answer = grader.grade({**job, "isolation": "process"}, 300)
         assert answer.ok, answer
-        assert len(list(scratch.glob("mha-worker-*"))) == 2  # the kept timing workers', alive
+        assert len(list(scratch.glob("mha-worker-*"))) == 3  # the three kept timing workers', alive
     finally:
         grader.close()
     assert list(scratch.glob("mha-worker-*")) == []
