@@ -407,6 +407,31 @@ MISTAKES = [
         {"mha": ("Likely mistake: heads split by reshaping straight to", common.HALF_SPLIT)},
     ),
     Mistake(
+        "mha_split_wrong_axes",
+        MHA_SPLIT,
+        MHA_SPLIT.replace("transpose(1, 2)", "transpose(1, 3)"),
+        {"mha": MHA_ALL},
+        {"mha": ("Likely mistake: wrong axes transposed when splitting the heads", common.HALF_SPLIT)},
+    ),
+    Mistake(
+        "mha_merge_wrong_axes",
+        "context_vec = (attn_weights @ values).transpose(1, 2)  # (b, T, H, hd)",
+        "context_vec = (attn_weights @ values).transpose(1, 3)  # (b, T, H, hd)",
+        {
+            "mha": (
+                "test_shorter_sequences",
+                "test_matches_reference~",
+                "test_input_not_modified",
+                "test_new_inputs_new_answers",
+                "test_gradients",
+                "test_one_pass_for_all_heads",
+                "test_no_ready_made_attention",
+                "test_dropout",
+            )
+        },
+        {"mha": ("Likely mistake: wrong axes transposed when merging the heads", common.HALF_SPLIT)},
+    ),
+    Mistake(
         "mha_heads_not_merged",
         MHA_RETURN,
         "return attn_weights @ values  # (b, H, T, hd)",
@@ -912,6 +937,8 @@ def test_a_part_left_a_stub_alone_is_that_parts_own_diagnosis(index, name, stubs
     assert failed and {t["tags"][0] for t in failed} == {part}, [(t["name"], t["output"][:200]) for t in failed]
     if not name.isupper():  # a function left a stub (the quiz's and the literal's answers are values)
         assert COUNTED.sub("", failed[0]["output"]).startswith("not done yet"), failed[0]["output"]
+    for test in failures(results):  # every check that meets a stub says it is not written yet, never quotes it
+        assert "raised NotImplementedError" not in test["output"], test["output"]
     named = [f for f in OTHER_FUNCTIONS if f not in MAY_NAME.get(part, ()) and f != name]
     for test in failed:
         assert not any(f"your {f}" in test["output"] or f"fix {f}" in test["output"] for f in named), test

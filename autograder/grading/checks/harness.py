@@ -188,10 +188,27 @@ def worker_mistake(exc: WorkerError) -> str:
 
 @dataclass
 class Raised:
-    """An exception the student's code raised: its class name and message."""
+    """An exception the student's code raised: its class name, message and traceback (in the file's lines)."""
 
     type: str
     message: str
+    traceback: str = ""
+
+    @property
+    def stub(self) -> bool:
+        """Whether this is a stub left as released (which says nothing worth quoting: it is not written yet)."""
+        return self.type == "NotImplementedError"
+
+
+def stub_left(raised: Raised) -> NoReturn:
+    """Fail a check that met a stub still raising NotImplementedError: not done yet, whatever its message says
+    (the same diagnosis wherever the stub is met, so it is said once)."""
+    trace = f"\n{raised.traceback}" if raised.traceback else ""
+    fail(
+        f"not done yet: this still raises NotImplementedError (a stub left as released?){trace}",
+        mistake=NOT_DONE,
+        diagnosis=f"{raised.type}{trace}",
+    )
 
 
 class Submission:
@@ -267,11 +284,7 @@ class Submission:
             # what went wrong: the error's class and where it was raised (not its message, which may name the case)
             where = f"{exc.type}{trace}"
             if exc.type == "NotImplementedError":
-                fail(
-                    f"not done yet: this still raises NotImplementedError (a stub left as released?){trace}",
-                    mistake=NOT_DONE,
-                    diagnosis=where,
-                )
+                stub_left(Raised(exc.type, exc.message, exc.traceback or ""))
             said = f"your code raised {exc.type}" + (f": {exc.message}" if exc.message else "") + trace
             missing = UNDEFINED.fullmatch(exc.message or "")
             if exc.type == "NameError" and missing:
@@ -304,8 +317,9 @@ class Submission:
                 check=self._check(),
             )
         except SubmissionError as exc:
-            note("returned", what=fn, value=Raised(exc.type, exc.message))
-            return Raised(exc.type, exc.message)
+            raised = Raised(exc.type, exc.message, exc.traceback or "")
+            note("returned", what=fn, value=raised)
+            return raised
         except (LoadFailed, WorkerTimeout, WorkerCrashed) as exc:
             fail(str(exc), mistake=worker_mistake(exc))
         note("returned", what=fn, value=answer)
@@ -869,14 +883,17 @@ def forward_checked(
     *,
     function: str,
     context_length: int | None = None,
+    explain: Callable[[str], str | None] | None = None,
     **kwargs: Any,
 ) -> ForwardReply:
-    """`submission.forward`, failing with internal errors put in the student's terms."""
+    """`submission.forward`, failing with internal errors put in the student's terms; `explain` names the
+    known mistake that raises the same error on this input, if any (the part's own variants)."""
     answer, problem = attempt(submission.forward, module, x, **kwargs)
     if answer is None:
-        fail(
-            in_student_terms(
-                problem or "", function, tokens=x.shape[1] if x.dim() == 3 else None, context_length=context_length
-            )
+        said = in_student_terms(
+            problem or "", function, tokens=x.shape[1] if x.dim() == 3 else None, context_length=context_length
         )
+        unexplained = said is problem  # in_student_terms found no internal error to explain
+        mistake = explain(said) if explain is not None and unexplained else None
+        fail(Problem(f"Likely mistake: {mistake}.\n{said}", mistake=mistake) if mistake else said)
     return answer

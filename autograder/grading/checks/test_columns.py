@@ -19,6 +19,7 @@ from autograder.grading.checks.harness import (
     matches,
     mistake_of,
     note,
+    stub_left,
 )
 from autograder.grading.checks.mistakes import (
     ROWS_INSTEAD_OF_COLUMNS,
@@ -84,6 +85,8 @@ def test_rejects_bad_splits(submission: Submission, num_columns: int, num_heads:
     """head_column_ranges raises ValueError with a message when the columns cannot be split evenly"""
     given = submission.try_call("head_column_ranges", num_columns, num_heads)
     if isinstance(given, Raised):
+        if given.stub:
+            stub_left(given)
         if given.type != "ValueError":
             fail(
                 f"head_column_ranges({num_columns}, {num_heads}) raised {given.type}: {given.message}; "
