@@ -43,6 +43,16 @@ NOT_CREDITED: CheckStatus = "not_credited"
 NOT_CREDITED_TAG = "not-credited"
 OLD_NOT_CREDITED_TAGS = ("not-scored",)  # the same status, as records written before it was renamed say it
 GRADER, WORKER = "grader", "worker"  # who vouches for a check's evidence
+# The mistakes that say a part is not done yet rather than done wrongly (`CheckResult.mistake`): a function
+# left a stub, a value (a quiz's answer, a literal) left None, as the release leaves them. The class report
+# counts a part that meets one as not done, once, whatever else its checks found to fail there.
+NOT_DONE_STUB = "not done yet: the released stub still raises NotImplementedError"
+NOT_DONE_UNANSWERED = "not done yet: the answer is still None, as released"
+NOT_DONE_MISTAKES = (NOT_DONE_STUB, NOT_DONE_UNANSWERED)
+NOT_DONE_YET = "not done yet"  # a part that meets one, as every output words it (docs/vocabulary.md)
+# The speed part's one named mistake, however the timing ends (too slow to time, past the deadline the
+# reference's time sets, or timed below the bands).
+NOT_ONE_PASS = "too slow for speed points: the heads are not computed in one batched pass (a loop over the heads?)"
 # Why a run could not grade, by name, where the grader knows it (`GradingRun.cannot_grade_cause`). TIMING_LOCK:
 # the device's timing lock could not be taken now (another grading held it, or its folder is unusable); nothing
 # of the submission's was judged, and a class run grades it again at its end.

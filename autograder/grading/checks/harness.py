@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from autograder.grading.plugin import CheckFailed, NotCredited, SharedProblem
+from autograder.model import NOT_DONE_STUB
 from autograder.rubric import Rubric
 from autograder.sandbox.client import (
     CheckBudget,
@@ -125,7 +126,7 @@ def diagnosis_of(message: object) -> str:
 
 
 # The mistakes named by what happened to the request rather than by what the code computed.
-NOT_DONE = "not done yet: the released stub still raises NotImplementedError"
+NOT_DONE = NOT_DONE_STUB
 WORKER_MISTAKES: dict[type[WorkerError], str] = {
     LoadFailed: "the file does not load",
     WorkerTimeout: "the code does not finish in time (an endless loop?)",

@@ -13,6 +13,7 @@ from typing import Any, cast
 import torch
 
 from autograder.grading.checks.harness import Raised, Submission, Variants, seed_torch
+from autograder.model import NOT_ONE_PASS as NOT_ONE_PASS  # the speed part's mistake, where the class report reads it
 from reference import mha as ref
 
 # The five common mistakes the notebook warns about (its "Common mistakes" section uses the same names),
@@ -24,9 +25,6 @@ INCONSISTENT_ORDER = "common mistake: an inconsistent output order"
 SHAPE_DRIFT = "common mistake: a drifting output shape"
 
 HEAD_PARTS = ("W_query", "W_key", "W_value")
-# The speed part's one named mistake, however the timing ends (too slow to time, past the deadline the
-# reference's time sets, or timed below the bands).
-NOT_ONE_PASS = "too slow for speed points: the heads are not computed in one batched pass (a loop over the heads?)"
 
 
 def named(description: str, common_mistake: str) -> str:

@@ -27,6 +27,7 @@ from autograder.grading.checks.mistakes import (
     split_variants,
     wrong_ranges,
 )
+from autograder.model import NOT_DONE_UNANSWERED
 from reference import mha as ref
 
 SIZES = [(6, 3), (8, 4), (2, 2), (5, 1), (12, 12), (64, 8), (768, 12), (30, 5)]
@@ -113,8 +114,15 @@ def test_eight_columns_four_heads(submission: Submission) -> None:
     expected = ref.EIGHT_COLUMNS_FOUR_HEADS
     if expected is None:  # the grader's own fault: the run cannot grade
         raise RuntimeError("the reference does not answer EIGHT_COLUMNS_FOUR_HEADS")
+    given = submission.value("EIGHT_COLUMNS_FOUR_HEADS")
+    if given is None:
+        fail(
+            "EIGHT_COLUMNS_FOUR_HEADS is still None: write the list of ranges for 8 columns and 4 heads",
+            mistake=NOT_DONE_UNANSWERED,
+            diagnosis="EIGHT_COLUMNS_FOUR_HEADS is still None",
+        )
     check_ranges(
-        submission.value("EIGHT_COLUMNS_FOUR_HEADS"),
+        given,
         expected,
         "EIGHT_COLUMNS_FOUR_HEADS",
         column_range_variants(8, 4),
