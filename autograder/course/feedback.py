@@ -363,13 +363,18 @@ def render(row: Row, released: bool = False, fingerprint_value: str = "") -> str
 
 def write_feedback(course: Path, rows: list[Row], released: bool = False) -> int:
     """Write each student's page where it is missing or out of date; return how many were written."""
+    return len(feedback_written(course, rows, released))
+
+
+def feedback_written(course: Path, rows: list[Row], released: bool = False) -> list[str]:
+    """Write each student's page where it is missing or out of date; return the students whose page was."""
     renderer = renderer_fingerprint()
-    written = 0
+    written = []
     for row in rows:
         path = feedback_path(course, row.student)
         value = fingerprint(row, released, renderer)
         if page_is_current(path, _FINGERPRINT, value):
             continue
         write_text_atomically(path, render(row, released, value), COURSE_FILE_MODE)
-        written += 1
+        written.append(row.student)
     return written
