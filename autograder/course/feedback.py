@@ -292,9 +292,11 @@ def page_context(row: Row, released: bool) -> dict[str, Any]:
     context.update(
         score=points_text(run.score),
         max_score=points_text(run.max_score),
-        load_problems=run.load.lines(),
+        headline=run.headline(),
+        load_problems=run.load.loose_lines(),
         events=list(dict.fromkeys(run.events)),
     )
+    not_done = run.not_done()  # said once, in the headline, with the load-time errors their stubs raised
     for part in run.parts():
         checks = [c for c in run.checks if c.part == part.part]
         visible = [c for c in checks if shown(c, released)]
@@ -316,6 +318,8 @@ def page_context(row: Row, released: bool) -> dict[str, Any]:
                     for c in visible
                 ],
                 "withheld": withheld_text(later, never, released, part.part),
+                # the load-time errors this part's mistake explains, once, here (its own checks say the mistake)
+                "load": run.load.folded_line(part.part) if part.part not in not_done else "",
                 "speed": None,
             }
         )
