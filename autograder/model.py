@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -461,10 +461,11 @@ class GradingRun:
         found = {c.part for c in self.checks if c.status == FAILED and c.mistake in NOT_DONE_MISTAKES}
         return [p.part for p in self.parts() if p.part in found]
 
-    def diagnosis(self, part: PartResult) -> str:
-        """A part's first mistake in the student's terms: the mistake its first failed check names, else that
-        check's first line saying something of its own (not the count of its cases)."""
-        failure = part.first_failure
+    def diagnosis(self, part: PartResult, may_show: Callable[[CheckResult], bool] = lambda check: True) -> str:
+        """A part's first mistake in the student's terms: the mistake its first failed check that may be shown
+        names, else that check's first sentence saying something of its own (not the count of its cases); ""
+        when every failed check of the part is withheld."""
+        failure = next((c for c in self.checks if c.part == part.part and c.status == FAILED and may_show(c)), None)
         if failure is None:
             return ""
         if failure.mistake:
@@ -474,17 +475,19 @@ class GradingRun:
         said = CASE_LABEL.sub("", own[0] if own else failure.name)
         return said.split(". ", 1)[0].rstrip(".")  # its first sentence: the explanation follows on the page
 
-    def headline(self) -> str:
+    def headline(self, may_show: Callable[[CheckResult], bool] = lambda check: True) -> str:
         """The one line to read first: the file could not be loaded; or each part that lost points for a
         mistake of its own, that mistake in the student's terms (never an error raised elsewhere), then the parts
-        not done yet."""
+        not done yet. `may_show`: the checks whose details the reader may see (a feedback page's rule)."""
         if self.load.problem:
             return f"Your file could not be loaded: {self.load.problem}"
         not_done = self.not_done()
         said = []
         for part in self.parts():
-            if part.first_failure is not None and part.first_failure.status == FAILED and part.part not in not_done:
-                said.append(f"{part.title}: {self.diagnosis(part)}")
+            if part.part in not_done or not any(c.part == part.part and c.status == FAILED for c in self.checks):
+                continue
+            diagnosis = self.diagnosis(part, may_show)
+            said.append(f"{part.title}: {diagnosis or 'points lost in checks whose details are not shown yet'}")
         if not_done:
             said.append(f"{NOT_DONE_YET}: " + "; ".join(self.titles.get(part, part) for part in not_done))
         return ". ".join(said)

@@ -292,7 +292,7 @@ def page_context(row: Row, released: bool) -> dict[str, Any]:
     context.update(
         score=points_text(run.score),
         max_score=points_text(run.max_score),
-        headline=run.headline(),
+        headline=run.headline(lambda check: shown(check, released)),
         load_problems=run.load.loose_lines(),
         events=list(dict.fromkeys(run.events)),
     )
