@@ -185,7 +185,9 @@ class LoadReport:
         lines = []
         if self.problem:
             lines.append(f"Your file could not be loaded: {self.problem}")
-        lines += [f"While loading, cell {c.cell} raised {c.type}" + (f": {c.message}" if c.message else "") for c in cells]
+        lines += [
+            f"While loading, cell {c.cell} raised {c.type}" + (f": {c.message}" if c.message else "") for c in cells
+        ]
         return lines
 
 

@@ -48,11 +48,12 @@ def test_a_cell_is_folded_under_the_first_failing_part_it_uses_or_builds_on():
 def graded(tmp_path_factory):
     """The sample casey (combine joins along the token dimension, a wrong quiz answer) and the untouched
     release, graded for real (without the speed part)."""
-    out = tmp_path_factory.mktemp("graded")
-    return {
-        name: GradingRun.from_gradescope(grade(path, out / name if out.joinpath(name).mkdir() is None else out, *NOT_SPEED)[0])
-        for name, path in (("casey", SAMPLES / "casey" / "mha" / "mha.py"), ("release", RELEASE))
-    }
+    paths = {"casey": SAMPLES / "casey" / "mha" / "mha.py", "release": RELEASE}
+    graded = {}
+    for name, path in paths.items():
+        results, _ = grade(path, tmp_path_factory.mktemp(name), *NOT_SPEED)
+        graded[name] = GradingRun.from_gradescope(results)
+    return graded
 
 
 def page_of(tmp_path, run: GradingRun):

@@ -212,11 +212,11 @@ def run(path: Path) -> int:
             continue
         status, message, missing = outcome_of(path, cell, namespace)
         if missing is not None and missing in unparsed:
-            at, part = unparsed[missing]
+            cell_at, part = unparsed[missing]
             own = part == cell.part
             status, message = (
                 FAILED if own else WAITING,
-                f"{at}, which defines {missing}, has a syntax error (above): fix it, and this self-check runs",
+                f"{cell_at}, which defines {missing}, has a syntax error (above): fix it, and this self-check runs",
             )
         if cell.part is not None:
             results.append((cell.part, status, message))

@@ -50,9 +50,7 @@ def part_of_problem(source: str, problem: CellProblem, failing: set[str]) -> str
     return next((part for part in PART_IDS if part in candidates and part in failing), None)
 
 
-def cell_parts(
-    cells: Iterable[Sequence[object]], problems: Iterable[CellProblem], failing: set[str]
-) -> dict[str, str]:
+def cell_parts(cells: Iterable[Sequence[object]], problems: Iterable[CellProblem], failing: set[str]) -> dict[str, str]:
     """{cell number (as results.json keys it): part} for the load-time errors a failing part explains."""
     sources = {int(str(cell[0])): str(cell[2]) for cell in cells}
     found = {}

@@ -197,8 +197,9 @@ MERGE_AXES = (
 
 # Each known mistake of MultiHeadAttention.forward: its description, and how `mha_forward` makes it.
 MHA_CANDIDATES: dict[str, dict[str, Any]] = {
-    "scores scaled by sqrt(d_out) instead of sqrt(head_dim); each head's dot products run over "
-    "head_dim numbers": dict(scale="d_out"),
+    "scores scaled by sqrt(d_out) instead of sqrt(head_dim); each head's dot products run over head_dim numbers": dict(
+        scale="d_out"
+    ),
     "scores not scaled; divide by sqrt(head_dim) before the softmax": dict(scale="none"),
     "no causal mask; mask the scores above the diagonal with -inf before the softmax": dict(mask=False),
     named(
@@ -213,9 +214,7 @@ MHA_CANDIDATES: dict[str, dict[str, Any]] = {
     ): dict(merge=False),
     "missing output projection: return self.out_proj(context_vec)": dict(out_proj=False),
     named(SPLIT_AXES, HALF_SPLIT): dict(split="transpose_1_3"),
-    named(SPLIT_AXES + " (and again when merging them)", HALF_SPLIT): dict(
-        split="transpose_1_3", merge_axes=(1, 3)
-    ),
+    named(SPLIT_AXES + " (and again when merging them)", HALF_SPLIT): dict(split="transpose_1_3", merge_axes=(1, 3)),
     named(MERGE_AXES, HALF_SPLIT): dict(merge_axes=(1, 3)),
     named(
         "heads split by reshaping straight to (b, H, T, hd); view as (b, T, H, hd) and then "
