@@ -332,6 +332,7 @@ ONE_OF_EACH = [
     protocol.ForwardManyRequest("h0", 3, [2, 6, 16], "float32", 8, 1, 1024, False),
     protocol.DropRequest("h0"),
     protocol.PingRequest(),
+    protocol.StandInRequest("combine", [[[[torch.ones(2), torch.zeros(2)]], torch.ones(4)]]),
 ]
 
 

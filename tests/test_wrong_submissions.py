@@ -4,8 +4,8 @@ Every submission is the reference solution with one snippet replaced, the way a 
 wrong. For each one the table lists, per part, the checks (functions) that must fail: all of their cases,
 or some but not all of them when the name ends in "~". Every other check must pass, so a part not listed
 keeps full marks: a mistake in one step is not charged again in a later part that uses it (the wrapper
-calls combine, make_2d_wrapper builds a wrapper, fuse_heads builds a MultiHeadAttention), except where the
-later part cannot be graded at all (fuse_heads that raises because head_column_ranges is wrong). The points
+calls combine, make_2d_wrapper builds a wrapper, fuse_heads builds a MultiHeadAttention and may call
+head_column_ranges: where what a part calls raises or is wrong, it runs with a stand-in, values only). The points
 lost follow from the rubric's weights, never from numbers typed here. The table also says which words each
 part's failures must contain: the diagnosis.
 
@@ -31,6 +31,7 @@ import pytest
 
 from autograder.grading.checks import mistakes as common
 from autograder.grading.submission import read_cells
+from autograder.model import GradingRun
 from autograder.rubric import load_rubric
 from helpers import REFERENCE, GradingPool, failures, mutated_reference, part_scores
 
@@ -331,15 +332,15 @@ MISTAKES = [
         {"two_dim": ("test_passes_dropout_and_bias_on",)},
         {"two_dim": "does not drop anything in training mode: pass dropout on"},
     ),
-    # --- a syntax error: one diagnosis, at the file's line; what needs the cell is not credited, pointing to it
+    # --- a syntax error: one diagnosis, at the file's line; the wrapper, which calls combine, runs with a stand-in
     Mistake(
         "syntax_error_in_combine",
         COMBINE + "\n",
         COMBINE.replace("dim=-1)", "dim=-1") + "\n",
-        {"combine": ("test_book_example", "test_concatenates_heads", "test_keeps_dtype"), "wrapper": WRAPPER_ALL},
+        {"combine": ("test_book_example", "test_concatenates_heads", "test_keeps_dtype")},
         {"combine": ("which defines combine, has a syntax error", f"line {SYNTAX_LINE})")},
     ),
-    # --- columns (fuse_heads places weights with head_column_ranges: a fuse_heads that raises cannot be graded)
+    # --- columns (fuse_heads places weights with head_column_ranges: it runs with a stand-in while they are wrong)
     Mistake(
         "columns_literal_inclusive",
         "EIGHT_COLUMNS_FOUR_HEADS = [(0, 2), (2, 4), (4, 6), (6, 8)]",
@@ -351,15 +352,8 @@ MISTAKES = [
         "columns_function_inclusive",
         "return [(h * width, (h + 1) * width) for h in range(num_heads)]",
         "return [(h * width, (h + 1) * width - 1) for h in range(num_heads)]",
-        {"columns": ("test_head_column_ranges",), "fuse": FUSE_ALL},
-        {
-            "columns": "Likely mistake: inclusive ranges",
-            "fuse": (
-                "your head_column_ranges",
-                "which are inclusive ranges",
-                "this check counts once head_column_ranges is right (see the columns checks)",
-            ),
-        },
+        {"columns": ("test_head_column_ranges",)},
+        {"columns": "Likely mistake: inclusive ranges"},
     ),
     Mistake(
         "split_rows",
@@ -820,6 +814,14 @@ def test_wrong_submission_loses_exactly_its_points(mistake, graded, reference_re
         assert says[0].lower() in first.lower(), (
             f"{mistake.id}: the first failure of {part}, the one the summary shows, does not say {says[0]!r}:\n{first}"
         )
+
+    # Each mistake once, in its own part: the errors raised while loading fold under the part that made them,
+    # so that the feedback page shows at most one load-time box (the untouched parts' stubs aside).
+    run = GradingRun.from_gradescope(results)
+    folded = {part for part in run.load.cell_parts.values() if part not in run.not_done()}
+    assert len(run.load.loose_lines()) + len(folded) <= 1, (
+        f"{mistake.id}: load-time boxes {run.load.loose_lines()} and in parts {sorted(folded)}"
+    )
 
     # The notebook's self-checks and the grader agree: a part loses points only for a requirement that a
     # visible check or the self-check also enforces, and a self-check fails only where points are lost.

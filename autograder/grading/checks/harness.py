@@ -11,6 +11,7 @@ student.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import re
@@ -52,6 +53,7 @@ from autograder.sandbox.protocol import (
     Handle,
     ModuleInfo,
     Request,
+    StandInRequest,
     ToRequest,
 )
 
@@ -294,6 +296,20 @@ class Submission:
         if isinstance(exc, (LoadFailed, WorkerTimeout, WorkerCrashed, HoldBroken)):
             fail(str(exc), mistake=worker_mistake(exc))
         raise exc
+
+    @contextmanager
+    def standing_in(self, name: str, table: list[tuple[list[Any], Any]]) -> Iterator[None]:
+        """While the block runs, the submission's `name` (a part this check's part calls, wrong or missing) is
+        a stand-in that answers the calls in `table` ([(args, value)]: this check's inputs, values computed by
+        the reference here) and nothing else; the submission's own is put back after, so that no other check
+        meets the stand-in. The worker receives values only, never the reference's code."""
+        note("stand-in", what=name, calls=len(table))
+        self._ask(StandInRequest(name, [[_wire(list(args)), value] for args, value in table]))
+        try:
+            yield
+        finally:
+            with contextlib.suppress(pytest.fail.Exception):  # a worker gone since has its own namespace again
+                self._ask(StandInRequest(name, None))
 
     def value(self, name: str) -> Any:
         answer = self._ask(GetRequest(name))
