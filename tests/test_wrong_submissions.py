@@ -937,6 +937,9 @@ def test_a_part_left_a_stub_alone_is_that_parts_own_diagnosis(index, name, stubs
     assert results["extra_data"]["status"] == "graded", results["extra_data"]["reason"]
     failed = [t for t in failures(results) if "not-credited" not in t["tags"]]
     assert failed and {t["tags"][0] for t in failed} == {part}, [(t["name"], t["output"][:200]) for t in failed]
+    # graded on what it adds: no other part loses a point for this stub (not even as "not credited")
+    losing = {p for p, (score, maximum) in part_scores(results).items() if score < maximum}
+    assert losing == {part}, f"{name}: parts {sorted(losing)} lose points"
     if not name.isupper():  # a function left a stub (the quiz's and the literal's answers are values)
         assert COUNTED.sub("", failed[0]["output"]).startswith("not done yet"), failed[0]["output"]
     for test in failures(results):  # every check that meets a stub says it is not written yet, never quotes it
