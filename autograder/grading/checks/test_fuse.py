@@ -86,7 +86,8 @@ def fuse(submission: Submission, wrapper: ModuleInfo, width: int, heads: int) ->
     """fuse_heads of the student's wrapper. While the student's head_column_ranges is wrong (or raises) for these
     sizes, fuse_heads runs with a stand-in for it that answers them with the right ranges (values only): fuse
     is graded on what it adds, the ranges' mistake is charged in the columns part alone."""
-    if wrong_ranges(submission, width * heads, heads) is None:
+    wrong, unknown = attempt(wrong_ranges, submission, width * heads, heads)  # unknown: it hangs or crashes
+    if wrong is None or unknown:
         return attempt(submission.call, "fuse_heads", wrapper)
     with submission.standing_in(
         "head_column_ranges", [([width * heads, heads], ref.head_column_ranges(width * heads, heads))]
