@@ -31,7 +31,7 @@ def print_summary(run: GradingRun, visible_only: bool = False, console: Console 
             f"Total: {points_text(run.score)} / {points_text(run.max_score)}   ({run.execution_time:.1f} s, device {run.device}, "
             f"isolation {run.isolation})"
         )
-    if not visible_only and (headline := run.headline()):
+    if not visible_only and (run.load.problem or run.load.cells) and (headline := run.headline()):
         console.print(escape(headline), style="yellow")
     for line in run.load.loose_lines()[:5]:
         console.print(escape(line), style="yellow")
