@@ -52,3 +52,35 @@ CONTRACT = (
     Name("fuse_heads", "function", "stub", "a MultiHeadAttention whose output equals the wrapper's"),
 )
 CONTRACT_NAMES = tuple(n.name for n in CONTRACT)
+
+# The part each name of the contract belongs to (the given CausalAttention to none), and the parts each part's
+# code calls or builds on: where an error in one comes from, when the code of another raises it.
+PART_OF_NAME = {
+    "combine": "combine",
+    "MultiHeadAttentionWrapper": "wrapper",
+    "make_2d_wrapper": "two_dim",
+    "head_column_ranges": "columns",
+    "split_columns": "columns",
+    "EIGHT_COLUMNS_FOUR_HEADS": "columns",
+    "HEADS_RUN": "quiz",
+    "OUTPUT_SHAPE_STEP": "quiz",
+    "MultiHeadAttention": "mha",
+    "fuse_heads": "fuse",
+}
+BUILDS_ON = {
+    "wrapper": ("combine",),
+    "two_dim": ("wrapper",),
+    "fuse": ("columns", "mha", "wrapper"),
+    "speed": ("mha", "wrapper"),
+}
+
+
+def with_what_it_builds_on(parts: set[str]) -> set[str]:
+    """`parts` and every part they build on, directly or not (`BUILDS_ON`)."""
+    found, todo = set(parts), list(parts)
+    while todo:
+        for below in BUILDS_ON.get(todo.pop(), ()):
+            if below not in found:
+                found.add(below)
+                todo.append(below)
+    return found

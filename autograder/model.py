@@ -13,7 +13,8 @@ is not a submission), in which case it carries no score and `make grade` retries
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -43,6 +44,19 @@ NOT_CREDITED: CheckStatus = "not_credited"
 NOT_CREDITED_TAG = "not-credited"
 OLD_NOT_CREDITED_TAGS = ("not-scored",)  # the same status, as records written before it was renamed say it
 GRADER, WORKER = "grader", "worker"  # who vouches for a check's evidence
+# The mistakes that say a part is not done yet rather than done wrongly (`CheckResult.mistake`): a function
+# left a stub, a value (a quiz's answer, a literal) left None, as the release leaves them. The class report
+# counts a part that meets one as not done, once, whatever else its checks found to fail there.
+NOT_DONE_STUB = "not done yet: the released stub still raises NotImplementedError"
+NOT_DONE_UNANSWERED = "not done yet: the answer is still None, as released"
+NOT_DONE_MISTAKES = (NOT_DONE_STUB, NOT_DONE_UNANSWERED)
+COUNTED_CASES = re.compile(r"^(?:failed|not credited) in (?:all )?\d+ (?:of \d+ )?cases")  # a row's count
+CASE_LIST = re.compile(r"\[[^\]\n]*\](?:, \[[^\]\n]*\])*(?: and \[[^\]\n]*\])?")  # "[a], [b] and [c]"
+CASE_LABEL = re.compile(r"^\[[^\]\n]*\]: ")  # "[a]: " before what a case says
+NOT_DONE_YET = "not done yet"  # a part that meets one, as every output words it (docs/vocabulary.md)
+# The speed part's one named mistake, however the timing ends (too slow to time, past the deadline the
+# reference's time sets, or timed below the bands).
+NOT_ONE_PASS = "too slow for speed points: the heads are not computed in one batched pass (a loop over the heads?)"
 # Why a run could not grade, by name, where the grader knows it (`GradingRun.cannot_grade_cause`). TIMING_LOCK:
 # the device's timing lock could not be taken now (another grading held it, or its folder is unusable); nothing
 # of the submission's was judged, and a class run grades it again at its end.
@@ -142,14 +156,37 @@ class LoadReport:
     problem: str | None = None  # the file could not be read or loaded at all
     cells: list[CellProblem] = field(default_factory=list)
     defined: dict[str, str] = field(default_factory=dict)
+    # {cell number, as a string: the part} for the cells whose error a part that lost points explains (a demo
+    # or self-check using a wrong or unwritten part; `grading.load_parts`): said once, in that part
+    cell_parts: dict[str, str] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
+        """Every problem, as it was raised (results.json's output keeps them all)."""
+        return self._lines(self.cells)
+
+    def loose_lines(self) -> list[str]:
+        """The problems no part explains, as they were raised: what a page shows on its own."""
+        return self._lines([c for c in self.cells if str(c.cell) not in self.cell_parts])
+
+    def folded(self, part: str) -> list[CellProblem]:
+        return [c for c in self.cells if self.cell_parts.get(str(c.cell)) == part]
+
+    def folded_line(self, part: str) -> str:
+        """The cells whose error `part` explains, in one sentence, or ""."""
+        cells = self.folded(part)
+        if not cells:
+            return ""
+        numbers = [str(c.cell) for c in cells]
+        which = f"cell {numbers[0]}" if len(cells) == 1 else f"cells {', '.join(numbers[:-1])} and {numbers[-1]}"
+        kinds = " or ".join(dict.fromkeys(c.type for c in cells))
+        return f"While loading, {which} raised {kinds} because of it"
+
+    def _lines(self, cells: list[CellProblem]) -> list[str]:
         lines = []
         if self.problem:
             lines.append(f"Your file could not be loaded: {self.problem}")
         lines += [
-            f"While loading, cell {c.cell} raised {c.type}" + (f": {c.message}" if c.message else "")
-            for c in self.cells
+            f"While loading, cell {c.cell} raised {c.type}" + (f": {c.message}" if c.message else "") for c in cells
         ]
         return lines
 
@@ -438,6 +475,42 @@ class GradingRun:
             )
         return results
 
+    def not_done(self) -> list[str]:
+        """The parts not done yet: a check of theirs met a stub or an answer left None (`NOT_DONE_MISTAKES`)."""
+        found = {c.part for c in self.checks if c.status == FAILED and c.mistake in NOT_DONE_MISTAKES}
+        return [p.part for p in self.parts() if p.part in found]
+
+    def diagnosis(self, part: PartResult, may_show: Callable[[CheckResult], bool] = lambda check: True) -> str:
+        """A part's first mistake in the student's terms: the mistake its first failed check that may be shown
+        names, else that check's first sentence saying something of its own (not the count of its cases); ""
+        when every failed check of the part is withheld."""
+        failure = next((c for c in self.checks if c.part == part.part and c.status == FAILED and may_show(c)), None)
+        if failure is None:
+            return ""
+        if failure.mistake:
+            return failure.mistake
+        lines = [line for line in failure.message.splitlines() if line.strip()]
+        own = [line for line in lines if not (COUNTED_CASES.match(line) or CASE_LIST.fullmatch(line))]
+        said = CASE_LABEL.sub("", own[0] if own else failure.name)
+        return said.split(". ", 1)[0].rstrip(".")  # its first sentence: the explanation follows on the page
+
+    def headline(self, may_show: Callable[[CheckResult], bool] = lambda check: True) -> str:
+        """The one line to read first: the file could not be loaded; or each part that lost points for a
+        mistake of its own, that mistake in the student's terms (never an error raised elsewhere), then the parts
+        not done yet. `may_show`: the checks whose details the reader may see (a feedback page's rule)."""
+        if self.load.problem:
+            return f"Your file could not be loaded: {self.load.problem}"
+        not_done = self.not_done()
+        said = []
+        for part in self.parts():
+            if part.part in not_done or not any(c.part == part.part and c.status == FAILED for c in self.checks):
+                continue
+            diagnosis = self.diagnosis(part, may_show)
+            said.append(f"{part.title}: {diagnosis or 'points lost in checks whose details are not shown yet'}")
+        if not_done:
+            said.append(f"{NOT_DONE_YET}: " + "; ".join(self.titles.get(part, part) for part in not_done))
+        return ". ".join(said)
+
     def output_text(self) -> str:
         """results.json's top-level `output`: what happened, for the student."""
         if not self.graded:
@@ -525,7 +598,10 @@ class GradingRun:
             speed=SpeedFigures.from_json(speed) if isinstance(speed, dict) and speed else None,
             checks=checks,
             load=LoadReport(
-                load.get("problem"), [CellProblem(**c) for c in load.get("cells", [])], load.get("defined", {})
+                load.get("problem"),
+                [CellProblem(**c) for c in load.get("cells", [])],
+                load.get("defined", {}),
+                {str(k): str(v) for k, v in (load.get("cell_parts") or {}).items()},
             ),
             execution_time=float(data.get("execution_time", 0.0)),
         )

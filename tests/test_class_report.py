@@ -33,7 +33,19 @@ from autograder.course.store import COURSE_FILE_MODE
 from autograder.grading.checks import harness  # torch, imported before pytester runs checks that import it
 from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.scoring import Outcome, score
-from autograder.model import CANNOT_GRADE, FAILED, NOT_CREDITED, PASSED, CheckResult, GradingRun, WorkloadFigures
+from autograder.model import (
+    CANNOT_GRADE,
+    FAILED,
+    NOT_CREDITED,
+    NOT_DONE_STUB,
+    NOT_DONE_UNANSWERED,
+    NOT_DONE_YET,
+    NOT_ONE_PASS,
+    PASSED,
+    CheckResult,
+    GradingRun,
+    WorkloadFigures,
+)
 from autograder.rubric import load_rubric
 from browser import plots_in, quantised
 from classkit import ROOT, fill_record, make_course, synthetic_run
@@ -130,6 +142,51 @@ def test_mistakes_are_ranked_by_students_once_per_student_and_part_from_the_stru
         (1, "failed checks that named no known mistake", "quiz", ["cat"]),
     ]
     assert "gated" not in page
+
+
+def test_a_part_not_done_and_a_loop_over_heads_count_once_per_student(tmp_path):
+    """A part left a stub is one "not done yet" (its failures that named no mistake are not counted again as
+    naming none), an answer left None is "not done yet" (not a failed check), and a loop over heads, which
+    the mha structure check names and the speed part pays for, is one mistake, found by both checks. A part
+    that fails without a stub keeps its row of failures that named none."""
+    loop = "the heads are computed one at a time (a loop over heads)"
+    runs: dict[str, GradingRun | None] = {
+        "ann": synthetic_run(
+            "mha.py",
+            checks=[
+                failed("columns::test_head_column_ranges", NOT_DONE_STUB),
+                failed("columns::test_eight_columns_four_heads"),  # met the stub through another function
+                failed("quiz::test_answer_is_a_choice", NOT_DONE_UNANSWERED),
+                failed("quiz::test_answer"),
+            ],
+        ),
+        "bob": synthetic_run(
+            "mha.py",
+            checks=[
+                failed("mha::test_one_pass_for_all_heads", loop),
+                failed("speed::test_faster_than_the_wrapper", NOT_ONE_PASS),
+                failed("fuse::test_values"),
+            ],
+        ),
+        "cat": synthetic_run("mha.py", checks=[failed("speed::test_faster_than_the_wrapper", NOT_ONE_PASS)]),
+    }
+    ranked = class_mistakes(rows_of(tmp_path, runs), released=False).ranked
+    assert sorted((m.part, m.words, list(m.students)) for m in ranked) == [
+        ("columns", NOT_DONE_YET, ["ann"]),
+        ("fuse", "", ["bob"]),
+        ("mha", loop, ["bob"]),
+        ("quiz", NOT_DONE_YET, ["ann"]),
+        ("speed", NOT_ONE_PASS, ["cat"]),  # too slow without the loop the structure check names: its own
+    ]
+    by_words = {(m.part, m.words): m for m in ranked}
+    assert by_words[("mha", loop)].checks == {"mha::test_one_pass_for_all_heads", "speed::test_faster_than_the_wrapper"}
+    assert by_words[("columns", NOT_DONE_YET)].checks == {
+        "columns::test_head_column_ranges",
+        "columns::test_eight_columns_four_heads",
+    }
+    rows = mistake_rows(render(rows_of(tmp_path / "page", runs), load_rubric()))
+    assert sum(students for students, *_ in rows) == 5
+    assert ("quiz", "failed checks that named no known mistake") not in {(part, words) for _, words, part, _ in rows}
 
 
 def test_hidden_checks_mistakes_are_counted_before_the_release_and_named_after_it(tmp_path):

@@ -270,7 +270,9 @@ def test_finish_writes_the_class_outputs_but_in_a_shard(tmp_path, monkeypatch, s
     fill_record(course, {"ann": synthetic_run("mha.py")})
     written: list[list[str]] = []
     monkeypatch.setattr(
-        grade_class, "write_class_outputs", lambda course, rows, *a: written.append([r.entry.student for r in rows])
+        grade_class,
+        "write_class_outputs",
+        lambda course, rows, *a, **k: written.append([r.entry.student for r in rows]),
     )
     run: ClassRun = prepare(ClassOptions(course, device="cpu", shard=shard), Recorder())
     assert finish(run, Recorder()) == []
@@ -296,7 +298,9 @@ def outputs_to(monkeypatch: pytest.MonkeyPatch) -> None:
     """The class outputs (a gradebook, a report: seconds) replaced by a line printed where they print; the
     machine taken to allow grading."""
 
-    def write(course: Path, rows: list, rubric: Any, options: Any, console: Console) -> dict[str, str]:
+    def write(
+        course: Path, rows: list, rubric: Any, options: Any, console: Console, written_ahead: frozenset = frozenset()
+    ) -> dict[str, str]:
         console.print(f"grades.csv: {len(rows)} students")
         return {}
 

@@ -804,8 +804,9 @@ def test_a_refusal_changes_nothing_in_the_course(tmp_path, monkeypatch):
 
 def test_feedback_pages_and_the_gradebook_are_made_while_the_class_is_graded(tmp_path, monkeypatch, capsys):
     """Each student's feedback page is written as soon as their run is recorded, and a missing gradebook is
-    made meanwhile (`OutputsAhead`): after the last grading, the class outputs find every page current. A page
-    written ahead is the page the outputs would write."""
+    made meanwhile (`OutputsAhead`): after the last grading, the class outputs find every page current, and
+    count the pages written ahead among those the run wrote. A page written ahead is the page the outputs
+    would write."""
     from autograder.course import class_outputs, feedback, grade_class
     from autograder.course.rows import feedback_path
 
@@ -829,7 +830,7 @@ def test_feedback_pages_and_the_gradebook_are_made_while_the_class_is_graded(tmp
     assert grade_class.grade_class(grade_class.ClassOptions(course, device="cpu", jobs=1)) == grade_class.EXIT_DONE
     said = " ".join(capsys.readouterr().out.split())
     assert pages_when_graded == {"gradebook": pages_when_graded["gradebook"], "ann": True, "bob": True}
-    assert "feedback.html (0 written)" in said, said
+    assert "feedback.html (3 written)" in said, said  # written ahead, each counted: the run wrote them
     assert (course / "gradebook.db").is_file() and "gradebook not updated" not in said
     rows = grade_class.class_rows(read_roster(course), Record(course))
     for row in rows:

@@ -264,7 +264,9 @@ def test_speed_waits_for_a_wrong_combine_as_the_other_parts_do(built, tmp_path):
     done = selfcheck(wrong, built / "mha-student-kit")
     verdicts = dict(line.split(None, 1) for line in done.stdout.splitlines() if line.split(None, 1)[0] in PARTS)
     assert verdicts["combine"].startswith("failed:") and verdicts["mha"].startswith("passed:")
-    assert verdicts["speed"].startswith("waiting:") and "parts 2 and 3" in verdicts["speed"], verdicts["speed"]
+    # the wrapper and combine are the notebook's part 3 (part 2 has no self-check)
+    assert verdicts["speed"].startswith("waiting:") and "part 3" in verdicts["speed"], verdicts["speed"]
+    assert "part 2" not in verdicts["speed"]
     assert "shape" not in verdicts["speed"]
 
 
@@ -279,6 +281,23 @@ def test_a_syntax_error_is_one_diagnosis_at_the_files_line_and_what_needs_it_wai
     assert said.count("SyntaxError") == 1 and f", line {line}: SyntaxError:" in done.stderr, said
     assert "NameError" not in said
     verdicts = dict(line.split(None, 1) for line in done.stdout.splitlines() if line.split(None, 1)[0] in PARTS)
-    for part in ("combine", "wrapper", "fuse"):
+    # failed in its own part, and nowhere else: what needs combine waits for it
+    assert verdicts["combine"].startswith("failed:") and f"(line {line}), which defines combine" in verdicts["combine"]
+    for part in ("wrapper", "fuse"):
         assert verdicts[part].startswith("waiting:") and f"(line {line}), which defines combine" in verdicts[part]
     assert verdicts["columns"].startswith("passed:") and done.returncode == 1
+
+
+def test_fuse_waits_for_wrong_column_ranges_and_a_missing_file_says_so(built, tmp_path):
+    """fuse_heads written right, head_column_ranges inclusive: fuse's self-check waits for part 5 (its own code
+    is right), columns fails. A file that is not there is named as missing."""
+    path = answered(tmp_path, "mha.py")
+    right = "return [(h * width, (h + 1) * width) for h in range(num_heads)]"
+    assert path.read_text().count(right) == 1
+    path.write_text(path.read_text().replace(right, right.replace("(h + 1) * width)", "(h + 1) * width - 1)")))
+    done = selfcheck(path, built / "mha-student-kit")
+    verdicts = dict(line.split(None, 1) for line in done.stdout.splitlines() if line.split(None, 1)[0] in PARTS)
+    assert verdicts["columns"].startswith("failed:") and "inclusive" in verdicts["columns"]
+    assert verdicts["fuse"].startswith("waiting:") and "part 5" in verdicts["fuse"], verdicts["fuse"]
+    missing = selfcheck(tmp_path / "missing.py", built / "mha-student-kit")
+    assert missing.returncode == 2 and "no such file" in missing.stderr, missing.stderr

@@ -346,6 +346,7 @@ ONE_OF_EACH = [
     ),
     protocol.DropRequest("h0"),
     protocol.PingRequest(),
+    protocol.StandInRequest("combine", [[[[torch.ones(2), torch.zeros(2)]], torch.ones(4)]]),
 ]
 
 

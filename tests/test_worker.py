@@ -27,6 +27,7 @@ from autograder.sandbox.client import (
     WorkerTimeout,
 )
 from autograder.sandbox.protocol import (
+    MISSING,
     BuildRequest,
     CallRequest,
     Captured,
@@ -40,6 +41,7 @@ from autograder.sandbox.protocol import (
     PingRequest,
     Pong,
     ReplayRequest,
+    StandInRequest,
     ToRequest,
 )
 
@@ -64,6 +66,31 @@ def test_a_module_the_students_code_made_is_moved_to_the_grading_device(make_wor
     assert set(moved.state_dict) == {"weight", "bias"} and moved.state_dict["weight"].shape == (3, 2)
     with pytest.raises(SubmissionError):  # an unknown device is the request's error, reported, not a crash
         w.request(ToRequest(handle=made.handle, device="no-such-device"))
+
+
+def test_a_stand_in_answers_its_values_only_and_the_students_own_comes_back(make_worker):
+    """A stand-in for a function the student's code calls (combine, left a stub here) answers the calls of its
+    table, within a float tolerance, and refuses any other; without a table the student's own is back, and a
+    stand-in for a name the file lacks leaves it lacking again."""
+    w = make_worker(
+        "import torch\ndef combine(outputs):\n    raise NotImplementedError()\n"
+        "def wrapper(a, b):\n    return combine([a, b])\n"
+    )
+    a, b = torch.ones(2, 3), torch.zeros(2, 1)
+    value = torch.arange(8.0).reshape(2, 4)  # what the grader says the call should give: not a concatenation
+    w.request(StandInRequest("combine", [[[[a, b]], value]]))
+    assert torch.equal(w.request(CallRequest("wrapper", [a + 1e-9, b])), value)
+    with pytest.raises(SubmissionError) as info:
+        w.request(CallRequest("wrapper", [b, a]))
+    assert info.value.type == "LookupError"
+    w.request(StandInRequest("combine", None))
+    with pytest.raises(SubmissionError) as info:
+        w.request(CallRequest("wrapper", [a, b]))
+    assert info.value.type == "NotImplementedError"
+    w.request(StandInRequest("missing", [[[1], 2]]))
+    assert w.request(CallRequest("missing", [1])) == 2
+    w.request(StandInRequest("missing", None))
+    assert w.request(GetRequest("missing")) is MISSING
 
 
 def test_student_exceptions_come_back_with_their_traceback(make_worker):

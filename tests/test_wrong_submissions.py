@@ -4,8 +4,8 @@ Every submission is the reference solution with one snippet replaced, the way a 
 wrong. For each one the table lists, per part, the checks (functions) that must fail: all of their cases,
 or some but not all of them when the name ends in "~". Every other check must pass, so a part not listed
 keeps full marks: a mistake in one step is not charged again in a later part that uses it (the wrapper
-calls combine, make_2d_wrapper builds a wrapper, fuse_heads builds a MultiHeadAttention), except where the
-later part cannot be graded at all (fuse_heads that raises because head_column_ranges is wrong). The points
+calls combine, make_2d_wrapper builds a wrapper, fuse_heads builds a MultiHeadAttention and may call
+head_column_ranges: where what a part calls raises or is wrong, it runs with a stand-in, values only). The points
 lost follow from the rubric's weights, never from numbers typed here. The table also says which words each
 part's failures must contain: the diagnosis.
 
@@ -31,6 +31,7 @@ import pytest
 
 from autograder.grading.checks import mistakes as common
 from autograder.grading.submission import read_cells
+from autograder.model import GradingRun
 from autograder.rubric import load_rubric
 from helpers import REFERENCE, GradingPool, failures, mutated_reference, part_scores
 
@@ -331,15 +332,15 @@ MISTAKES = [
         {"two_dim": ("test_passes_dropout_and_bias_on",)},
         {"two_dim": "does not drop anything in training mode: pass dropout on"},
     ),
-    # --- a syntax error: one diagnosis, at the file's line; what needs the cell is not credited, pointing to it
+    # --- a syntax error: one diagnosis, at the file's line; the wrapper, which calls combine, runs with a stand-in
     Mistake(
         "syntax_error_in_combine",
         COMBINE + "\n",
         COMBINE.replace("dim=-1)", "dim=-1") + "\n",
-        {"combine": ("test_book_example", "test_concatenates_heads", "test_keeps_dtype"), "wrapper": WRAPPER_ALL},
+        {"combine": ("test_book_example", "test_concatenates_heads", "test_keeps_dtype")},
         {"combine": ("which defines combine, has a syntax error", f"line {SYNTAX_LINE})")},
     ),
-    # --- columns (fuse_heads places weights with head_column_ranges: a fuse_heads that raises cannot be graded)
+    # --- columns (fuse_heads places weights with head_column_ranges: it runs with a stand-in while they are wrong)
     Mistake(
         "columns_literal_inclusive",
         "EIGHT_COLUMNS_FOUR_HEADS = [(0, 2), (2, 4), (4, 6), (6, 8)]",
@@ -351,15 +352,8 @@ MISTAKES = [
         "columns_function_inclusive",
         "return [(h * width, (h + 1) * width) for h in range(num_heads)]",
         "return [(h * width, (h + 1) * width - 1) for h in range(num_heads)]",
-        {"columns": ("test_head_column_ranges",), "fuse": FUSE_ALL},
-        {
-            "columns": "Likely mistake: inclusive ranges",
-            "fuse": (
-                "your head_column_ranges",
-                "which are inclusive ranges",
-                "this check counts once head_column_ranges is right (see the columns checks)",
-            ),
-        },
+        {"columns": ("test_head_column_ranges",)},
+        {"columns": "Likely mistake: inclusive ranges"},
     ),
     Mistake(
         "split_rows",
@@ -405,6 +399,31 @@ MISTAKES = [
         "        values = values.view(b, self.num_heads, num_tokens, self.head_dim)\n",
         {"mha": ("test_book_example", "test_shorter_sequences", "test_matches_reference~", *MHA_ALL_BUT_BOOK[2:])},
         {"mha": ("Likely mistake: heads split by reshaping straight to", common.HALF_SPLIT)},
+    ),
+    Mistake(
+        "mha_split_wrong_axes",
+        MHA_SPLIT,
+        MHA_SPLIT.replace("transpose(1, 2)", "transpose(1, 3)"),
+        {"mha": MHA_ALL},
+        {"mha": ("Likely mistake: wrong axes transposed when splitting the heads", common.HALF_SPLIT)},
+    ),
+    Mistake(
+        "mha_merge_wrong_axes",
+        "context_vec = (attn_weights @ values).transpose(1, 2)  # (b, T, H, hd)",
+        "context_vec = (attn_weights @ values).transpose(1, 3)  # (b, T, H, hd)",
+        {
+            "mha": (
+                "test_shorter_sequences",
+                "test_matches_reference~",
+                "test_input_not_modified",
+                "test_new_inputs_new_answers",
+                "test_gradients",
+                "test_one_pass_for_all_heads",
+                "test_no_ready_made_attention",
+                "test_dropout",
+            )
+        },
+        {"mha": ("Likely mistake: wrong axes transposed when merging the heads", common.HALF_SPLIT)},
     ),
     Mistake(
         "mha_heads_not_merged",
@@ -804,6 +823,14 @@ def test_wrong_submission_loses_exactly_its_points(mistake, graded, reference_re
             f"{mistake.id}: the first failure of {part}, the one the summary shows, does not say {says[0]!r}:\n{first}"
         )
 
+    # Each mistake once, in its own part: the errors raised while loading fold under the part that made them,
+    # so that the feedback page shows at most one load-time box per mistake (the untouched parts' stubs aside).
+    run = GradingRun.from_gradescope(results)
+    folded = {part for part in run.load.cell_parts.values() if part not in run.not_done()}
+    assert len(run.load.loose_lines()) + len(folded) <= max(1, mistake.diagnoses), (
+        f"{mistake.id}: load-time boxes {run.load.loose_lines()} and in parts {sorted(folded)}"
+    )
+
     # The notebook's self-checks and the grader agree: a part loses points only for a requirement that a
     # visible check or the self-check also enforces, and a self-check fails only where points are lost.
     self_checks = self_checks_that_failed(path, results)
@@ -918,8 +945,13 @@ def test_a_part_left_a_stub_alone_is_that_parts_own_diagnosis(index, name, stubs
     assert results["extra_data"]["status"] == "graded", results["extra_data"]["reason"]
     failed = [t for t in failures(results) if "not-credited" not in t["tags"]]
     assert failed and {t["tags"][0] for t in failed} == {part}, [(t["name"], t["output"][:200]) for t in failed]
+    # graded on what it adds: no other part loses a point for this stub (not even as "not credited")
+    losing = {p for p, (score, maximum) in part_scores(results).items() if score < maximum}
+    assert losing == {part}, f"{name}: parts {sorted(losing)} lose points"
     if not name.isupper():  # a function left a stub (the quiz's and the literal's answers are values)
         assert COUNTED.sub("", failed[0]["output"]).startswith("not done yet"), failed[0]["output"]
+    for test in failures(results):  # every check that meets a stub says it is not written yet, never quotes it
+        assert "raised NotImplementedError" not in test["output"], test["output"]
     named = [f for f in OTHER_FUNCTIONS if f not in MAY_NAME.get(part, ()) and f != name]
     for test in failed:
         assert not any(f"your {f}" in test["output"] or f"fix {f}" in test["output"] for f in named), test

@@ -12,6 +12,8 @@ ends with a call of its `_check_<part>()`, whose value (what Jupyter shows under
 - `waiting: ...`: the part's own code looks right, but what it produces depends on another part that is
   not right or not written yet (the message names it);
 - `answered: ...`: the quiz, whose answers only the grader can judge;
+- a syntax error is `failed` in the part whose cell has it (the part of the next self-check), and makes
+  the self-checks of other parts that need what the cell defines `waiting`;
 - a stub that still raises NotImplementedError is `not done yet` (but `waiting` when its message starts with
   "waiting: ": the speed part's self-check, which has no code of its own, raises so while part 6 is a stub,
   so that the untouched notebook earns nothing under nbgrader either); an AssertionError is `failed`, with
@@ -196,24 +198,25 @@ def run(path: Path) -> int:
         return 2
     namespace: dict[str, Any] = {"__name__": "__main__"}
     results: list[tuple[str, str, str]] = []
-    unparsed: dict[str, str] = {}  # a name that a cell which could not be parsed defines -> where that cell is
-    for cell in cells_of(path):
+    unparsed: dict[str, tuple[str, str | None]] = {}  # a name an unparsable cell defines -> (where, its part)
+    cells = cells_of(path)
+    for cell in cells:
         broken = syntax_error(path, cell)
-        if broken:  # one diagnosis, where the file has it; what needs the cell waits for it
+        if broken:  # one diagnosis, where the file has it: failed in its own part, what else needs it waits
             said, at = broken
             print(said, file=sys.stderr)
-            unparsed.update(dict.fromkeys(defined_names(cell.source), f"cell {cell.number} (line {at})"))
+            where_and_part = (f"cell {cell.number} (line {at})", owner(cells, cell))
+            unparsed.update(dict.fromkeys(defined_names(cell.source), where_and_part))
             if cell.part is not None:
                 results.append((cell.part, FAILED, f"this self-check's cell cannot run: {said}"))
             continue
         status, message, missing = outcome_of(path, cell, namespace)
         if missing is not None and missing in unparsed:
+            cell_at, part = unparsed[missing]
+            own = part == cell.part
             status, message = (
-                WAITING,
-                (
-                    f"{unparsed[missing]}, which defines {missing}, has a syntax error (above): fix it, and this "
-                    "self-check runs"
-                ),
+                FAILED if own else WAITING,
+                f"{cell_at}, which defines {missing}, has a syntax error (above): fix it, and this self-check runs",
             )
         if cell.part is not None:
             results.append((cell.part, status, message))
@@ -231,6 +234,12 @@ def run(path: Path) -> int:
         line += f", {counts[ANSWERED]} answered (the grader decides whether the answers are right)"
     print(f"{line}. The grader runs more checks, on inputs you do not see.")
     return 0 if counts[PASSED] + counts[ANSWERED] == len(results) else 1
+
+
+def owner(cells: list[Cell], cell: Cell) -> str | None:
+    """The part a cell's code belongs to: the part of the first self-check after it (each part's cells come
+    before its self-check), or None after the last."""
+    return next((c.part for c in cells if c.number > cell.number and c.part is not None), None)
 
 
 def stubs_left(cells: list[Cell]) -> int:
@@ -275,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         print(why)
         if path is None:
             return 2
+    if not path.exists():
+        print(f"{path}: no such file (is the name right, and are you in its folder?)", file=sys.stderr)
+        return 2
     if not path.is_file() or path.suffix not in (".py", ".ipynb"):
         print(f"{path}: not a .py or .ipynb file", file=sys.stderr)
         return 2

@@ -32,7 +32,7 @@ from autograder.atomic import write_text_atomically
 from autograder.contract import ASSIGNMENT
 from autograder.course.class_report import report_path, write_class_report
 from autograder.course.clean import clean_for_output, csv_text
-from autograder.course.feedback import write_feedback
+from autograder.course.feedback import feedback_written
 from autograder.course.gradebook import GradebookError, ensure_configuration, make_ahead, record_grades
 from autograder.course.roster import AMBIGUOUS, NO_SUBMISSION, Entry
 from autograder.course.rows import NOT_GRADED, STATUSES, Row, graded_parts, status_words
@@ -214,6 +214,7 @@ class OutputsAhead:
     def __init__(self, course: Path, record: Record, options: OutputOptions):
         self.course, self.record, self.options = Path(course), record, options
         self.graded_entries: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
+        self.written: set[str] = set()  # the students whose feedback page it wrote (read once `close` returns)
         self.thread = threading.Thread(target=self._run, name="outputs-ahead", daemon=True)
         self.thread.start()
 
@@ -237,7 +238,7 @@ class OutputsAhead:
                 continue
             with contextlib.suppress(Exception):
                 row = Row(entry, self.record.run(entry.student) if entry.has_file else None)
-                write_feedback(self.course, [row], released=self.options.released)
+                self.written.update(feedback_written(self.course, [row], released=self.options.released))
 
 
 def mirror_results(course: Path, record: Record, rows: list[Row]) -> int:
@@ -260,9 +261,15 @@ def mirror_results(course: Path, record: Record, rows: list[Row]) -> int:
 
 
 def write_class_outputs(
-    course: Path, rows: list[Row], rubric: Rubric, options: OutputOptions | None = None, console: Console | None = None
+    course: Path,
+    rows: list[Row],
+    rubric: Rubric,
+    options: OutputOptions | None = None,
+    console: Console | None = None,
+    written_ahead: frozenset[str] = frozenset(),
 ) -> dict[str, str]:
-    """Write every class output from `rows`; print the tables and where each output is."""
+    """Write every class output from `rows`; print the tables and where each output is. `written_ahead`: the
+    students whose feedback page this run wrote already (`OutputsAhead`), counted with those written here."""
     options = options or OutputOptions()
     console = console or Console(highlight=False)
     course = Path(course)
@@ -272,8 +279,8 @@ def write_class_outputs(
     where["results (the record)"] = f"{course / record.root.name}/<student>/{ASSIGNMENT}/results.json"
     where["results (nbgrader's layout)"] = f"{course}/autograded/<student>/{ASSIGNMENT}/results.json"
     if options.feedback:
-        written = write_feedback(course, rows, released=options.released)
-        where["feedback"] = f"{course}/feedback/<student>/{ASSIGNMENT}/feedback.html ({written} written)"
+        pages = written_ahead | set(feedback_written(course, rows, released=options.released))
+        where["feedback"] = f"{course}/feedback/<student>/{ASSIGNMENT}/feedback.html ({len(pages)} written)"
     if options.gradebook:
         told = ensure_configuration(course)
         if told:

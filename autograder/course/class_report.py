@@ -47,7 +47,15 @@ from autograder.course.rows import (
     status_words,
 )
 from autograder.course.store import COURSE_FILE_MODE
-from autograder.model import FAILED, NOT_CREDITED, GradingRun
+from autograder.model import (
+    FAILED,
+    NOT_CREDITED,
+    NOT_DONE_MISTAKES,
+    NOT_DONE_YET,
+    NOT_ONE_PASS,
+    CheckResult,
+    GradingRun,
+)
 from autograder.rubric import Rubric
 
 TEMPLATE = "class.html.j2"
@@ -113,20 +121,44 @@ class Mistakes:
     never: Withheld  # found by hidden checks, never described
 
 
+# A mistake one check names that is another's consequence, by the key of the check that names the cause: the
+# speed part's "not one pass" is the loop over heads that the mha part's structure check already counts.
+CONSEQUENCE_OF = {NOT_ONE_PASS: "mha::test_one_pass_for_all_heads"}
+
+
+def counted_failures(checks: list[CheckResult]) -> list[tuple[CheckResult, str, str]]:
+    """A student's failed checks, each with the part and the words it is counted under: a part not done yet
+    (a stub, an answer left None) is one "not done yet", and its failures that name no mistake are not counted
+    again as naming none; a mistake that is the consequence of one another failed check names (the speed of a
+    loop over heads) is counted under that check's part and words, once."""
+    failed = [check for check in checks if check.status == FAILED]
+    not_done = {check.part for check in failed if check.mistake in NOT_DONE_MISTAKES}
+    by_key = {check.key: check for check in failed}
+    counted: list[tuple[CheckResult, str, str]] = []
+    for check in failed:
+        cause = by_key.get(CONSEQUENCE_OF.get(check.mistake, ""))
+        if check.part in not_done and (check.mistake in NOT_DONE_MISTAKES or not check.mistake):
+            counted.append((check, check.part, NOT_DONE_YET))
+        elif cause is not None:
+            counted.append((check, cause.part, cause.mistake))
+        else:
+            counted.append((check, check.part, check.mistake))
+    return counted
+
+
 def class_mistakes(rows: list[Row], released: bool) -> Mistakes:
-    """The mistakes of the scored students, each counted once per student and part, ranked by how many
-    students made it; the failures that named no mistake count as one per part. One that only checks the
-    page may not describe found, for a student, is counted apart and not named."""
+    """The mistakes of the scored students, each counted once per student, ranked by how many students made
+    it; the failures that named no mistake count as one per part, a part not done yet as one
+    (`counted_failures`). One that only checks the page may not describe found, for a student, is counted
+    apart and not named."""
     found: dict[tuple[str, str], Mistake] = {}
     unshown: dict[tuple[str, str], dict[str, bool]] = defaultdict(dict)  # (part, words) -> {student: never shown}
     for row in rows:
         run = row.scored_run
-        for check in run.checks if run is not None else []:
-            if check.status != FAILED:
-                continue
-            key = (check.part, check.mistake)
+        for check, part, words in counted_failures(run.checks if run is not None else []):
+            key = (part, words)
             if shown(check, released):
-                mistake = found.setdefault(key, Mistake(check.part, check.mistake))
+                mistake = found.setdefault(key, Mistake(part, words))
                 mistake.checks.add(check.key)
                 mistake.students[row.student] = None
             else:

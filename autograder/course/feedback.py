@@ -292,9 +292,11 @@ def page_context(row: Row, released: bool) -> dict[str, Any]:
     context.update(
         score=points_text(run.score),
         max_score=points_text(run.max_score),
-        load_problems=run.load.lines(),
+        headline=run.headline(lambda check: shown(check, released)),
+        load_problems=run.load.loose_lines(),
         events=list(dict.fromkeys(run.events)),
     )
+    not_done = run.not_done()  # said once, in the headline, with the load-time errors their stubs raised
     for part in run.parts():
         checks = [c for c in run.checks if c.part == part.part]
         visible = [c for c in checks if shown(c, released)]
@@ -316,6 +318,8 @@ def page_context(row: Row, released: bool) -> dict[str, Any]:
                     for c in visible
                 ],
                 "withheld": withheld_text(later, never, released, part.part),
+                # the load-time errors this part's mistake explains, once, here (its own checks say the mistake)
+                "load": run.load.folded_line(part.part) if part.part not in not_done else "",
                 "speed": None,
             }
         )
@@ -363,13 +367,18 @@ def render(row: Row, released: bool = False, fingerprint_value: str = "") -> str
 
 def write_feedback(course: Path, rows: list[Row], released: bool = False) -> int:
     """Write each student's page where it is missing or out of date; return how many were written."""
+    return len(feedback_written(course, rows, released))
+
+
+def feedback_written(course: Path, rows: list[Row], released: bool = False) -> list[str]:
+    """Write each student's page where it is missing or out of date; return the students whose page was."""
     renderer = renderer_fingerprint()
-    written = 0
+    written = []
     for row in rows:
         path = feedback_path(course, row.student)
         value = fingerprint(row, released, renderer)
         if page_is_current(path, _FINGERPRINT, value):
             continue
         write_text_atomically(path, render(row, released, value), COURSE_FILE_MODE)
-        written += 1
+        written.append(row.student)
     return written

@@ -487,13 +487,16 @@ def retry_untimed(run: ClassRun, todo: list[Job], report: Reporter, ahead: Outpu
     return grade_all(untimed, run, 1, report, ahead)
 
 
-def finish(run: ClassRun, report: Reporter) -> list[str]:
+def finish(run: ClassRun, report: Reporter, written_ahead: frozenset[str] = frozenset()) -> list[str]:
     """Step 6: forget the forced regrades that are done, and (but in a shard) write every class output from
-    the record. The students a forced regrade has still to regrade."""
+    the record (`written_ahead`: the feedback pages written while grading). The students a forced regrade has
+    still to regrade."""
     left = close_finished_forced(run.record, run.roster)
     if run.options.share is None:
         rows = class_rows(run.roster, run.record)
-        write_class_outputs(run.options.course, rows, run.rubric, run.options.outputs, report.console)
+        write_class_outputs(
+            run.options.course, rows, run.rubric, run.options.outputs, report.console, written_ahead=written_ahead
+        )
     return left
 
 
@@ -517,7 +520,7 @@ def grade_class(options: ClassOptions, report: Reporter | None = None) -> int:
         finally:
             if ahead is not None:
                 ahead.close()
-        left = finish(run, report)
+        left = finish(run, report, frozenset(ahead.written) if ahead is not None else frozenset())
     finally:
         lock.close()
     if not finished:

@@ -87,7 +87,9 @@ class Row:
             notes.append(self.entry.timestamp_note)
         run = self.scored_run
         if run is not None:
-            notes += run.load.lines()[:1] + [f"Worker: {e}" for e in run.events[:1]]
+            if run.load.problem or run.load.cells:  # what went wrong, said in the student's terms (`headline`)
+                notes.append(run.headline() or next(iter(run.load.loose_lines()), ""))
+            notes += [f"Worker: {e}" for e in run.events[:1]]
             notes += [f"Flagged: {flag}" for flag in run.flags]
         return "; ".join(clean_for_output(n, newlines=False) for n in notes if n)
 

@@ -90,6 +90,8 @@ def show(value: object, depth: int = 0) -> str:
     if isinstance(value, ModuleInfo):
         return f"your {value.cls}"
     if isinstance(value, Raised):
+        if value.stub:
+            return "not written yet (it still raises NotImplementedError)"
         return f"raised {value.type}" + (f": {value.message[:200]}" if value.message else "")
     if isinstance(value, (list, tuple)) and depth == 0:
         items = [show(v, depth + 1) for v in value[:ITEMS]]

@@ -28,12 +28,14 @@ from autograder.grading import submission as reader
 from autograder.grading import timing
 from autograder.grading.checks.fixtures import GradingContext, GradingFixtures
 from autograder.grading.checks.harness import Notes, Submission, new_run_seed, noting
+from autograder.grading.load_parts import cell_parts
 from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.report import print_summary
 from autograder.grading.scoring import score
 from autograder.grading.workers import EarlyStart, grades_speed, hidden_folders, start_trusted_workers, worker_config
 from autograder.model import (
     CANNOT_GRADE,
+    FAILED,
     GRADED,
     GradingRun,
     LoadReport,
@@ -288,6 +290,8 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     run.status = GRADED
     run.titles = {part: rubric.part_title(part) for part in rubric.parts}
     run.checks = score(list(plugin.outcomes.values()), rubric)
+    failing = {check.part for check in run.checks if check.status == FAILED}
+    run.load.cell_parts = cell_parts(worker.cells, run.load.cells, failing)
     return run
 
 

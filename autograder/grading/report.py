@@ -31,8 +31,14 @@ def print_summary(run: GradingRun, visible_only: bool = False, console: Console 
             f"Total: {points_text(run.score)} / {points_text(run.max_score)}   ({run.execution_time:.1f} s, device {run.device}, "
             f"isolation {run.isolation})"
         )
-    for line in run.load.lines()[:5]:
+    if not visible_only and (run.load.problem or run.load.cells) and (headline := run.headline()):
+        console.print(escape(headline), style="yellow")
+    for line in run.load.loose_lines()[:5]:
         console.print(escape(line), style="yellow")
+    not_done = run.not_done()
+    for part in run.parts():
+        if part.part not in not_done and (folded := run.load.folded_line(part.part)):
+            console.print(escape(f"{folded}: they use part {part.part}, whose first problem is above"), style="yellow")
     for flag in run.flags:
         console.print(escape(f"Flagged for the instructor: {flag}"), style="yellow")
     if visible_only:

@@ -617,6 +617,17 @@ class PingRequest:
     op: ClassVar[str] = "ping"
 
 
+@dataclass(frozen=True)
+class StandInRequest:
+    """Stand in for the submission's function `name` while one check runs: values, never code. Called with
+    arguments equal (tensors within a float tolerance) to an entry's first item, the stand-in returns its second;
+    with any others it raises LookupError. `table` None puts the submission's own `name` back (or none)."""
+
+    op: ClassVar[str] = "stand_in"
+    name: str
+    table: Sequence[Sequence[Any]] | None = None  # [[args, value], ...]
+
+
 Request = (
     LoadRequest
     | GetRequest
@@ -630,6 +641,7 @@ Request = (
     | ReplayRequest
     | DropRequest
     | PingRequest
+    | StandInRequest
 )
 REQUEST_TYPES: tuple[type[Request], ...] = get_args(Request)
 REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in REQUEST_TYPES}

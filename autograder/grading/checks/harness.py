@@ -11,6 +11,7 @@ student.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import re
@@ -27,6 +28,7 @@ import torch
 
 from autograder.grading.graphs import CANNOT_CAPTURE, HIDDEN_FROM_CAPTURE, NOT_REPLAYABLE, READY_MADE
 from autograder.grading.plugin import CheckFailed, NotCredited, SharedProblem
+from autograder.model import NOT_DONE_STUB
 from autograder.rubric import Rubric
 from autograder.sandbox.client import (
     CheckBudget,
@@ -55,6 +57,7 @@ from autograder.sandbox.protocol import (
     ModuleInfo,
     ReplayRequest,
     Request,
+    StandInRequest,
     ToRequest,
 )
 
@@ -136,7 +139,7 @@ def diagnosis_of(message: object) -> str:
 
 
 # The mistakes named by what happened to the request rather than by what the code computed.
-NOT_DONE = "not done yet: the released stub still raises NotImplementedError"
+NOT_DONE = NOT_DONE_STUB
 WORKER_MISTAKES: dict[type[WorkerError], str] = {
     LoadFailed: "the file does not load",
     WorkerTimeout: "the code does not finish in time (an endless loop?)",
@@ -199,10 +202,27 @@ def worker_mistake(exc: WorkerError) -> str:
 
 @dataclass
 class Raised:
-    """An exception the student's code raised: its class name and message."""
+    """An exception the student's code raised: its class name, message and traceback (in the file's lines)."""
 
     type: str
     message: str
+    traceback: str = ""
+
+    @property
+    def stub(self) -> bool:
+        """Whether this is a stub left as released (which says nothing worth quoting: it is not written yet)."""
+        return self.type == "NotImplementedError"
+
+
+def stub_left(raised: Raised) -> NoReturn:
+    """Fail a check that met a stub still raising NotImplementedError: not done yet, whatever its message says
+    (the same diagnosis wherever the stub is met, so it is said once)."""
+    trace = f"\n{raised.traceback}" if raised.traceback else ""
+    fail(
+        f"not done yet: this still raises NotImplementedError (a stub left as released?){trace}",
+        mistake=NOT_DONE,
+        diagnosis=f"{raised.type}{trace}",
+    )
 
 
 class Submission:
@@ -278,11 +298,7 @@ class Submission:
             # what went wrong: the error's class and where it was raised (not its message, which may name the case)
             where = f"{exc.type}{trace}"
             if exc.type == "NotImplementedError":
-                fail(
-                    f"not done yet: this still raises NotImplementedError (a stub left as released?){trace}",
-                    mistake=NOT_DONE,
-                    diagnosis=where,
-                )
+                stub_left(Raised(exc.type, exc.message, exc.traceback or ""))
             said = f"your code raised {exc.type}" + (f": {exc.message}" if exc.message else "") + trace
             missing = UNDEFINED.fullmatch(exc.message or "")
             if exc.type == "NameError" and missing:
@@ -291,6 +307,20 @@ class Submission:
         if isinstance(exc, (LoadFailed, WorkerTimeout, WorkerCrashed, HoldBroken)):
             fail(str(exc), mistake=worker_mistake(exc))
         raise exc
+
+    @contextmanager
+    def standing_in(self, name: str, table: list[tuple[list[Any], Any]]) -> Iterator[None]:
+        """While the block runs, the submission's `name` (a part this check's part calls, wrong or missing) is
+        a stand-in that answers the calls in `table` ([(args, value)]: this check's inputs, values computed by
+        the reference here) and nothing else; the submission's own is put back after, so that no other check
+        meets the stand-in. The worker receives values only, never the reference's code."""
+        note("stand-in", what=name, calls=len(table))
+        self._ask(StandInRequest(name, [[_wire(list(args)), value] for args, value in table]))
+        try:
+            yield
+        finally:
+            with contextlib.suppress(pytest.fail.Exception):  # a worker gone since has its own namespace again
+                self._ask(StandInRequest(name, None))
 
     def value(self, name: str) -> Any:
         answer = self._ask(GetRequest(name))
@@ -315,8 +345,9 @@ class Submission:
                 check=self._check(),
             )
         except SubmissionError as exc:
-            note("returned", what=fn, value=Raised(exc.type, exc.message))
-            return Raised(exc.type, exc.message)
+            raised = Raised(exc.type, exc.message, exc.traceback or "")
+            note("returned", what=fn, value=raised)
+            return raised
         except (LoadFailed, WorkerTimeout, WorkerCrashed) as exc:
             fail(str(exc), mistake=worker_mistake(exc))
         note("returned", what=fn, value=answer)
@@ -932,14 +963,17 @@ def forward_checked(
     *,
     function: str,
     context_length: int | None = None,
+    explain: Callable[[str], str | None] | None = None,
     **kwargs: Any,
 ) -> ForwardReply:
-    """`submission.forward`, failing with internal errors put in the student's terms."""
+    """`submission.forward`, failing with internal errors put in the student's terms; `explain` names the
+    known mistake that raises the same error on this input, if any (the part's own variants)."""
     answer, problem = attempt(submission.forward, module, x, **kwargs)
     if answer is None:
-        fail(
-            in_student_terms(
-                problem or "", function, tokens=x.shape[1] if x.dim() == 3 else None, context_length=context_length
-            )
+        said = in_student_terms(
+            problem or "", function, tokens=x.shape[1] if x.dim() == 3 else None, context_length=context_length
         )
+        unexplained = said is problem  # in_student_terms found no internal error to explain
+        mistake = explain(said) if explain is not None and unexplained else None
+        fail(Problem(f"Likely mistake: {mistake}.\n{said}", mistake=mistake) if mistake else said)
     return answer

@@ -13,6 +13,7 @@ from typing import Any, cast
 import torch
 
 from autograder.grading.checks.harness import Raised, Submission, Variants, seed_torch
+from autograder.model import NOT_ONE_PASS as NOT_ONE_PASS  # the speed part's mistake, where the class report reads it
 from reference import mha as ref
 
 # The five common mistakes the notebook warns about (its "Common mistakes" section uses the same names),
@@ -24,9 +25,6 @@ INCONSISTENT_ORDER = "common mistake: an inconsistent output order"
 SHAPE_DRIFT = "common mistake: a drifting output shape"
 
 HEAD_PARTS = ("W_query", "W_key", "W_value")
-# The speed part's one named mistake, however the timing ends (too slow to time, past the deadline the
-# reference's time sets, or timed below the bands).
-NOT_ONE_PASS = "too slow for speed points: the heads are not computed in one batched pass (a loop over the heads?)"
 
 
 def named(description: str, common_mistake: str) -> str:
@@ -141,6 +139,7 @@ def mha_forward(
     scale: str = "head_dim",
     mask: bool = True,
     transpose_before_merge: bool = True,
+    merge_axes: tuple[int, int] = (1, 2),
     merge: bool = True,
     out_proj: bool = True,
     split: str = "view_transpose",
@@ -157,13 +156,16 @@ def mha_forward(
     def heads(t: torch.Tensor) -> torch.Tensor:
         if split == "view_direct":
             return t.reshape(b, H, T, hd)  # splits tokens, not columns
+        if split == "transpose_1_3":
+            return t.view(b, T, H, hd).transpose(1, 3)  # (b, hd, H, T): the tokens swapped with the head's columns
         return t.view(b, T, H, hd).transpose(1, 2)
 
     q, k, v = heads(module.W_query(x)), heads(module.W_key(x)), heads(module.W_value(x))
     scores = q @ k.transpose(2, 3)
     if mask:
         scores = scores.masked_fill(module.get_buffer("mask").bool()[:T, :T], -torch.inf)
-    divisor = {"head_dim": hd**0.5, "d_out": module.d_out**0.5, "none": 1.0}[scale]
+    # "head_dim" as the notebook writes it, keys.shape[-1] ** 0.5: a wrong split scales by what it put last
+    divisor = {"head_dim": k.shape[-1] ** 0.5, "d_out": module.d_out**0.5, "none": 1.0}[scale]
     places = dropout if isinstance(dropout, tuple) else (dropout,)
 
     def drop(where: str, t: torch.Tensor) -> torch.Tensor:
@@ -176,44 +178,77 @@ def mha_forward(
     context = drop("context", weights @ v)  # (b, H, T, hd)
     if not merge:
         return context
-    context = (context.transpose(1, 2) if transpose_before_merge else context).reshape(b, T, module.d_out)
+    context = (context.transpose(*merge_axes) if transpose_before_merge else context).reshape(b, T, module.d_out)
     context = drop("merged", context)
     projected: torch.Tensor = module.out_proj(context) if out_proj else context
     return drop("output", projected)
 
 
+# Transposing the wrong axes around the split: the tokens trade places with the head's columns, not the heads.
+SPLIT_AXES = (
+    "wrong axes transposed when splitting the heads: (b, T, H, hd).transpose(1, 3) swaps the tokens with each "
+    "head's columns; transpose(1, 2) moves the heads in front of the tokens, giving (b, H, T, hd)"
+)
+MERGE_AXES = (
+    "wrong axes transposed when merging the heads: (b, H, T, hd).transpose(1, 3) swaps the heads with each "
+    "head's columns; transpose(1, 2) gives (b, T, H, hd) before the view to (b, T, d_out)"
+)
+
+
+# Each known mistake of MultiHeadAttention.forward: its description, and how `mha_forward` makes it.
+MHA_CANDIDATES: dict[str, dict[str, Any]] = {
+    "scores scaled by sqrt(d_out) instead of sqrt(head_dim); each head's dot products run over head_dim numbers": dict(
+        scale="d_out"
+    ),
+    "scores not scaled; divide by sqrt(head_dim) before the softmax": dict(scale="none"),
+    "no causal mask; mask the scores above the diagonal with -inf before the softmax": dict(mask=False),
+    named(
+        "missing transpose before merging the heads: (b, H, T, hd) must go back to (b, T, H, hd) "
+        "(context.transpose(1, 2)) before the view to (b, T, d_out)",
+        HALF_SPLIT,
+    ): dict(transpose_before_merge=False),
+    named(
+        "the heads are never merged: the output is still (b, H, T, hd); move the heads back behind "
+        "the tokens and merge them into (b, T, d_out), then apply out_proj",
+        SHAPE_DRIFT,
+    ): dict(merge=False),
+    "missing output projection: return self.out_proj(context_vec)": dict(out_proj=False),
+    named(SPLIT_AXES, HALF_SPLIT): dict(split="transpose_1_3"),
+    named(SPLIT_AXES + " (and again when merging them)", HALF_SPLIT): dict(split="transpose_1_3", merge_axes=(1, 3)),
+    named(MERGE_AXES, HALF_SPLIT): dict(merge_axes=(1, 3)),
+    named(
+        "heads split by reshaping straight to (b, H, T, hd); view as (b, T, H, hd) and then "
+        "transpose(1, 2), so each head gets its own columns",
+        HALF_SPLIT,
+    ): dict(split="view_direct"),
+    "softmax over the wrong dimension; normalise over the keys (dim=-1)": dict(softmax_dim=-2),
+}
+
+
 def mha_variants(module: ref.MultiHeadAttention, x: torch.Tensor) -> dict[str, torch.Tensor]:
     with torch.no_grad():
-        candidates: dict[str, dict[str, Any]] = {
-            "scores scaled by sqrt(d_out) instead of sqrt(head_dim); each head's dot products run over "
-            "head_dim numbers": dict(scale="d_out"),
-            "scores not scaled; divide by sqrt(head_dim) before the softmax": dict(scale="none"),
-            "no causal mask; mask the scores above the diagonal with -inf before the softmax": dict(mask=False),
-            named(
-                "missing transpose before merging the heads: (b, H, T, hd) must go back to (b, T, H, hd) "
-                "(context.transpose(1, 2)) before the view to (b, T, d_out)",
-                HALF_SPLIT,
-            ): dict(transpose_before_merge=False),
-            named(
-                "the heads are never merged: the output is still (b, H, T, hd); move the heads back behind "
-                "the tokens and merge them into (b, T, d_out), then apply out_proj",
-                SHAPE_DRIFT,
-            ): dict(merge=False),
-            "missing output projection: return self.out_proj(context_vec)": dict(out_proj=False),
-            named(
-                "heads split by reshaping straight to (b, H, T, hd); view as (b, T, H, hd) and then "
-                "transpose(1, 2), so each head gets its own columns",
-                HALF_SPLIT,
-            ): dict(split="view_direct"),
-            "softmax over the wrong dimension; normalise over the keys (dim=-1)": dict(softmax_dim=-2),
-        }
         variants: dict[str, torch.Tensor] = {}
-        for description, flags in candidates.items():
+        for description, flags in MHA_CANDIDATES.items():
             try:
                 variants[description] = mha_forward(module, x, **flags)
             except RuntimeError:  # a variant that does not exist for these sizes
                 continue
         return variants
+
+
+def raising_mistake(module: ref.MultiHeadAttention, x: torch.Tensor, said: str) -> str | None:
+    """The known mistake whose forward raises, on this input, the error the student's forward raised (`said`,
+    the failure's message), or None: a wrong split fails inside PyTorch for most sizes, and its error names
+    only sizes."""
+    with torch.no_grad():
+        x = x.to(module.get_buffer("mask").device)
+        for description, flags in MHA_CANDIDATES.items():
+            try:
+                mha_forward(module, x, **flags)
+            except RuntimeError as exc:
+                if str(exc).strip() and str(exc).splitlines()[0] in said:
+                    return description
+    return None
 
 
 def mha_dropout_variants(module: ref.MultiHeadAttention, x: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:

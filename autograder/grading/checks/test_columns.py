@@ -19,6 +19,7 @@ from autograder.grading.checks.harness import (
     matches,
     mistake_of,
     note,
+    stub_left,
 )
 from autograder.grading.checks.mistakes import (
     ROWS_INSTEAD_OF_COLUMNS,
@@ -26,6 +27,7 @@ from autograder.grading.checks.mistakes import (
     split_variants,
     wrong_ranges,
 )
+from autograder.model import NOT_DONE_UNANSWERED
 from reference import mha as ref
 
 SIZES = [(6, 3), (8, 4), (2, 2), (5, 1), (12, 12), (64, 8), (768, 12), (30, 5)]
@@ -84,6 +86,8 @@ def test_rejects_bad_splits(submission: Submission, num_columns: int, num_heads:
     """head_column_ranges raises ValueError with a message when the columns cannot be split evenly"""
     given = submission.try_call("head_column_ranges", num_columns, num_heads)
     if isinstance(given, Raised):
+        if given.stub:
+            stub_left(given)
         if given.type != "ValueError":
             fail(
                 f"head_column_ranges({num_columns}, {num_heads}) raised {given.type}: {given.message}; "
@@ -110,8 +114,15 @@ def test_eight_columns_four_heads(submission: Submission) -> None:
     expected = ref.EIGHT_COLUMNS_FOUR_HEADS
     if expected is None:  # the grader's own fault: the run cannot grade
         raise RuntimeError("the reference does not answer EIGHT_COLUMNS_FOUR_HEADS")
+    given = submission.value("EIGHT_COLUMNS_FOUR_HEADS")
+    if given is None:
+        fail(
+            "EIGHT_COLUMNS_FOUR_HEADS is still None: write the list of ranges for 8 columns and 4 heads",
+            mistake=NOT_DONE_UNANSWERED,
+            diagnosis="EIGHT_COLUMNS_FOUR_HEADS is still None",
+        )
     check_ranges(
-        submission.value("EIGHT_COLUMNS_FOUR_HEADS"),
+        given,
         expected,
         "EIGHT_COLUMNS_FOUR_HEADS",
         column_range_variants(8, 4),

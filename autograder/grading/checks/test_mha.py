@@ -43,7 +43,12 @@ from autograder.grading.checks.harness import (
     value_problem,
     values_first,
 )
-from autograder.grading.checks.mistakes import mha_dropout_variants, mha_train_forward, mha_variants
+from autograder.grading.checks.mistakes import (
+    mha_dropout_variants,
+    mha_train_forward,
+    mha_variants,
+    raising_mistake,
+)
 from autograder.rubric import Rubric
 from autograder.sandbox.client import Worker, WorkerError
 from autograder.sandbox.protocol import DropRequest, Graph, ModuleInfo
@@ -91,7 +96,15 @@ def run(
 ) -> ForwardReply:
     """The student's forward, with PyTorch's internal errors explained (a mask not cut to T x T, ...)."""
     context_length = reference.get_buffer("mask").shape[0]
-    return forward_checked(submission, module, x, function=FORWARD, context_length=context_length, **kwargs)
+    return forward_checked(
+        submission,
+        module,
+        x,
+        function=FORWARD,
+        context_length=context_length,
+        explain=lambda said: raising_mistake(reference, x, said),
+        **kwargs,
+    )
 
 
 def output_problem(

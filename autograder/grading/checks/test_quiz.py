@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autograder.grading.checks.harness import Submission, fail
+from autograder.model import NOT_DONE_UNANSWERED
 from reference import mha as ref
 
 CHOICES = {"HEADS_RUN": ("A", "B"), "OUTPUT_SHAPE_STEP": ("A", "B", "C", "D")}
@@ -26,6 +27,7 @@ def answer(submission: Submission, name: str) -> str:
     if value is None:
         fail(
             f"{name} is still None: set it to one of {', '.join(map(repr, CHOICES[name]))}",
+            mistake=NOT_DONE_UNANSWERED,
             diagnosis=f"{name} is still None",
         )
     if not isinstance(value, str) or value.strip().upper() not in CHOICES[name]:

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from autograder.grading.checks.harness import (
+    WORKER_MISTAKES,
     ForwardReply,
     Inputs,
-    NotCredited,
     Raised,
     Submission,
     attempt,
@@ -29,7 +29,7 @@ from autograder.grading.checks.harness import (
     fail_if,
     first_match,
     in_student_terms,
-    raised_in,
+    mistake_of,
     seed_torch,
     value_problem,
     values_first,
@@ -112,25 +112,26 @@ def run_wrapper(
     x: torch.Tensor,
     **kwargs: Any,
 ) -> ForwardReply:
-    """The wrapper's forward. When it fails inside combine, and combine fails on the heads' right outputs too,
-    combine is the cause: the check is not credited and waits for it. Any other failure (a stub left in the
-    forward, an error in its own lines) is the wrapper's own."""
+    """The wrapper's forward. When it fails and the student's combine raises (or is missing) on the heads'
+    right outputs, the forward runs again with a stand-in for combine that answers this input's heads' outputs
+    with their right combination (values, computed here): the wrapper is graded on what it adds, combine's
+    mistake is charged in combine alone. Any other failure (a stub left in the forward, an error in its own
+    lines, other values handed to combine) is the wrapper's own."""
     answer, problem = attempt(submission.forward, module, x, **kwargs)
     if answer is not None:
         return answer
-    if raised_in(problem) == "combine":
-        raised = submission.try_call("combine", reference_heads(reference, x))
-        if isinstance(raised, Raised):
-            state = (
-                "is not written yet"
-                if raised.type == "NotImplementedError"
-                else f"raises {raised.type}: {raised.message}"
-            )
-            raise NotCredited(
-                f"not credited: the wrapper's forward calls combine, and your combine {state}: this check counts "
-                f"once combine works (see the combine checks).\n{problem}"
-            )
+    heads = reference_heads(reference, x, kwargs.get("train", False), kwargs.get("seed", 0))
+    if mistake_of(problem) not in WORKER_MISTAKES.values() and combine_raises(submission, heads):
+        with submission.standing_in("combine", [([heads], ref.combine(heads))]):
+            answer, problem = attempt(submission.forward, module, x, **kwargs)
+        if answer is not None:
+            return answer
     fail(in_student_terms(problem or "", FORWARD))
+
+
+def combine_raises(submission: Submission, heads: list[torch.Tensor]) -> bool:
+    """Whether the student's combine raises, or is not defined, on these (right) heads' outputs."""
+    return isinstance(submission.try_call("combine", heads), Raised)
 
 
 @pytest.mark.part("wrapper")
@@ -212,6 +213,8 @@ def test_gradients(submission: Submission, inputs: Inputs, rubric: Rubric) -> No
             output_problem(submission, inputs, rubric, reference, x, y, "float64", "wrapper output"),
             "The gradient check",
         )
+    if combine_raises(submission, reference_heads(reference, x)):
+        return  # combine stood in, with values: no gradient flows through it, so this check is not charged
     grad_out = inputs.randn(*y.shape)
     answer = run_wrapper(submission, reference, module, x, grad_out=grad_out)
     names = ["x", *(f"param:{n}" for n, _ in reference.named_parameters())]

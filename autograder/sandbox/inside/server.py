@@ -85,6 +85,7 @@ class Session:
         self.namespace: dict[str, Any] = {}  # the submission's globals
         self.objects: dict[str, torch.nn.Module] = {}  # handle -> a module built or returned for the grader
         self.built = 0  # handles are never reused, even after a drop
+        self.stood_in: dict[str, Any] = {}  # name -> the submission's own value (or MISSING) while a stand-in runs
         self._current = self.encoder()
 
     # -- values
@@ -371,6 +372,45 @@ class Session:
 
     def op_ping(self, request: protocol.PingRequest) -> protocol.Pong:
         return protocol.Pong(os.getpid())
+
+    def op_stand_in(self, request: protocol.StandInRequest) -> None:
+        """Put the submission's own `name` back, then, with a table, stand in for it with a lookup of values
+        (a part the check's part calls, wrong or missing in the submission): see `StandInRequest`."""
+        own = self.stood_in.pop(request.name, None)
+        if own is not None:
+            if own is protocol.MISSING:
+                self.namespace.pop(request.name, None)
+            else:
+                self.namespace[request.name] = own
+        if request.table is None:
+            return
+        self.stood_in[request.name] = self.namespace.get(request.name, protocol.MISSING)
+        torch, table, name = self.torch, [(list(args), value) for args, value in request.table], request.name
+
+        def same(given: Any, expected: Any) -> bool:
+            if isinstance(expected, torch.Tensor):
+                return (
+                    isinstance(given, torch.Tensor)
+                    and given.shape == expected.shape
+                    and torch.allclose(given.detach().cpu().double(), expected.double(), rtol=1e-4, atol=1e-6)
+                )
+            if isinstance(expected, (list, tuple)):
+                return (
+                    isinstance(given, (list, tuple))
+                    and len(given) == len(expected)
+                    and all(same(g, e) for g, e in zip(given, expected))
+                )
+            return bool(given == expected)
+
+        def stand_in(*args: Any) -> Any:
+            for inputs, value in table:
+                if same(list(args), inputs):
+                    if isinstance(value, torch.Tensor) and args and isinstance(args[0], (list, tuple)) and args[0]:
+                        return value.to(args[0][0].device)
+                    return value
+            raise LookupError(f"{name} (a stand-in of the grader's) was called with other values than it expected")
+
+        self.namespace[name] = stand_in
 
     def lookup(self, name: str) -> Any:
         if name not in self.namespace:
