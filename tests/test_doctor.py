@@ -249,3 +249,26 @@ def test_the_speed_report_and_the_advice_read_as_sentences():
     last = done.stdout.strip().splitlines()[-1]
     assert "do  nothing" not in done.stdout
     assert last.startswith("The one change that would improve grading here") or last.strip().startswith("do ")
+
+
+def test_a_root_grader_whose_fresh_uid_cannot_read_the_interpreter_is_never_told_to_run_as_root(monkeypatch):
+    """Root in a container whose interpreter a fresh uid cannot read (a virtualenv under a 0700 home, a
+    checkout closed whole): the advice is the command that opens the interpreter (`exposure.opening`, which
+    tests/test_exposure.py follows literally), never "run the grader as root" to root."""
+    monkeypatch.setattr(machine.exposure, "interpreter_paths", lambda: ["/opt/closed/.venv/lib"])
+    monkeypatch.setattr(machine.exposure, "opening", lambda paths: f"chmod o+x /opt/closed ({paths[0]})")
+    container = {
+        "isolation": None,
+        "fresh_uid": False,
+        "namespaces": refused(seccomp="a filter", tried="mount, pid, network, IPC and UTS namespaces"),
+        "cgroups": READ_ONLY,
+        "container": Container("Docker", ["SYS_ADMIN", "NET_ADMIN"], True, ""),
+    }
+    advice = a_machine(**container).advice
+    assert "run the grader as root" not in advice, advice
+    assert "`chmod o+x /opt/closed (/opt/closed/.venv/lib)`" in advice and "--isolation process" in advice
+    assert "docker run --security-opt seccomp=unconfined" in advice
+    as_a_user = a_machine(**container, root=False, user="uid 1000").advice
+    assert "run the grader as root" in as_a_user and "chmod" not in as_a_user
+    outside = a_machine(isolation=None, fresh_uid=False, bubblewrap=Bubblewrap(None, "", "not installed"))
+    assert "run the grader as root" not in outside.advice and "`chmod o+x /opt/closed" in outside.advice
