@@ -127,6 +127,18 @@ def test_the_grader_closes_its_own_files_itself_and_keeps_the_way_to_its_virtual
     assert exposure.close_own("auto", rubric) == []  # said once: nothing is left to close
 
 
+def test_a_chmod_that_fails_stops_the_grading(open_folder, monkeypatch):
+    project = a_checkout(open_folder)
+    rubric = the_grader_of(project, monkeypatch)
+
+    def refused(path: str, mode: int, follow_symlinks: bool = True) -> None:
+        raise PermissionError(1, "Operation not permitted", path)
+
+    monkeypatch.setattr(exposure.os, "chmod", refused)
+    with pytest.raises(exposure.CannotClose, match="could not close the grader's own files to other users"):
+        exposure.close_own("auto", rubric)
+
+
 def test_the_checkouts_virtualenv_is_kept_whichever_interpreter_grades(open_folder, monkeypatch):
     """A grader run by another interpreter than the checkout's `.venv` (which `make` uses) never closes it."""
     project = a_checkout(open_folder)

@@ -245,7 +245,10 @@ def close_grader_files(isolation: str, rubric: Path) -> list[str]:
     them all, on a writable file system; else `isolation_refusal` has refused). The paths closed."""
     from autograder.sandbox import exposure
 
-    return exposure.close_own(isolation, rubric)
+    try:
+        return exposure.close_own(isolation, rubric)
+    except exposure.CannotClose as exc:
+        raise CannotGrade(str(exc)) from None
 
 
 class OptionsError(ValueError):

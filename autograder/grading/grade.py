@@ -241,7 +241,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         worker = (options.early and options.early.adopt(config, cells, path.name)) or start_worker(
             cells, path.name, config, options
         )
-    except (RubricError, CannotGrade, WorkerError) as exc:
+    except (RubricError, CannotGrade, WorkerError, exposure.CannotClose) as exc:
         if options.early:
             options.early.close()
         run.reason = str(exc)

@@ -145,6 +145,10 @@ def why_not_closable(path: str) -> str:
     return ""
 
 
+class CannotClose(OSError):
+    """A `chmod` of the grader's own files failed: grading must not start (the message says which and why)."""
+
+
 def close(paths: Iterable[str]) -> None:
     """`chmod o-rwx` on each of `paths` (never through a link), the owner's and the group's bits kept."""
     for path in paths:
@@ -160,7 +164,10 @@ def close_own(isolation: str, rubric: Path) -> list[str]:
     closing = to_close(grader_secrets(rubric), interpreter_folders())
     if not closing or any(why_not_closable(path) for path in closing):
         return []
-    close(closing)
+    try:
+        close(closing)
+    except OSError as exc:
+        raise CannotClose(f"could not close the grader's own files to other users ({exc})") from None
     return list(closing)
 
 
