@@ -10,6 +10,7 @@ containers at a time, once the images are built:
 | Gradescope's image (`make gradescope`'s zip, setup.sh run unmodified), `--memory 768m --cpus 0.5`, one fresh container per submission | the sample class graded within Gradescope's default memory (the figures are printed); ada (the reference's twin) 100 with every speed point, brook's loop over heads none; hostile submissions gain nothing and leave nothing running |
 | the Kubernetes image, as uid 1000 (`--user 1000`, as `runAsUser: 1000`), Docker's defaults | `doctor` and `grade` refuse (exit 2, results.json saying why and what to change); `grade-class` refuses and the course folder is left as it was; with `--isolation process` the class is graded right and `extra_data.machine` says so |
 | either image, with exactly the `docker run` options the grader's advice names | the advice followed literally: doctor then says `namespace`, and a grading runs in it |
+| Debian 12 with git, make and bubblewrap, as root with Docker's defaults: the project cloned with `git clone`, `make setup` and `make grade` | the grader closes its own files itself (`.venv` inside the checkout kept) and grades the sample class right; the same checkout given to another user, then mounted read-only, is refused, and the command it names, run as written, lets ada be graded 100 |
 
 A machine where the daemon cannot start skips these tests, saying why (`.ci/run` repeats it at its end).
 """
