@@ -1,5 +1,6 @@
 """Fixtures shared by the project's tests; the helpers they use live in helpers.py."""
 
+import sys
 import textwrap
 
 import pytest
@@ -36,6 +37,32 @@ def make_worker(request):
     yield make
     for worker in made:
         worker.close()
+
+
+def forget_the_interpreter() -> None:
+    """Clear what this process found out about its interpreter (`sys.executable`) and keeps: the sandbox's allow
+    lists and the probes that ran it. A test that swaps the interpreter clears them before and after, so that
+    what it found is never what a later test's grading compares its early workers with (their allow list was
+    another interpreter's: none were adopted)."""
+    from autograder.sandbox import bwrap, probe
+
+    for cached in (
+        bwrap.allow_list,
+        bwrap.expected_allow_list,
+        probe.namespace_sandbox_problem,
+        probe.separate_uid_available,
+    ):
+        cached.cache_clear()
+
+
+@pytest.fixture
+def swapped_interpreter(monkeypatch):
+    """`swap(python)`: the worker's interpreter (`sys.executable`, what the launcher starts) is `python` for this
+    test only, and nothing found out with it outlives the test."""
+    forget_the_interpreter()
+    yield lambda python: monkeypatch.setattr(sys, "executable", python)
+    monkeypatch.undo()
+    forget_the_interpreter()
 
 
 @pytest.fixture(scope="session")

@@ -408,3 +408,31 @@ class Ran:
     def text(self, name: str) -> str:
         path = self.folder / name
         return path.read_text() if path.exists() else ""
+
+
+def clone_image(daemon: Daemon) -> str:
+    """The Python image with git, make and bubblewrap: what a newcomer's container needs to clone the project and
+    run `make grade` in it (the README's two commands; as root, `make setup` would install bubblewrap itself,
+    which needs a network these containers do not have)."""
+    base = python_image(daemon)
+    tag = f"mha-tests/clone:{base.rsplit('-', 1)[1]}"
+    if not daemon.has_image(tag):
+        with tempfile.TemporaryDirectory(dir=CACHE) as context:
+            Path(context, "Dockerfile").write_text(
+                f"FROM {base}\nRUN apt-get update && apt-get install -y --no-install-recommends git make bubblewrap "
+                "&& rm -rf /var/lib/apt/lists/*\n"
+            )
+            checked(
+                daemon.docker("build", *HOST_NETWORK, "-q", "-t", tag, context),
+                "the image with git, make and bubblewrap",
+            )
+    return tag
+
+
+def source_repository(target: Path) -> Path:
+    """A git repository of this working tree's files (what a clone has), committed once: the containers
+    `git clone` it, so that the checkout's modes are those git gives."""
+    clone_files(target)
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the working tree"]):
+        checked(run(["git", "-c", "user.name=tests", "-c", "user.email=tests@localhost", *command], cwd=target), "git")
+    return target

@@ -183,6 +183,29 @@ def test_check_isolation_asks_the_machine_only_when_someone_is_to_be_graded(tmp_
     assert asked == ["namespace"]
 
 
+def test_the_grader_closes_its_own_files_after_the_isolation_is_allowed_and_says_which(tmp_path, monkeypatch):
+    """Where each worker runs as a fresh uid outside the sandbox, the grader's own files are closed once grading
+    may start, never when it refuses, and the reporter says which were closed."""
+    course = course_of(tmp_path, ("ann",))
+    closing: list[str] = []
+    monkeypatch.setattr(grade_class, "Grader", fake_grader())
+    outputs_to(monkeypatch)
+    monkeypatch.setattr(
+        grade_class, "close_grader_files", lambda isolation, rubric: closing.append(isolation) or ["/x/reference"]
+    )
+    monkeypatch.setattr(grade_class, "isolation_refusal", lambda isolation, rubric: "no sandbox is available here")
+    report = Recorder()
+    assert grade_class.grade_class(ClassOptions(course, device="cpu", isolation="process"), report) == 2
+    assert closing == [] and "closed_grader_files" not in report.names()
+    monkeypatch.setattr(grade_class, "isolation_refusal", lambda isolation, rubric: "")
+    assert grade_class.grade_class(ClassOptions(course, device="cpu", isolation="process"), report) == 0
+    assert closing == ["process"] and ("closed_grader_files", ["/x/reference"]) in report.events
+    assert (
+        "closed the grader's own files to other users (chmod o-rwx), the virtualenv kept: /x/reference"
+        in report.printed()
+    )
+
+
 # --- step 3: the plan, under the lock ------------------------------------------------------------------
 
 
@@ -306,6 +329,7 @@ def outputs_to(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(grade_class, "write_class_outputs", write)
     monkeypatch.setattr(grade_class, "isolation_refusal", lambda isolation, rubric: "")  # whatever the machine
+    monkeypatch.setattr(grade_class, "close_grader_files", lambda isolation, rubric: [])
 
 
 def test_the_reporter_is_told_each_event_of_a_class_run_and_nothing_else_prints(tmp_path, monkeypatch, capsys):

@@ -272,7 +272,7 @@ def test_a_grading_stopped_by_sigterm_says_so_and_scores_nothing(tmp_path, monke
 
 
 @pytest.mark.slow  # gradings in processes of their own
-def test_a_worker_that_cannot_import_torch_is_the_graders_fault_not_a_zero(tmp_path, monkeypatch):
+def test_a_worker_that_cannot_import_torch_is_the_graders_fault_not_a_zero(tmp_path, swapped_interpreter):
     """The grader installed where its worker's Python has no torch (the worker fails before any of the
     submission's code runs): the reference is not graded 0 but cannot be graded, exit 2, saying why."""
     import os
@@ -287,7 +287,7 @@ def test_a_worker_that_cannot_import_torch_is_the_graders_fault_not_a_zero(tmp_p
         os.chmod(folder, 0o755)
         python = f"{folder}/python"
         os.symlink(os.path.realpath(sys._base_executable), python)  # the base interpreter: no torch installed
-        monkeypatch.setattr(sys, "executable", python)  # what the launcher starts the worker with
+        swapped_interpreter(python)
         options = grade.Options(device="cpu", out=out, quiet=True, isolation="process")
         code = grade.grade_command(REFERENCE, options)
     results = json.loads(out.read_text())

@@ -10,6 +10,7 @@ containers at a time, once the images are built:
 | Gradescope's image (`make gradescope`'s zip, setup.sh run unmodified), `--memory 768m --cpus 0.5`, one fresh container per submission | the sample class graded within Gradescope's default memory (the figures are printed); ada (the reference's twin) 100 with every speed point, brook's loop over heads none; hostile submissions gain nothing and leave nothing running |
 | the Kubernetes image, as uid 1000 (`--user 1000`, as `runAsUser: 1000`), Docker's defaults | `doctor` and `grade` refuse (exit 2, results.json saying why and what to change); `grade-class` refuses and the course folder is left as it was; with `--isolation process` the class is graded right and `extra_data.machine` says so |
 | either image, with exactly the `docker run` options the grader's advice names | the advice followed literally: doctor then says `namespace`, and a grading runs in it |
+| Debian 12 with git, make and bubblewrap, as root with Docker's defaults: the project cloned with `git clone`, `make setup` and `make grade` | the grader closes its own files itself (`.venv` inside the checkout kept) and grades the sample class right; the same checkout given to another user, then mounted read-only, is refused, and the command it names, run as written, lets ada be graded 100 |
 
 A machine where the daemon cannot start skips these tests, saying why (`.ci/run` repeats it at its end).
 """
@@ -594,3 +595,147 @@ def test_without_bubblewrap_the_advice_installs_it_and_the_sandbox_follows(runs)
     found = ran.findings()
     assert found["before"] == "process" and found["ran"] == "apt-get install -y bubblewrap", found
     assert found["exit_status"] == 0 and found["after"] == "namespace", found
+
+
+# -- a newcomer's container: a fresh clone, as root, `make grade` ---------------------------------------------
+
+CHECKOUT = "/opt/mha-exercise"  # where the clone lives in its containers (a virtualenv's paths are absolute)
+CLONE_SETTINGS = {**docker_env.PIP_SETTINGS, "TORCH_SPEC": docker_env.TORCH_CPU}  # make's, from the wheelhouse
+# In a container as root with Docker's defaults: the README's commands in a fresh clone, its .venv inside it.
+CLONE_AND_GRADE = rf"""
+git clone -q /source {CHECKOUT} && cd {CHECKOUT} || exit 3
+make setup > /out/setup.log 2>&1 || {{ tail -30 /out/setup.log; exit 4; }}
+make grade DEVICE=cpu > /out/grade.log 2>&1
+echo $? > /out/grade.status
+stat -c '%a %n' . .venv .venv/bin .venv/bin/python .venv/lib reference autograder .git assignments README.md > /out/modes
+"""
+# `make grade-one` on ada; where it refuses, the command its results.json names run as written, and again.
+FOLLOW_CLOSING_ADVICE = r"""
+import json, shlex, subprocess, sys
+grade = ["make", "--no-print-directory", "grade-one", "SUBMISSION=assignments/submitted/ada/mha/mha.ipynb",
+         "OUT=/out/results.json", "DEVICE=cpu"]
+klass = subprocess.run(["make", "--no-print-directory", "grade", "DEVICE=cpu", "FORCE=1"], capture_output=True, text=True)
+first = subprocess.run(grade, capture_output=True, text=True)
+reason = json.load(open("/out/results.json"))["extra_data"].get("reason", "")
+command = reason.split("Close them to other users first: ", 1)[-1] if "first: " in reason else ""
+followed = subprocess.run(shlex.split(command), capture_output=True, text=True) if command else None
+again = subprocess.run(grade, capture_output=True, text=True)
+print(json.dumps({
+    "class_status": klass.returncode, "class_said": klass.stdout + klass.stderr, "status": first.returncode,
+    "reason": reason, "command": command, "followed": followed and followed.returncode, "again": again.returncode,
+    "said": again.stderr[-3000:], "results": json.load(open("/out/results.json")),
+}))
+"""
+GRADE_ADA = ["make", "--no-print-directory", "grade-one", "SUBMISSION=assignments/submitted/ada/mha/mha.ipynb"]
+GRADE_ADA += ["OUT=/out/results.json", "DEVICE=cpu"]
+
+
+@dataclass
+class CloneRuns:
+    clone: Path  # the checkout on the host, mounted at CHECKOUT in each container
+    graded: Ran  # `make setup` and `make grade` in a fresh clone
+    another_users: Ran  # FOLLOW_CLOSING_ADVICE with the checkout given to uid 1000
+    read_only: Ran  # grade-one with the checkout mounted read-only
+    read_only_command: str  # the command that refusal named
+    read_only_again: Ran  # the same once the command ran where the checkout is writable
+
+
+def in_clone(daemon: Daemon, work: Path, name: str, command: list[str], mount: str = "") -> Ran:
+    """`command` as root with Docker's defaults, the clone at CHECKOUT (`mount`: ":ro" read-only) and its working
+    folder, the source repository at /source, the output in work/name (at /out)."""
+    out = work / name
+    out.mkdir(parents=True)
+    options = ["-v", f"{work / 'clone'}:{CHECKOUT}{mount}", "-v", f"{out}:/out", "-w", CHECKOUT]
+    options += ["-v", f"{docker_env.wheelhouse()}:/wheelhouse:ro", "-v", f"{work / 'source'}:/source:ro"]
+    for key, value in CLONE_SETTINGS.items():
+        options += ["-e", f"{key}={value}"]
+    return docker_run(daemon, out, options, docker_env.clone_image(daemon), command)
+
+
+def reopened(clone: Path, owner: str) -> None:
+    """The checkout as git made it again (every user may read it), owned by `owner`."""
+    subprocess.run(["chown", "-R", owner, str(clone)], check=True)
+    subprocess.run(["chmod", "-R", "o+rX", str(clone)], check=True)
+
+
+@pytest.fixture(scope="module")
+def clone_runs(daemon) -> CloneRuns:
+    """A fresh clone graded as root; then the same checkout given to another user, then mounted read-only."""
+    work = docker_env.CACHE / "clone-runs"
+    if work.exists():
+        shutil.rmtree(work)
+    (work / "clone").mkdir(parents=True)
+    (work / "clone").chmod(0o755)  # as `git clone` makes it
+    docker_env.source_repository(work / "source")
+    graded = in_clone(daemon, work, "graded", ["bash", "-c", CLONE_AND_GRADE])
+    reopened(work / "clone", "1000:1000")
+    python = f"{CHECKOUT}/.venv/bin/python"
+    another = in_clone(daemon, work, "another-user", [python, "-c", FOLLOW_CLOSING_ADVICE])
+    reopened(work / "clone", "0:0")
+    read_only = in_clone(daemon, work, "read-only", GRADE_ADA, ":ro")
+    reason = read_only.json("results.json")["extra_data"].get("reason", "") if read_only.text("results.json") else ""
+    command = reason.split("in its top folder: ", 1)[-1] if "in its top folder: " in reason else ""
+    if command:  # the advice, followed literally where the checkout is writable: here, in its top folder
+        subprocess.run(shlex.split(command), cwd=work / "clone", check=True)
+    again = in_clone(daemon, work, "read-only-again", GRADE_ADA, ":ro")
+    return CloneRuns(work / "clone", graded, another, read_only, command, again)
+
+
+def grades(clone: Path) -> dict[str, dict[str, str]]:
+    import csv
+
+    with open(clone / "assignments" / "grades.csv", newline="") as handle:
+        return {row["student"]: row for row in csv.DictReader(handle)}
+
+
+def test_a_fresh_clone_as_root_closes_its_own_files_and_grades_the_sample_class(clone_runs):
+    """Root in a container with Docker's defaults (process isolation, a fresh uid per worker), the README's
+    `make grade` in a fresh clone with its .venv inside: the grader closes its own files itself, says which,
+    keeps the virtualenv and the way to it open, and grades the sample class right."""
+    ran = clone_runs.graded
+    assert ran.returncode == 0, ran.output[-3000:]
+    said = " ".join(ran.text("grade.log").split())
+    assert ran.text("grade.status").strip() == "0", said[-3000:]
+    kept = "closed the grader's own files to other users (chmod o-rwx), the virtualenv kept: "
+    assert kept in said, said[:3000]
+    closed = said.split(kept, 1)[1].split(": each worker runs as a fresh uid", 1)[0].split(", ")
+    assert {f"{CHECKOUT}/{name}" for name in ("reference", "autograder", ".git", "assignments")} <= set(closed)
+    assert not any(path.startswith(f"{CHECKOUT}/.venv") for path in closed), closed
+    modes = dict(reversed(line.split(" ", 1)) for line in ran.text("modes").splitlines())
+    for closed in ("reference", "autograder", ".git", "assignments", "README.md"):
+        assert int(modes[closed], 8) & 0o007 == 0, (closed, modes)
+    for kept in (".", ".venv", ".venv/bin", ".venv/lib"):
+        assert int(modes[kept], 8) & 0o005 == 0o005, (kept, modes)
+    graded = grades(clone_runs.clone)
+    assert sorted(graded) == SAMPLE_STUDENTS and {row["status"] for row in graded.values()} == {"graded"}, graded
+    assert float(graded["ada"]["score"]) == float(graded["ada"]["max_score"]) == 100, graded["ada"]
+    assert float(graded["brook"]["speed"]) == 0 < float(graded["brook"]["score"]), graded["brook"]
+    ada = json.loads((clone_runs.clone / "assignments" / "results" / "ada" / "mha" / "results.json").read_text())
+    assert ada["extra_data"]["isolation"] == "process"
+    assert "fresh unprivileged uid" in ada["extra_data"]["sandbox"]["user"]
+
+
+def test_another_users_checkout_is_refused_and_its_advice_followed_literally_grades_it(clone_runs):
+    ran = clone_runs.another_users
+    assert ran.returncode == 0, ran.output[-3000:]
+    found = ran.findings()
+    said = " ".join(found["class_said"].split())
+    assert found["class_status"] == 2 and "owned by uid 1000, not the grader's" in said, said[-3000:]
+    assert found["status"] == 2 and "owned by uid 1000, not the grader's" in found["reason"], found["reason"]
+    assert "as root" not in found["reason"] and f"{CHECKOUT}/.venv" not in found["command"]
+    assert found["command"].startswith("chmod o-rwx ") and found["followed"] == 0, found
+    results = found["results"]
+    assert found["again"] == 0 and results["extra_data"]["status"] == "graded", found["said"]
+    assert results["score"] == results["max_score"] == 100 and results["extra_data"]["isolation"] == "process"
+
+
+def test_a_read_only_checkout_is_refused_and_its_advice_followed_where_it_is_writable_grades_it(clone_runs):
+    refused = clone_runs.read_only
+    assert refused.returncode == 2, refused.output[-3000:]
+    reason = refused.json("results.json")["extra_data"]["reason"]
+    assert "on a read-only file system" in reason and "as root" not in reason, reason
+    assert clone_runs.read_only_command.startswith("chmod o-rwx ") and ".venv" not in clone_runs.read_only_command
+    again = clone_runs.read_only_again
+    assert again.returncode == 0, again.output[-3000:]
+    results = again.json("results.json")
+    assert results["extra_data"]["status"] == "graded" and results["score"] == results["max_score"] == 100

@@ -118,6 +118,8 @@ def test_the_check_finds_what_is_gone():
 # -- what proves each place: the tables of docs/clusters.md ------------------------------------------------
 
 CLUSTERS = ROOT / "docs" / "clusters.md"
+INSTRUCTORS = ROOT / "docs" / "instructors.md"
+PROVED = (CLUSTERS, INSTRUCTORS)  # the docs whose tables say, row by row, which test proves it
 PROOF_COLUMNS = ("proved by", "followed by")
 TEST_ID = re.compile(r"`(tests/test_\w+\.py)(?:::(\w+)(\[[^`]*\])?)?`")
 NO_TEST = "no test here"
@@ -156,7 +158,8 @@ def unproved(text: str, collected: set[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def collected_tests() -> set[str]:
-    files = sorted({path for _, cell in proof_cells(CLUSTERS.read_text()) for path, _, _ in TEST_ID.findall(cell)})
+    cells = [cell for doc in PROVED for _, cell in proof_cells(doc.read_text())]
+    files = sorted({path for cell in cells for path, _, _ in TEST_ID.findall(cell)})
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
         cwd=ROOT,
@@ -172,6 +175,16 @@ def collected_tests() -> set[str]:
 def test_every_place_in_clusters_md_names_the_test_that_proves_it(collected_tests):
     text = CLUSTERS.read_text()
     assert len(proof_cells(text)) >= 20  # the tables of places, pod options, bubblewraps and advice
+    assert unproved(text, collected_tests) == []
+
+
+@pytest.mark.slow
+def test_every_row_of_running_in_a_container_in_instructors_md_names_the_test_that_proves_it(collected_tests):
+    """docs/instructors.md, "In a container": as root and not, what the grader does itself and what is left to
+    the user, each row with the tests that show it (the real containers among them)."""
+    text = INSTRUCTORS.read_text()
+    rows = proof_cells(text)
+    assert len(rows) >= 5 and sum("tests/test_containers.py::" in cell for _, cell in rows) >= 4, rows
     assert unproved(text, collected_tests) == []
 
 

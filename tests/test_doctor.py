@@ -203,9 +203,12 @@ def test_doctor_without_the_self_test_says_what_this_machine_allows():
 
 
 @pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.verdicts
 def test_doctor_trusts_the_speed_part_here(tmp_path):
     """The self-test through the real grader: here (a machine the speed part was calibrated on) the reference
-    earns its speed points and the loop over heads none."""
+    earns its speed points and the loop over heads none. A speed verdict, so it runs with the others in `make
+    test-speed`, alone, never beside the rest of `make test` (it failed there on a busy machine)."""
     done = autograder("doctor", "--gradings", "1", timeout=600)
     assert "Speed self-test" in done.stdout, done.stdout + done.stderr
     assert done.returncode == 0, done.stdout[-2000:]
@@ -289,3 +292,26 @@ def test_doctor_warns_of_another_copy_of_the_reference_that_any_user_can_read(mo
         assert "The one change that would improve grading here do close the other copies" in printed
     finally:
         shutil.rmtree(base)
+
+
+def test_a_root_grader_whose_fresh_uid_cannot_read_the_interpreter_is_never_told_to_run_as_root(monkeypatch):
+    """Root in a container whose interpreter a fresh uid cannot read (a virtualenv under a 0700 home, a
+    checkout closed whole): the advice is the command that opens the interpreter (`exposure.opening`, which
+    tests/test_exposure.py follows literally), never "run the grader as root" to root."""
+    monkeypatch.setattr(machine.exposure, "interpreter_paths", lambda: ["/opt/closed/.venv/lib"])
+    monkeypatch.setattr(machine.exposure, "opening", lambda paths: f"chmod o+x /opt/closed ({paths[0]})")
+    container = {
+        "isolation": None,
+        "fresh_uid": False,
+        "namespaces": refused(seccomp="a filter", tried="mount, pid, network, IPC and UTS namespaces"),
+        "cgroups": READ_ONLY,
+        "container": Container("Docker", ["SYS_ADMIN", "NET_ADMIN"], True, ""),
+    }
+    advice = a_machine(**container).advice
+    assert "run the grader as root" not in advice, advice
+    assert "`chmod o+x /opt/closed (/opt/closed/.venv/lib)`" in advice and "--isolation process" in advice
+    assert "docker run --security-opt seccomp=unconfined" in advice
+    as_a_user = a_machine(**container, root=False, user="uid 1000").advice
+    assert "run the grader as root" in as_a_user and "chmod" not in as_a_user
+    outside = a_machine(isolation=None, fresh_uid=False, bubblewrap=Bubblewrap(None, "", "not installed"))
+    assert "run the grader as root" not in outside.advice and "`chmod o+x /opt/closed" in outside.advice

@@ -317,10 +317,11 @@ def test_a_pod_without_user_namespaces_refuses_to_grade_and_says_how_to_fix_it()
 
 def test_a_world_readable_checkout_is_refused_under_a_fresh_uid_until_closed_as_the_grader_says():
     """In the Docker-like container (process isolation, a fresh uid per worker), a checkout as `git clone`
-    leaves it (every file readable by every user): the worker's uid could read reference/mha.py, and once put
-    the solution into a visible check's message. The grader now refuses to start (exit 2, results.json says
-    why and the command that fixes it); with that command run as printed, it grades, and the submission
-    that reads the reference's files finds each closed."""
+    leaves it (every file readable by every user), another user's: the worker's uid could read
+    reference/mha.py, and once put the solution into a visible check's message. The grader, which closes only
+    its own files itself, refuses to start (exit 2, results.json says why and the command that fixes it); with
+    that command run as printed, it grades, and the submission that reads the reference's files finds each
+    closed. (A checkout of the grader's own is closed by the grader: tests/test_containers.py.)"""
     project = environments.system_project()  # its virtualenv, run from a checkout of the grader beside it
     folder = environments.workspace("readable-checkout", None)
     checkout = folder / "checkout"
@@ -332,6 +333,7 @@ def test_a_world_readable_checkout_is_refused_under_a_fresh_uid_until_closed_as_
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
     subprocess.run(["chmod", "-R", "a+rX", str(checkout)], check=True)
+    subprocess.run(["chown", "-R", f"{environments.NORMAL_UID}:{environments.NORMAL_UID}", str(checkout)], check=True)
     submission = folder / "mha.py"
     submission.write_text(with_cells(last=reference_theft(checkout)))
     docker = next(e for e in ENVIRONMENTS if e.name == "docker")
@@ -345,6 +347,7 @@ def test_a_world_readable_checkout_is_refused_under_a_fresh_uid_until_closed_as_
     reason = results["extra_data"]["reason"]
     assert results["extra_data"]["status"] == "cannot_grade" and "could read the grader's own files" in reason
     assert f"the reference's solution ({checkout / 'reference'})" in reason
+    assert f"is owned by uid {environments.NORMAL_UID}, not the grader's" in reason
     fix = reason.split("Close them to other users first: ", 1)[1]
     subprocess.run(shlex.split(fix), check=True)  # the advice, followed literally
     graded = run_in(docker, command, checkout, env, folder / "home", timeout=1200)

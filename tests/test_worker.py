@@ -480,7 +480,7 @@ def test_a_restart_inside_a_check_gets_at_most_what_is_left_of_the_checks_budget
     assert w.request(CallRequest("f"), check=CheckBudget(time.monotonic() + 60, 60)) == 1
 
 
-def test_a_worker_environment_without_torch_is_the_graders_fault(make_worker, monkeypatch):
+def test_a_worker_environment_without_torch_is_the_graders_fault(make_worker, swapped_interpreter):
     """The worker's interpreter cannot import torch (a grader installed where the worker sees another
     Python): nothing of the submission has run, so this is WorkerCannotStart (the run cannot grade), never
     a load failure charged to the file."""
@@ -490,7 +490,7 @@ def test_a_worker_environment_without_torch_is_the_graders_fault(make_worker, mo
         os.chmod(folder, 0o755)
         python = Path(folder) / "python"
         python.symlink_to(os.path.realpath(sys._base_executable))  # the base interpreter: no torch installed
-        monkeypatch.setattr(sys, "executable", str(python))
+        swapped_interpreter(str(python))
         w = make_worker("def f():\n    return 1\n", isolation="process")
         with pytest.raises(WorkerCannotStart, match="No module named 'torch'") as info:
             w.request(CallRequest("f"))

@@ -6,7 +6,8 @@ happens, one method per event; the steps never print):
 1. `prepare`, the pre-checks: the rubric, the device (`placement`), the roster (`roster.read_roster`: one
    entry per student folder, with the file to grade), the students asked for and the shard's share;
 2. `check_isolation`: when there is someone to grade, refuse before anything in the course changes if no
-   one could be graded here (no sandbox and no fresh uid, `isolation_refusal`);
+   one could be graded here (no sandbox and no fresh uid, `isolation_refusal`); then, where each worker runs as
+   a fresh uid outside the sandbox, close the grader's own files to it (`close_grader_files`) and the course;
 3. `plan_under_lock`, the course held (`hold_course`): who needs grading (`store.Record.why_regrade`: a
    new or changed submission, rubric, grader, reference, torch or device (content hashes), or a last run
    that could not grade; `force` regrades everyone asked for, `students` limits grading to those);
@@ -238,6 +239,18 @@ def isolation_refusal(isolation: str, rubric: Path) -> str:
     return here.refusal + (f". What would fix it here: {here.advice}" if here.advice else "")
 
 
+def close_grader_files(isolation: str, rubric: Path) -> list[str]:
+    """Where a worker asked for with `isolation` runs as a fresh uid outside the sandbox, the grader's own files
+    it could read, closed to other users by the grader itself (`exposure.close_own`: only when the grader owns
+    them all, on a writable file system; else `isolation_refusal` has refused). The paths closed."""
+    from autograder.sandbox import exposure
+
+    try:
+        return exposure.close_own(isolation, rubric)
+    except exposure.CannotClose as exc:
+        raise CannotGrade(str(exc)) from None
+
+
 class OptionsError(ValueError):
     """A combination of options a class run refuses (the command line shows it as a usage error)."""
 
@@ -311,6 +324,12 @@ class Reporter:
     def devices(self, jobs: int, devices: list[str]) -> None:
         self.say(
             f"{jobs} at a time on {len(devices)} CUDA device(s): {', '.join(devices)}, each grading process on one"
+        )
+
+    def closed_grader_files(self, paths: list[str]) -> None:
+        self.say(
+            f"closed the grader's own files to other users (chmod o-rwx), the virtualenv kept: {', '.join(paths)}: "
+            "each worker runs as a fresh uid outside the sandbox here"
         )
 
     def closed_to_others(self, course: Path) -> None:
@@ -440,15 +459,17 @@ def prepare(options: ClassOptions, report: Reporter) -> ClassRun:
     return ClassRun(options, rubric, placement, roster, students, jobs, isolation, Record(options.course), inputs)
 
 
-def check_isolation(run: ClassRun) -> None:
+def check_isolation(run: ClassRun) -> list[str]:
     """Step 2: refuse (CannotGrade) before anything in the course changes (its lock file, its mode) when no
     one could be graded here with the isolation asked for; asked only when there is someone to grade (a re-run
-    with nothing changed asks the machine nothing). The plan is made again under the lock."""
+    with nothing changed asks the machine nothing). Then the grader's own files that a worker could read, closed
+    (`close_grader_files`): the paths closed. The plan is made again under the lock."""
     if not plan_jobs(run, plan_unfinished(run)):
-        return
+        return []
     refusal = isolation_refusal(run.isolation, run.options.rubric_path)
     if refusal:
         raise CannotGrade(refusal)
+    return close_grader_files(run.isolation, run.options.rubric_path)
 
 
 def plan_unfinished(run: ClassRun) -> dict[str, str]:
@@ -505,10 +526,12 @@ def grade_class(options: ClassOptions, report: Reporter | None = None) -> int:
     report = report or Reporter()
     try:
         run = prepare(options, report)
-        check_isolation(run)
+        closed = check_isolation(run)
     except CannotGrade as exc:
         report.cannot(str(exc))
         return EXIT_CANNOT_GRADE
+    if closed:
+        report.closed_grader_files(closed)
     if close_to_others(options.course):
         report.closed_to_others(options.course)
     lock = hold_course(options.course, report, options.share)

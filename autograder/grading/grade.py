@@ -180,6 +180,16 @@ def start_worker(cells: list[WireCell], filename: str, config: WorkerConfig, opt
     return worker
 
 
+def say_closed(paths: list[str]) -> None:
+    """What the grader closed of its own files before a worker could read them (`exposure.close_own`)."""
+    if paths:
+        print(
+            f"note: closed the grader's own files to other users (chmod o-rwx), the virtualenv kept: {', '.join(paths)}: "
+            "each worker runs as a fresh uid outside the sandbox here",
+            file=sys.stderr,
+        )
+
+
 def resources(worker: Worker) -> dict[str, float]:
     """What the grading used: the grader's own peak memory, the worker's (all its processes together,
     where a control group measured it) and the worker's CPU time."""
@@ -229,10 +239,11 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         exposed = exposure.problem(config.isolation, rubric.path)
         if exposed:  # a worker could read the reference's solution: no student code runs here until it cannot
             raise CannotGrade(exposed)
+        say_closed(exposure.close_own(config.isolation, rubric.path))
         worker = (options.early and options.early.adopt(config, cells, path.name)) or start_worker(
             cells, path.name, config, options
         )
-    except (RubricError, CannotGrade, WorkerError) as exc:
+    except (RubricError, CannotGrade, WorkerError, exposure.CannotClose) as exc:
         if options.early:
             options.early.close()
         run.reason = str(exc)

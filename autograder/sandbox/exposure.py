@@ -13,11 +13,17 @@ groups, and the mask, never apply to it), and it has no capabilities. So a file 
 when the file has `o+r` and every folder above it `o+x`, which `readable_by_others` checks without becoming
 that uid. Security modules (AppArmor, SELinux) only ever refuse more.
 
-`refusal` says, before a grading starts a worker, which of the grader's files such a worker could read and
-the command that closes them (`chmod o-rwx` on the fewest paths: never the interpreter's own folders, which
-the worker runs); grading refuses to start until then. Deployments close them when they are built:
-`deploy/gradescope/setup.sh` (`chmod -R go-rwx` on the source) and `deploy/kubernetes/Dockerfile` (all but
-the virtualenv).
+Before a grading starts a worker there, `close_own` closes those files itself (`chmod o-rwx` on the fewest
+paths: never the interpreter's own folders, which the worker runs, nor the folders on the way to them) when
+the grader owns every one of them on a writable file system, and says which it closed, as a class run closes
+its course folder. Where it cannot (another user's checkout, a read-only one), `refusal` says which files
+such a worker could read and the command that closes them, and grading refuses to start until then.
+Deployments close them when they are built: `deploy/gradescope/setup.sh` (`chmod -R go-rwx` on the source)
+and `deploy/kubernetes/Dockerfile` (all but the virtualenv).
+
+The other way round, a fresh uid must read and run the interpreter: `opening` gives the command that lets it
+(`chmod o+x` on the closed folders on the way, `chmod -R o+rX` where its files are closed), for the advice of
+a root grader that has no fresh uid for that reason.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import os
 import shlex
 import stat
 import sys
+import sysconfig
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -116,15 +123,61 @@ def reference_folder() -> str | None:
 
 
 def interpreter_folders() -> tuple[str, ...]:
-    """What the worker runs, and so must read: the interpreter's prefixes (a virtualenv inside a checkout)."""
-    return tuple(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix)))
+    """What the worker runs, and so must read: the interpreter's prefixes (a virtualenv inside a checkout), and
+    the checkout's own virtualenv (`make setup`'s `.venv`) where there is one, whichever interpreter grades."""
+    prefixes = [sys.prefix, sys.exec_prefix, sys.base_prefix]
+    if bwrap.PROJECT_ROOT is not None and (bwrap.PROJECT_ROOT / ".venv" / "pyvenv.cfg").is_file():
+        prefixes.append(str(bwrap.PROJECT_ROOT / ".venv"))
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in prefixes))
+
+
+def why_not_closable(path: str) -> str:
+    """Why the grader does not close `path` to other users itself; "" when it does: it owns it, on a file
+    system it may write (root could change another user's files, but they are that user's to change)."""
+    try:
+        info = os.lstat(path)
+        if info.st_uid != os.geteuid():
+            return f"owned by uid {info.st_uid}, not the grader's"
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "on a read-only file system"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return ""
+
+
+class CannotClose(OSError):
+    """A `chmod` of the grader's own files failed: grading must not start (the message says which and why)."""
+
+
+def close(paths: Iterable[str]) -> None:
+    """`chmod o-rwx` on each of `paths` (never through a link), the owner's and the group's bits kept."""
+    for path in paths:
+        os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) & ~0o007, follow_symlinks=False)
+
+
+def close_own(isolation: str, rubric: Path) -> list[str]:
+    """Where a worker asked for with `isolation` would run as a fresh uid outside the namespace sandbox, close
+    the grader's own files it could read, when the grader may close every one of them (`why_not_closable`);
+    the paths closed, [] when none were (nothing to close, or `problem` refuses instead)."""
+    if not fresh_uid_outside_sandbox(isolation):
+        return []
+    closing = to_close(grader_secrets(rubric), interpreter_folders())
+    if not closing or any(why_not_closable(path) for path in closing):
+        return []
+    try:
+        close(closing)
+    except OSError as exc:
+        raise CannotClose(f"could not close the grader's own files to other users ({exc})") from None
+    return list(closing)
 
 
 def refusal(rubric: Path) -> str:
     """Why a worker running as a fresh uid outside the namespace sandbox must not start here, with the
-    command that fixes it; "" when it could read none of the grader's files."""
+    command that fixes it; "" when it could read none of the grader's files, or when the grader closes them
+    itself (`close_own`)."""
     closing = to_close(grader_secrets(rubric), interpreter_folders())
-    if not closing:
+    blocked = {path: why for path in closing if (why := why_not_closable(path))}
+    if not blocked:
         return ""
     named = {"the reference's solution": reference_folder(), "the rubric": os.path.realpath(rubric)}
     what = [
@@ -132,24 +185,90 @@ def refusal(rubric: Path) -> str:
         for name, path in named.items()
         if path and reachable_by_others(os.path.dirname(path)) and first_readable(path) is not None
     ] or [f"such as {next(iter(closing.values()))}"]
+    path, why = next(iter(blocked.items()))
     return (
         "each worker runs as a fresh unprivileged uid outside the namespace sandbox here, and that uid could "
-        f"read the grader's own files: {', '.join(what)}. "
-        f"Close them to other users first: chmod o-rwx {' '.join(shlex.quote(p) for p in closing)}"
+        f"read the grader's own files: {', '.join(what)}. The grader closes them itself only when it owns them "
+        f"on a writable file system, and {path} is {why}. {how_to_close(list(closing), blocked)}"
     )
 
 
-def problem(isolation: str, rubric: Path) -> str:
-    """`refusal(rubric)` where a worker asked for with `isolation` (auto, namespace or process) would run as a
-    fresh uid outside the namespace sandbox (the launcher's rule); else "". Where no isolation can be chosen
-    at all, the worker's own start says why."""
+def how_to_close(closing: list[str], blocked: dict[str, str]) -> str:
+    """The command that closes `closing`, as it can be run: here, or, on a read-only file system, where the
+    checkout is writable (paths relative to its top folder, which is the same there)."""
+    top = str(bwrap.PROJECT_ROOT) if bwrap.PROJECT_ROOT is not None else None
+    read_only = any(why.startswith("on a read-only") for why in blocked.values())
+    if read_only and top and all(bwrap.inside(path, top) for path in closing):
+        relative = " ".join(shlex.quote(os.path.relpath(path, top)) for path in closing)
+        return (
+            "Close them to other users where the checkout is writable (the machine it is mounted from), in its top "
+            f"folder: chmod o-rwx {relative}"
+        )
+    return f"Close them to other users first: chmod o-rwx {' '.join(shlex.quote(p) for p in closing)}"
+
+
+def fresh_uid_outside_sandbox(isolation: str) -> bool:
+    """Whether a worker asked for with `isolation` (auto, namespace or process) would run as a fresh uid
+    outside the namespace sandbox (the launcher's rule)."""
     try:
         chosen = probe.choose_isolation(isolation)
     except (OSError, ValueError):
-        return ""
-    if chosen != "process" or not (probe.is_root() and probe.separate_uid_available()):
-        return ""
-    return refusal(rubric)
+        return False
+    return chosen == "process" and probe.is_root() and probe.separate_uid_available()
+
+
+def problem(isolation: str, rubric: Path) -> str:
+    """`refusal(rubric)` where a worker asked for with `isolation` would run as a fresh uid outside the
+    namespace sandbox; else "". Where no isolation can be chosen at all, the worker's own start says why."""
+    return refusal(rubric) if fresh_uid_outside_sandbox(isolation) else ""
+
+
+# -- the interpreter, which a fresh uid must read ------------------------------------------------------------
+
+
+def interpreter_paths() -> list[str]:
+    """What a worker's interpreter reads: the executable, its standard library and extension modules, its
+    packages and torch (the paths `probe.separate_uid_available` tries as a fresh uid)."""
+    import importlib.util
+
+    paths = sysconfig.get_paths()
+    found = [sys.executable, paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"]]
+    spec = importlib.util.find_spec("torch")
+    found += list(spec.submodule_search_locations or []) if spec else []
+    return list(dict.fromkeys(os.path.realpath(p) for p in found if os.path.exists(p)))
+
+
+def closed_below(path: str) -> bool:
+    """Whether some file or folder at or below `path` (never through a link) is closed to other users."""
+    for folder, _folders, files in os.walk(path):
+        if not _others_may(os.stat(folder), stat.S_IROTH | stat.S_IXOTH):
+            return True
+        for name in files:
+            info = os.lstat(os.path.join(folder, name))
+            if stat.S_ISREG(info.st_mode) and not _others_may(info, stat.S_IROTH):
+                return True
+    return False
+
+
+def opening(paths: Iterable[str]) -> str:
+    """The command that lets a fresh uid read and run what `paths` hold: `chmod o+x` on every closed folder on
+    the way to them, `chmod -R o+rX` on those with closed files or folders; "" when nothing is closed."""
+    wanted = list(dict.fromkeys(os.path.realpath(p) for p in paths))
+    way = [
+        str(folder)
+        for path in wanted
+        for folder in reversed(Path(path).parents)
+        if not _others_may(os.stat(folder), stat.S_IXOTH)
+    ]
+    below = [path for path in wanted if os.path.isdir(path) and closed_below(path)]
+    below = [p for p in below if not any(q != p and bwrap.inside(p, q) for q in below)]
+    files = [p for p in wanted if os.path.isfile(p) and not _others_may(os.stat(p), stat.S_IROTH | stat.S_IXOTH)]
+    commands = []
+    if way:
+        commands.append("chmod o+x " + " ".join(shlex.quote(p) for p in dict.fromkeys(way)))
+    if below or files:
+        commands.append("chmod -R o+rX " + " ".join(shlex.quote(p) for p in [*below, *files]))
+    return " && ".join(commands)
 
 
 # -- other copies of the reference on the machine (`doctor`) ------------------------------------------------

@@ -26,7 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from autograder.sandbox import bwrap, probe
+from autograder.sandbox import bwrap, exposure, probe
 from autograder.sandbox.cgroups import ROOT as CGROUP_ROOT
 from autograder.sandbox.cgroups import ResourceLimits, WorkerGroup
 
@@ -387,17 +387,12 @@ def _advice(machine: Machine) -> str:
         steps = _sandbox_steps(machine)
         if steps and machine.isolation is None:
             steps.append(
-                "or run the grader as root, which gives each worker a fresh uid (Kubernetes: root of the pod's "
-                "own user namespace, `hostUsers: false`, deploy/kubernetes/), or accept the grader's own user "
-                "with `--isolation process`"
+                "or " + _fresh_uid_step(machine) + ", or accept the grader's own user with `--isolation process`"
             )
         if steps:
             return "; ".join(steps)
         if machine.isolation is None:
-            return (
-                "run the grader as root (each worker then gets a fresh uid), or pass `--isolation process` to "
-                "grade as your own user"
-            )
+            return _fresh_uid_step(machine) + ", or pass `--isolation process` to grade as your own user"
     if not groups.writable and not _in_container(machine):
         if machine.root:
             return f"make {CGROUP_ROOT} writable for the grader, so limits hold for a submission's processes together"
@@ -406,6 +401,19 @@ def _advice(machine: Machine) -> str:
             "(on a systemd machine: `systemd-run --user --scope -p Delegate=yes make grade`)"
         )
     return ""
+
+
+def _fresh_uid_step(machine: Machine) -> str:
+    """What gives each worker a fresh uid here: root, for a normal user; for root, whose fresh uid cannot read the
+    interpreter, the command that opens it to other users (never "run as root" to root)."""
+    if not machine.root:
+        return (
+            "run the grader as root, which gives each worker a fresh uid (Kubernetes: root of the pod's own user "
+            "namespace, `hostUsers: false`, deploy/kubernetes/)"
+        )
+    command = exposure.opening(exposure.interpreter_paths())
+    where = f"`{command}`" if command else "make the interpreter's folders readable by other users"
+    return f"let each worker's fresh uid read and run the interpreter, its standard library and torch: {where}"
 
 
 def _in_container(machine: Machine) -> bool:
