@@ -28,6 +28,7 @@ from autograder.grading import submission as reader
 from autograder.grading import timing
 from autograder.grading.checks.fixtures import GradingContext, GradingFixtures
 from autograder.grading.checks.harness import Notes, Submission, new_run_seed, noting
+from autograder.grading.devices import QuietLock
 from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.report import print_summary
 from autograder.grading.scoring import score
@@ -245,6 +246,8 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     context = GradingContext(
         Submission(worker, run.device, rubric.limits.check_seconds), rubric, run.device, run.seed, notes=options.notes
     )
+    if rubric.speed is not None:  # someone may time on this machine: the submission's code runs only in its requests
+        context.quiet = worker.quiet = QuietLock(rubric.speed.lock_seconds)
     if grades_speed(rubric, options.parts):
         # the reference's timing workers start now, in the background, while the submission loads
         start = options.kept_workers.get if options.kept_workers else start_trusted_workers

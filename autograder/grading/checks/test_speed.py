@@ -32,7 +32,7 @@ from autograder.grading.checks.harness import (
     reference_forward,
 )
 from autograder.grading.checks.mistakes import NOT_ONE_PASS
-from autograder.grading.devices import TimingLockError, device_key, timing_lock
+from autograder.grading.devices import TimingLockError, device_key
 from autograder.grading.verdict import Verdict
 from autograder.grading.workers import (
     REFERENCE,
@@ -338,7 +338,7 @@ def measure_locked(
     slow fail the check here, with what was found recorded."""
     settings = speed_settings(rubric)
     try:
-        with timing_lock(device_key(device), settings.lock_seconds):
+        with context.quiet.hold(device_key(device), settings.lock_seconds):
             submission.begin_check()  # the wait for the lock is not the submission's time
             return timing.measure(
                 targets,
@@ -348,6 +348,7 @@ def measure_locked(
                 submission.worker.config.request_seconds,
                 points=points,
                 own_wait=procfs.own_wait,
+                hold_seconds=settings.hold_seconds - context.quiet.held,
             )
     except TimingLockError as exc:
         raise CannotTime(str(exc), cause=TIMING_LOCK) from None
