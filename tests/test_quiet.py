@@ -1,0 +1,217 @@
+"""Quiet timing: while anything is timed on the machine, no other submission's code runs. The lock (one per
+device: exclusive for a timing hold, shared for a submission's requests, a turnstile so that requests cannot
+starve a hold, every wait bounded, released by the kernel when its holder dies), and a submission's worker
+stopped outside its own requests. No assertion here depends on how fast anything runs: a bounded wait that
+must fail fails whatever the machine's speed, and the generous bounds are only there so a broken lock fails
+rather than hangs."""
+
+import contextlib
+import fcntl
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from autograder.grading import devices
+from autograder.grading.checks.harness import Submission
+from autograder.grading.devices import QuietLock, TimingLockBusy
+from autograder.sandbox.client import BudgetSpent, CheckBudget, CheckTimeUp
+from autograder.sandbox.protocol import CallRequest
+
+WORKER_DEFAULTS = dict(load_seconds=30, request_seconds=10)  # make_worker's (tests/conftest.py)
+GENEROUS = 60.0  # seconds: only for a broken lock, which would otherwise hang the test
+
+
+@pytest.fixture
+def environ(tmp_path):
+    """A lock folder of the test's own, for this process and the ones it starts."""
+    return {**os.environ, devices.TIMING_LOCK_FOLDER_VARIABLE: str(tmp_path / "locks")}
+
+
+def until(condition, what: str) -> None:
+    """Wait for `condition()`, at most GENEROUS seconds."""
+    end = time.monotonic() + GENEROUS
+    while not condition():
+        assert time.monotonic() < end, f"never: {what}"
+        time.sleep(0.01)
+
+
+def held(path) -> bool:
+    """Whether someone holds the lock file at `path` (tried without waiting, released at once)."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)
+
+
+# -- the lock -----------------------------------------------------------------------------------------------
+
+
+def test_requests_share_the_lock_and_a_hold_excludes_them_on_every_device(environ):
+    first, second = QuietLock(environ=environ), QuietLock(environ=environ)
+    with first.request(), second.request():  # two gradings' submissions run side by side
+        with pytest.raises(TimingLockBusy, match="cannot time now"):
+            with QuietLock(environ=environ).hold("cpu", seconds=0.2):
+                pass
+    with QuietLock(environ=environ).hold("cuda-GPU-aaaa"):  # a timing on any device of the machine ...
+        with pytest.raises(TimingLockBusy, match="cannot time now: the submission's code waited 0.2 s"):
+            with QuietLock(wait_seconds=0.2, environ=environ).request():  # ... keeps every submission stopped
+                pass
+        with QuietLock(environ=environ).hold("cuda-GPU-bbbb", seconds=GENEROUS):  # but not another device's timing
+            pass
+        with pytest.raises(TimingLockBusy):
+            with QuietLock(environ=environ).hold("cuda-GPU-aaaa", seconds=0.2):  # nor the same device's
+                pass
+
+
+def test_a_gradings_own_requests_pass_while_it_holds_the_lock(environ):
+    """What a grading times is its own: its requests inside its hold do not wait for it."""
+    quiet = QuietLock(wait_seconds=0.2, environ=environ)
+    with quiet.hold("cpu", seconds=GENEROUS):
+        with quiet.request() as waited:
+            assert waited == 0.0
+    assert quiet.held > 0 and quiet.waited == 0.0
+
+
+def test_a_waiting_hold_is_not_starved_by_other_gradings_requests(environ):
+    """Once a hold waits, no new request starts (it waits behind the turnstile), so the requests running end
+    and the hold gets the lock, however many gradings keep sending requests."""
+    running = QuietLock(environ=environ).request()
+    running.__enter__()
+    timing, got, done = QuietLock(environ=environ), threading.Event(), threading.Event()
+
+    def time_it():
+        with timing.hold("cpu", seconds=GENEROUS):
+            got.set()
+            done.wait(GENEROUS)
+
+    thread = threading.Thread(target=time_it)
+    thread.start()
+    try:
+        folder = timing.folder()
+        until(lambda: held(folder / devices.TURNSTILE), "the hold waits at the turnstile")
+        assert not got.is_set()  # a request still runs
+        with pytest.raises(TimingLockBusy):  # another grading's next request waits for the hold
+            with QuietLock(wait_seconds=0.3, environ=environ).request():
+                pass
+        running.__exit__(None, None, None)
+        until(got.is_set, "the hold gets the lock once the running request ends")
+    finally:
+        done.set()
+        thread.join()
+        with contextlib.suppress(Exception):
+            running.__exit__(None, None, None)
+
+
+def test_a_gradings_requests_wait_for_others_timing_at_most_so_long_in_all(environ):
+    quiet = QuietLock(wait_seconds=0.3, environ=environ)
+    with QuietLock(environ=environ).hold("cpu"):
+        with pytest.raises(TimingLockBusy):
+            with quiet.request():
+                pass
+        started = time.monotonic()
+        with pytest.raises(TimingLockBusy):  # its allowance is spent: the next one does not wait again
+            with quiet.request():
+                pass
+    assert quiet.waited >= 0.3
+    assert time.monotonic() - started < GENEROUS
+
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from autograder.grading.devices import QuietLock
+    quiet = QuietLock()
+    with (quiet.hold(sys.argv[2]) if sys.argv[1] == "hold" else quiet.request()):
+        print("holding", flush=True)
+        time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("how", ["hold", "request"])
+def test_the_lock_is_released_when_its_holder_dies(environ, how):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, how, "cpu"], stdout=subprocess.PIPE, text=True, env=environ
+    )
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        with pytest.raises(TimingLockBusy):
+            with QuietLock(environ=environ).hold("cpu", seconds=0.2):
+                pass
+    finally:
+        holder.kill()  # SIGKILL, mid-timing or mid-request
+        holder.wait()
+    with QuietLock(environ=environ).hold("cpu", seconds=GENEROUS):
+        pass
+    with QuietLock(wait_seconds=GENEROUS, environ=environ).request():
+        pass
+
+
+# -- the worker: stopped outside its own requests -------------------------------------------------------------
+
+DAEMONS = """
+import os, threading, time
+counted = [0]
+
+def count():
+    while True:
+        counted[0] += 1
+
+def start():
+    threading.Thread(target=count, daemon=True).start()
+    if os.fork() == 0:  # a process of its own, counting too
+        while True:
+            pass
+
+def advances():
+    seen, end = counted[0], time.monotonic() + 30
+    while counted[0] == seen and time.monotonic() < end:
+        time.sleep(0.001)
+    return counted[0] != seen
+"""
+
+
+def test_what_a_submission_left_running_runs_only_during_its_own_requests(make_worker, environ):
+    worker = make_worker(DAEMONS)
+    worker.quiet = QuietLock(environ=environ)
+    worker.request(CallRequest("start"))
+    assert len(worker.process.pids()) >= 2
+    used = worker.cpu_seconds()
+    time.sleep(0.5)  # a classmate's timing: the thread and the process would spin through it
+    assert worker.cpu_seconds() == used  # not a nanosecond more: every process of the worker is stopped
+    assert worker.request(CallRequest("advances")) is True  # and runs again in a request of its own
+    assert worker.cpu_seconds() > used
+
+
+class Waited:
+    """A quiet lock that reports a long wait without waiting."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    @contextlib.contextmanager
+    def request(self):
+        yield self.seconds
+
+
+def test_the_wait_for_the_lock_is_charged_to_no_budget_of_the_submission(make_worker):
+    worker = make_worker("def ok():\n    return 1\n")
+    worker.quiet = Waited(1000.0)
+    worker.budget_end = time.monotonic() - 1  # its whole budget spent, were the wait charged
+    spent = CheckBudget(time.monotonic() - 1, 5.0)  # and the check's
+    assert worker.request(CallRequest("ok"), check=spent) == 1
+    assert worker.quiet_waited == 1000.0  # once: the start that loaded the file was part of the request
+    submission = Submission(worker, "cpu", check_seconds=5.0)
+    worker.quiet_waited += 1000.0  # the check's requests waited: its end moves with them
+    assert submission.check_end > time.monotonic() + 900
+    worker.quiet = None
+    with pytest.raises((BudgetSpent, CheckTimeUp)):  # without the wait moving them, both were spent
+        worker.budget_end = time.monotonic() - 1
+        worker.request(CallRequest("ok"), check=spent)
