@@ -91,7 +91,11 @@ SPEED_SETTINGS = {
         "full points when the submission's speedup is at least this fraction of the reference's",
     ),
     "no_credit_at": (float, 0.0, "no points at or below this fraction; linear in between"),
-    "give_up_below": (float, 0.0, "after min_rounds measured rounds, below this fraction the rest are not run (too slow)"),
+    "give_up_below": (
+        float,
+        0.0,
+        "after min_rounds measured rounds, below this fraction the rest are not run (too slow)",
+    ),
     "flag_above": (float, 0.0, "a speedup more than this many times the reference's is flagged for the instructor"),
     "min_reference_speedup": (float, 1.0, "below this, the run cannot tell parallel from sequential: a grader fault"),
     "probe_sigmas": (

@@ -288,8 +288,10 @@ def test_the_grading_cap_on_timing_holds_stops_the_rounds_in_the_students_favour
     said = result.verdict
     assert said is not None and said.stopped_because == "capped" and said.close
     assert SPEED.min_rounds < said.rounds < SPEED.max_rounds
-    assert said.credit == credit(said.high, SPEED.no_credit_at, SPEED.full_credit_at) > credit(
-        said.median, SPEED.no_credit_at, SPEED.full_credit_at
+    assert (
+        said.credit
+        == credit(said.high, SPEED.no_credit_at, SPEED.full_credit_at)
+        > credit(said.median, SPEED.no_credit_at, SPEED.full_credit_at)
     )
     assert "benefit of the doubt" in verdict.describe(said, SPEED)
     # a cap already spent (by an earlier workload) still leaves min_rounds, for a verdict on a first look

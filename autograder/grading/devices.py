@@ -20,6 +20,7 @@ Every wait is bounded: a hold by the rubric's `lock_seconds`, a grading's reques
 cannot grade and is graded again, never a zero; and the time a request waited is not the submission's
 (`client.Worker` moves its deadlines by it).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -158,9 +159,7 @@ class QuietLock:
     holds in all (None: without bound); `held`: the seconds its holds lasted, for the rubric's cap on them
     (`[speed] hold_seconds`)."""
 
-    def __init__(
-        self, wait_seconds: float | None = None, environ: Mapping[str, str] | None = None, poll: float = 0.01
-    ):
+    def __init__(self, wait_seconds: float | None = None, environ: Mapping[str, str] | None = None, poll: float = 0.01):
         self.wait_seconds, self.environ, self.poll = wait_seconds, environ, poll
         self.holding = 0  # holds open now
         self.waited = 0.0  # seconds its requests waited, in all
@@ -264,7 +263,9 @@ class QuietLock:
     def _shared_paths(self, folder: Path) -> list[Path]:
         """`requests.lock` and every device's lock file (the named one too, where one is named)."""
         named = timing_lock_path("cpu", self.environ)
-        devices = {folder / name for name in os.listdir(folder) if name.startswith("timing-") and name.endswith(".lock")}
+        devices = {
+            folder / name for name in os.listdir(folder) if name.startswith("timing-") and name.endswith(".lock")
+        }
         return [folder / REQUESTS, *sorted(devices | {named})]
 
 
