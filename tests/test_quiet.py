@@ -221,3 +221,29 @@ def test_the_wait_for_the_lock_is_charged_to_no_budget_of_the_submission(make_wo
     with pytest.raises((BudgetSpent, CheckTimeUp)):  # without the wait moving them, both were spent
         worker.budget_end = time.monotonic() - 1
         worker.request(CallRequest("ok"), check=spent)
+
+
+def test_a_grading_runs_its_submission_only_in_its_own_requests(tmp_path, monkeypatch):
+    """`grade_submission` gives the submission's worker the grading's quiet lock (the one its speed check
+    holds), with the rubric's allowance for waits."""
+    from autograder.grading import grade
+    from autograder.grading.plugin import ResultsPlugin
+
+    seen = {}
+
+    def checks(context, rubric, visible_only, **options):
+        worker = context.submission.worker
+        seen["the grading's lock"] = worker.quiet is context.quiet
+        seen["the rubric's allowance"] = context.quiet.wait_seconds == rubric.speed.lock_seconds
+        context.submission.call("start")
+        used = worker.cpu_seconds()
+        time.sleep(0.5)
+        seen["stopped between requests"] = worker.cpu_seconds() == used
+        return ResultsPlugin(rubric, visible_only)
+
+    monkeypatch.setattr(grade, "run_checks", checks)
+    monkeypatch.setenv(devices.TIMING_LOCK_FOLDER_VARIABLE, str(tmp_path / "locks"))
+    submission = tmp_path / "mha.py"
+    submission.write_text(DAEMONS)
+    grade.grade_submission(submission, grade.Options(device="cpu", out=None, quiet=True, parts=("quiz",)))
+    assert seen == dict.fromkeys(["the grading's lock", "the rubric's allowance", "stopped between requests"], True)
