@@ -477,10 +477,10 @@ class Worker:
 
     def start(self, check: CheckBudget | None = None) -> Loaded:
         """Start (or restart) the worker and load the submission, in its turn (`_turn`). Returns the load
-        report. The start runs
-        within `boot_seconds`, the load within `load_seconds`, both within what is left of `check` if given: a restart stopped by the check's
-        budget fails only the request that needed it (CheckTimeUp). A first worker that cannot start Python
-        and torch is the grader's environment's fault (WorkerCannotStart)."""
+        report. The start runs within `boot_seconds`, the load within `load_seconds`, both within what is left
+        of `check` if given: a restart stopped by the check's budget fails only the request that needed it
+        (CheckTimeUp). A first worker that cannot start Python and torch is the grader's environment's fault
+        (WorkerCannotStart)."""
         with self._turn(check) as check:
             return self._start(check)
 
@@ -887,7 +887,8 @@ class Worker:
         when it must be, outside any clock. The caller's clock then runs from `TimedCalls.open()` (the
         settings out, the worker's ready back within `ready_seconds`: the worker's whole time between the
         request and its first call is timed and bounded) through one `call(seed)` per call; `finish(show)`,
-        outside the clock, ends the request. Raises as `request` does."""
+        outside the clock, ends the request. Raises as `request` does. A worker with a `quiet` lock runs its
+        timed calls only while a measurement holds it (`timing.Stage`): outside its turns it is stopped."""
         what = f"{target} (timed)" if target else "forward_many"
         self._ready_for("forward_many", what, check)
         deadline = self._deadline(timeout, "far slower than the reference's forward, whose time sets this limit", check)
