@@ -121,6 +121,7 @@ class WorkerProcess:
         self._held: _Hold | None = None
         self._sent_stop = False  # processes were stopped by SIGSTOP (`hold`), which no thawing undoes
         self._stopped: list[tuple[int, int]] | None = None  # (pid, start) of each process `suspend` stopped
+        self._seen: list[tuple[int, int]] = []  # the same, of the last `suspend` by SIGSTOP, kept after `resume`
         self._filler: QuotaFiller | None = None  # while it is held (`hold`), a fresh uid's tasks all taken
         self.fresh_because: str | None = None  # why it was started fresh although a fork was asked for
 
@@ -207,9 +208,9 @@ class WorkerProcess:
         appears, and waiting until each has stopped), e.g. while the reference is being timed, or between
         requests (`client.Worker.quiet`)."""
         if not (self.group is not None and self.group.freeze(True)):
-            stopped = procfs.stop_tree(self.pids)
+            stopped = procfs.stop_tree(self.pids, known=self._seen)  # those of the last time first: one walk less
             procfs.wait_stopped(stopped)
-            self._stopped = [stat.key for stat in map(procfs.read_stat, stopped) if stat is not None]
+            self._stopped = self._seen = [stat.key for stat in map(procfs.read_stat, stopped) if stat is not None]
         self._end_hold()
         self.stopped = True
 
