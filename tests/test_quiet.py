@@ -205,31 +205,37 @@ def test_what_a_submission_left_running_runs_only_during_its_own_requests(make_w
         assert worker.cpu_seconds() > used
 
 
-class Waited:
-    """A quiet lock that reports a long wait without waiting."""
+def test_the_wait_for_the_lock_is_charged_to_no_budget_of_the_submission(make_worker, monkeypatch):
+    """A classmate's timing held the lock for 1000 s before the file's load, and again before the request (on a
+    clock of the worker's client that jumps while it waits): neither the submission's budget (600 s) nor the
+    check's (5 s) is spent, and the check's end moves with the waits."""
+    from types import SimpleNamespace
 
-    def __init__(self, seconds: float):
-        self.seconds = seconds
+    from autograder.sandbox import client
 
-    @contextlib.contextmanager
-    def request(self):
-        yield self.seconds
+    jumped = [0.0]
+    clock = SimpleNamespace(
+        monotonic=lambda: time.monotonic() + jumped[0], sleep=time.sleep, perf_counter=time.perf_counter
+    )
+    monkeypatch.setattr(client, "time", clock)
 
+    class Waiting:
+        @contextlib.contextmanager
+        def request(self):
+            jumped[0] += 1000.0
+            yield 1000.0
 
-def test_the_wait_for_the_lock_is_charged_to_no_budget_of_the_submission(make_worker):
-    worker = make_worker("def ok():\n    return 1\n")
-    worker.quiet = Waited(1000.0)
-    worker.budget_end = time.monotonic() - 1  # its whole budget spent, were the wait charged
-    spent = CheckBudget(time.monotonic() - 1, 5.0)  # and the check's
-    assert worker.request(CallRequest("ok"), check=spent) == 1
-    assert worker.quiet_waited == 1000.0  # once: the start that loaded the file was part of the request
+    worker = make_worker("def ok():\n    return 1\n", submission_seconds=600)
+    worker.quiet = Waiting()
+    assert worker.request(CallRequest("ok"), check=CheckBudget(clock.monotonic() + 5.0, 5.0)) == 1
+    assert worker.quiet_waited == 2000.0  # the load's wait and the request's
     submission = Submission(worker, "cpu", check_seconds=5.0)
     worker.quiet_waited += 1000.0  # the check's requests waited: its end moves with them
     assert submission.check_end > time.monotonic() + 900
-    worker.quiet = None
-    with pytest.raises((BudgetSpent, CheckTimeUp)):  # without the wait moving them, both were spent
-        worker.budget_end = time.monotonic() - 1
-        worker.request(CallRequest("ok"), check=spent)
+    worker.quiet = None  # and without the waits moving them, both budgets are spent by such a jump
+    jumped[0] += 1000.0
+    with pytest.raises((BudgetSpent, CheckTimeUp)):
+        worker.request(CallRequest("ok"), check=CheckBudget(clock.monotonic() - 1, 5.0))
 
 
 def test_a_grading_runs_its_submission_only_in_its_own_requests(tmp_path, monkeypatch):

@@ -383,7 +383,7 @@ def give_up_if_too_slow(measurement: Measurement, settings: SpeedSettings) -> No
     if best < settings.give_up_below:
         raise TooSlow(
             f"your forward took {min(mine) * 1e3:.3g} ms per call at best, the reference's {max(reference) * 1e3:.3g} "
-            f"ms at worst over {len(mine)} measured rounds: even so, yours runs at {best:.2f} of the reference's "
+            f"ms at worst in the same run ({len(mine)} measured rounds): even so, yours runs at {best:.2f} of the reference's "
             f"speed, and the speed points start above {settings.no_credit_at:g} of it. A forward below "
             f"{settings.give_up_below:g} (more than {1 / settings.give_up_below:.3g} times slower than the reference) "
             "cannot get there, so no more rounds were run"

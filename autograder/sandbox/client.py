@@ -476,15 +476,11 @@ class Worker:
             raise WorkerCrashed(self.why or "")
 
     def start(self, check: CheckBudget | None = None) -> Loaded:
-        """Start (or restart) the worker and load the submission, in its turn (`_turn`). Returns the load
-        report. The start runs within `boot_seconds`, the load within `load_seconds`, both within what is left
+        """Start (or restart) the worker and load the submission, the load in its turn (`_turn`). Returns the
+        load report. The start runs within `boot_seconds`, the load within `load_seconds`, both within what is left
         of `check` if given: a restart stopped by the check's budget fails only the request that needed it
         (CheckTimeUp). A first worker that cannot start Python and torch is the grader's environment's fault
         (WorkerCannotStart)."""
-        with self._turn(check) as check:
-            return self._start(check)
-
-    def _start(self, check: CheckBudget | None) -> Loaded:
         if self.state in (Lifecycle.CANNOT_START, Lifecycle.LOAD_FAILED):
             self._refuse_if_final()
         self.starts += 1
@@ -503,9 +499,10 @@ class Worker:
                 self.kill()
                 self.isolation = "process"
                 self.events.append("CUDA was not visible inside the namespace sandbox: fell back to process isolation")
-                return self._start(check)
+                return self.start(check)
             try:
-                reply = self._load(check)
+                with self._turn(check) as check:  # the file's code runs from here on: Python and torch are ours
+                    reply = self._load(check)
             except EndedBeforeRequest as exc:
                 reply = self._ended_before_the_file(exc, check)
         except WorkerCannotStart:
@@ -712,8 +709,7 @@ class Worker:
         with self.quiet.request() as waited:
             self.quiet_waited += waited
             self.budget_end += waited
-            if check is not None:
-                check = CheckBudget(check.end + waited, check.seconds)
+            check = self._moved(check, self.quiet_waited - waited)
             self._turns += 1
             try:
                 if self.process is not None and self.process.stopped:
@@ -723,10 +719,16 @@ class Worker:
                 self._turns -= 1
                 self._rest()
 
+    def _moved(self, check: CheckBudget | None, since: float) -> CheckBudget | None:
+        """`check`, its end moved by what was waited for the quiet lock since `quiet_waited` was `since`."""
+        waited = self.quiet_waited - since
+        return CheckBudget(check.end + waited, check.seconds) if check is not None and waited else check
+
     def _rest(self) -> None:
-        """Stop every process of a worker that has loaded the file, outside a measurement's hold."""
+        """Stop every process of a worker that has begun loading the file, outside a measurement's hold."""
         process = self.process
-        if process is not None and self.state is Lifecycle.RUNNING and not self.holding and process.alive():
+        loaded = self.state in (Lifecycle.STARTING, Lifecycle.RUNNING)
+        if process is not None and loaded and not self.holding and process.alive():
             process.suspend()
 
     def hold(self) -> None:
@@ -808,8 +810,11 @@ class Worker:
         raised, WorkerTimeout / WorkerCrashed when the worker had to be killed (it is restarted next
         time), LoadFailed when the file cannot be loaded at all. A `timed` request (the speed part's) has
         its own deadline, and running past it does not make the submission known to hang. With `check`, the
-        request, and a restart of the worker it needs, end when the check's budget does. In its turn (`_turn`)."""
-        with self._turn(check) as check:
+        request, and a restart of the worker it needs, end when the check's budget does. In its turn (`_turn`),
+        once a worker that must be (re)started has started (Python and torch are not the submission's code)."""
+        since = self.quiet_waited
+        self._ready_for(request.op, target, check)  # a load it needs waits in a turn of its own
+        with self._turn(self._moved(check, since)) as check:
             return self._request(request, timeout, target, overrun_hint, timed, check)
 
     def _request(
@@ -889,8 +894,9 @@ class Worker:
         request and its first call is timed and bounded) through one `call(seed)` per call; `finish(show)`,
         outside the clock, ends the request. Raises as `request` does. A worker with a `quiet` lock runs its
         timed calls only while a measurement holds it (`timing.Stage`): outside its turns it is stopped."""
-        what = f"{target} (timed)" if target else "forward_many"
+        what, since = f"{target} (timed)" if target else "forward_many", self.quiet_waited
         self._ready_for("forward_many", what, check)
+        check = self._moved(check, since)
         deadline = self._deadline(timeout, "far slower than the reference's forward, whose time sets this limit", check)
         return TimedCalls(self, request, deadline, what, ready_seconds)
 
