@@ -392,7 +392,7 @@ PACKAGED = DEFAULT_RUBRIC.read_text()
         ('[[speed.workloads]]\ndevice = "cuda"', '[[speed.workloads]]\ndevice = "tpu"', "device must be one of"),
         ("heads = 64\ncalls = 32", "heads = 60\ncalls = 32", "does not split into 60 heads"),
         ("calls = 32 ", "calls = 32\ncolour = 1 ", "unknown key in [[speed.workloads]] number 1: 'colour'"),
-        ("lock_seconds = 30 ", "lock_seconds = 30\nspeed = 1 ", "unknown key in [speed]: 'speed'"),
+        ("lock_seconds = 90 ", "lock_seconds = 90\nspeed = 1 ", "unknown key in [speed]: 'speed'"),
     ],
 )
 def test_speed_settings_are_validated_in_full(tmp_path, old, new, message):
