@@ -91,7 +91,11 @@ SPEED_SETTINGS = {
         "full points when the submission's speedup is at least this fraction of the reference's",
     ),
     "no_credit_at": (float, 0.0, "no points at or below this fraction; linear in between"),
-    "give_up_below": (float, 0.0, "after warm-up, below this fraction the rounds are not run at all (too slow)"),
+    "give_up_below": (
+        float,
+        0.0,
+        "after min_rounds measured rounds, below this fraction the rest are not run (too slow)",
+    ),
     "flag_above": (float, 0.0, "a speedup more than this many times the reference's is flagged for the instructor"),
     "min_reference_speedup": (float, 1.0, "below this, the run cannot tell parallel from sequential: a grader fault"),
     "probe_sigmas": (
@@ -100,7 +104,18 @@ SPEED_SETTINGS = {
         "a timed output's per-token probe may differ from the reference's by this many "
         "standard deviations of an output within the dtype's tolerance",
     ),
-    "lock_seconds": (float, 1.0, "the longest wait for the device's timing lock (other gradings' timing sections)"),
+    "lock_seconds": (
+        float,
+        1.0,
+        "the longest wait for the device's timing lock (other gradings' timing sections), and the longest a "
+        "grading's requests wait for other gradings' timing in all",
+    ),
+    "hold_seconds": (
+        float,
+        1.0,
+        "a grading's timing holds in all (no other student's code runs meanwhile); past it the rounds stop at "
+        "the next round from min_rounds on, an unsettled verdict scored on the top of its interval",
+    ),
     "ready_seconds": (
         float,
         0.01,
@@ -178,6 +193,7 @@ class SpeedSettings:
     min_reference_speedup: float
     probe_sigmas: float
     lock_seconds: float
+    hold_seconds: float
     ready_seconds: float
     requires: tuple[str, ...]  # check keys that must pass for the speed part to earn points
     workloads: tuple[Workload, ...]

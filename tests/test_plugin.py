@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from autograder.grading.plugin import ResultsPlugin
-from autograder.model import FAILED, NOT_CREDITED, PASSED, WORKER
+from autograder.model import FAILED, NOT_CREDITED, PASSED, TIMING_LOCK, WORKER
 from rubric_text import rubric_file
 
 pytest_plugins = ["pytester"]
@@ -187,3 +187,20 @@ def test_a_pytest_plugin_installed_beside_the_grader_never_joins_the_checks(tmp_
     grade.run_checks(SimpleNamespace(notes=None), load_rubric(), visible_only=False, checks=("none::none",))
     assert not mark.exists()
     assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in os.environ
+
+
+def test_a_submission_kept_waiting_by_others_timing_is_graded_again(pytester, plain_rubric):
+    """A request that waited its grading's allowance for other gradings' timing (`devices.QuietLock`) is the
+    grader's trouble with the cause `timing_lock`, which a class run grades again: never a failed check."""
+    source = '''
+import pytest
+from autograder.grading.devices import TimingLockBusy
+
+@pytest.mark.part("quiz")
+def test_kept_waiting():
+    """a check whose request waited too long for others' timing"""
+    raise TimingLockBusy("cannot time now: the submission's code waited 30 s in all")
+'''
+    plugin = run(pytester, plain_rubric, source)
+    assert len(plugin.grader_errors) == 1
+    assert plugin.causes == {plugin.grader_errors[0]: TIMING_LOCK}

@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from autograder.grading import timing
+from autograder.grading import timing, verdict
 from autograder.grading.scoring import Outcome, score
 from autograder.grading.verdict import credit
 from autograder.grading.workers import REFERENCE, SUBMISSION, WRAPPER, BackgroundWorker, reference_cells
@@ -250,15 +250,57 @@ def test_a_worker_that_breaks_its_hold_fails_the_measurement_as_its_own_fault():
     assert all(w.running and not w.held for w in workers.values())
 
 
-def test_far_too_slow_gives_up_after_warm_up_and_waits_little():
+def test_far_too_slow_gives_up_after_min_rounds_and_waits_little():
     clock, seen = Clock(), []
     targets, workers = fake_targets(clock, {WRAPPER: 0.05, REFERENCE: 0.001, SUBMISSION: 0.05}, seen=seen)
     with pytest.raises(timing.TooSlow, match="times slower"):
         timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
-    assert len(seen) == 3 * SPEED.warmup_rounds  # no measured round
+    assert len(seen) == 3 * (SPEED.warmup_rounds + SPEED.min_rounds)  # measured rounds first, no more
     assert all(w.running for w in workers.values())
     waits = [timeout for name, _, _, timeout in seen if name == SUBMISSION]
     assert waits[0] < 2.0  # bounded by the reference's time, not the 10 s request deadline
+
+
+def test_a_slow_warm_up_alone_never_gives_up_on_a_forward():
+    """A forward whose warm-up round was far slower than it is (its caches evicted by a busy machine) gets its
+    measured rounds, and is judged by them: a correct notebook once got 90 instead of 100 here."""
+    clock = Clock()
+    slow_then_fast = [0.01 / (SPEED.give_up_below / 10)] + [0.01] * (SPEED.warmup_rounds + SPEED.max_rounds)
+    targets, _ = fake_targets(clock, {WRAPPER: 0.05, REFERENCE: 0.01, SUBMISSION: slow_then_fast})
+    result = timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock, points=10.0)
+    assert result.warmup[SUBMISSION][0] > result.warmup[REFERENCE][0] / SPEED.give_up_below  # it would have
+    assert result.verdict is not None and result.verdict.stopped_because == "full"
+    assert result.verdict.credit == 1.0
+
+
+def test_the_grading_cap_on_timing_holds_stops_the_rounds_in_the_students_favour():
+    """A forward on an edge of the band would take every round up to max_rounds; past the rubric's cap on a
+    grading's holds the rounds stop (never before min_rounds), and the unsettled verdict gets the credit of
+    the top of its interval."""
+    clock = Clock()
+    noisy = [0.01 / r for r in (0.55, 0.6, 0.65, 0.7, 0.75, 0.58, 0.72)]
+    targets, _ = fake_targets(clock, {WRAPPER: 0.05, REFERENCE: 0.01, SUBMISSION: noisy})
+    per_round = 0.05 + 4 * 0.01 + 4 * 0.01 / 0.55  # at most, on the fake clock
+    cap = (SPEED.warmup_rounds + SPEED.min_rounds + 4) * per_round
+    result = timing.measure(
+        targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock, points=10.0, hold_seconds=cap
+    )
+    said = result.verdict
+    assert said is not None and said.stopped_because == "capped" and said.close
+    assert SPEED.min_rounds < said.rounds < SPEED.max_rounds
+    assert (
+        said.credit
+        == credit(said.high, SPEED.no_credit_at, SPEED.full_credit_at)
+        > credit(said.median, SPEED.no_credit_at, SPEED.full_credit_at)
+    )
+    assert "benefit of the doubt" in verdict.describe(said, SPEED)
+    # a cap already spent (by an earlier workload) still leaves min_rounds, for a verdict on a first look
+    clock = Clock()
+    targets, _ = fake_targets(clock, {WRAPPER: 0.05, REFERENCE: 0.01, SUBMISSION: noisy})
+    result = timing.measure(
+        targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock, points=10.0, hold_seconds=-1.0
+    )
+    assert result.verdict is not None and result.verdict.rounds == SPEED.min_rounds
 
 
 def test_a_wrong_answer_stops_the_measurement():
@@ -350,7 +392,7 @@ PACKAGED = DEFAULT_RUBRIC.read_text()
         ('[[speed.workloads]]\ndevice = "cuda"', '[[speed.workloads]]\ndevice = "tpu"', "device must be one of"),
         ("heads = 64\ncalls = 32", "heads = 60\ncalls = 32", "does not split into 60 heads"),
         ("calls = 32 ", "calls = 32\ncolour = 1 ", "unknown key in [[speed.workloads]] number 1: 'colour'"),
-        ("lock_seconds = 30 ", "lock_seconds = 30\nspeed = 1 ", "unknown key in [speed]: 'speed'"),
+        ("lock_seconds = 90 ", "lock_seconds = 90\nspeed = 1 ", "unknown key in [speed]: 'speed'"),
     ],
 )
 def test_speed_settings_are_validated_in_full(tmp_path, old, new, message):

@@ -107,7 +107,7 @@ def speed_rule(bands: SpeedBands | None) -> str:
     give_up = bands.give_up_below
     if give_up:
         text += (
-            f" A forward that, after the warm-up rounds, runs at less than {give_up:g} of the reference's speed "
+            f" A forward that, over its first measured rounds, runs at less than {give_up:g} of the reference's speed "
             f"even at its best (more than {1 / give_up:.3g} times slower than the reference) could not reach "
             f"{none:g}, so it is not timed further and earns no speed points."
         )

@@ -1,12 +1,24 @@
-"""The device a grading times on: its name, and one timing section at a time per device, across processes.
+"""The device a grading times on: its name, and quiet timing: while anything is timed on the machine, no
+student's code runs on it.
 
-Correctness checks of several submissions may share a device; timing must not: `timing_lock` is a
-lock per physical device, held across processes, that the code timing a submission takes around
-its timed section, so two timings never overlap on one device (nor on the CPU). The lock files live
-in a folder only the grader's user can enter (0700), opened without following links and only as
-regular files, so a student's worker running as another uid can neither hold nor replace them. A
-lock busy for longer than the rubric's `lock_seconds` (below pytest-timeout's limit) is a retryable
-"cannot time now": the run cannot grade, never a zero.
+One lock file per physical device (`timing_lock_path`), in a folder only the grader's user can enter (0700),
+opened without following links and only as regular files, so a student's worker running as another uid can
+neither hold nor replace them; flocks, which the kernel releases however their holder ends, so none is ever
+stale. A timing hold (`QuietLock.hold`) takes its device's lock EXCLUSIVE; a request to a submission's worker
+(`QuietLock.request`, every request of `client.Worker` with `quiet` set) takes every device's lock SHARED:
+so while anything is timed, no student's code runs on the machine, in any grading process, and two timings
+on one device never overlap. Two more files make that fair and complete:
+
+- `turnstile.lock`: a hold takes it first and keeps it until it has its device, so a stream of overlapping
+  requests from other gradings cannot starve a waiting hold (a request passes the turnstile only for the
+  instant of its non-blocking tries);
+- `requests.lock`: every request holds it SHARED; a hold drains it (EXCLUSIVE for an instant) behind the
+  turnstile, so a request that began before the hold's device file existed has ended too.
+
+Every wait is bounded: a hold by the rubric's `lock_seconds`, a grading's requests by `lock_seconds` in all
+(`QuietLock(wait_seconds)`). At the bound comes a retryable "cannot time now" (`TimingLockBusy`): the run
+cannot grade and is graded again, never a zero; and the time a request waited is not the submission's
+(`client.Worker` moves its deadlines by it).
 """
 
 from __future__ import annotations
@@ -123,29 +135,142 @@ def open_lock_file(path: Path) -> int:
     return descriptor
 
 
-@contextlib.contextmanager
+TURNSTILE = "turnstile.lock"  # a hold passes it first: requests cannot starve a waiting hold
+REQUESTS = "requests.lock"  # every request holds it shared: a hold drains it
+
+
+def take(descriptor: int, operation: int, deadline: float | None, poll: float) -> bool:
+    """flock `operation` on `descriptor`, waiting until `deadline` (`time.monotonic()`; None: as long as it
+    takes). Whether it was taken."""
+    while True:
+        try:
+            fcntl.flock(descriptor, operation | (0 if deadline is None else fcntl.LOCK_NB))
+            return True
+        except BlockingIOError:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
+
+
+class QuietLock:
+    """One grading's side of quiet timing (see the module's docstring): its timing holds (`hold`), and its
+    requests to the submission's worker (`request`), which pass at once while this grading itself holds the
+    lock (what it times then is its own). `wait_seconds`: how long its requests may wait for other gradings'
+    holds in all (None: without bound); `held`: the seconds its holds lasted, for the rubric's cap on them
+    (`[speed] hold_seconds`)."""
+
+    def __init__(self, wait_seconds: float | None = None, environ: Mapping[str, str] | None = None, poll: float = 0.01):
+        self.wait_seconds, self.environ, self.poll = wait_seconds, environ, poll
+        self.holding = 0  # holds open now
+        self.waited = 0.0  # seconds its requests waited, in all
+        self.held = 0.0  # seconds its holds lasted, in all
+
+    def folder(self) -> Path:
+        return private_folder(timing_lock_path("cpu", self.environ).parent)
+
+    @contextlib.contextmanager
+    def hold(self, key: str, seconds: float | None = None) -> Iterator[Path]:
+        """Hold the device's lock EXCLUSIVE while timing: once no other grading holds it and no request to any
+        submission's worker on the machine runs. Waits at most `seconds` (None: as long as it takes), then
+        raises TimingLockBusy."""
+        path = timing_lock_path(key, self.environ)
+        folder = private_folder(path.parent)
+        deadline = None if seconds is None else time.monotonic() + seconds
+        device = open_lock_file(path)
+        try:
+            with self._exclusive(folder / TURNSTILE, deadline, key, seconds):
+                if not take(device, fcntl.LOCK_EX, deadline, self.poll):
+                    raise self._busy(key, seconds)
+                with self._exclusive(folder / REQUESTS, deadline, key, seconds):
+                    pass  # drained: every request that began before is over
+            began = time.monotonic()
+            self.holding += 1
+            try:
+                yield path
+            finally:
+                self.holding -= 1
+                self.held += time.monotonic() - began
+        finally:
+            os.close(device)  # closing releases the lock
+
+    @contextlib.contextmanager
+    def _exclusive(self, path: Path, deadline: float | None, key: str, seconds: float | None) -> Iterator[None]:
+        descriptor = open_lock_file(path)
+        try:
+            if not take(descriptor, fcntl.LOCK_EX, deadline, self.poll):
+                raise self._busy(key, seconds)
+            yield
+        finally:
+            os.close(descriptor)
+
+    @staticmethod
+    def _busy(key: str, seconds: float | None) -> TimingLockBusy:
+        return TimingLockBusy(
+            f"{CANNOT_TIME_NOW}: another grading held the timing lock of {key} for {seconds or 0:g} s (timing, or "
+            "running a submission's code); nothing is charged to the submission, and it is graded again"
+        )
+
+    @contextlib.contextmanager
+    def request(self) -> Iterator[float]:
+        """Hold every device's lock SHARED while a submission's code runs; yields the seconds waited for them
+        (which the worker's client does not charge to the submission). Raises TimingLockBusy once this
+        grading's requests have waited `wait_seconds` in all."""
+        if self.holding:
+            yield 0.0
+            return
+        folder = self.folder()
+        started = time.monotonic()
+        left = None if self.wait_seconds is None else max(0.0, self.wait_seconds - self.waited)
+        held = self._enter(folder)
+        while held is None:
+            if left is not None and time.monotonic() - started >= left:
+                self.waited += time.monotonic() - started
+                raise TimingLockBusy(
+                    f"{CANNOT_TIME_NOW}: the submission's code waited {self.wait_seconds:g} s in all for other "
+                    "gradings' timing to end; nothing is charged to the submission, and it is graded again"
+                )
+            time.sleep(self.poll)
+            held = self._enter(folder)
+        waited = time.monotonic() - started
+        self.waited += waited
+        try:
+            yield waited
+        finally:
+            for descriptor in held:
+                os.close(descriptor)
+
+    def _enter(self, folder: Path) -> list[int] | None:
+        """Through the turnstile, every lock SHARED without waiting: their descriptors, or None (nothing held)."""
+        turnstile = open_lock_file(folder / TURNSTILE)
+        held: list[int] = []
+        try:
+            fcntl.flock(turnstile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            for path in self._shared_paths(folder):
+                held.append(open_lock_file(path))
+                fcntl.flock(held[-1], fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return held
+        except BlockingIOError:
+            for descriptor in held:
+                os.close(descriptor)
+            return None
+        except BaseException:
+            for descriptor in held:
+                os.close(descriptor)
+            raise
+        finally:
+            os.close(turnstile)
+
+    def _shared_paths(self, folder: Path) -> list[Path]:
+        """`requests.lock` and every device's lock file (the named one too, where one is named)."""
+        named = timing_lock_path("cpu", self.environ)
+        devices = {
+            folder / name for name in os.listdir(folder) if name.startswith("timing-") and name.endswith(".lock")
+        }
+        return [folder / REQUESTS, *sorted(devices | {named})]
+
+
 def timing_lock(
     key: str, seconds: float | None = None, environ: Mapping[str, str] | None = None, poll: float = 0.05
-) -> Iterator[Path]:
-    """Hold the device's timing lock while timing: an flock on a file in a folder only the grader's user
-    can enter (`timing_lock_folder`), released by the kernel however its holder ends, so it is never
-    stale. Waits at most `seconds` (None: as long as it takes), then raises TimingLockBusy."""
-    path = timing_lock_path(key, environ)
-    private_folder(path.parent)
-    descriptor = open_lock_file(path)
-    try:
-        deadline = None if seconds is None else time.monotonic() + seconds
-        while True:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
-                break
-            except BlockingIOError:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimingLockBusy(
-                        f"{CANNOT_TIME_NOW}: another grading held the timing lock of {key} for {seconds:g} s "
-                        f"({path}); nothing is charged to the submission, and it is graded again"
-                    ) from None
-                time.sleep(poll)
-        yield path
-    finally:
-        os.close(descriptor)  # closing releases the lock
+) -> contextlib.AbstractContextManager[Path]:
+    """A timing hold on the device `key` by a grading of its own (`QuietLock.hold`)."""
+    return QuietLock(environ=environ, poll=poll).hold(key, seconds)

@@ -28,6 +28,7 @@ from autograder.grading import submission as reader
 from autograder.grading import timing
 from autograder.grading.checks.fixtures import GradingContext, GradingFixtures
 from autograder.grading.checks.harness import Notes, Submission, new_run_seed, noting
+from autograder.grading.devices import QuietLock
 from autograder.grading.load_parts import cell_parts
 from autograder.grading.plugin import ResultsPlugin
 from autograder.grading.report import print_summary
@@ -111,12 +112,14 @@ def check_timeout(rubric: Rubric) -> float:
     check is the speed part's, run first: the worker's first start (Python and torch, then the file, within
     `load_seconds` each), the check's budget before the timing lock, the reference's timing workers' start
     (`load_seconds` twice) and their two builds (`request_seconds` each), the lock's wait (`lock_seconds`),
-    the check's budget again once it is held, and 30 s for killing and cleaning up. A restart of the worker
-    inside a check gets at most what is left of the check's budget (`Submission`)."""
+    the check's budget again once it is held, and 30 s for killing and cleaning up; and what the submission's
+    requests may wait for other gradings' timing, in all (`lock_seconds` again: `devices.QuietLock`), which
+    no budget is charged. A restart of the worker inside a check gets at most what is left of the check's
+    budget (`Submission`)."""
     limits = rubric.limits
     load, check, request = limits.load_seconds, limits.check_seconds, limits.request_seconds
     lock = rubric.speed.lock_seconds if rubric.speed is not None else 0.0
-    return 2 * load + check + 2 * load + 2 * request + lock + check + 30
+    return 2 * load + check + 2 * load + 2 * request + lock + check + 30 + lock
 
 
 def run_checks(
@@ -258,6 +261,8 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     context = GradingContext(
         Submission(worker, run.device, rubric.limits.check_seconds), rubric, run.device, run.seed, notes=options.notes
     )
+    if rubric.speed is not None:  # someone may time on this machine: the submission's code runs only in its requests
+        context.quiet = worker.quiet = QuietLock(rubric.speed.lock_seconds)
     if grades_speed(rubric, options.parts):
         # the reference's timing workers start now, in the background, while the submission loads
         start = options.kept_workers.get if options.kept_workers else start_trusted_workers

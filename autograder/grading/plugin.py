@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from autograder.grading.devices import TimingLockError
 from autograder.grading.scoring import Outcome
 from autograder.grading.workers import CannotTime
-from autograder.model import FAILED, GRADER, NOT_CREDITED, PASSED, WORKER
+from autograder.model import FAILED, GRADER, NOT_CREDITED, PASSED, TIMING_LOCK, WORKER
 from autograder.rubric import Rubric, RubricError
 
 # How pytest-timeout fails a test (its whole message; no message of a check's own looks like it)
@@ -182,6 +183,8 @@ class ResultsPlugin:
         self.grader_errors.append(said)
         if isinstance(error, CannotTime) and error.cause:
             self.causes[said] = error.cause
+        elif isinstance(error, TimingLockError):  # the submission's request waited too long for others' timing
+            self.causes[said] = TIMING_LOCK
 
 
 def selected(item: pytest.Item, checks: tuple[str, ...]) -> bool:

@@ -31,6 +31,9 @@ How (`measure`):
   `batch_rounds` more, a confidence interval for the median relative speedup is asked whether it settles the
   credit; the rounds stop when it does, or at `max_rounds`. Each round draws fresh seeds, shared by the three
   targets, and times the wrapper, then the reference and the submission, which take turns at going first.
+  A forward far too slow to earn anything (`give_up_below`) is given up on only after `min_rounds` measured
+  rounds, never on the warm-up alone; and once the grading's timing holds reach the rubric's `hold_seconds`,
+  the rounds stop (from `min_rounds` on), an unsettled verdict credited the top of its interval.
 - Only the worker being timed runs: every other worker, with every process it started, is stopped
   (SIGSTOP), so a submission's background threads or processes cannot slow the reference down. Where no
   control group counts the CPU time of all a worker's processes, the one being timed runs only its main
@@ -50,9 +53,11 @@ their ratio (the submission's speedup as a fraction of the reference's) is the s
 over rounds, with its interval, the spread, the rounds taken and why they stopped (`verdict.Verdict`). Because the wrapper and the reference are measured in the same run on
 the same machine, the thresholds hold on any machine.
 
-On CUDA the whole measurement holds a lock file per device, so gradings running in parallel on one GPU never
-time at the same moment (`devices.timing_lock`); the worker overwrites a buffer larger than the L2 cache before each
-forward and synchronises the device after each, as GPU kernel leaderboards do.
+The whole measurement holds its device's lock exclusive (`devices.QuietLock.hold`): gradings running in
+parallel on one device never time at the same moment, and no other submission's code runs on the machine
+meanwhile (every submission's worker is stopped outside its own requests, which hold the lock shared). On
+CUDA the worker overwrites a buffer larger than the L2 cache before each forward and synchronises the device
+after each, as GPU kernel leaderboards do.
 """
 
 from __future__ import annotations
@@ -328,19 +333,22 @@ def measure(
     clock: Callable[[], float] = time.perf_counter,
     points: float = 1.0,
     own_wait: Callable[[], float] | None = None,
+    hold_seconds: float = math.inf,
     quiet: Sequence[Timed] = (),
 ) -> Measurement:
     """Warm-up rounds, then measured rounds of each target's forwards (see the module's docstring) until
-        the sequential verdict (`verdict.decide`, on the `points` the measurement decides) settles the credit
-        or `settings.max_rounds` are taken; in a round every target's inputs come from the same new seeds.
-        `own_wait()` (`procfs.own_wait`), when given: the seconds this thread has waited for a CPU, which the
-        request is not charged either (its calls are a ping-pong of this thread and the worker's). The clock runs
-        from the request's settings to its last answer, so the worker's time before its first call is charged
-        too. `verify(round)` checks a round's answers, probes and shown outputs (it raises TimingFailed). `quiet`: workers
-    that are not timed and stay stopped throughout (the submission's own, whose code must not run while anything is
-    timed). Raises TimingFailed when the submission's forwards
-        fail, or are so slow after warm-up that even its best time is below `give_up_below` of the reference's
-        worst."""
+    the sequential verdict (`verdict.decide`, on the `points` the measurement decides) settles the credit
+    or `settings.max_rounds` are taken; in a round every target's inputs come from the same new seeds.
+    `own_wait()` (`procfs.own_wait`), when given: the seconds this thread has waited for a CPU, which the
+    request is not charged either (its calls are a ping-pong of this thread and the worker's). The clock runs
+    from the request's settings to its last answer, so the worker's time before its first call is charged
+    too. `verify(round)` checks a round's answers, probes and shown outputs (it raises TimingFailed).
+    `hold_seconds` (on `clock`): what is left of the grading's cap on its timing holds; past it, the rounds stop
+    at the next round from `min_rounds` on (`verdict.capped`). `quiet`: workers that are not timed and stay
+    stopped throughout (the submission's own, whose code must not run while anything is timed). Raises
+    TimingFailed when the submission's forwards fail, or are so slow over `min_rounds` measured rounds that even
+    its best time is below `give_up_below` of the reference's worst (`give_up_if_too_slow`: never on the
+    warm-up alone)."""
     by_name = {t.name: t for t in targets}
     names = [t.name for t in targets]
     warm: dict[str, list[float]] = {name: [] for name in names}
@@ -391,29 +399,41 @@ def measure(
                 warm[name].append(charged)
         verify(RoundAnswers(round_seeds, answers, show, shown))
 
-    began = time.perf_counter()
+    began, cap_at = time.perf_counter(), clock() + hold_seconds
     with Stage([t.worker for t in targets] + list(quiet)) as stage:
         for _ in range(settings.warmup_rounds):  # the reference before the submission: its time bounds the wait
             one_round(names, counted=False)
-        if SUBMISSION in warm and REFERENCE in warm:
-            best = max(warm[REFERENCE]) / min(warm[SUBMISSION])
-            if best < settings.give_up_below:
-                raise TooSlow(
-                    f"your forward took {min(warm[SUBMISSION]) * 1e3:.3g} ms per call at best, the reference's "
-                    f"{max(warm[REFERENCE]) * 1e3:.3g} ms at worst in the same run: even so, yours runs at {best:.2f} "
-                    f"of the reference's speed, and the speed points start above {settings.no_credit_at:g} of it. "
-                    f"A forward below {settings.give_up_below:g} after the warm-up rounds (more than "
-                    f"{1 / settings.give_up_below:.3g} times slower than the reference) cannot get there, so the "
-                    "measured rounds were not run"
-                )
         for index in range(settings.max_rounds):
             one_round(round_order(names, index), counted=True)
-            if verdict.next_look(index, settings) == index + 1:  # a look: do the rounds so far settle it?
+            taken = index + 1
+            if taken >= settings.min_rounds:
+                give_up_if_too_slow(result, settings)
+            if verdict.next_look(index, settings) == taken:  # a look: do the rounds so far settle it?
                 result.verdict = verdict.decide(relatives(result), settings, points)
-                if result.verdict is not None:
-                    break
+            if result.verdict is None and taken >= settings.min_rounds and clock() >= cap_at:
+                result.verdict = verdict.capped(relatives(result), settings, points)
+            if result.verdict is not None:
+                break
     result.seconds = time.perf_counter() - began
     return result
+
+
+def give_up_if_too_slow(measurement: Measurement, settings: SpeedSettings) -> None:
+    """Raise TooSlow when even the submission's best measured round is below `give_up_below` of the reference's
+    worst. Only measured rounds count: a warm-up round is a forward's first on its workload, and a machine that
+    was busy (a classmate's daemon evicting the caches) can make it far slower than the forward is."""
+    mine, reference = measurement.rounds.get(SUBMISSION), measurement.rounds.get(REFERENCE)
+    if not (mine and reference):
+        return
+    best = max(reference) / min(mine)
+    if best < settings.give_up_below:
+        raise TooSlow(
+            f"your forward took {min(mine) * 1e3:.3g} ms per call at best, the reference's {max(reference) * 1e3:.3g} "
+            f"ms at worst in the same run ({len(mine)} measured rounds): even so, yours runs at {best:.2f} of the reference's "
+            f"speed, and the speed points start above {settings.no_credit_at:g} of it. A forward below "
+            f"{settings.give_up_below:g} (more than {1 / settings.give_up_below:.3g} times slower than the reference) "
+            "cannot get there, so no more rounds were run"
+        )
 
 
 def relatives(measurement: Measurement) -> list[float]:

@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
 from functools import cache, lru_cache
 from typing import Literal, Protocol
@@ -81,7 +81,7 @@ class VerdictSettings(Protocol):
     def no_credit_at(self) -> float: ...
 
 
-Reason = Literal["full", "none", "settled", "max_rounds", "cut_short"]
+Reason = Literal["full", "none", "settled", "max_rounds", "cut_short", "capped"]
 LARGEST_MAX_ROUNDS = 200  # the plan's exact error takes time quadratic in this; no grading needs more rounds
 FIRST_LOOK_SHARE = Fraction(2, 3)  # of the error, 1 - confidence: what the first look may spend
 
@@ -326,6 +326,18 @@ def final(relatives: Sequence[float], settings: VerdictSettings, points: float) 
     return _verdict(relatives, low, high, reason, settings, points)
 
 
+def capped(relatives: Sequence[float], settings: VerdictSettings, points: float) -> Verdict:
+    """The verdict when the grading's timing holds reached the rubric's cap (`hold_seconds`) before the rounds
+    settled the credit: `final`'s, but an unsettled one is credited the top of its interval, not the median
+    (the cap is the grader's choice, never the submission's doing, so its doubt is the submission's benefit),
+    and said to be close ("capped")."""
+    said = final(relatives, settings, points)
+    if said.stopped_because not in ("max_rounds", "cut_short"):
+        return said
+    top = credit(said.high, settings.no_credit_at, settings.full_credit_at)
+    return replace(said, stopped_because="capped", credit=max(said.credit, top))
+
+
 def describe(verdict: Verdict, settings: VerdictSettings) -> str:
     """The verdict in a student's words."""
     v = verdict
@@ -345,4 +357,9 @@ def describe(verdict: Verdict, settings: VerdictSettings) -> str:
         )
     if v.stopped_because == "max_rounds":
         return f"{said}: the verdict was close after {v.rounds} rounds, scored on the median: {points}"
+    if v.stopped_because == "capped":
+        return (
+            f"{said}: the timing reached its time limit before the verdict was clear, so it was scored on the top "
+            f"of the interval, the benefit of the doubt: {points}"
+        )
     return f"{said}: the rounds stopped before the verdict was clear, scored on the median: {points}"

@@ -14,6 +14,13 @@ request a `CheckBudget` (what is left of one check's time): the request, and a r
 needs, end by then at the latest, so that no submission can make a check outlast its budget by making its
 worker restart slowly.
 
+Quiet timing: a worker given a `quiet` lock (a submission's: `devices.QuietLock`) runs only during its own
+requests. Each request, and each start that loads the file, holds the lock shared (no other grading's timing
+runs meanwhile) and continues the worker's processes; afterwards every one of them is stopped again, so
+nothing the submission left running (a thread, a daemon) runs while another grading times. The time a
+request waited for the lock moves its deadlines, the submission's budget's and the check's: it is not the
+submission's.
+
 Whose fault: a worker that cannot start Python and torch, before any of the submission's code has run,
 is the grader's environment's (`WorkerCannotStart`, the run cannot grade); everything after that is the
 submission's. A worker that ends on its own between requests (the submission's code exited it) is
@@ -22,6 +29,7 @@ restarted, at most `crashes_before_giving_up` times.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import fcntl
 import math
@@ -32,9 +40,10 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from autograder.sandbox import bwrap, launcher, probe, protocol
 from autograder.sandbox.protocol import (
@@ -362,6 +371,14 @@ def ended_while(
     return WorkerCrashed(f"the process running your code ended while {what}: {detail or describe_exit(code)}")
 
 
+class Quiet(Protocol):
+    """Quiet timing's lock as a worker's client takes it (`devices.QuietLock`): `request()` holds it while the
+    submission's code may run and yields the seconds it waited for it; it raises (never a `WorkerError`: the
+    grader's trouble) when it waited too long."""
+
+    def request(self) -> AbstractContextManager[float]: ...
+
+
 class Worker:
     """One submission's worker: its lifecycle (`Lifecycle`, `start`, `kill`), its budgets, and its requests,
     each sent over the running process's `Channel`; a failure goes through one `RestartPolicy`, whose decisions
@@ -389,6 +406,9 @@ class Worker:
         self.allowed: bwrap.AllowList | None = None  # the sandbox's allow list, if not `bwrap.allow_list()`
         self.holding = False  # held for timed requests (`hold`), a worker restarted meanwhile too
         self.fresh_because: str | None = None  # why a worker was started fresh although a fork was asked for
+        self.quiet: Quiet | None = None  # set for a submission's worker: it runs only in its own requests
+        self.quiet_waited = 0.0  # seconds its requests waited for the quiet lock, in all (not the submission's)
+        self._turns = 0  # requests (and starts) under way: the lock is taken by the outermost
         try:
             self.isolation = probe.choose_isolation(config.isolation)
         except (OSError, ValueError) as exc:
@@ -456,10 +476,11 @@ class Worker:
             raise WorkerCrashed(self.why or "")
 
     def start(self, check: CheckBudget | None = None) -> Loaded:
-        """Start (or restart) the worker and load the submission. Returns the load report. The start runs
-        within `boot_seconds`, the load within `load_seconds`, both within what is left of `check` if given: a restart stopped by the check's
-        budget fails only the request that needed it (CheckTimeUp). A first worker that cannot start Python
-        and torch is the grader's environment's fault (WorkerCannotStart)."""
+        """Start (or restart) the worker and load the submission, the load in its turn (`_turn`). Returns the
+        load report. The start runs within `boot_seconds`, the load within `load_seconds`, both within what is left
+        of `check` if given: a restart stopped by the check's budget fails only the request that needed it
+        (CheckTimeUp). A first worker that cannot start Python and torch is the grader's environment's fault
+        (WorkerCannotStart)."""
         if self.state in (Lifecycle.CANNOT_START, Lifecycle.LOAD_FAILED):
             self._refuse_if_final()
         self.starts += 1
@@ -480,7 +501,8 @@ class Worker:
                 self.events.append("CUDA was not visible inside the namespace sandbox: fell back to process isolation")
                 return self.start(check)
             try:
-                reply = self._load(check)
+                with self._turn(check) as check:  # the file's code runs from here on: Python and torch are ours
+                    reply = self._load(check)
             except EndedBeforeRequest as exc:
                 reply = self._ended_before_the_file(exc, check)
         except WorkerCannotStart:
@@ -668,9 +690,46 @@ class Worker:
             self.process.suspend()
 
     def resume(self) -> None:
+        """Back to how it is between requests: running, or stopped for a worker with a `quiet` lock."""
         self.holding = False
         if self.process is not None:
-            self.process.resume()
+            if self.quiet is not None:
+                self.process.suspend()
+            else:
+                self.process.resume()
+
+    @contextlib.contextmanager
+    def _turn(self, check: CheckBudget | None) -> Iterator[CheckBudget | None]:
+        """Around a request or a start: with a `quiet` lock, hold it shared and continue the worker's processes,
+        then stop them all again. The time waited for the lock moves the submission's budget and `check`'s end
+        (the check given back), so it is charged to neither. Nested turns are the outermost's."""
+        if self.quiet is None or self._turns:
+            yield check
+            return
+        with self.quiet.request() as waited:
+            self.quiet_waited += waited
+            self.budget_end += waited
+            check = self._moved(check, self.quiet_waited - waited)
+            self._turns += 1
+            try:
+                if self.process is not None and self.process.stopped:
+                    self.process.resume()
+                yield check
+            finally:
+                self._turns -= 1
+                self._rest()
+
+    def _moved(self, check: CheckBudget | None, since: float) -> CheckBudget | None:
+        """`check`, its end moved by what was waited for the quiet lock since `quiet_waited` was `since`."""
+        waited = self.quiet_waited - since
+        return CheckBudget(check.end + waited, check.seconds) if check is not None and waited else check
+
+    def _rest(self) -> None:
+        """Stop every process of a worker that has begun loading the file, outside a measurement's hold."""
+        process = self.process
+        loaded = self.state in (Lifecycle.STARTING, Lifecycle.RUNNING)
+        if process is not None and loaded and not self.holding and process.alive():
+            process.suspend()
 
     def hold(self) -> None:
         """Let the worker run for timed requests, and only as a timed request may
@@ -751,7 +810,22 @@ class Worker:
         raised, WorkerTimeout / WorkerCrashed when the worker had to be killed (it is restarted next
         time), LoadFailed when the file cannot be loaded at all. A `timed` request (the speed part's) has
         its own deadline, and running past it does not make the submission known to hang. With `check`, the
-        request, and a restart of the worker it needs, end when the check's budget does."""
+        request, and a restart of the worker it needs, end when the check's budget does. In its turn (`_turn`),
+        once a worker that must be (re)started has started (Python and torch are not the submission's code)."""
+        since = self.quiet_waited
+        self._ready_for(request.op, target, check)  # a load it needs waits in a turn of its own
+        with self._turn(self._moved(check, since)) as check:
+            return self._request(request, timeout, target, overrun_hint, timed, check)
+
+    def _request(
+        self,
+        request: Request,
+        timeout: float | None,
+        target: str | None,
+        overrun_hint: str,
+        timed: bool,
+        check: CheckBudget | None,
+    ) -> Any:
         op = request.op
         self._ready_for(op, target, check)
         if timed:
@@ -768,7 +842,7 @@ class Worker:
             reply = self._channel(what).exchange(request, self._deadline(timeout, overrun_hint, check), what)
         except EndedBeforeRequest:  # it ended before reading this request: restarted for it, or given up on
             self._ended_on_its_own()
-            return self.request(request, timeout, target, overrun_hint, timed, check)
+            return self._request(request, timeout, target, overrun_hint, timed, check)
         except (WorkerTimeout, WorkerCrashed) as exc:
             self.failed(exc, target, timed)
             raise
@@ -818,9 +892,11 @@ class Worker:
         when it must be, outside any clock. The caller's clock then runs from `TimedCalls.open()` (the
         settings out, the worker's ready back within `ready_seconds`: the worker's whole time between the
         request and its first call is timed and bounded) through one `call(seed)` per call; `finish(show)`,
-        outside the clock, ends the request. Raises as `request` does."""
-        what = f"{target} (timed)" if target else "forward_many"
+        outside the clock, ends the request. Raises as `request` does. A worker with a `quiet` lock runs its
+        timed calls only while a measurement holds it (`timing.Stage`): outside its turns it is stopped."""
+        what, since = f"{target} (timed)" if target else "forward_many", self.quiet_waited
         self._ready_for("forward_many", what, check)
+        check = self._moved(check, since)
         deadline = self._deadline(timeout, "far slower than the reference's forward, whose time sets this limit", check)
         return TimedCalls(self, request, deadline, what, ready_seconds)
 

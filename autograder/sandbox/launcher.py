@@ -120,6 +120,8 @@ class WorkerProcess:
         self.ledger = procfs.CpuLedger()
         self._held: _Hold | None = None
         self._sent_stop = False  # processes were stopped by SIGSTOP (`hold`), which no thawing undoes
+        self._stopped: list[tuple[int, int]] | None = None  # (pid, start) of each process `suspend` stopped
+        self._seen: list[tuple[int, int]] = []  # the same, of the last `suspend` by SIGSTOP, kept after `resume`
         self._filler: QuotaFiller | None = None  # while it is held (`hold`), a fresh uid's tasks all taken
         self.fresh_because: str | None = None  # why it was started fresh although a fork was asked for
 
@@ -203,18 +205,32 @@ class WorkerProcess:
 
     def suspend(self) -> None:
         """Stop every process of the worker (the cgroup freezer, else SIGSTOP, asking again until no new one
-        appears, and waiting until each has stopped), e.g. while the reference is being timed."""
+        appears, and waiting until each has stopped), e.g. while the reference is being timed, or between
+        requests (`client.Worker.quiet`)."""
         if not (self.group is not None and self.group.freeze(True)):
-            procfs.wait_stopped(procfs.stop_tree(self.pids))
+            stopped = procfs.stop_tree(self.pids, known=self._seen)  # those of the last time first: one walk less
+            procfs.wait_stopped(stopped)
+            self._stopped = self._seen = [stat.key for stat in map(procfs.read_stat, stopped) if stat is not None]
         self._end_hold()
         self.stopped = True
 
     def resume(self) -> None:
         self._end_hold(filler_too=True)
         if not (self.group is not None and self.group.freeze(False)) or self._sent_stop:
-            procfs.signal_all(self.pids(), signal.SIGCONT)
+            procfs.signal_all(self._to_continue(), signal.SIGCONT)
         self._sent_stop = False
+        self._stopped = None
         self.stopped = False
+
+    def _to_continue(self) -> list[int]:
+        """What `resume` continues: the processes `suspend` stopped, where it stopped them all by SIGSTOP and
+        nothing ran since (a stopped process starts none, so no walk of /proc is needed: between requests it
+        would cost one per request), each only if it is still the process stopped (not a pid used again);
+        otherwise every process of the worker."""
+        if self._stopped is None or self._sent_stop:
+            return self.pids()
+        now = {pid: procfs.read_stat(pid) for pid, _ in self._stopped}
+        return [pid for pid, start in self._stopped if (stat := now[pid]) is not None and stat.start == start]
 
     def counts_every_cpu_second(self) -> bool:
         """Whether the worker's control group counts the CPU time of all its processes, ended ones included:

@@ -245,10 +245,14 @@ def signal_all(pids: Iterable[int], signum: int) -> None:
             pass
 
 
-def stop_tree(find: Callable[[], Iterable[int]]) -> list[int]:
+def stop_tree(find: Callable[[], Iterable[int]], known: Iterable[tuple[int, int]] = ()) -> list[int]:
     """SIGSTOP every process `find()` returns, and ask it again until no new one appears: a stopped
-    process neither forks nor exits, so the tree holds still while it is read. Returns what was stopped."""
-    stopped: set[int] = set()
+    process neither forks nor exits, so the tree holds still while it is read. The `known` processes (by
+    (pid, start): each only if it is still that process) are stopped first, before any walk: when nothing
+    new has started since they were seen, one walk finds nothing more, where two were needed. Returns what
+    was stopped."""
+    stopped = {pid for pid, start in known if (stat := read_stat(pid)) is not None and stat.start == start}
+    signal_all(stopped, signal.SIGSTOP)
     for _ in range(STOP_ROUNDS):
         found = set(find()) - stopped
         if not found:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from autograder.grading.checks.harness import Inputs, Notes, Submission, check_seed, dtypes_for
+from autograder.grading.devices import QuietLock
 from autograder.grading.plugin import part_of
 from autograder.grading.workers import SUBMISSION, BackgroundWorker, trusted_worker
 from autograder.model import SpeedFigures
@@ -26,6 +27,7 @@ class GradingContext:
     # the reference's timing workers by target, started early
     timing_workers: dict[str, BackgroundWorker] = field(default_factory=dict)
     notes: Notes | None = None  # what the checks sent and compared, when the grading keeps it (explain)
+    quiet: QuietLock = field(default_factory=QuietLock)  # its timing holds; its submission's requests' lock
 
 
 class GradingFixtures:

@@ -231,14 +231,20 @@ class Submission:
     Each check has a time budget (`begin_check`): a request gets the smaller of its own deadline and
     what is left of the check's budget, a restart of the worker it needs gets at most what is left of it
     too, and the worker's client enforces the whole submission's. The first request of the run starts the
-    worker and loads the file outside any check's budget (within the rubric's `load_seconds`)."""
+    worker and loads the file outside any check's budget (within the rubric's `load_seconds`). What its
+    requests waited for other gradings' timing (`Worker.quiet_waited`) moves the check's end."""
 
     def __init__(self, worker: Worker, device: str, check_seconds: float = 60.0):
         self.worker, self.device, self.check_seconds = worker, device, check_seconds
-        self.check_end = time.monotonic() + check_seconds
+        self.begin_check()
 
     def begin_check(self) -> None:
-        self.check_end = time.monotonic() + self.check_seconds
+        self.check_began = (time.monotonic(), self.worker.quiet_waited)
+
+    @property
+    def check_end(self) -> float:
+        began, waited = self.check_began
+        return began + self.check_seconds + self.worker.quiet_waited - waited
 
     def _check(self) -> CheckBudget:
         return CheckBudget(self.check_end, self.check_seconds)

@@ -40,7 +40,7 @@ from autograder.grading.checks.harness import (
     replay_state,
 )
 from autograder.grading.checks.mistakes import NOT_ONE_PASS
-from autograder.grading.devices import TimingLockError, device_key, timing_lock
+from autograder.grading.devices import TimingLockError, device_key
 from autograder.grading.verdict import Verdict
 from autograder.grading.workers import (
     REFERENCE,
@@ -363,7 +363,7 @@ def measure_locked(
     slow fail the check here, with what was found recorded."""
     settings = speed_settings(rubric)
     try:
-        with timing_lock(device_key(device), settings.lock_seconds):
+        with context.quiet.hold(device_key(device), settings.lock_seconds):
             submission.begin_check()  # the wait for the lock is not the submission's time
             return timing.measure(
                 targets,
@@ -374,6 +374,7 @@ def measure_locked(
                 points=points,
                 own_wait=procfs.own_wait,
                 quiet=[submission.worker],
+                hold_seconds=settings.hold_seconds - context.quiet.held,
             )
     except TimingLockError as exc:
         raise CannotTime(str(exc), cause=TIMING_LOCK) from None
