@@ -2,7 +2,10 @@
 (Gradescope's setting: process isolation as a fresh uid, no writable control groups).
 
 Each is a loop over heads (`speed_variants.LOOP_OVER_HEADS`, which earns no speed points) with one trick
-added. `{marker}` is replaced by a word unique to the test run, to find anything left running afterwards.
+added. `{marker}` is replaced by a word unique to the test run, to find anything left running afterwards. Each
+earned something once, when the submission's own worker was what was timed; now what is timed is a graph of its
+forward replayed in a trusted worker, and its own worker is stopped throughout: each is graded as the loop it is,
+and what each describes below is history.
 
 - `vanishing_children_pinned_spinner`: children bank CPU time at import, then wait; SIGCHLD is ignored, so
   the kernel reaps a child the moment it is killed, and its CPU time goes with it. A timed forward kills one

@@ -1,5 +1,5 @@
-"""CPU time that cannot vanish, where no control group counts it: one worker at a time, as the speed part
-holds it (`launcher.WorkerProcess.hold`, `cpu_seconds`, `thread_waits`), without control groups.
+"""CPU time that cannot vanish, where no control group counts it (`launcher.WorkerProcess.cpu_seconds`,
+`thread_waits`): the submission's CPU budget and the timed workers' charge rest on it.
 
 The worker runs as a fresh uid: in the namespace sandbox here (bubblewrap under root), and, for a helper that
 leaves the process tree, as a plain process in the Docker-like emulation of Gradescope's container
@@ -18,7 +18,7 @@ import pytest
 
 import environments
 from autograder.sandbox import procfs
-from autograder.sandbox.client import HoldBroken, Worker
+from autograder.sandbox.client import Worker
 from autograder.sandbox.probe import is_root, namespace_sandbox_available
 from autograder.sandbox.protocol import CallRequest
 from autograder.sandbox.settings import WorkerConfig
@@ -144,38 +144,11 @@ def test_cpu_time_does_not_leave_with_a_process_the_kernel_reaped(worker):
     assert worker.cpu_seconds() >= before
 
 
-def test_while_held_only_the_main_process_runs_and_it_can_start_no_other(worker):
+def test_the_waits_deducted_are_those_of_the_thread_that_answers(worker):
     children = banked(worker, 2, 0.05)
     main = worker.process.main
     assert main is not None and main not in children and main != worker.process.pid  # bwrap's child's child
     assert set(worker.thread_waits()) == {main}  # the waits of the thread that answers, no other's
-    worker.suspend()
-    worker.hold()
-    assert all(procfs.read_stat(pid).stopped for pid in children)
-    assert not procfs.read_stat(main).stopped
-    assert call(worker, "try_fork") == "BlockingIOError"
-    assert call(worker, "try_thread") == "refused"
-    assert call(worker, "raise_own_limit") == "raised"  # as far as its hard limit, which it may
-    assert call(worker, "try_fork") == "BlockingIOError"  # every task that limit leaves the uid is taken
-    worker.check_hold()  # it kept to the hold
-    worker.suspend()
-    worker.resume()  # the limit is given back
-    assert call(worker, "try_fork") == "forked"
-    assert not any(procfs.read_stat(pid).stopped for pid in children)
-
-
-@pytest.mark.parametrize(
-    "fn,said", [("kill_children", "your code ended 2 other processes"), ("wake_children", "your code woke up 2")]
-)
-def test_a_timed_request_that_ends_or_wakes_another_process_is_void(worker, fn, said):
-    banked(worker, 2, 0.05)
-    worker.suspend()
-    worker.hold()
-    call(worker, fn)
-    time.sleep(0.2)  # woken, they run
-    with pytest.raises(HoldBroken, match=said):
-        worker.check_hold()
-    worker.resume()
 
 
 # -- a helper that leaves the process tree, as a plain process of a fresh uid (Gradescope) -----------------

@@ -17,7 +17,7 @@ from autograder.grading.scoring import Outcome, score
 from autograder.grading.verdict import credit
 from autograder.grading.workers import REFERENCE, SUBMISSION, WRAPPER, BackgroundWorker, reference_cells
 from autograder.rubric import DEFAULT_RUBRIC, RubricError, load_rubric
-from autograder.sandbox.client import HoldBroken, SubmissionError
+from autograder.sandbox.client import SubmissionError
 from autograder.sandbox.protocol import BuildRequest, DescribeRequest, ForwardManyRequest, TimedShown
 from rubric_text import rubric_file
 
@@ -104,28 +104,18 @@ class Clock:
 
 
 class FakeWorker:
-    """Records whether it is running (held for timed requests, or whole); its CPU time grows by
-    `cpu_per_second` per second it runs."""
+    """Records whether it is running; its CPU time grows by `cpu_per_second` per second it runs."""
 
     def __init__(self, name, clock, cpu_per_second=1.0):
         self.name, self.clock, self.cpu_per_second = name, clock, cpu_per_second
-        self.running, self.held, self.cpu = True, False, 0.0
+        self.running, self.cpu = True, 0.0
         self.events = []
-        self.broken: str | None = None  # what `check_hold` raises, once
 
     def suspend(self):
-        self.running = self.held = False
+        self.running = False
 
     def resume(self):
-        self.running, self.held = True, False
-
-    def hold(self):
-        self.running = self.held = True
-
-    def check_hold(self):
-        assert self.held, "a timed request ran on a worker that was not held"
-        if self.broken:
-            raise HoldBroken(self.broken)
+        self.running = True
 
     def cpu_seconds(self):
         return self.cpu
@@ -235,19 +225,6 @@ def test_a_submission_using_two_cores_is_charged_for_them():
     assert result.cpus[SUBMISSION][0] == pytest.approx(0.012)
     assert result.rounds[SUBMISSION][0] == pytest.approx(0.012)  # charged its CPU time, not its wall time
     assert timing.summarize(result).relative == pytest.approx(0.01 / 0.012, rel=0.05)
-
-
-def test_a_worker_that_breaks_its_hold_fails_the_measurement_as_its_own_fault():
-    """A timed request during which the worker ended, started or woke another of its processes (where no
-    control group counts their CPU time) is void: the worker's failure handler decides whose fault it is."""
-    clock, failures = Clock(), []
-    targets, workers = fake_targets(clock, {WRAPPER: 0.05, REFERENCE: 0.01, SUBMISSION: 0.01})
-    targets[2].failed = failures.append
-    workers[SUBMISSION].broken = "your code ended 1 other process while it was timed"
-    with pytest.raises(HoldBroken, match="ended 1 other process"):
-        timing.measure(targets, SPEED, itertools.count(), lambda answers: None, 10.0, clock=clock)
-    assert [str(f) for f in failures] == ["your code ended 1 other process while it was timed"]
-    assert all(w.running and not w.held for w in workers.values())
 
 
 def test_far_too_slow_gives_up_after_min_rounds_and_waits_little():

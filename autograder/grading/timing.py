@@ -35,11 +35,9 @@ How (`measure`):
   rounds, never on the warm-up alone; and once the grading's timing holds reach the rubric's `hold_seconds`,
   the rounds stop (from `min_rounds` on), an unsettled verdict credited the top of its interval.
 - Only the worker being timed runs: every other worker, with every process it started, is stopped
-  (SIGSTOP), so a submission's background threads or processes cannot slow the reference down. Where no
-  control group counts the CPU time of all a worker's processes, the one being timed runs only its main
-  process, which can start no other (`Timed.hold`), and a request during which it ended, started or woke
-  another is void (`Timed.check_hold`): so no CPU time can be spent where it is not counted, and none
-  leaves with a process that ends (the worker's CPU time never falls).
+  (SIGSTOP, or its control group frozen), and so is the submission's own worker throughout (`measure`'s
+  `quiet`), so a submission's background threads or processes cannot slow anything timed down. Every timed
+  worker is a trusted one that replays a graph the grader checked, and starts no process of its own.
 - Each request is charged its wall time less the time the worker's thread that answers it, and the grader's
   thread that times it, waited for a CPU held by other processes (so a busy machine hurts nobody: with a
   round trip per call, the grader's own waits for a CPU would otherwise count once per call), but never less
@@ -190,19 +188,13 @@ def replay_in(
 
 
 class Timed(Protocol):
-    """What timing needs of a worker (`client.Worker` has it): to stop and resume every process it started; to
-    let it run for timed requests (`hold`: where no control group counts the CPU time of every process, only
-    its main process runs, able to start no other) and to check afterwards that it kept to that
-    (`check_hold`, which raises a WorkerError); the CPU time of all its processes, ended ones included, which
-    never falls; and the nanoseconds its thread that answers requests waited for a CPU, by thread id."""
+    """What timing needs of a worker (`client.Worker` has it): to stop and resume every process it started; the
+    CPU time of all its processes, ended ones included, which never falls; and the nanoseconds its thread that
+    answers requests waited for a CPU, by thread id."""
 
     def suspend(self) -> None: ...
 
     def resume(self) -> None: ...
-
-    def hold(self) -> None: ...
-
-    def check_hold(self) -> None: ...
 
     def cpu_seconds(self) -> float: ...
 
@@ -280,8 +272,8 @@ class Measurement:
 
 
 class Stage:
-    """Lets one worker run at a time, held for timed requests (`Timed.hold`): every other one is stopped, with
-    all its processes."""
+    """Lets one worker run at a time, for its timed requests: every other one is stopped, with all its
+    processes."""
 
     def __init__(self, workers: list[Timed]):
         self.workers = list({id(w): w for w in workers}.values())
@@ -296,7 +288,7 @@ class Stage:
         if self.running is not worker:
             if self.running is not None:
                 self.running.suspend()
-            worker.hold()
+            worker.resume()
             self.running = worker
 
     def __exit__(self, *exc: object) -> None:
@@ -382,7 +374,6 @@ def measure(
                 wait += mine
                 show[name] = pick(target.shown, target.calls)  # only now: any call may be one that is checked
                 shown[name] = calls.finish(show[name])
-                target.worker.check_hold()  # nothing it ran meanwhile escaped cpu_seconds()
             except WorkerError as exc:
                 target.failed(exc)
                 raise

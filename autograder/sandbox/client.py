@@ -97,11 +97,6 @@ class CheckTimeUp(WorkerTimeout):
     """A check's budget ended what was running (see `CheckBudget`)."""
 
 
-class HoldBroken(WorkerError):
-    """While it was timed, the worker did what a timed request may not (`launcher.WorkerProcess.hold`): it
-    ended, started or woke up another of its processes, or raised its own limit on processes."""
-
-
 class WorkerCannotStart(WorkerError):
     """The worker could not start Python and torch before any of the submission's code ran: the grader's
     environment is at fault (a broken installation, a missing CUDA device), never the submission."""
@@ -404,7 +399,6 @@ class Worker:
         self._budget_look: tuple[launcher.WorkerProcess | None, float, bool] | None = None  # (process, when, left)
         self.memory_peak: int | None = None  # the most memory the worker's processes used together
         self.allowed: bwrap.AllowList | None = None  # the sandbox's allow list, if not `bwrap.allow_list()`
-        self.holding = False  # held for timed requests (`hold`), a worker restarted meanwhile too
         self.fresh_because: str | None = None  # why a worker was started fresh although a fork was asked for
         self.quiet: Quiet | None = None  # set for a submission's worker: it runs only in its own requests
         self.quiet_waited = 0.0  # seconds its requests waited for the quiet lock, in all (not the submission's)
@@ -685,13 +679,11 @@ class Worker:
 
     # -- process control, for timing
     def suspend(self) -> None:
-        self.holding = False
         if self.process is not None:
             self.process.suspend()
 
     def resume(self) -> None:
         """Back to how it is between requests: running, or stopped for a worker with a `quiet` lock."""
-        self.holding = False
         if self.process is not None:
             if self.quiet is not None:
                 self.process.suspend()
@@ -725,28 +717,11 @@ class Worker:
         return CheckBudget(check.end + waited, check.seconds) if check is not None and waited else check
 
     def _rest(self) -> None:
-        """Stop every process of a worker that has begun loading the file, outside a measurement's hold."""
+        """Stop every process of a worker that has begun loading the file."""
         process = self.process
         loaded = self.state in (Lifecycle.STARTING, Lifecycle.RUNNING)
-        if process is not None and loaded and not self.holding and process.alive():
+        if process is not None and loaded and process.alive():
             process.suspend()
-
-    def hold(self) -> None:
-        """Let the worker run for timed requests, and only as a timed request may
-        (`launcher.WorkerProcess.hold`); a worker started meanwhile is held once it has loaded the file."""
-        self.holding = True
-        if self.process is not None and self.state is not Lifecycle.PRESTARTED:
-            self.process.hold()
-
-    def check_hold(self) -> None:
-        """After a timed request: raise HoldBroken when the worker did what the hold forbids."""
-        problem = self.process.hold_broken() if self.process is not None and self.holding else None
-        if problem:
-            raise HoldBroken(
-                f"{problem}. While a forward is timed, only the process that answers the grader may run, and it "
-                "may start no other: everything else your code started stays stopped, so that the time it is "
-                "charged is all the CPU time it used"
-            )
 
     def cpu_seconds(self) -> float:
         """CPU time of the running worker's processes, ended ones included (see `cpu_spent` for the workers
@@ -877,8 +852,6 @@ class Worker:
         self._refuse_if_final()
         if not self.alive():
             self.start(check)
-            if self.holding and self.process is not None:
-                self.process.hold()
 
     def timed_calls(
         self,

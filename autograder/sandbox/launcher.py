@@ -18,12 +18,11 @@ RLIMIT_NPROC for a fresh uid) and a walk of /proc (`procfs`) stand in, and `Work
 (`probe.describe_isolation`). The grader is made a child subreaper, so a worker's orphans stay its
 descendants.
 
-Timing without a control group's CPU count (`hold`, `cpu_seconds`, `thread_waits`, `hold_broken`): every
-process of the worker's fresh uid is found whatever its parentage (`procfs.owned_by`); each one's CPU time is
-kept in a ledger as last seen (`procfs.CpuLedger`), so none can take it away by ending; and while the worker
-is timed only its main process runs, unable to start another (`QuotaFiller` takes every task the uid's
-RLIMIT_NPROC leaves), so no CPU time can be spent where the ledger does not see it. A timed request whose
-worker ended, started or woke another of its processes meanwhile is void (`hold_broken` says how).
+CPU time without a control group's count (`cpu_seconds`, `thread_waits`): every process of the worker's fresh
+uid is found whatever its parentage (`procfs.owned_by`), and each one's CPU time is kept in a ledger as last
+seen (`procfs.CpuLedger`), so none can take it away by ending. (What is timed runs only in trusted workers,
+which replay a graph the grader checked: no timed worker runs student code, so none needs holding to its main
+process while it is timed.)
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ from __future__ import annotations
 import functools
 import os
 import resource
-import select
 import shutil
 import signal
 import socket
@@ -39,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -118,11 +116,8 @@ class WorkerProcess:
         self._namespace: str | None = None
         self.main: int | None = None  # the process that answers requests (`find_main`)
         self.ledger = procfs.CpuLedger()
-        self._held: _Hold | None = None
-        self._sent_stop = False  # processes were stopped by SIGSTOP (`hold`), which no thawing undoes
         self._stopped: list[tuple[int, int]] | None = None  # (pid, start) of each process `suspend` stopped
         self._seen: list[tuple[int, int]] = []  # the same, of the last `suspend` by SIGSTOP, kept after `resume`
-        self._filler: QuotaFiller | None = None  # while it is held (`hold`), a fresh uid's tasks all taken
         self.fresh_because: str | None = None  # why it was started fresh although a fork was asked for
 
     @property
@@ -159,8 +154,6 @@ class WorkerProcess:
         if isinstance(self.process, forks.ForkedProcess) and not self.process.handed_over():
             return []  # not yet handed over: it has run nothing, and its process id is not known yet
         never = procfs.ancestry()
-        if self._filler is not None:
-            never.add(self._filler.pid)  # the grader's, though of the worker's uid
         if self.group is not None and self.group.can_kill():
             return [pid for pid in self.group.pids() if pid not in never]
         if self.uid is not None and self.isolation != "namespace":
@@ -211,14 +204,11 @@ class WorkerProcess:
             stopped = procfs.stop_tree(self.pids, known=self._seen)  # those of the last time first: one walk less
             procfs.wait_stopped(stopped)
             self._stopped = self._seen = [stat.key for stat in map(procfs.read_stat, stopped) if stat is not None]
-        self._end_hold()
         self.stopped = True
 
     def resume(self) -> None:
-        self._end_hold(filler_too=True)
-        if not (self.group is not None and self.group.freeze(False)) or self._sent_stop:
+        if not (self.group is not None and self.group.freeze(False)):
             procfs.signal_all(self._to_continue(), signal.SIGCONT)
-        self._sent_stop = False
         self._stopped = None
         self.stopped = False
 
@@ -227,106 +217,10 @@ class WorkerProcess:
         nothing ran since (a stopped process starts none, so no walk of /proc is needed: between requests it
         would cost one per request), each only if it is still the process stopped (not a pid used again);
         otherwise every process of the worker."""
-        if self._stopped is None or self._sent_stop:
+        if self._stopped is None:
             return self.pids()
         now = {pid: procfs.read_stat(pid) for pid, _ in self._stopped}
         return [pid for pid, start in self._stopped if (stat := now[pid]) is not None and stat.start == start]
-
-    def counts_every_cpu_second(self) -> bool:
-        """Whether the worker's control group counts the CPU time of all its processes, ended ones included:
-        then nothing can vanish, and it is timed with all of them running."""
-        return self.group is not None and self.group.cpu_seconds() is not None
-
-    def hold(self) -> None:
-        """Let the worker run for a timed request: where its control group counts every CPU second, all of it
-        (`resume`); otherwise only its main process, while every other process stays stopped, and no process
-        can start: for a fresh uid, a `QuotaFiller` takes every task its limit on processes leaves (the main
-        process cannot raise that limit, and the grader, without CAP_SYS_RESOURCE as in a container, could
-        not lower it and give it back); for the grader's own uid, the main process's soft limit is 0 (which it
-        could raise itself, `hold_broken` looks). So no process can spend CPU time the ledger does not see, or
-        end and take it away. `hold_broken` says afterwards whether the worker kept to that."""
-        if self.counts_every_cpu_second() or self.main is None:
-            self.resume()
-            return
-        everything = procfs.stop_tree(self.pids)  # from stopped (or frozen) to SIGSTOPped, the main one too
-        self._sent_stop = True
-        if self.group is not None:
-            self.group.freeze(False)  # thawed, each stays stopped by its SIGSTOP
-        running = procfs.wait_stopped(everything)
-        hold = _Hold(main=self.main, running=[pid for pid in running if pid != self.main])
-        if self.uid is not None:
-            if self._filler is None or not self._filler.intact():
-                if self._filler is not None:
-                    self._filler.close()
-                limits = [procfs.process_limit(pid) for pid in everything]
-                try:
-                    self._filler = QuotaFiller.start(self.uid, max(hard for _, hard in filter(None, limits)))
-                except (OSError, ValueError):  # ValueError: none could be read
-                    self._filler = None
-            hold.refused = self._filler is not None
-        elif os.geteuid() != 0:  # the worker is the grader's own user (the namespace sandbox's, or not)
-            try:
-                hold.limit_before = resource.prlimit(self.main, resource.RLIMIT_NPROC)
-                hold.limit = (0, hold.limit_before[1])
-                resource.prlimit(self.main, resource.RLIMIT_NPROC, hold.limit)
-                hold.refused = True
-            except (OSError, ValueError):
-                hold.limit_before = hold.limit = None
-        for pid in everything:
-            stat = procfs.read_stat(pid)
-            if stat is not None and pid != self.main and stat.state != "Z":
-                hold.others[stat.key] = procfs.process_cpu(stat)
-        self._held = hold
-        procfs.signal_all([self.main], signal.SIGCONT)
-        self.stopped = False
-
-    def hold_broken(self) -> str | None:
-        """After a timed request under `hold`: what the worker did that the hold forbids, in the student's
-        words, or None. A stopped process runs only when one of the worker's own continues it, and ends only
-        when one kills it: the grader does neither while it holds the worker."""
-        hold = self._held
-        if hold is None:
-            return None
-        if hold.running:
-            return (
-                f"your code had {len(hold.running)} other process{'es' if len(hold.running) > 1 else ''} that "
-                "could not be stopped before it was timed (in an uninterruptible wait)"
-            )
-        now = {stat.key: stat for stat in map(procfs.read_stat, self.pids()) if stat is not None and stat.state != "Z"}
-        ended = [key for key in hold.others if key not in now]
-        woken = [
-            key
-            for key, cpu in hold.others.items()
-            if key in now and (not now[key].stopped or procfs.process_cpu(now[key]) != cpu)
-        ]
-        started = [key for key in now if key not in hold.others and key[0] != hold.main]
-        said = [
-            f"{what} {len(keys)} other process{'es' if len(keys) > 1 else ''}"
-            for what, keys in (("ended", ended), ("woke up", woken), ("started", started))
-            if keys
-        ]
-        if hold.limit is not None:
-            try:
-                if resource.prlimit(hold.main, resource.RLIMIT_NPROC) != hold.limit:
-                    said.append("raised its own limit on processes")
-            except (OSError, ValueError):
-                pass
-        if self._filler is not None and not self._filler.intact():
-            said.append("ended the grader's process that keeps it from starting others")
-        return "your code " + " and ".join(said) + " while it was timed" if said else None
-
-    def _end_hold(self, filler_too: bool = False) -> None:
-        """Give the main process back the process limit it had (the worker is stopped, or about to be
-        continued whole), and, with `filler_too` (before it is continued whole), end the `QuotaFiller`."""
-        hold, self._held = self._held, None
-        if hold is not None and hold.limit_before is not None:
-            try:
-                resource.prlimit(hold.main, resource.RLIMIT_NPROC, hold.limit_before)
-            except (OSError, ValueError):
-                pass
-        if filler_too and self._filler is not None:
-            self._filler.close()
-            self._filler = None
 
     def cpu_seconds(self) -> float:
         """User and system CPU time of every process of the worker, ended ones included: its control group's
@@ -344,9 +238,8 @@ class WorkerProcess:
         """Nanoseconds the thread that answers requests (the main process's first thread) has spent ready to
         run but waiting for a CPU, by thread id: the waits deducted from its charge. Not the waits of its other
         threads or processes: the worker may cause them itself (a thread that spins beside another makes each
-        wait), and together they can exceed the wall time. None at all while it is held where new processes
-        could start unseen (a process could run in its place while it waits)."""
-        if self.main is None or (self._held is not None and not self._held.refused):
+        wait), and together they can exceed the wall time."""
+        if self.main is None:
             return {}
         return procfs.thread_wait(self.main, self.main)
 
@@ -358,7 +251,6 @@ class WorkerProcess:
 
     def kill(self) -> None:
         """Kill every process of the worker, reap them, and remove its control group and scratch folder."""
-        self._end_hold(filler_too=True)
         if isinstance(self.process, forks.ForkedProcess) and self.process.cancel():
             self._cpu_at_exit = 0.0
             self._release()  # never handed over: it ends by itself, having run nothing
@@ -402,86 +294,6 @@ class WorkerProcess:
                 pass
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
-
-
-@dataclass
-class _Hold:
-    """A worker held for a timed request (`WorkerProcess.hold`): its main process, the CPU time of each of the
-    others, stopped, as it was (None where it could not be read), those that did not stop in time, whether
-    new processes are refused, and the main process's RLIMIT_NPROC before and during the hold where that is
-    what refuses them."""
-
-    main: int
-    running: list[int]
-    others: dict[tuple[int, int], float | None] = field(default_factory=dict)
-    refused: bool = False
-    limit_before: tuple[int, int] | None = None
-    limit: tuple[int, int] | None = None
-
-
-class QuotaFiller:
-    """While a worker of a fresh uid is held for timing, a process of that uid that takes every task its limit
-    on processes leaves (RLIMIT_NPROC counts a uid's processes and threads together), as threads that only
-    wait: no process of the uid can then start another, a process or a thread, whatever it does to its own
-    soft limit, and the grader needs no privilege it may lack in a container (lowering another uid's hard
-    limit and giving it back takes CAP_SYS_RESOURCE, which Docker does not grant). It is a fork of the
-    grader that becomes the uid and is not dumpable (no process of the uid can trace it and end its
-    threads); it lives while the worker is held or stopped between timed requests, and is killed before the
-    worker is continued whole."""
-
-    def __init__(self, pid: int, threads: int):
-        self.pid, self.threads = pid, threads
-
-    @classmethod
-    def start(cls, uid: int, limit: int, seconds: float = 30.0) -> QuotaFiller | None:
-        """A filler for `uid`, whose processes' limit on processes is at most `limit`, once it has taken every
-        task they could start; None when it could not. It takes `limit` tasks and more, 8 and as many as the
-        uid has already: so none can start even once every other task of the uid has ended (a thread of the
-        main process may end on its own; the kernel's count of a uid's tasks can also differ from /proc's by
-        one, for a worker started in the namespace sandbox)."""
-        if not 0 < limit <= 1 << 16:
-            return None
-        limit += procfs.tasks_of(uid) + 8
-        ready_r, ready_w = os.pipe()
-        procfs.hide_own_proc_files()  # (as `launch` does) loads the C library now: the child takes no lock to
-        # find it, which another of the grader's threads might have held at the fork
-        pid = os.fork()
-        if pid == 0:  # the child: nothing but system calls, and never back into the grader's code
-            try:
-                os.closerange(3, ready_w)  # nothing of the grader's reaches the uid (its pipes, its files)
-                os.closerange(ready_w + 1, os.sysconf("SC_OPEN_MAX"))
-                procfs.become_uid(uid)
-                procfs.hide_own_proc_files()
-                procfs.die_with_parent(signal.SIGKILL)  # a change of uid clears it
-                resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
-                taken = procfs.start_idle_threads(limit)
-                os.write(ready_w, f"{taken}\n".encode())
-                while True:
-                    signal.pause()
-            finally:
-                os._exit(1)
-        os.close(ready_w)
-        filler = cls(pid, 0)
-        ready, _, _ = select.select([ready_r], [], [], seconds)
-        said = os.read(ready_r, 64) if ready else b""
-        os.close(ready_r)
-        filler.threads = len(procfs.thread_ids(pid))
-        if not said.strip().isdigit() or procfs.tasks_of(uid) < limit:
-            filler.close()
-            return None
-        return filler
-
-    def intact(self) -> bool:
-        """Whether it still holds every task it took."""
-        stat = procfs.read_stat(self.pid)
-        return stat is not None and stat.state != "Z" and len(procfs.thread_ids(self.pid)) == self.threads
-
-    def close(self) -> None:
-        procfs.signal_all([self.pid], signal.SIGKILL)
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
 
 
 def hidden_and_kept(extra: Iterable[str] = ()) -> tuple[tuple[str, ...], tuple[str, ...]]:

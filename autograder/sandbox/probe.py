@@ -290,26 +290,17 @@ def describe_isolation(
 
 
 def _timing_guarantees(sandbox: bool, uid: int | None, group: WorkerGroup | None) -> str:
-    """What the speed part's CPU charge rests on, in words (`launcher.WorkerProcess.hold`)."""
+    """What the speed part's timing rests on, in words: nothing timed is the submission's code (a graph of its
+    forward, checked by the grader, is replayed and timed in a trusted worker), and its own worker, with every
+    process of it that can be found, is stopped while anything is timed and between its own requests."""
+    timed = "what is timed is a graph of its forward, replayed in a worker that never ran its code"
     if group is not None and group.cpu_seconds() is not None:
-        return (
-            "CPU time of all its processes, ended ones included, counted by its control group; all of them "
-            "frozen while another worker is timed"
-        )
-    held = "each one's CPU time kept as last seen, so none takes it away by ending; while it is timed only its main process runs"
+        return f"{timed}; all of its processes frozen by its control group while anything is timed"
     if uid is not None:
-        return (
-            f"every process of its uid found whatever its parentage, stopped while another worker is timed; {held}, "
-            "and it can start no other (every task the uid's RLIMIT_NPROC leaves is taken)"
-        )
-    weaker = (
-        "new processes refused by a soft RLIMIT_NPROC of 0 that the worker may raise itself: a raise is seen after "
-        "the timed request, but not a process started and ended within it with the limit lowered again"
-    )
+        return f"{timed}; every process of its uid found whatever its parentage, stopped while anything is timed"
     if sandbox:
-        return f"every process of its pid namespace found, stopped while another worker is timed; {held}; {weaker}"
+        return f"{timed}; every process of its pid namespace found, stopped while anything is timed"
     return (
-        "without a fresh uid its processes are found through its process tree and process group only: one that "
-        "leaves both (a new session whose parent ended) is neither stopped while another worker is timed nor "
-        f"charged; {held}; " + ("new processes are not refused (the worker runs as root)" if is_root() else weaker)
+        f"{timed}; without a fresh uid its processes are found through its process tree and process group only: "
+        "one that leaves both (a new session whose parent ended) is not stopped while anything is timed"
     )

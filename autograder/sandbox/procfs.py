@@ -9,8 +9,6 @@ reaps and accounts for processes.
   is read); `kill_tree` stops the whole tree before it kills any of it, since a process killed first hands
   its children to their subreaper, out of the tree the walk follows, where a setsid child would survive;
   `wait_stopped` waits until SIGSTOP has taken effect.
-- A uid's share of processes: `tasks_of` counts what RLIMIT_NPROC counts, `process_limit` reads a process's
-  limit, `start_idle_threads` takes tasks (for `launcher.QuotaFiller`).
 - Reaping and dying together: `reap_orphans` waits for zombie children that are no Popen's (orphans that
   came to this process as their subreaper, `become_child_subreaper`); `die_with_parent` asks the kernel to
   signal a process when its parent dies (PR_SET_PDEATHSIG).
@@ -27,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import resource
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -144,35 +141,6 @@ def owned_by(uid: int) -> list[int]:
         if entry.name.isdigit() and uid in uids_of(int(entry.name)):
             found.append(int(entry.name))
     return found
-
-
-def thread_ids(pid: int) -> list[int]:
-    """The ids of the live threads of `pid`, sorted; [] when it is gone."""
-    try:
-        return sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task"))
-    except (OSError, ValueError):
-        return []
-
-
-def tasks_of(uid: int) -> int:
-    """How many tasks (processes and threads together, zombies included: what RLIMIT_NPROC counts) `uid` has."""
-    return sum(len(thread_ids(pid)) or 1 for pid in owned_by(uid))
-
-
-def process_limit(pid: int) -> tuple[int, int] | None:
-    """`pid`'s RLIMIT_NPROC (soft, hard), from /proc/PID/limits (prlimit would take CAP_SYS_RESOURCE for
-    another uid's process); None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/limits") as handle:
-            for line in handle:
-                if line.startswith("Max processes"):
-                    soft, hard = line.split()[2:4]
-                    return tuple(  # type: ignore[return-value]
-                        resource.RLIM_INFINITY if value == "unlimited" else int(value) for value in (soft, hard)
-                    )
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 def namespace_pids(pid: int) -> list[int]:
@@ -382,21 +350,6 @@ def die_with_parent(signum: int = signal.SIGTERM, parent: int | None = None) -> 
     prctl(PR_SET_PDEATHSIG, signum)
     if parent is not None and os.getppid() != parent:
         os._exit(1)
-
-
-def start_idle_threads(most: int, stack_bytes: int = 1 << 16) -> int:
-    """Start threads that only wait (pause(2), in the C library, never in Python), until `most` or until the
-    kernel refuses one; returns how many started. For a forked child that holds tasks (`launcher.QuotaFiller`)."""
-    libc = _libc()
-    attr = ctypes.create_string_buffer(128)  # pthread_attr_t, opaque
-    libc.pthread_attr_init(attr)
-    libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(stack_bytes))
-    routine = ctypes.cast(libc.pause, ctypes.c_void_p)
-    thread = ctypes.c_ulong()
-    started = 0
-    while started < most and libc.pthread_create(ctypes.byref(thread), attr, routine, None) == 0:
-        started += 1
-    return started
 
 
 def become_child_subreaper() -> None:

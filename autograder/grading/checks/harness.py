@@ -32,7 +32,6 @@ from autograder.model import NOT_DONE_STUB
 from autograder.rubric import Rubric
 from autograder.sandbox.client import (
     CheckBudget,
-    HoldBroken,
     LoadFailed,
     SubmissionError,
     TimedCalls,
@@ -144,7 +143,6 @@ WORKER_MISTAKES: dict[type[WorkerError], str] = {
     LoadFailed: "the file does not load",
     WorkerTimeout: "the code does not finish in time (an endless loop?)",
     WorkerCrashed: "the code ends the worker process (a crash, or an exit)",
-    HoldBroken: "a timed forward runs, starts or ends other processes",
 }
 _FRAME = re.compile(r'^  File "<[^"\n]*>", line \d+, in (\w+)$', re.MULTILINE)
 
@@ -310,7 +308,7 @@ class Submission:
             if exc.type == "NameError" and missing:
                 self.undefined(missing.group(1) or missing.group(2), said)
             fail(said, mistake=f"your code raises {exc.type}", diagnosis=where)
-        if isinstance(exc, (LoadFailed, WorkerTimeout, WorkerCrashed, HoldBroken)):
+        if isinstance(exc, (LoadFailed, WorkerTimeout, WorkerCrashed)):
             fail(str(exc), mistake=worker_mistake(exc))
         raise exc
 
