@@ -125,9 +125,10 @@ def sample(student: str) -> Callable[[], tuple[str, str]]:
 
 
 HOSTILE = {
-    # a process and a thread burning the CPU, left behind if the grader let them
+    # a process and a thread burning the CPU, left behind if the grader let them; they run only in its own
+    # requests, and what is timed is its forward's graph, replayed where they are not: they earn nothing
     "background_burner": Submission(
-        lambda: ("mha.py", with_cells(last=BACKGROUND_BURNER.replace("{marker}", "hostile-burner"))), {"speed"}
+        lambda: ("mha.py", with_cells(last=BACKGROUND_BURNER.replace("{marker}", "hostile-burner")))
     ),
     # fake results and a conftest.py wherever it can write, then a broken forward
     "fake_results": Submission(

@@ -61,7 +61,7 @@ def test_a_grading_adopts_the_early_workers_and_loads_the_file_only_when_a_check
     )
     early = begin()
     worker, timing_workers = early.worker, dict(early.timing)
-    assert set(timing_workers) == {workers.WRAPPER, workers.REFERENCE, workers.SUBMISSION}
+    assert set(timing_workers) == {workers.WRAPPER, workers.REFERENCE}
     assert worker.load_report is None and worker.starts == 0  # Python and torch only, so far
     run = grade_submission(REFERENCE, Options(device="cpu", out=None, parts=SPEED_ONLY, early=early))
     assert run.graded and [c.part for c in run.checks] == ["speed"] and run.speed is not None, run.reason

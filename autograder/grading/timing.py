@@ -165,12 +165,13 @@ def replay_in(
     state: dict[str, torch.Tensor],
     device: str,
     key: tuple[Any, ...] | None = None,
+    replayer: Worker | None = None,
 ) -> tuple[str, Graph]:
-    """A module of the reference's, built in its trusted `worker` under `handle`, captured there on the workload's
-    shape (or its graph taken from `REFERENCE_GRAPHS` under `key`) and replayed there as a graph, as the
-    submission's forward is (the three timed modules are replayed graphs in the same kind of process); the built
-    module is dropped. Its own state where `state` (the weights the grader loaded) does not name it (its mask).
-    Returns the replayed graph's handle, and the graph. Raises WorkerError or ValueError."""
+    """A module of the reference's, built in the trusted `worker` under `handle`, captured there on the workload's
+    shape (or its graph taken from `REFERENCE_GRAPHS` under `key`), dropped there, and replayed as a graph in
+    `replayer` (default: `worker`), as the submission's forward is (the timed modules are replayed graphs in the
+    same kind of process). Its own state where `state` (the weights the grader loaded) does not name it (its
+    mask). Returns the replayed graph's handle, and the graph. Raises WorkerError or ValueError."""
     captured = REFERENCE_GRAPHS.get(key) if key is not None else None
     if captured is None:
         request = CaptureRequest(handle, list(workload.shape), workload.dtype, 0, list(state), device=device)
@@ -180,8 +181,8 @@ def replay_in(
         if key is not None:
             REFERENCE_GRAPHS[key] = captured
     tensors = [state[name] if name in state else captured.state[name] for name in captured.graph.inputs]
-    replayed = worker.request(ReplayRequest(captured.graph.to_wire(), tensors, device))
     worker.request(DropRequest(handle))
+    replayed = (replayer or worker).request(ReplayRequest(captured.graph.to_wire(), tensors, device))
     if not isinstance(replayed, ModuleInfo):
         raise ValueError("the replay did not give a module")
     return replayed.handle, captured.graph

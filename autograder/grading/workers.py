@@ -128,12 +128,13 @@ def trusted_config(config: WorkerConfig) -> WorkerConfig:
 
 
 def start_trusted_workers(config: WorkerConfig, allowed: bwrap.AllowList | None = None) -> dict[str, BackgroundWorker]:
-    """The three timing workers, each loading only the reference's definitions and starting now, in the
-    background: the wrapper's, the reference's, and the one that replays the graph captured from the
-    submission's forward (`SUBMISSION`; it also replays the graphs the structure checks judge). No student code
-    ever runs in any of them: the submission's own worker only answers the checks and is captured, and what is
-    timed is the same kind of replayed graph in the same kind of process for all three."""
-    return {name: trusted_worker(config, allowed) for name in (WRAPPER, REFERENCE, SUBMISSION)}
+    """The two timing workers, each loading only the reference's definitions and starting now, in the background:
+    the wrapper's, which replays the wrapper's graph, and the reference's, which captures the reference's forwards
+    and replays the reference's graph and the one captured from the submission's forward (which it also replays for
+    the structure checks), so that the two compared most closely are timed in one process. No student code ever
+    runs in either: the submission's own worker only answers the checks and is captured, and what is timed is a
+    replayed graph in the same kind of process for all three."""
+    return {name: trusted_worker(config, allowed) for name in (WRAPPER, REFERENCE)}
 
 
 def trusted_worker(config: WorkerConfig, allowed: bwrap.AllowList | None = None) -> BackgroundWorker:

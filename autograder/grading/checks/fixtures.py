@@ -10,7 +10,7 @@ import pytest
 from autograder.grading.checks.harness import Inputs, Notes, Submission, check_seed, dtypes_for
 from autograder.grading.devices import QuietLock
 from autograder.grading.plugin import part_of
-from autograder.grading.workers import SUBMISSION, BackgroundWorker, trusted_worker
+from autograder.grading.workers import REFERENCE, BackgroundWorker, trusted_worker
 from autograder.model import SpeedFigures
 from autograder.rubric import Rubric
 from autograder.sandbox.client import Worker
@@ -71,8 +71,9 @@ class GradingFixtures:
     @pytest.fixture(scope="session")
     def replayer(self) -> Iterator[Worker]:
         """The trusted worker that replays the graphs captured from the submission's forward: the speed part's
-        (started when the grading starts, `workers.start_trusted_workers`), else one of its own kind."""
-        started = self._context.timing_workers.get(SUBMISSION)
+        reference worker (started when the grading starts, `workers.start_trusted_workers`), else one of its own
+        kind."""
+        started = self._context.timing_workers.get(REFERENCE)
         own = None
         if started is None:
             own = started = trusted_worker(self._context.submission.worker.config)

@@ -264,11 +264,12 @@ def trusted_graph(
     state: dict[str, torch.Tensor],
     device: str,
     key: tuple[Any, ...],
+    replayer: Worker,
 ) -> Built:
-    """A reference module built in its timing worker, captured (once per grading process: `key`) and replayed
-    there as the submission's is (`timing.replay_in`); a failure is the grader's."""
+    """A reference module built in the reference's timing worker, captured there (once per grading process:
+    `key`) and replayed in `replayer` as the submission's is (`timing.replay_in`); a failure is the grader's."""
     try:
-        return Built(worker, *timing.replay_in(worker, built.handle, workload, state, device, key))
+        return Built(replayer, *timing.replay_in(worker, built.handle, workload, state, device, key, replayer))
     except (WorkerError, ValueError) as exc:
         raise CannotTime(f"the reference's timing worker could not capture and replay its forward: {exc}") from None
 
@@ -281,26 +282,28 @@ def build_timed(
     capture: Captured,
     device: str,
 ) -> dict[str, Built]:
-    """The three timed modules, each a replayed graph in its timing worker: the reference MultiHeadAttention's
-    and the wrapper's (with the same weights), and the submission's, with the grader's weights."""
+    """The three timed modules, each a replayed graph: the wrapper's in its timing worker, and the reference
+    MultiHeadAttention's and the submission's (with the grader's weights) in the reference's. The reference's
+    two modules are built and captured in the reference's worker (only it imports what a capture needs)."""
     w = workload
+    reference, wrapper = timing_workers[REFERENCE].get(), timing_workers[WRAPPER].get()
     built = {}
     weights: dict[str, torch.Tensor]
-    for name, cls, args, weights in (
-        (REFERENCE, "MultiHeadAttention", [w.d_in, w.d_out, w.tokens, 0.0, w.heads], state),
+    for name, cls, args, weights, replayer in (
+        (REFERENCE, "MultiHeadAttention", [w.d_in, w.d_out, w.tokens, 0.0, w.heads], state, reference),
         (
             WRAPPER,
             "MultiHeadAttentionWrapper",
             [w.d_in, w.d_out // w.heads, w.tokens, 0.0, w.heads],
             wrapper_state,
+            wrapper,
         ),
     ):
-        worker = timing_workers[name].get()
-        module = trusted(worker, BuildRequest(cls, args, {}, weights, w.dtype, device))
-        built[name] = trusted_graph(worker, module, w, weights, device, (cls, *args, *w.shape, w.dtype, device))
-    replayer = timing_workers[SUBMISSION].get()
-    replayed = replay(replayer, capture, replay_state(capture, state), device)
-    built[SUBMISSION] = Built(replayer, replayed.handle, capture.graph)
+        module = trusted(reference, BuildRequest(cls, args, {}, weights, w.dtype, device))
+        key = (cls, *args, *w.shape, w.dtype, device)
+        built[name] = trusted_graph(reference, module, w, weights, device, key, replayer)
+    replayed = replay(reference, capture, replay_state(capture, state), device)
+    built[SUBMISSION] = Built(reference, replayed.handle, capture.graph)
     return built
 
 
