@@ -212,7 +212,15 @@ CASES = [
         lambda c: with_cells(last=CACHED_BY_SHAPE),
         {"mha": "some", "speed": "all"},
         ("output for new input number 2 of the same shape", "output on the speed workload"),
-        {"mha": ("mha::test_new_inputs_new_answers",)},
+        # captured, its cached answer is a constant of the graph: wrong on the new input the structure checks
+        # replay it on ("kept from an earlier call")
+        {
+            "mha": (
+                "mha::test_new_inputs_new_answers",
+                "mha::test_one_pass_for_all_heads",
+                "mha::test_no_ready_made_attention",
+            )
+        },
     ),
     Case(
         "mutates_input",
@@ -1003,14 +1011,15 @@ def test_classmates_graded_alongside_a_cpu_hog_keep_full_marks(tmp_path):
 @pytest.mark.slow
 def test_checks_resting_on_the_workers_word_are_tagged_so(graded):
     """The mutation it hides passes the input check: that check's evidence is the worker's report, and
-    results.json says so. Values are never the worker's word."""
+    results.json says so. Values are never the worker's word, and neither are the structure checks now: they judge
+    a graph the grader checked and replayed where no student code ran."""
     results = graded["hides_its_input_mutation"].results
     tags = {t["tags"][1]: t["tags"] for t in results["tests"]}
+    for key in ("mha::test_input_not_modified", "wrapper::test_heads_run_once_in_order_on_same_input"):
+        assert "worker-reported" in tags[key], key
     for key in (
-        "mha::test_input_not_modified",
+        "mha::test_matches_reference",
         "mha::test_one_pass_for_all_heads",
         "mha::test_no_ready_made_attention",
-        "wrapper::test_heads_run_once_in_order_on_same_input",
     ):
-        assert "worker-reported" in tags[key], key
-    assert "worker-reported" not in tags["mha::test_matches_reference"]
+        assert "worker-reported" not in tags[key], key
