@@ -6,7 +6,6 @@ must fail fails whatever the machine's speed, and the generous bounds are only t
 rather than hangs."""
 
 import contextlib
-import fcntl
 import os
 import subprocess
 import sys
@@ -21,6 +20,8 @@ from autograder.grading.checks.harness import Submission
 from autograder.grading.devices import QuietLock, TimingLockBusy
 from autograder.sandbox.client import BudgetSpent, CheckBudget, CheckTimeUp
 from autograder.sandbox.protocol import CallRequest
+from helpers import wait_until
+from test_devices import try_lock
 
 WORKER_DEFAULTS = dict(load_seconds=30, request_seconds=10)  # make_worker's (tests/conftest.py)
 GENEROUS = 60.0  # seconds: only for a broken lock, which would otherwise hang the test
@@ -34,22 +35,12 @@ def environ(tmp_path):
 
 def until(condition, what: str) -> None:
     """Wait for `condition()`, at most GENEROUS seconds."""
-    end = time.monotonic() + GENEROUS
-    while not condition():
-        assert time.monotonic() < end, f"never: {what}"
-        time.sleep(0.01)
+    assert wait_until(condition, GENEROUS, 0.01), f"never: {what}"
 
 
 def held(path) -> bool:
     """Whether someone holds the lock file at `path` (tried without waiting, released at once)."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(descriptor)
+    return not try_lock(path)
 
 
 # -- the lock -----------------------------------------------------------------------------------------------
