@@ -49,6 +49,12 @@ class Limits:
     hung_request_seconds: float = _means(
         "the same, once the submission is known to hang (a cell or a request was stopped)"
     )
+    request_factor: float = _means(
+        "a request is stopped once it has used this many times the reference's CPU time for the same request"
+    )
+    request_floor_seconds: float = _means(
+        "... but never before this much CPU time (all its processes), nor after request_seconds"
+    )
     check_seconds: float = _means("one check, all its requests together")
     submission_seconds: float = _means("the whole submission: every request, restart and check")
     class_seconds: float = _means("grade-class: one submission's grading process, start to end")

@@ -35,6 +35,24 @@ def _forward(self, x):
 MultiHeadAttention.forward = _forward
 """
 
+# Honest and slow: a Python loop over the tokens, each query attending to the keys up to its own position (all
+# heads at once), as a student might write causal attention before knowing masks.
+LOOP_OVER_TOKENS = """
+def _forward(self, x):
+    b, num_tokens, _ = x.shape
+    split = lambda t: t.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+    keys, queries, values = split(self.W_key(x)), split(self.W_query(x)), split(self.W_value(x))
+    rows = []
+    for t in range(num_tokens):
+        scores = queries[:, :, t : t + 1] @ keys[:, :, : t + 1].transpose(2, 3)
+        weights = self.dropout(torch.softmax(scores / self.head_dim ** 0.5, dim=-1))
+        rows.append(weights @ values[:, :, : t + 1])
+    context = torch.cat(rows, dim=2).transpose(1, 2)
+    return self.out_proj(context.reshape(b, num_tokens, self.d_out))
+
+MultiHeadAttention.forward = _forward
+"""
+
 SLEEPS = """
 import time
 

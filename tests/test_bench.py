@@ -48,6 +48,7 @@ def test_the_gpu_checks_tools_run_on_the_cpu():
     import capture_check  # noqa: E402  (tools/ is not a package)
     import fork_check  # noqa: E402
     import gpu_timing  # noqa: E402
+    import request_margin  # noqa: E402
 
     from autograder.rubric import load_rubric
 
@@ -59,3 +60,6 @@ def test_the_gpu_checks_tools_run_on_the_cpu():
     assert times, times
     captured = capture_check.measure("cpu", 2)
     assert captured and all(row["same_output"] and row["allowed"] for row in captured), captured
+    margins = request_margin.measure("cpu")
+    assert {row["forward"] for row in margins} == {"reference", "loop over heads", "loop over tokens"}
+    assert all(row["margin"] > 1 for row in margins), margins

@@ -759,3 +759,62 @@ def test_a_worker_whose_file_cannot_load_refuses_every_request_without_starting_
     assert w.process is None and w.starts == 0
     w.kill()  # a final state stays final
     assert w.state is Lifecycle.LOAD_FAILED
+
+
+# -- the CPU deadline of a request, which follows the reference's ---------------------------------------------
+
+BURNS = """
+import time
+
+def burn(seconds):
+    start = time.process_time()
+    while time.process_time() - start < seconds:
+        pass
+    return seconds
+
+def spin():
+    while True:
+        pass
+"""
+
+
+def test_a_requests_cpu_deadline_is_the_references_times_the_factor_within_the_floor_and_the_wall():
+    """`RequestCpu.of`: the rubric's factor times the reference's CPU for the same request, never below the floor;
+    none where it would not come before the wall deadline, none for a build, a move, a capture or a load (they may
+    start CUDA or import the compiler), none where the rubric sets no floor."""
+    from autograder.sandbox.client import RequestCpu
+
+    config = WorkerConfig(request_factor=50, request_floor_seconds=3)
+    assert RequestCpu.of(config, "forward", None, 10).limit == 3
+    assert RequestCpu.of(config, "forward", 0.001, 10).limit == 3
+    scaled = RequestCpu.of(config, "call", 0.1, 10)
+    assert scaled.limit == pytest.approx(5) and "50 times what the reference's code needs" in scaled.why
+    assert RequestCpu.of(config, "forward", 0.5, 10) is None  # 25 s of CPU: the wall deadline comes first
+    assert RequestCpu.of(config, "forward", None, 2) is None
+    assert all(RequestCpu.of(config, op, None, 10) is None for op in ("build", "to", "capture", "load"))
+    assert RequestCpu.of(WorkerConfig(request_floor_seconds=None), "forward", None, 10) is None
+
+
+@pytest.mark.slow  # burns seconds of CPU
+def test_a_request_is_stopped_by_its_cpu_time_long_before_its_wall_deadline(make_worker):
+    """An endless loop is stopped once it has used the floor's CPU time, whatever the wall deadline (the message
+    says so, and what the reference would have needed); then the submission is known to hang, and the rest is
+    still graded."""
+    w = make_worker(BURNS, request_seconds=120, request_floor_seconds=1, hung_request_seconds=60)
+    with pytest.raises(WorkerTimeout, match=r"spin did not finish within 1 s of CPU time, what any request gets"):
+        w.request(CallRequest("spin"), target="spin")
+    assert w.known_to_hang()
+    assert w.request(CallRequest("burn", [0.1]), target="burn") == 0.1
+
+
+@pytest.mark.slow  # burns seconds of CPU
+def test_a_slow_request_gets_the_factor_times_the_references_cpu(make_worker):
+    """A request that needs more CPU than the floor finishes when the reference needed enough for it (the factor
+    times the reference's CPU), and is stopped when the reference needed far less. Measured in CPU time, so the
+    machine's load changes nothing."""
+    w = make_worker(BURNS, request_seconds=120, request_floor_seconds=0.5, request_factor=10)
+    assert w.request(CallRequest("burn", [1.0]), target="burn", reference_cpu=0.3) == 1.0  # allowed 3 s
+    with pytest.raises(WorkerTimeout, match=r"within 0.5 s of CPU time"):
+        w.request(CallRequest("burn", [3.0]), target="burn", reference_cpu=0.01)  # allowed 0.5 s
+    timed = make_worker(BURNS, request_seconds=120, request_floor_seconds=0.5)
+    assert timed.request(CallRequest("burn", [1.0]), timeout=60, timed=True, target="burn (timed)") == 1.0

@@ -11,10 +11,12 @@
 #      long-lived grading process (wall, CPU, execution_time),
 #   6. the capture and the replay on the device (tools/capture_check.py): the reference's forwards captured as
 #      graphs in one worker, replayed in another, their outputs compared, and what each step costs.
+#   7. how far the slowest honest forwards (a loop over the heads, a Python loop over the tokens) stay from a
+#      request's CPU deadline on the device (tools/request_margin.py).
 # (Steps 2 and 4 time replayed graphs, as every grading does.)
 # Everything it prints is also kept under $OUT (default gpu-check/): the test log, the class table and
 # each results.json, bench.json and bench.png, gpu-timing.txt and gpu-timing.json, fork-check.txt and
-# fork-check.json, capture-check.txt and capture-check.json, and the sample class's time (grade-class.time).
+# fork-check.json, capture-check.txt and capture-check.json, request-margin.txt and request-margin.json, and the sample class's time (grade-class.time).
 #
 #   tools/gpu_check.sh                      # uses .venv, installing a CUDA build of torch if it has none
 #   VENV=/opt/venv tools/gpu_check.sh       # an environment that already has a CUDA build of torch
@@ -85,6 +87,9 @@ echo "== 5. the fork server on $DEVICE: no CUDA in it, a context per worker; a c
 
 echo "== 6. the reference's forwards captured and replayed as graphs on $DEVICE: their cost, and the same outputs"
 "$PY" tools/capture_check.py --device "$DEVICE" --out "$OUT" 2>&1 | tee "$OUT/capture-check.txt" || status=1
+
+echo "== 7. the slowest honest forwards against a request's CPU deadline on $DEVICE"
+"$PY" tools/request_margin.py --device "$DEVICE" --out "$OUT" 2>&1 | tee "$OUT/request-margin.txt" || status=1
 
 echo "== done (status $status): see $OUT/"
 exit $status

@@ -39,6 +39,8 @@ def worker_config(rubric: Rubric, device: str, hide: list[str], isolation: str) 
         later_cell_seconds=rubric.limits.later_cell_seconds,
         request_seconds=rubric.limits.request_seconds,
         hung_request_seconds=rubric.limits.hung_request_seconds,
+        request_factor=rubric.limits.request_factor,
+        request_floor_seconds=rubric.limits.request_floor_seconds,
         submission_seconds=rubric.limits.submission_seconds,
         submission_cpu_seconds=rubric.limits.submission_cpu_seconds,
         processes=rubric.limits.processes,

@@ -195,7 +195,42 @@ class Lifecycle(enum.Enum):
 
 
 FINAL = (Lifecycle.CANNOT_START, Lifecycle.LOAD_FAILED, Lifecycle.GIVEN_UP)
-BUDGET_LOOK_SECONDS = 0.1  # the CPU budget is looked at no more often than this (`Worker._cpu_budget_left`)
+BUDGET_LOOK_SECONDS = 0.1  # the CPU budget is looked at no more often than this (`Worker._cpu_used`)
+# The requests whose CPU time is bounded (`RequestCpu`): those that run only what the student wrote. The others
+# keep their wall deadline alone: building or moving a module may start CUDA, a capture's first call imports
+# torch's compiler, and a timed request has its own deadline.
+CPU_BOUNDED_OPS = frozenset({"forward", "call", "get", "describe", "stand_in"})
+
+
+@dataclass(frozen=True)
+class RequestCpu:
+    """The CPU deadline of one untimed request: it is stopped once the worker's processes have used `limit` CPU
+    seconds since `start` (their CPU time when it was sent). The limit follows the reference: `factor` times the
+    reference's CPU for the same request, never below the floor, never above the request's wall deadline."""
+
+    limit: float
+    why: str
+    start: float = 0.0
+
+    @classmethod
+    def of(cls, config: WorkerConfig, op: str, reference_cpu: float | None, wall: float) -> RequestCpu | None:
+        """The CPU deadline `config` gives a request of `op` with a wall deadline of `wall` seconds, whose
+        reference took `reference_cpu` CPU seconds (None: not known, the floor), from a start still to be set;
+        None where there is none."""
+        floor = config.request_floor_seconds
+        if floor is None or op not in CPU_BOUNDED_OPS:
+            return None
+        scaled = config.request_factor * reference_cpu if reference_cpu is not None else 0.0
+        if scaled > floor:
+            limit, why = scaled, f"{config.request_factor:g} times what the reference's code needs for it"
+        else:
+            limit, why = floor, "what any request gets"
+        return cls(limit, why) if limit < wall else None
+
+    def check(self, used: float, what: str, hint: str) -> None:
+        """Raise WorkerTimeout once the request has used its CPU time (`used`: the worker's CPU time now)."""
+        if used - self.start > self.limit:
+            raise WorkerTimeout(f"{what} did not finish within {self.limit:.3g} s of CPU time, {self.why} ({hint})")
 
 
 @dataclass
@@ -396,7 +431,8 @@ class Worker:
         self.codec: protocol.TensorCodec | None = None  # made on first use (torch is imported lazily)
         self.in_force: dict[str, str] = {}  # what held the worker in (probe.describe_isolation)
         self.cpu_spent = 0.0  # CPU seconds of workers already ended
-        self._budget_look: tuple[launcher.WorkerProcess | None, float, bool] | None = None  # (process, when, left)
+        self._cpu_look: tuple[launcher.WorkerProcess | None, float, float] | None = None  # (process, when, used)
+        self._request_cpu: tuple[RequestCpu, str] | None = None  # the request under way's CPU deadline, and hint
         self.memory_peak: int | None = None  # the most memory the worker's processes used together
         self.allowed: bwrap.AllowList | None = None  # the sandbox's allow list, if not `bwrap.allow_list()`
         self.fresh_because: str | None = None  # why a worker was started fresh although a fork was asked for
@@ -733,29 +769,36 @@ class Worker:
         a CPU (held by other processes), by thread id (`launcher.WorkerProcess.thread_waits`)."""
         return self.process.thread_waits() if self.process is not None else {}
 
-    def _cpu_budget_left(self) -> bool:
-        """Whether the submission's CPU budget is not spent yet, asked at most every `BUDGET_LOOK_SECONDS` of one
-        process: without a control group each look walks /proc (every process of the machine, a few milliseconds
-        where there are hundreds), and a reply is read in several chunks, each charged. Between two looks the
-        worker can spend at most that long times its cores beyond the budget."""
-        limit = self.config.submission_cpu_seconds
-        if limit is None:
-            return True
+    def _cpu_used(self, fresh: bool = False) -> float:
+        """CPU seconds of the submission's workers so far, ended ones included, looked at at most every
+        `BUDGET_LOOK_SECONDS` of one process (unless `fresh`): without a control group each look walks /proc
+        (every process of the machine, a few milliseconds where there are hundreds), and a reply is read in
+        several chunks, each charged. Between two looks the worker can spend at most that long times its cores
+        beyond a limit."""
         now = time.monotonic()
-        last = self._budget_look
-        if last is not None and last[0] is self.process and now - last[1] < BUDGET_LOOK_SECONDS:
+        last = self._cpu_look
+        if not fresh and last is not None and last[0] is self.process and now - last[1] < BUDGET_LOOK_SECONDS:
             return last[2]
-        left = self.cpu_spent + self.cpu_seconds() < limit
-        self._budget_look = (self.process, now, left)
-        return left
+        used = self.cpu_spent + self.cpu_seconds()
+        self._cpu_look = (self.process, now, used)
+        return used
+
+    def _cpu_budget_left(self) -> bool:
+        """Whether the submission's CPU budget is not spent yet (never looked at when there is none)."""
+        limit = self.config.submission_cpu_seconds
+        return limit is None or self._cpu_used() < limit
 
     def _budget(self, what: str) -> None:
-        """Raise BudgetSpent once the submission's CPU budget is spent."""
+        """Raise BudgetSpent once the submission's CPU budget is spent, and WorkerTimeout once the request under way
+        has used its own CPU time (`RequestCpu`)."""
         if not self._cpu_budget_left():
             raise BudgetSpent(
                 f"{what} was stopped: the CPU time budget for the whole submission "
                 f"({self.config.submission_cpu_seconds:g} CPU seconds) is used up"
             )
+        if self._request_cpu is not None:
+            deadline, hint = self._request_cpu
+            deadline.check(self._cpu_used(), what, hint)
 
     # -- requests
     def known_to_hang(self) -> bool:
@@ -780,17 +823,20 @@ class Worker:
         overrun_hint: str = "an infinite loop?",
         timed: bool = False,
         check: CheckBudget | None = None,
+        reference_cpu: float | None = None,
     ) -> Any:
         """Send one request and return its decoded value. Raises SubmissionError when the student's code
         raised, WorkerTimeout / WorkerCrashed when the worker had to be killed (it is restarted next
         time), LoadFailed when the file cannot be loaded at all. A `timed` request (the speed part's) has
         its own deadline, and running past it does not make the submission known to hang. With `check`, the
-        request, and a restart of the worker it needs, end when the check's budget does. In its turn (`_turn`),
+        request, and a restart of the worker it needs, end when the check's budget does. An untimed request
+        that runs the student's code also has a CPU deadline (`RequestCpu`) that follows `reference_cpu`, the
+        CPU seconds the reference's code took for the same request (None: not known). In its turn (`_turn`),
         once a worker that must be (re)started has started (Python and torch are not the submission's code)."""
         since = self.quiet_waited
         self._ready_for(request.op, target, check)  # a load it needs waits in a turn of its own
         with self._turn(self._moved(check, since)) as check:
-            return self._request(request, timeout, target, overrun_hint, timed, check)
+            return self._request(request, timeout, target, overrun_hint, timed, check, reference_cpu)
 
     def _request(
         self,
@@ -800,6 +846,7 @@ class Worker:
         overrun_hint: str,
         timed: bool,
         check: CheckBudget | None,
+        reference_cpu: float | None = None,
     ) -> Any:
         op = request.op
         self._ready_for(op, target, check)
@@ -813,14 +860,18 @@ class Worker:
                     f"; your file hung before, so a request now gets {limit:g} s, not {self.config.request_seconds:g}"
                 )
         what = target or op
+        cpu = None if timed else RequestCpu.of(self.config, op, reference_cpu, timeout)
+        self._request_cpu = (replace(cpu, start=self._cpu_used(fresh=True)), overrun_hint) if cpu is not None else None
         try:
             reply = self._channel(what).exchange(request, self._deadline(timeout, overrun_hint, check), what)
         except EndedBeforeRequest:  # it ended before reading this request: restarted for it, or given up on
             self._ended_on_its_own()
-            return self._request(request, timeout, target, overrun_hint, timed, check)
+            return self._request(request, timeout, target, overrun_hint, timed, check, reference_cpu)
         except (WorkerTimeout, WorkerCrashed) as exc:
             self.failed(exc, target, timed)
             raise
+        finally:
+            self._request_cpu = None
         if reply.error is not None:  # not ok: the student's code raised
             raise SubmissionError(reply.error)
         return reply.value

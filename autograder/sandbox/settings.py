@@ -18,6 +18,11 @@ class WorkerConfig:
     later_cell_seconds: float = 1.0  # each later cell, once one was stopped while loading
     request_seconds: float = 10.0
     hung_request_seconds: float | None = None  # once the submission is known to hang; None: request_seconds
+    # An untimed request that runs the student's code is stopped once it has used `request_factor` times the
+    # reference's CPU for the same request (given with it), never before `request_floor_seconds` of CPU, and
+    # never after its wall deadline. None: no CPU deadline (the wall deadline alone).
+    request_factor: float = 50.0
+    request_floor_seconds: float | None = None
     submission_seconds: float = 600.0
     submission_cpu_seconds: float | None = None
     processes: int | None = 256  # processes and threads of the worker, all together

@@ -269,10 +269,18 @@ class Submission:
             )
         return min(left, self.worker.config.request_seconds)
 
-    def _ask(self, request: Request, target: str | None = None, timeout: float | None = None) -> Any:
+    def _ask(
+        self,
+        request: Request,
+        target: str | None = None,
+        timeout: float | None = None,
+        reference_cpu: float | None = None,
+    ) -> Any:
         limit = self._timeout() if timeout is None else min(self._timeout(), timeout)
         try:
-            return self.worker.request(request, timeout=limit, target=target, check=self._check())
+            return self.worker.request(
+                request, timeout=limit, target=target, check=self._check(), reference_cpu=reference_cpu
+            )
         except WorkerError as exc:
             self.failed(exc)
 
@@ -438,10 +446,16 @@ class Submission:
         seed: int = 0,
         grad_out: torch.Tensor | None = None,
         hooks: bool = False,
+        reference_cpu: float | None = None,
     ) -> ForwardReply:
+        """`module`'s forward of `x` in the worker. `reference_cpu`: the CPU seconds the reference's forward of the
+        same input took here (`reference_cost`), which the request's CPU deadline follows (`client.RequestCpu`);
+        without it, the rubric's floor (`request_floor_seconds`), ample for the checks' small inputs."""
         note("input", what=f"{module.cls}.forward" + (" (training mode)" if train else ""), value=x)
         answer = self._ask(
-            ForwardRequest(module.handle, x, train, seed, grad_out, hooks), target=f"{module.cls}.forward"
+            ForwardRequest(module.handle, x, train, seed, grad_out, hooks),
+            target=f"{module.cls}.forward",
+            reference_cpu=reference_cpu,
         )
         if not (isinstance(answer, ForwardReply) and isinstance(answer.x_after, torch.Tensor)):
             fail("the worker's answer did not include the input after the forward")
@@ -716,6 +730,14 @@ def backward(y: torch.Tensor, grad_out: torch.Tensor) -> None:
     gradients to the last bit, without what `backward` with an explicit gradient imports on its first call
     (torch's symbolic shapes and sympy: a quarter of a second of CPU in each grading from the command line)."""
     (y * grad_out).sum().backward()  # type: ignore[no-untyped-call]  # torch declares no types for it
+
+
+def reference_cost(compute: Callable[[], R]) -> tuple[R, float]:
+    """`compute()`, the reference's side of a request run here, and the CPU seconds this process spent on it (all
+    its threads): what the same request of the student's may spend is a multiple of it (`Submission.forward`)."""
+    start = time.process_time()
+    value = compute()
+    return value, time.process_time() - start
 
 
 def reference_forward(module: torch.nn.Module, x: torch.Tensor, *, train: bool = False, seed: int = 0) -> torch.Tensor:

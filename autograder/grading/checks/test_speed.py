@@ -35,6 +35,7 @@ from autograder.grading.checks.harness import (
     Submission,
     assert_close,
     fail,
+    reference_cost,
     reference_forward,
     replay,
     replay_state,
@@ -223,9 +224,11 @@ def check_values_first(
     """The submission's own output on this very workload, before anything is captured or timed: a timing of
     something wrong would mean nothing, and a clear message beats a timing's."""
     x = inputs.randn(*workload.shape, dtype=getattr(torch, workload.dtype))
+    reference, on_device = mha.to(device), x.to(device)
+    expected, cpu = reference_cost(lambda: reference_forward(reference, on_device).cpu())
     assert_close(
-        submission.forward(module, x).y,
-        reference_forward(mha.to(device), x.to(device)).cpu(),
+        submission.forward(module, x, reference_cpu=cpu).y,
+        expected,
         workload.dtype,
         rubric,
         f"output on the speed workload ({describe(workload)})",
