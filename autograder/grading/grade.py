@@ -177,8 +177,7 @@ def start_worker(cells: list[WireCell], filename: str, config: WorkerConfig, opt
     except WorkerError:
         if not (options.visible_only and config.isolation == "auto"):
             raise
-    config.isolation = "process"
-    worker = Worker(cells, filename, config)
+    worker = Worker(cells, filename, replace(config, isolation="process"))
     worker.events.append("no sandbox is available on this machine: your code ran as your own user")
     return worker
 

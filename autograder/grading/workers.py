@@ -125,8 +125,12 @@ class BackgroundWorker:
 def trusted_config(config: WorkerConfig) -> WorkerConfig:
     """A trusted timing worker's settings: the submission's kind of sandboxed process with its limits, so that
     process, protocol and serialisation costs are the same for the three timed modules; without the
-    submission's time budgets (the submission's to spend) or its hidden folders (nothing of it is loaded)."""
-    return dataclasses.replace(config, submission_seconds=math.inf, submission_cpu_seconds=None, hide=[])
+    submission's time budgets (the submission's to spend), its requests' CPU deadlines (what runs there is the
+    reference's or a checked graph, each bounded by its wall deadline) or its hidden folders (nothing of it is
+    loaded)."""
+    return dataclasses.replace(
+        config, submission_seconds=math.inf, submission_cpu_seconds=None, request_floor_seconds=None, hide=[]
+    )
 
 
 def start_trusted_workers(config: WorkerConfig, allowed: bwrap.AllowList | None = None) -> dict[str, BackgroundWorker]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from autograder.sandbox import protocol
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorkerConfig:
     device: str = "cpu"
     memory_bytes: int | None = 4 << 30
