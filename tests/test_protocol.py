@@ -360,6 +360,38 @@ def test_there_is_one_request_type_per_operation_and_a_method_of_the_worker_per_
         assert method.__annotations__["request"] == f"protocol.{kind.__name__}", op
 
 
+def test_each_request_asks_for_the_type_its_replys_parser_makes():
+    """Every request type names what it asks for (`Asks[V]`), every op has one reply parser (`REPLIES`), and that
+    parser is declared to return the V of its request: `Worker.request` returns what the parser made."""
+    import typing
+
+    assert set(protocol.REPLIES) == set(protocol.REQUESTS)
+    assert not set(protocol.FRAMES) & set(protocol.REQUESTS)
+    for op, kind in protocol.REQUESTS.items():
+        (asked,) = typing.get_args(kind.__orig_bases__[0])
+        name = (
+            asked.__forward_arg__ if isinstance(asked, typing.ForwardRef) else getattr(asked, "__name__", repr(asked))
+        )
+        name = {"NoneType": "None", "typing.Any": "Any"}.get(name, name)
+        assert protocol.REPLIES[op].__annotations__["return"] == name, op
+
+
+@pytest.mark.parametrize(
+    "op, value, refused",
+    [
+        ("drop", {"$": "list", "items": []}, "not a bare acknowledgement"),
+        ("build", 3, "not a module"),
+        ("ping", [1], "'value' is missing or not a dict"),
+        ("no_such_op", None, "a reply to an unknown request 'no_such_op'"),
+    ],
+)
+def test_a_reply_that_is_not_what_its_request_asks_for_is_refused(op, value, refused):
+    """A reply is parsed by its request's parser alone: anything else is the worker's fault (`ProtocolError`)."""
+    decoder = protocol.Decoder([], protocol.FrameLimits(), lambda *a: None)
+    with pytest.raises(protocol.ProtocolError, match=refused):
+        protocol.parse_reply(op, {"ok": True, "value": value}, decoder)
+
+
 def same(a, b) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)

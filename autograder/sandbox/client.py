@@ -43,21 +43,23 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, TypeVar
 
 from autograder.sandbox import bwrap, launcher, probe, protocol
 from autograder.sandbox.protocol import (
+    Asks,
     ForwardManyRequest,
     Loaded,
     LoadRequest,
     ProtocolError,
     Ready,
-    Request,
     ShowOutputs,
     StudentError,
     TimedCall,
 )
 from autograder.sandbox.settings import WorkerConfig
+
+V = TypeVar("V")  # what a request asks for (`protocol.Asks`)
 
 
 class WorkerError(Exception):
@@ -292,7 +294,7 @@ class Channel:
         self.process, self.limits, self.codec = process, limits, codec
         self.memory_bytes, self.budget = memory_bytes, budget
 
-    def frame(self, request: Request) -> bytes:
+    def frame(self, request: Asks[Any]) -> bytes:
         encoder = protocol.Encoder(self.codec)
         return protocol.pack_frame(protocol.request_header(request, encoder), encoder.blobs)
 
@@ -303,7 +305,7 @@ class Channel:
         except (BrokenPipeError, OSError):  # nothing reads the pipe any more
             raise self.crashed(what) from None
 
-    def exchange(self, request: Request, deadline: Deadline, what: str) -> protocol.Reply:
+    def exchange(self, request: Asks[Any], deadline: Deadline, what: str) -> protocol.Reply:
         """One untimed request and its reply. A worker that ended before reading the request raises
         EndedBeforeRequest (it ended on its own, between requests)."""
         try:
@@ -817,15 +819,15 @@ class Worker:
 
     def request(
         self,
-        request: Request,
+        request: Asks[V],
         timeout: float | None = None,
         target: str | None = None,
         overrun_hint: str = "an infinite loop?",
         timed: bool = False,
         check: CheckBudget | None = None,
         reference_cpu: float | None = None,
-    ) -> Any:
-        """Send one request and return its decoded value. Raises SubmissionError when the student's code
+    ) -> V:
+        """Send one request and return its decoded value (the type it asks for, `protocol.Asks`). Raises SubmissionError when the student's code
         raised, WorkerTimeout / WorkerCrashed when the worker had to be killed (it is restarted next
         time), LoadFailed when the file cannot be loaded at all. A `timed` request (the speed part's) has
         its own deadline, and running past it does not make the submission known to hang. With `check`, the
@@ -840,14 +842,14 @@ class Worker:
 
     def _request(
         self,
-        request: Request,
+        request: Asks[V],
         timeout: float | None,
         target: str | None,
         overrun_hint: str,
         timed: bool,
         check: CheckBudget | None,
         reference_cpu: float | None = None,
-    ) -> Any:
+    ) -> V:
         op = request.op
         self._ready_for(op, target, check)
         if timed:
@@ -874,7 +876,8 @@ class Worker:
             self._request_cpu = None
         if reply.error is not None:  # not ok: the student's code raised
             raise SubmissionError(reply.error)
-        return reply.value
+        answer: V = reply.value  # what REPLIES[op] made: the type the request asks for
+        return answer
 
     def failed(self, exc: WorkerError, target: str | None, timed: bool) -> None:
         """The one failure policy of every request, untimed or timed: a timeout or crash is remembered

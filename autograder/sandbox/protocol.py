@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import dataclass, field, fields, is_dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, get_args
 
 if TYPE_CHECKING:
     import torch  # for annotations only: torch is passed in (`TensorCodec`), never imported here
@@ -483,11 +483,20 @@ def from_fields(cls: type[T], data: Any, what: str, noun: str = "field") -> T:
 
 # Requests: one type per operation (`REQUESTS`). The grader sends {"op": its op, "args": its fields, encoded as
 # one dict value}; the worker decodes the dict and makes the request of it (`request_of`), refusing an unknown
-# or missing field by name.
+# or missing field by name. Each asks for one type of answer (`Asks[V]`), which the parser registered for its op
+# makes of the reply (`REPLIES`), so that a request sent (`client.Worker.request`) returns a V.
+
+V = TypeVar("V")
+
+
+class Asks(Generic[V]):
+    """A request whose answer is a V (its op's parser in `REPLIES` makes one of the reply's value)."""
+
+    op: ClassVar[str]
 
 
 @dataclass(frozen=True)
-class LoadRequest:
+class LoadRequest(Asks["Loaded"]):
     """Run the submission's cells (each [number, first line in the file, source]) in order."""
 
     op: ClassVar[str] = "load"
@@ -499,7 +508,7 @@ class LoadRequest:
 
 
 @dataclass(frozen=True)
-class GetRequest:
+class GetRequest(Asks[Any]):
     """The value the submission defines under `name` (`MISSING` when none)."""
 
     op: ClassVar[str] = "get"
@@ -507,7 +516,7 @@ class GetRequest:
 
 
 @dataclass(frozen=True)
-class CallRequest:
+class CallRequest(Asks[Any]):
     """The submission's function `fn`, called."""
 
     op: ClassVar[str] = "call"
@@ -517,7 +526,7 @@ class CallRequest:
 
 
 @dataclass(frozen=True)
-class BuildRequest:
+class BuildRequest(Asks["ModuleInfo"]):
     """The submission's class `cls` built (torch seeded with `seed`), holding `state_dict` when given, and moved
     to `device` and `dtype`."""
 
@@ -532,13 +541,13 @@ class BuildRequest:
 
 
 @dataclass(frozen=True)
-class DescribeRequest:
+class DescribeRequest(Asks["ModuleInfo"]):
     op: ClassVar[str] = "describe"
     handle: str
 
 
 @dataclass(frozen=True)
-class ToRequest:
+class ToRequest(Asks["ModuleInfo"]):
     """A module the submission made, moved to `device`."""
 
     op: ClassVar[str] = "to"
@@ -547,7 +556,7 @@ class ToRequest:
 
 
 @dataclass(frozen=True)
-class ForwardRequest:
+class ForwardRequest(Asks["ForwardReply"]):
     """One forward of a module on `x` (answered by a `ForwardReply`), with a backward of `grad_out` when given,
     and what the wrapper's heads saw when `hooks`."""
 
@@ -561,7 +570,7 @@ class ForwardRequest:
 
 
 @dataclass(frozen=True)
-class ForwardManyRequest:
+class ForwardManyRequest(Asks[None]):
     """`calls` timed forwards of a module, each on an input made from a seed the grader sends only when that call
     starts (`TimedCall`), then the outputs the grader names after the last (`ShowOutputs`)."""
 
@@ -576,7 +585,7 @@ class ForwardManyRequest:
 
 
 @dataclass(frozen=True)
-class CaptureRequest:
+class CaptureRequest(Asks["Captured"]):
     """A module's forward captured as the ATen operations it runs (answered by a `Captured`): in eval mode, without
     autograd, on an input of `shape` and `dtype` drawn from `seed` on `device` (where the module was built). The
     state tensors whose names are in `known` (the weights the grader loaded) are not sent back; at most
@@ -593,7 +602,7 @@ class CaptureRequest:
 
 
 @dataclass(frozen=True)
-class ReplayRequest:
+class ReplayRequest(Asks["ModuleInfo"]):
     """A captured graph (`Graph.to_wire()`), rebuilt as a module of its own whose forward(x) runs the graph on
     `state` (one tensor per graph input, in order) and x, on `device`: answered by its `ModuleInfo`. Sent only to
     a worker that never loaded a submission, which runs nothing but the graph's operations."""
@@ -605,7 +614,7 @@ class ReplayRequest:
 
 
 @dataclass(frozen=True)
-class DropRequest:
+class DropRequest(Asks[None]):
     """Forget a module."""
 
     op: ClassVar[str] = "drop"
@@ -613,12 +622,12 @@ class DropRequest:
 
 
 @dataclass(frozen=True)
-class PingRequest:
+class PingRequest(Asks["Pong"]):
     op: ClassVar[str] = "ping"
 
 
 @dataclass(frozen=True)
-class StandInRequest:
+class StandInRequest(Asks[None]):
     """Stand in for the submission's function `name` while one check runs: values, never code. Called with
     arguments equal (tensors within a float tolerance) to an entry's first item, the stand-in returns its second;
     with any others it raises LookupError. `table` None puts the submission's own `name` back (or none)."""
@@ -647,7 +656,7 @@ REQUEST_TYPES: tuple[type[Request], ...] = get_args(Request)
 REQUESTS: dict[str, type[Request]] = {cls.op: cls for cls in REQUEST_TYPES}
 
 
-def request_header(request: Request, encoder: Encoder) -> dict[str, Any]:
+def request_header(request: Asks[Any], encoder: Encoder) -> dict[str, Any]:
     """The header of a request's frame: its op, and its fields encoded as one dict value."""
     return {"op": request.op, "args": encoder.encode(field_values(request))}
 
@@ -1059,8 +1068,8 @@ def _field(obj: dict[str, Any], name: str, kind: type[T], what: str) -> T:
 
 
 def parse_reply(op: str, header: dict[str, Any], decoder: Decoder) -> Reply:
-    """Check a reply against the schema of `op` (a request's, or "ready", "forward_call" and "forward_shown": the
-    worker's first frame, and the answers inside a timed request) and decode it into typed values."""
+    """Check a reply against the schema of `op` (a request's, or one of `FRAMES`: the worker's first frame, and
+    the answers inside a timed request) and decode it into its typed value (the op's parser in `REPLIES`)."""
     ok = header.get("ok")
     if ok is False:
         error = _field(header, "error", dict, "an error reply")
@@ -1074,86 +1083,134 @@ def parse_reply(op: str, header: dict[str, Any], decoder: Decoder) -> Reply:
         )
     if ok is not True:
         raise ProtocolError("a reply that is neither ok nor an error")
-    raw = header.get("value")
-    what = f"the answer to {op!r}"
-    if op == "ready":
-        raw = _field(header, "value", dict, what)
-        return Reply(True, Ready(_field(raw, "pid", int, what), bool(_field(raw, "cuda", bool, what))))
-    if op == "ping":
-        raw = _field(header, "value", dict, what)
-        return Reply(True, Pong(_field(raw, "pid", int, what)))
-    if op == "load":
-        raw = _field(header, "value", dict, what)
-        errors = []
-        for item in _field(raw, "errors", list, what)[: decoder.limits.list_items]:
-            if not isinstance(item, dict):
-                raise ProtocolError(f"{what}: a cell error that is not an object")
-            errors.append(
-                CellProblem(
-                    _field(item, "cell", int, what),
-                    decoder.text(_field(item, "type", str, what)),
-                    decoder.text(_field(item, "message", str, what)),
-                    bool(item.get("timed_out") is True),
-                )
+    parser = REPLIES.get(op) or FRAMES.get(op)
+    if parser is None:
+        raise ProtocolError(f"a reply to an unknown request {op!r}")
+    return Reply(True, parser(header.get("value"), decoder, f"the answer to {op!r}"))
+
+
+def _object(raw: Any, what: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{what}: 'value' is missing or not a dict")
+    return raw
+
+
+def parse_ready(raw: Any, decoder: Decoder, what: str) -> Ready:
+    raw = _object(raw, what)
+    return Ready(_field(raw, "pid", int, what), bool(_field(raw, "cuda", bool, what)))
+
+
+def parse_pong(raw: Any, decoder: Decoder, what: str) -> Pong:
+    return Pong(_field(_object(raw, what), "pid", int, what))
+
+
+def parse_loaded(raw: Any, decoder: Decoder, what: str) -> Loaded:
+    raw = _object(raw, what)
+    errors = []
+    for item in _field(raw, "errors", list, what)[: decoder.limits.list_items]:
+        if not isinstance(item, dict):
+            raise ProtocolError(f"{what}: a cell error that is not an object")
+        errors.append(
+            CellProblem(
+                _field(item, "cell", int, what),
+                decoder.text(_field(item, "type", str, what)),
+                decoder.text(_field(item, "message", str, what)),
+                bool(item.get("timed_out") is True),
             )
-        defined = decoder.decode(raw.get("defined"))
-        if not isinstance(defined, dict):
-            raise ProtocolError(f"{what}: 'defined' is not a dict")
-        return Reply(True, Loaded(errors, {k: v for k, v in list(defined.items())[:64] if isinstance(v, str)}))
-    if op == "forward":
-        raw = _field(header, "value", dict, what)
-        calls = []
-        for item in _field(raw, "head_calls", list, what)[:4096]:
-            if not isinstance(item, dict):
-                raise ProtocolError(f"{what}: a head call that is not an object")
-            output = item.get("output")
-            decoded = None if output is None else decoder.decode(output)
-            calls.append(
-                HeadCall(
-                    _field(item, "index", int, what),
-                    bool(item.get("same_values") is True),
-                    decoded if isinstance(output, dict) and output.get("$") == "tensor" else None,
-                )
-            )
-        grads = raw.get("grads")
-        grads = None if grads is None else decoder.decode(grads)
-        if grads is not None and not isinstance(grads, dict):
-            raise ProtocolError(f"{what}: gradients that are not a dict")
-        problem = raw.get("grad_problem")
-        y_node = raw.get("y")
-        y = decoder.decode(y_node)
-        y_device = decoder.devices[-1] if isinstance(y_node, dict) and y_node.get("$") == "tensor" else None
-        return Reply(
-            True,
-            ForwardReply(
-                y,
-                decoder.decode(_field(raw, "x_after", dict, what)),
-                calls,
-                grads,
-                None if problem is None else decoder.text(problem),
-                y_device,
-            ),
         )
-    if op == "forward_many":  # ready for the timed calls
-        if raw is not None:
-            raise ProtocolError(f"{what}: not a bare acknowledgement")
-        return Reply(True, None)
-    if op == "forward_call":  # one timed call's answer
-        if not (isinstance(raw, dict) and raw.get("$") == "tensor"):
-            raise ProtocolError(f"{what}: not a tensor")
-        return Reply(True, decoder.decode(raw))
-    if op == "forward_shown":  # after the timed calls: the outputs asked for
-        raw = _field(header, "value", dict, what)
-        listed = raw.get("outputs")
-        nodes = decoder.items(listed) if isinstance(listed, dict) and listed.get("$") == "list" else None
-        if nodes is None or not all(isinstance(n, dict) and n.get("$") == "tensor" for n in nodes):
-            raise ProtocolError(f"{what}: outputs that are not a list of tensors")
-        return Reply(True, TimedShown([decoder.decode(node) for node in nodes]))
-    if op == "capture":
-        raw = _field(header, "value", dict, what)
-        state = decoder.decode(raw.get("state"))
-        if not (isinstance(state, dict) and all(decoder.is_tensor(v) for v in state.values())):
-            raise ProtocolError(f"{what}: a state that is not a dict of tensors")
-        graph = Graph.from_wire(decoder.decode(raw.get("graph")), decoder.is_tensor)
-        return Reply(True, Captured(graph, {name: state[name] for name in graph.inputs if name in state}))
-    return Reply(True, decoder.decode(raw))
+    defined = decoder.decode(raw.get("defined"))
+    if not isinstance(defined, dict):
+        raise ProtocolError(f"{what}: 'defined' is not a dict")
+    return Loaded(errors, {k: v for k, v in list(defined.items())[:64] if isinstance(v, str)})
+
+
+def parse_forward(raw: Any, decoder: Decoder, what: str) -> ForwardReply:
+    raw = _object(raw, what)
+    calls = []
+    for item in _field(raw, "head_calls", list, what)[:4096]:
+        if not isinstance(item, dict):
+            raise ProtocolError(f"{what}: a head call that is not an object")
+        output = item.get("output")
+        decoded = None if output is None else decoder.decode(output)
+        calls.append(
+            HeadCall(
+                _field(item, "index", int, what),
+                bool(item.get("same_values") is True),
+                decoded if isinstance(output, dict) and output.get("$") == "tensor" else None,
+            )
+        )
+    grads = raw.get("grads")
+    grads = None if grads is None else decoder.decode(grads)
+    if grads is not None and not isinstance(grads, dict):
+        raise ProtocolError(f"{what}: gradients that are not a dict")
+    problem = raw.get("grad_problem")
+    y_node = raw.get("y")
+    y = decoder.decode(y_node)
+    y_device = decoder.devices[-1] if isinstance(y_node, dict) and y_node.get("$") == "tensor" else None
+    x_after = decoder.decode(_field(raw, "x_after", dict, what))
+    return ForwardReply(y, x_after, calls, grads, None if problem is None else decoder.text(problem), y_device)
+
+
+def parse_shown(raw: Any, decoder: Decoder, what: str) -> TimedShown:
+    """After a timed request's calls: the outputs asked for."""
+    listed = _object(raw, what).get("outputs")
+    nodes = decoder.items(listed) if isinstance(listed, dict) and listed.get("$") == "list" else None
+    if nodes is None or not all(isinstance(n, dict) and n.get("$") == "tensor" for n in nodes):
+        raise ProtocolError(f"{what}: outputs that are not a list of tensors")
+    return TimedShown([decoder.decode(node) for node in nodes])
+
+
+def parse_captured(raw: Any, decoder: Decoder, what: str) -> Captured:
+    raw = _object(raw, what)
+    state = decoder.decode(raw.get("state"))
+    if not (isinstance(state, dict) and all(decoder.is_tensor(v) for v in state.values())):
+        raise ProtocolError(f"{what}: a state that is not a dict of tensors")
+    graph = Graph.from_wire(decoder.decode(raw.get("graph")), decoder.is_tensor)
+    return Captured(graph, {name: state[name] for name in graph.inputs if name in state})
+
+
+def parse_module(raw: Any, decoder: Decoder, what: str) -> ModuleInfo:
+    module = decoder.decode(raw)
+    if not isinstance(module, ModuleInfo):
+        raise ProtocolError(f"{what}: not a module")
+    return module
+
+
+def parse_value(raw: Any, decoder: Decoder, what: str) -> Any:
+    """Whatever the student's code gave (a get, a call): any value the decoder accepts."""
+    return decoder.decode(raw)
+
+
+def parse_tensor(raw: Any, decoder: Decoder, what: str) -> Any:
+    """One timed call's answer: a tensor."""
+    if not (isinstance(raw, dict) and raw.get("$") == "tensor"):
+        raise ProtocolError(f"{what}: not a tensor")
+    return decoder.decode(raw)
+
+
+def parse_acknowledged(raw: Any, decoder: Decoder, what: str) -> None:
+    """A bare acknowledgement: nothing but that it was done."""
+    if raw is not None:
+        raise ProtocolError(f"{what}: not a bare acknowledgement")
+
+
+Parser = Callable[[Any, Decoder, str], Any]
+# The parser of each request's reply, by its op: it makes the request's answer type (`Asks[V]`) of the reply's
+# value (tests/test_protocol.py checks that each returns its request's V), refusing anything else.
+REPLIES: dict[str, Parser] = {
+    LoadRequest.op: parse_loaded,
+    GetRequest.op: parse_value,
+    CallRequest.op: parse_value,
+    BuildRequest.op: parse_module,
+    DescribeRequest.op: parse_module,
+    ToRequest.op: parse_module,
+    ForwardRequest.op: parse_forward,
+    ForwardManyRequest.op: parse_acknowledged,  # ready for the timed calls
+    CaptureRequest.op: parse_captured,
+    ReplayRequest.op: parse_module,
+    DropRequest.op: parse_acknowledged,
+    PingRequest.op: parse_pong,
+    StandInRequest.op: parse_acknowledged,
+}
+# The frames that answer no request of their own: the worker's first, and those inside a timed request.
+FRAMES: dict[str, Parser] = {"ready": parse_ready, "forward_call": parse_tensor, "forward_shown": parse_shown}

@@ -42,6 +42,7 @@ from autograder.sandbox.client import (
 )
 from autograder.sandbox.protocol import (
     MISSING,
+    Asks,
     BuildRequest,
     CallRequest,
     Captured,
@@ -55,7 +56,6 @@ from autograder.sandbox.protocol import (
     Handle,
     ModuleInfo,
     ReplayRequest,
-    Request,
     StandInRequest,
     ToRequest,
 )
@@ -64,6 +64,7 @@ from autograder.sandbox.protocol import (
 CONSTRUCTOR_CAUSE = "your {} does not keep the given constructor, so the grader cannot build it with its weights"
 P = ParamSpec("P")
 R = TypeVar("R")
+V = TypeVar("V")  # what a request asks for (`protocol.Asks`)
 M = TypeVar("M", bound=torch.nn.Module)
 __all__ = [
     "CANNOT_CAPTURE",
@@ -271,11 +272,11 @@ class Submission:
 
     def _ask(
         self,
-        request: Request,
+        request: Asks[V],
         target: str | None = None,
         timeout: float | None = None,
         reference_cpu: float | None = None,
-    ) -> Any:
+    ) -> V:
         limit = self._timeout() if timeout is None else min(self._timeout(), timeout)
         try:
             return self.worker.request(
