@@ -964,7 +964,9 @@ def test_a_grading_process_that_answers_wrongly_is_stopped_and_said(tmp_path, mo
 
     script = f"import sys; print('{{\"ready\": 1}}', flush=True); sys.stdin.readline(); print({reply!r}, flush=True)"
     popen = grading_pool.subprocess.Popen
-    monkeypatch.setattr(grading_pool.subprocess, "Popen", lambda args, **kw: popen([sys.executable, "-c", script], **kw))
+    monkeypatch.setattr(
+        grading_pool.subprocess, "Popen", lambda args, **kw: popen([sys.executable, "-c", script], **kw)
+    )
     grader = grading_pool.Grader()
     try:
         answer = grader.grade(quick_job(tmp_path, "ann"), 60)

@@ -158,7 +158,9 @@ def grade_job(
 ) -> GradingRun:
     out = record.results_path(job.student)
     out.parent.mkdir(parents=True, exist_ok=True)
-    request = GradingJob(id=job.student, submission=job.file, out=out, device=device, rubric=rubric, isolation=isolation)
+    request = GradingJob(
+        id=job.student, submission=job.file, out=out, device=device, rubric=rubric, isolation=isolation
+    )
     answer = slots.grader().grade(request, timeout)
     run = record.run(job.student) if answer.ok else None
     if run is None:

@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -57,7 +57,7 @@ class WireError(ValueError):
     """A line between the class run and a grading process that is not the message it should be."""
 
 
-def _fields(line: str | bytes, what: str, required: dict[str, type], optional: dict[str, type]) -> dict[str, Any]:
+def _fields(line: str | bytes, what: str, required: Mapping[str, type], optional: Mapping[str, type]) -> dict[str, Any]:
     """A line's JSON object, every field of the type given (an int is no bool; a float may be an int), and no
     field besides."""
     try:
@@ -161,7 +161,6 @@ def read_reply(line: str | bytes) -> Ready | JobReply:
     if not 0 <= data["seconds"] < float("inf"):
         raise WireError("a grading process's reply: field 'seconds' is not a time")
     return JobReply(data["id"], data["status"], data["seconds"])
-
 
 
 # -- the grading process --------------------------------------------------------------------------
@@ -302,7 +301,9 @@ class Grader:
         if process.poll() is None:
             return f"grading took more than {timeout:g} s and was stopped"
         tail = self._log_tail()
-        return f"the grading process ended unexpectedly (exit status {process.returncode})" + (f": {tail}" if tail else "")
+        return f"the grading process ended unexpectedly (exit status {process.returncode})" + (
+            f": {tail}" if tail else ""
+        )
 
     def _read_answer(self, fd: int, deadline: float, ready: bool = False) -> Ready | JobReply | None:
         """The process's next message: with `ready`, its first (`Ready`, once it has imported), else its reply
