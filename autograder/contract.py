@@ -1,8 +1,10 @@
-"""The student contract and the grade's parts: defined here once, imported everywhere else."""
+"""The student contract, the grade's parts and the speed part's workloads: defined here once, imported
+everywhere else."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 # The assignment's id: nbgrader's assignment and notebook name, and the name a submission's file is expected
 # to have (mha.ipynb or mha.py). (The self-check, which students run standalone, spells it out itself.)
@@ -84,3 +86,48 @@ def with_what_it_builds_on(parts: set[str]) -> set[str]:
                 found.add(below)
                 todo.append(below)
     return found
+
+
+def _means(meaning: str) -> Any:
+    """A required field of `Workload`, with what it sets (the rubric's documentation of the key)."""
+    return field(metadata={"meaning": meaning})
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One shape of work the speed part times, on one device: a `[[speed.workloads]]` table of the rubric
+    (`rubric.py` reads and checks it, each key as its field's `meaning` says), and as results.json records what
+    was graded (`model.WorkloadFigures`)."""
+
+    device: str = _means("cpu or cuda: the device this workload is timed on")
+    name: str = _means("what it is, shown in results (unique per device)")
+    dtype: str = _means("float32, bfloat16, float16 or float64")
+    batch: int = _means("inputs per forward")
+    tokens: int = _means("sequence length, which is also the context length")
+    d_in: int = _means("input features")
+    d_out: int = _means("output features, a multiple of heads")
+    heads: int = _means("attention heads")
+    calls: int = _means("forwards of the reference and of the submission per timed request")
+    wrapper_calls: int = _means("forwards of the wrapper per timed request (it is many times slower)")
+    flush_mib: float = _means("CUDA: MiB written before each forward to empty the L2 cache (0 on the CPU)")
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.batch, self.tokens, self.d_in)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: object) -> Workload | None:
+        """A workload as `to_json` wrote it (every field, in its order, of its type: it writes back the same), else
+        None (a file may be forged or older)."""
+        names = [f.name for f in fields(cls)]
+        if not isinstance(data, dict) or list(data) != names:
+            return None
+        kinds = {"str": (str,), "int": (int,), "float": (int, float)}
+        for f in fields(cls):
+            value = data[f.name]
+            if isinstance(value, bool) or not isinstance(value, kinds[str(f.type)]):
+                return None
+        return cls(**data)

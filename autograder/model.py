@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from autograder.atomic import open_atomically
-from autograder.contract import PART_IDS
+from autograder.contract import PART_IDS, Workload
 from autograder.sandbox.protocol import (
     CellProblem,  # the worker's own report, as it crossed the wire
     clean_text,
@@ -196,12 +196,17 @@ class LoadReport:
 # Every figure may be missing from a record (a workload that failed before it was timed has none; records
 # written by older graders lack some): a figure that is missing, or is not of its type (the file may be
 # forged), reads as None. Keys this grader does not write are kept as they were read (`kept`).
-RelativeSpread = dict[str, float]  # the per-round relative speedups' q1, q3, min and max
 
 
 def _number(value: object) -> float | None:
     """A figure that is a number (as written: an int stays an int), else None."""
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _json(value: object) -> object:
+    """A figure as results.json writes it: a typed one (`RelativeSpread`, `Workload`) by its own `to_json`."""
+    to_json = getattr(value, "to_json", None)
+    return to_json() if callable(to_json) else value
 
 
 def _numbers(value: object) -> dict[str, float] | None:
@@ -260,6 +265,29 @@ class Decision:
         return cls(median, low, high, confidence, rounds, stopped, close)
 
 
+@dataclass(frozen=True)
+class RelativeSpread:
+    """The per-round relative speedups' quartiles and extremes (`timing.summarize`)."""
+
+    q1: float
+    q3: float
+    min: float
+    max: float
+
+    def to_json(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: object) -> RelativeSpread | None:
+        """The spread as `to_json` wrote it (every figure a number, in its order), else None."""
+        if not isinstance(data, dict) or list(data) != [f.name for f in fields(cls)]:
+            return None
+        q1, q3, low, high = (_number(value) for value in data.values())
+        if q1 is None or q3 is None or low is None or high is None:
+            return None
+        return cls(q1, q3, low, high)
+
+
 DECISION_KEYS = ("median", "low", "high", "confidence", "rounds", "stopped_because", "close")
 # The figures of a measured workload, in the order results.json writes them; then those of every workload.
 MEASURED_KEYS = ("speedup", "reference_speedup", "relative", "relative_spread", "ms_per_call", "per_round_ms")
@@ -280,7 +308,7 @@ class WorkloadFigures:
     rounds: int | None = None
     timed_seconds: float | None = None
     decision: Decision | None = None  # the verdict that stopped the rounds, when one did
-    workload: dict[str, Any] | None = None  # the rubric's [[speed.workloads]] table, as graded
+    workload: Workload | None = None  # the rubric's [[speed.workloads]] table, as graded
     failed: str | None = None  # why the timing failed, when it did
     credit: float | None = None  # the fraction of the workload's points earned
     seconds: float | None = None  # the whole check's time on this workload
@@ -299,7 +327,7 @@ class WorkloadFigures:
         data: dict[str, Any] = {}
         for name in (*MEASURED_KEYS, "rounds", "timed_seconds"):
             if getattr(self, name) is not None:
-                data[name] = getattr(self, name)
+                data[name] = _json(getattr(self, name))
         verdict: dict[str, Any] = {}
         if self.decision is not None:
             d = self.decision
@@ -307,7 +335,7 @@ class WorkloadFigures:
             data["verdict"] = verdict = d.to_json()
         for name in ("workload", "failed", "credit", "seconds"):
             if getattr(self, name) is not None:
-                data[name] = getattr(self, name)
+                data[name] = _json(getattr(self, name))
         if self.said is not None:
             data.setdefault("verdict", verdict)["said"] = self.said
         if self.operations is not None:
@@ -324,10 +352,15 @@ class WorkloadFigures:
         said = verdict.get("said")
         if decision is None and set(verdict) - {"said"}:  # an older or odd verdict: kept whole, as read
             said = None
-        spread = _numbers(data.get("relative_spread"))
+        spread, workload = (
+            RelativeSpread.from_json(data.get("relative_spread")),
+            Workload.from_json(data.get("workload")),
+        )
         per_round = data.get("per_round_ms")
-        rounds, workload, failed = data.get("rounds"), data.get("workload"), data.get("failed")
+        rounds, failed = data.get("rounds"), data.get("failed")
         known = {*MEASURED_KEYS, "rounds", "timed_seconds", "workload", "failed", "credit", "seconds", "operations"}
+        # a spread or a workload that is not one this grader writes is kept as read
+        known -= {name for name, value in (("relative_spread", spread), ("workload", workload)) if value is None}
         if said is not None or decision is not None:
             known.add("verdict")
         if decision is not None:
@@ -342,7 +375,7 @@ class WorkloadFigures:
             rounds=rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None,
             timed_seconds=_number(data.get("timed_seconds")),
             decision=decision,
-            workload=workload if isinstance(workload, dict) else None,
+            workload=workload,
             failed=failed if isinstance(failed, str) else None,
             credit=_number(data.get("credit")),
             seconds=_number(data.get("seconds")),

@@ -21,7 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
-from autograder.contract import PART_IDS
+from autograder.contract import PART_IDS, Workload
 from autograder.grading import verdict
 
 DEFAULT_RUBRIC = Path(__file__).with_name("rubric.toml")
@@ -78,70 +78,6 @@ LIMITS: dict[str, tuple[type[int] | type[float], str]] = {
 LIMIT_MINIMUM = {"forks_per_server": 0}  # the others: 1 for a count, 0.001 for a number
 
 
-# [speed]: name -> (type, smallest allowed value, meaning). Every one is required when there is a speed part.
-SPEED_SETTINGS = {
-    "threads": (int, 1, "torch threads of every timed worker; CPU time beyond this many threads is charged"),
-    "warmup_rounds": (int, 1, "rounds run before the measured ones and not counted"),
-    "confidence": (float, 0.0, "of the interval for the median relative speedup, all looks together (below 1)"),
-    "min_rounds": (int, 1, "measured rounds before the verdict is first asked"),
-    "batch_rounds": (int, 1, "measured rounds between later looks"),
-    "max_rounds": (int, 1, "measured rounds at most; there an unsettled verdict is close, scored on the median"),
-    "settle_points": (
-        float,
-        0.0,
-        "a verdict is settled when the credit its interval implies varies by this many points",
-    ),
-    "full_credit_at": (
-        float,
-        0.0,
-        "full points when the submission's speedup is at least this fraction of the reference's",
-    ),
-    "no_credit_at": (float, 0.0, "no points at or below this fraction; linear in between"),
-    "give_up_below": (
-        float,
-        0.0,
-        "after min_rounds measured rounds, below this fraction the rest are not run (too slow)",
-    ),
-    "flag_above": (float, 0.0, "a speedup more than this many times the reference's is flagged for the instructor"),
-    "min_reference_speedup": (float, 1.0, "below this, the run cannot tell parallel from sequential: a grader fault"),
-    "probe_sigmas": (
-        float,
-        1.0,
-        "a timed output's per-token probe may differ from the reference's by this many "
-        "standard deviations of an output within the dtype's tolerance",
-    ),
-    "lock_seconds": (
-        float,
-        1.0,
-        "the longest wait for the device's timing lock (other gradings' timing sections), and the longest a "
-        "grading's requests wait for other gradings' timing in all",
-    ),
-    "hold_seconds": (
-        float,
-        1.0,
-        "a grading's timing holds in all (no other student's code runs meanwhile); past it the rounds stop at "
-        "the next round from min_rounds on, an unsettled verdict scored on the top of its interval",
-    ),
-    "ready_seconds": (
-        float,
-        0.01,
-        "a timed request's longest wait for the worker to be ready for its calls (timed, so it is charged too)",
-    ),
-}
-# [[speed.workloads]]: name -> (type, meaning)
-WORKLOAD_SETTINGS = {
-    "device": (str, "cpu or cuda: the device this workload is timed on"),
-    "name": (str, "what it is, shown in results (unique per device)"),
-    "dtype": (str, "float32, bfloat16, float16 or float64"),
-    "batch": (int, "inputs per forward"),
-    "tokens": (int, "sequence length, which is also the context length"),
-    "d_in": (int, "input features"),
-    "d_out": (int, "output features, a multiple of heads"),
-    "heads": (int, "attention heads"),
-    "calls": (int, "forwards of the reference and of the submission per timed request"),
-    "wrapper_calls": (int, "forwards of the wrapper per timed request (it is many times slower)"),
-    "flush_mib": (float, "CUDA: MiB written before each forward to empty the L2 cache (0 on the CPU)"),
-}
 DEVICES = ("cpu", "cuda")
 
 
@@ -162,50 +98,75 @@ class CheckSettings:
     visibility: str | None = None  # None: the rubric's default
 
 
-@dataclass(frozen=True)
-class Workload:
-    """One shape of work the speed part times, on one device."""
-
-    device: str
-    name: str
-    dtype: str
-    batch: int
-    tokens: int
-    d_in: int
-    d_out: int
-    heads: int
-    calls: int
-    wrapper_calls: int
-    flush_mib: float
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.batch, self.tokens, self.d_in)
+def _setting(minimum: float, meaning: str) -> Any:
+    """A required field of `SpeedSettings`: its smallest allowed value and what it sets (the rubric's
+    documentation of the key)."""
+    return field(metadata={"minimum": minimum, "meaning": meaning})
 
 
 @dataclass(frozen=True)
 class SpeedSettings:
-    threads: int
-    warmup_rounds: int
-    confidence: float
-    min_rounds: int
-    batch_rounds: int
-    max_rounds: int
-    settle_points: float
-    full_credit_at: float
-    no_credit_at: float
-    give_up_below: float
-    flag_above: float
-    min_reference_speedup: float
-    probe_sigmas: float
-    lock_seconds: float
-    hold_seconds: float
-    ready_seconds: float
+    """[speed]: how the speed part times and scores, each a typed field (its `meaning` says what it sets, its
+    `minimum` the smallest value allowed), after the checks it requires and its [[speed.workloads]]."""
+
     requires: tuple[str, ...]  # check keys that must pass for the speed part to earn points
     workloads: tuple[Workload, ...]
+    threads: int = _setting(1, "torch threads of every timed worker; CPU time beyond this many threads is charged")
+    warmup_rounds: int = _setting(1, "rounds run before the measured ones and not counted")
+    confidence: float = _setting(0.0, "of the interval for the median relative speedup, all looks together (below 1)")
+    min_rounds: int = _setting(1, "measured rounds before the verdict is first asked")
+    batch_rounds: int = _setting(1, "measured rounds between later looks")
+    max_rounds: int = _setting(1, "measured rounds at most; there an unsettled verdict is close, scored on the median")
+    settle_points: float = _setting(
+        0.0, "a verdict is settled when the credit its interval implies varies by this many points"
+    )
+    full_credit_at: float = _setting(
+        0.0, "full points when the submission's speedup is at least this fraction of the reference's"
+    )
+    no_credit_at: float = _setting(0.0, "no points at or below this fraction; linear in between")
+    give_up_below: float = _setting(
+        0.0, "after min_rounds measured rounds, below this fraction the rest are not run (too slow)"
+    )
+    flag_above: float = _setting(
+        0.0, "a speedup more than this many times the reference's is flagged for the instructor"
+    )
+    min_reference_speedup: float = _setting(
+        1.0, "below this, the run cannot tell parallel from sequential: a grader fault"
+    )
+    probe_sigmas: float = _setting(
+        1.0,
+        "a timed output's per-token probe may differ from the reference's by this many "
+        "standard deviations of an output within the dtype's tolerance",
+    )
+    lock_seconds: float = _setting(
+        1.0,
+        "the longest wait for the device's timing lock (other gradings' timing sections), and the longest a "
+        "grading's requests wait for other gradings' timing in all",
+    )
+    hold_seconds: float = _setting(
+        1.0,
+        "a grading's timing holds in all (no other student's code runs meanwhile); past it the rounds stop at "
+        "the next round from min_rounds on, an unsettled verdict scored on the top of its interval",
+    )
+    ready_seconds: float = _setting(
+        0.01, "a timed request's longest wait for the worker to be ready for its calls (timed, so it is charged too)"
+    )
 
     def workloads_for(self, device: str) -> list[Workload]:
         return [w for w in self.workloads if w.device == device.split(":")[0]]
+
+
+# [speed]: name -> (type, smallest allowed value, meaning), in the rubric's order, from `SpeedSettings`. Every one is
+# required when there is a speed part.
+SPEED_SETTINGS: dict[str, tuple[type[int] | type[float], float, str]] = {
+    f.name: (int if f.type in (int, "int") else float, f.metadata["minimum"], f.metadata["meaning"])
+    for f in fields(SpeedSettings)
+    if "meaning" in f.metadata
+}
+# [[speed.workloads]]: name -> (type, meaning), from `Workload`.
+WORKLOAD_SETTINGS: dict[str, tuple[type[str] | type[int] | type[float], str]] = {
+    f.name: ({"str": str, "int": int}.get(str(f.type), float), f.metadata["meaning"]) for f in fields(Workload)
+}
 
 
 @dataclass(frozen=True)
@@ -459,7 +420,8 @@ def _workload(table: dict[str, Any], index: int, path: Path) -> Workload:
             if not isinstance(value, str) or not value.strip():
                 raise RubricError(f"{path}: {where}: {name} must be a non-empty string ({meaning})")
         else:
-            value = _number(value, f"{where}: {name}", path, minimum=0 if name == "flush_mib" else 1, kind=kind)
+            least = 0 if name == "flush_mib" else 1
+            value = _number(value, f"{where}: {name}", path, minimum=least, kind=int if kind is int else float)
         values[name] = value
     if values["device"] not in DEVICES:
         raise RubricError(f"{path}: {where}: device must be one of {', '.join(DEVICES)}, not {values['device']!r}")

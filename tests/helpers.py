@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from autograder.course.grading_pool import Grader, JobAnswer
+from autograder.course.grading_pool import Grader, GradingJob, JobAnswer
 from autograder.model import GradingRun
 from autograder.rubric import DEFAULT_RUBRIC
 
@@ -49,12 +49,12 @@ class FakeGrader:
     def __init__(self, env: dict[str, str] | None = None) -> None:
         self.env = env
 
-    def run_for(self, request: dict) -> GradingRun:
+    def run_for(self, request: GradingJob) -> GradingRun:
         return GradingRun(status="graded", submission="mha.py")
 
-    def grade(self, request: dict, timeout: float) -> JobAnswer:
+    def grade(self, request: GradingJob, timeout: float) -> JobAnswer:
         run = self.run_for(request)  # before the file is opened: a stopped grading leaves none
-        with open(request["out"], "w") as handle:
+        with open(request.out, "w") as handle:
             json.dump(run.to_gradescope(), handle)
         return JobAnswer(ok=True)
 
@@ -84,14 +84,14 @@ class GradingPool:
             grader = self.local.grader = Grader()
             self.graders.append(grader)
         out = out_dir / f"{Path(path).stem}-results.json"
-        job = {
-            "id": str(path),
-            "submission": str(path),
-            "out": str(out),
-            "device": "auto",
-            "rubric": str(rubric or DEFAULT_RUBRIC),
-            "parts": parts,
-        }
+        job = GradingJob(
+            id=str(path),
+            submission=Path(path),
+            out=out,
+            device="auto",
+            rubric=rubric or DEFAULT_RUBRIC,
+            parts=tuple(parts) if parts else None,
+        )
         outcome = grader.grade(job, timeout)
         assert out.exists(), f"no results.json was written: {outcome.problem}"
         return json.loads(out.read_text()), outcome

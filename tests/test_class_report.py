@@ -44,7 +44,6 @@ from autograder.model import (
     PASSED,
     CheckResult,
     GradingRun,
-    WorkloadFigures,
 )
 from autograder.rubric import load_rubric
 from browser import plots_in, quantised
@@ -322,42 +321,32 @@ def test_a_real_grading_names_a_loop_over_heads_in_the_speed_part_however_the_ti
 
 
 def speed_of(relatives: dict[str, float | None]) -> dict:
-    """extra_data.speed as a grading writes it (the speed check's `record` of `timing.summarize`'s figures),
-    for workloads whose rounds give the scored figure `relatives[name]`, or that could not be timed (None)."""
+    """extra_data.speed as a grading writes it (`speed_figures`, as the speed check makes them), for workloads
+    whose rounds give the scored figure `relatives[name]`, or that could not be timed (None)."""
     import dataclasses
-    import warnings
-    from types import SimpleNamespace
 
-    from autograder.grading import timing, verdict, workers
-
-    with warnings.catch_warnings():  # the check module's markers are registered by the grader's plugin
-        warnings.simplefilter("ignore")
-        from autograder.grading.checks.test_speed import record
+    from autograder.grading import speed_figures, timing, verdict, workers
 
     rubric = load_rubric()
     (workload,) = rubric.speed.workloads_for("cpu")
-    context = SimpleNamespace(speed=None, device="cpu", rubric=rubric)
+    speed = None
     for name, relative in relatives.items():
         named = dataclasses.replace(workload, name=name)
         if relative is None:
-            record(context, named, WorkloadFigures(workload=dataclasses.asdict(named), failed="too slow to time"))
-            continue
-        rounds = 9
-        seconds = {
-            workers.WRAPPER: [6.3e-3] * rounds,
-            workers.REFERENCE: [0.63e-3] * rounds,
-            workers.SUBMISSION: [0.63e-3 / relative] * rounds,
-        }
-        measurement = timing.Measurement(seconds, seconds, seconds, {k: [0.0] * rounds for k in seconds})
-        measurement.verdict = verdict.final(timing.relatives(measurement), rubric.speed, rubric.part_points("speed"))
-        figures = dataclasses.replace(
-            timing.summarize(measurement),
-            said=verdict.describe(measurement.verdict, rubric.speed),
-            workload=dataclasses.asdict(named),
-            credit=measurement.verdict.credit,
-        )
-        record(context, named, figures)
-    return context.speed
+            figures = speed_figures.failed(named, "too slow to time")
+        else:
+            rounds = 9
+            seconds = {
+                workers.WRAPPER: [6.3e-3] * rounds,
+                workers.REFERENCE: [0.63e-3] * rounds,
+                workers.SUBMISSION: [0.63e-3 / relative] * rounds,
+            }
+            measurement = timing.Measurement(seconds, seconds, seconds, {k: [0.0] * rounds for k in seconds})
+            said = verdict.final(timing.relatives(measurement), rubric.speed, rubric.part_points("speed"))
+            measurement.verdict = said
+            figures = speed_figures.measured(measurement, named, rubric.speed, said)
+        speed = speed_figures.add(speed, "cpu", rubric.speed, named, figures)
+    return speed
 
 
 def mixed_class(tmp_path: Path) -> list[Row]:

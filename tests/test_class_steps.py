@@ -310,7 +310,7 @@ def fake_grader(stopped: tuple[str, ...] = ()) -> type:
 
     class Grader(FakeGrader):
         def run_for(self, request: dict) -> GradingRun:
-            if request["id"] in stopped:
+            if request.id in stopped:
                 raise KeyboardInterrupt
             return super().run_for(request)
 

@@ -98,7 +98,7 @@ def test_grade_class_pins_every_grading_process_to_one_device(tmp_path, monkeypa
 
     monkeypatch.setattr(grade_class, "Grader", Pinned)
     assert grade_class.grade_class(grade_class.ClassOptions(course, device="cuda", jobs=6)) == 0
-    assert len(requests) == 12 and {r["device"] for r in requests} == {"cuda"}
+    assert len(requests) == 12 and {r.device for r in requests} == {"cuda"}
     assert sorted(pinned) == ["0", "0", "1", "1", "2", "2"]
 
 
@@ -284,8 +284,8 @@ def test_a_class_run_grades_again_once_what_could_not_be_timed_now(tmp_path, mon
     class BusyOnce(FakeGrader):
         def run_for(self, request):
             with lock:
-                attempts[request["id"]] = attempts.get(request["id"], 0) + 1
-                busy = request["id"] != "ann" and attempts[request["id"]] == 1
+                attempts[request.id] = attempts.get(request.id, 0) + 1
+                busy = request.id != "ann" and attempts[request.id] == 1
             if not busy:
                 return super().run_for(request)
             reason = f"the grader itself failed: CannotTime: {devices.CANNOT_TIME_NOW}: another grading held it"

@@ -27,18 +27,12 @@ from classkit import make_course, synthetic_run
 
 
 def recorded_speed():
-    """extra_data.speed as a grading writes it: the speed check's own `record` of `timing.summarize`'s figures
-    for the rubric's CPU workload, and a second workload whose timing failed."""
+    """extra_data.speed as a grading writes it (`speed_figures`, as the speed check makes them) for the rubric's
+    CPU workload, and a second workload whose timing failed."""
     import dataclasses
-    import warnings
-    from types import SimpleNamespace
 
-    from autograder.grading import timing, verdict, workers
+    from autograder.grading import speed_figures, timing, verdict, workers
     from autograder.rubric import load_rubric
-
-    with warnings.catch_warnings():  # the check module's markers are registered by the grader's plugin
-        warnings.simplefilter("ignore")
-        from autograder.grading.checks.test_speed import record
 
     rubric = load_rubric()
     (workload,) = rubric.speed.workloads_for("cpu")
@@ -50,17 +44,10 @@ def recorded_speed():
     }
     measurement = timing.Measurement(seconds, seconds, seconds, {k: [0.0] * rounds for k in seconds})
     measurement.verdict = verdict.final(timing.relatives(measurement), rubric.speed, rubric.part_points("speed"))
-    figures = dataclasses.replace(
-        timing.summarize(measurement),
-        said=verdict.describe(measurement.verdict, rubric.speed),
-        workload=dataclasses.asdict(workload),
-        credit=measurement.verdict.credit,
-    )
-    context = SimpleNamespace(speed=None, device="cpu", rubric=rubric)
-    record(context, workload, figures)
+    figures = speed_figures.measured(measurement, workload, rubric.speed, measurement.verdict)
+    speed = speed_figures.add(None, "cpu", rubric.speed, workload, figures)
     second = dataclasses.replace(workload, name="a second workload")
-    record(context, second, WorkloadFigures(failed="TIMING-FAILED: too slow"))
-    return context.speed
+    return speed_figures.add(speed, "cpu", rubric.speed, second, WorkloadFigures(failed="TIMING-FAILED: too slow"))
 
 
 SPEED = recorded_speed()

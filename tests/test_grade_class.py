@@ -13,12 +13,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from autograder.course.class_outputs import canvas_csv, class_table, grades_csv
+from autograder.course.grading_pool import GradingJob
 from autograder.course.roster import AMBIGUOUS, SUBMITTED, read_roster
 from autograder.course.rows import GRADED, NO_SUBMISSION, Row
 from autograder.course.store import ClassInputs, Record
@@ -673,34 +675,30 @@ def test_a_class_run_closes_the_course_to_other_users_and_writes_nothing_they_ca
         assert stat.S_IMODE(path.stat().st_mode) == 0o640, path
 
 
-def quick_job(tmp_path: Path, name: str) -> dict:
+def quick_job(tmp_path: Path, name: str) -> GradingJob:
     """A job a grading process answers at once: a file that is not there (cannot grade, no worker)."""
     out = tmp_path / "results" / name / "mha" / "results.json"
-    return {
-        "id": name,
-        "submission": str(tmp_path / "none.py"),
-        "out": str(out),
-        "device": "cpu",
-        "rubric": str(DEFAULT_RUBRIC),
-    }
+    return GradingJob(id=name, submission=tmp_path / "none.py", out=out, device="cpu", rubric=DEFAULT_RUBRIC)
 
 
 def test_the_record_written_by_a_grading_process_is_private_too(tmp_path):
     """The grading processes of `make grade` write the record's results.json 0640, as every course output."""
-    import json
     import stat
 
+    from autograder.course.grading_pool import JobReply, Ready, read_reply
+
     job = quick_job(tmp_path, "ann")
-    out = Path(job["out"])
     done = subprocess.run(
         [sys.executable, "-m", "autograder.course.grading_pool"],
-        input=json.dumps(job) + "\n",
+        input=job.to_wire(),
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert '"id": "ann"' in done.stdout, done.stdout + done.stderr
-    assert stat.S_IMODE(out.stat().st_mode) == 0o640
+    ready, reply = map(read_reply, done.stdout.splitlines())
+    assert isinstance(ready, Ready) and isinstance(reply, JobReply), done.stdout + done.stderr
+    assert (reply.id, reply.status) == ("ann", "cannot_grade")
+    assert stat.S_IMODE(job.out.stat().st_mode) == 0o640
 
 
 def test_on_a_machine_without_cuda_device_auto_and_cpu_are_the_same_inputs(tmp_path, monkeypatch):
@@ -753,9 +751,9 @@ def test_a_forced_run_stopped_halfway_is_finished_forced_by_the_next_run_and_mer
 
     class Grader(FakeGrader):
         def run_for(self, request):
-            if stopped == [] and request["id"] != "ann":
+            if stopped == [] and request.id != "ann":
                 raise KeyboardInterrupt  # Ctrl-C at bob (a kill -9 leaves the same record behind)
-            graded.append(request["id"])
+            graded.append(request.id)
             return super().run_for(request)
 
     monkeypatch.setattr(grade_class, "Grader", Grader)
@@ -817,12 +815,12 @@ def test_feedback_pages_and_the_gradebook_are_made_while_the_class_is_graded(tmp
         def run_for(self, request):
             # the students before this one have their pages, or will within seconds (a thread writes them)
             for student in ("ann", "bob"):
-                if student < request["id"]:
+                if student < request.id:
                     end = time.monotonic() + 60
                     while not feedback_path(course, student).exists() and time.monotonic() < end:
                         time.sleep(0.05)
                     pages_when_graded[student] = feedback_path(course, student).exists()
-            if request["id"] == "ann":
+            if request.id == "ann":
                 pages_when_graded["gradebook"] = (course / "gradebook.db").exists()
             return super().run_for(request)
 
@@ -865,10 +863,10 @@ def test_the_grading_processes_start_one_at_a_time_each_once_the_last_has_import
         return popen(*args, **kwargs)
 
     def reading(self, fd, deadline, ready=False):
-        line = read_answer(self, fd, deadline, ready)
+        message = read_answer(self, fd, deadline, ready)
         if ready:
-            events.append((time.monotonic(), f"ready {line!r}", threading.get_ident()))
-        return line
+            events.append((time.monotonic(), f"ready {message!r}", threading.get_ident()))
+        return message
 
     monkeypatch.setattr(grading_pool.subprocess, "Popen", spawning)
     monkeypatch.setattr(grading_pool.Grader, "_read_answer", reading)
@@ -882,7 +880,7 @@ def test_the_grading_processes_start_one_at_a_time_each_once_the_last_has_import
     assert all(answer.ok for answer in answers), answers
     kinds = [kind.split()[0] for _, kind, _ in sorted(events)]
     assert kinds == ["spawn", "ready"] * 3, events  # never a second spawn before the first said it is ready
-    assert all(b'{"ready": ' in kind.encode() for _, kind, _ in events if kind.startswith("ready")), events
+    assert all(kind.startswith("ready Ready(pid=") for _, kind, _ in events if kind.startswith("ready")), events
     ordered = sorted(events)
     assert all(ordered[i][2] == ordered[i + 1][2] for i in range(0, 6, 2)), ordered  # each thread its own pair
 
@@ -914,12 +912,65 @@ def test_a_grading_process_that_ends_leaves_no_scratch_folder_behind(tmp_path):
     scratch = tmp_path / "tmp"
     scratch.mkdir(mode=0o1777)
     (tmp_path / "mha.py").write_text(REFERENCE.read_text())
-    job = {**quick_job(tmp_path, "ann"), "submission": str(tmp_path / "mha.py"), "parts": ["speed"]}
+    job = replace(quick_job(tmp_path, "ann"), submission=tmp_path / "mha.py", parts=("speed",), isolation="process")
     grader = grading_pool.Grader(env={**os.environ, "TMPDIR": str(scratch), "AUTOGRADER_ISOLATION": "process"})
     try:
-        answer = grader.grade({**job, "isolation": "process"}, 300)
+        answer = grader.grade(job, 300)
         assert answer.ok, answer
         assert len(list(scratch.glob("mha-worker-*"))) == 2  # the two kept timing workers', alive
     finally:
         grader.close()
     assert list(scratch.glob("mha-worker-*")) == []
+
+
+def test_the_job_and_the_reply_cross_the_pipes_typed_and_checked(tmp_path):
+    """A job goes to a grading process as a `GradingJob`, and what comes back is read as `Ready` or `JobReply`,
+    field by field: anything else is refused, never taken for an answer."""
+    from autograder.course.grading_pool import JobReply, Ready, WireError, read_reply
+
+    job = replace(quick_job(tmp_path, "ann"), parts=("speed",))
+    assert GradingJob.from_wire(job.to_wire()) == job
+    assert GradingJob.from_wire(quick_job(tmp_path, "bob").to_wire()).parts is None  # all parts: the key is not sent
+    assert "parts" not in quick_job(tmp_path, "bob").to_wire()
+    assert read_reply(Ready(41).to_wire()) == Ready(41)
+    assert read_reply(JobReply("ann", "graded", 1.5).to_wire().encode()) == JobReply("ann", "graded", 1.5)
+    for line in (
+        b"not json",
+        b"[1, 2]",
+        b'{"ready": "41"}',
+        b'{"ready": true}',
+        b'{"id": "ann", "status": "graded"}',
+        b'{"id": "ann", "status": "perfect", "seconds": 1}',
+        b'{"id": "ann", "status": "graded", "seconds": -1}',
+        b'{"id": 7, "status": "graded", "seconds": 1}',
+        b'{"id": "ann", "status": "graded", "seconds": 1, "score": 100}',
+        b"\xff\xfe",
+    ):
+        with pytest.raises(WireError):
+            read_reply(line)
+    with pytest.raises(WireError, match="parts"):
+        GradingJob.from_wire('{"id": "a", "submission": "s", "out": "o", "device": "cpu", "rubric": "r", "parts": [1]}')
+
+
+@pytest.mark.parametrize(
+    "reply, problem",
+    [
+        ('{"id": "ann", "status": "graded", "seconds": "soon"}', "something else than its reply"),
+        ('{"id": "bob", "status": "graded", "seconds": 1}', "another job"),
+    ],
+)
+def test_a_grading_process_that_answers_wrongly_is_stopped_and_said(tmp_path, monkeypatch, reply, problem):
+    from autograder.course import grading_pool
+
+    script = f"import sys; print('{{\"ready\": 1}}', flush=True); sys.stdin.readline(); print({reply!r}, flush=True)"
+    popen = grading_pool.subprocess.Popen
+    monkeypatch.setattr(
+        grading_pool.subprocess, "Popen", lambda args, **kw: popen([sys.executable, "-c", script], **kw)
+    )
+    grader = grading_pool.Grader()
+    try:
+        answer = grader.grade(quick_job(tmp_path, "ann"), 60)
+    finally:
+        grader.close()
+    assert not answer.ok and problem in answer.problem, answer
+    assert grader.process is None

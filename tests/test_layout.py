@@ -29,7 +29,8 @@ MAY_IMPORT = {
 }
 # The arrows that run back up, said in docs/architecture.md: a disputed grade says whether the grader
 # changed since the class run that graded it, from the class record's own hashes.
-# And the rubric, read first, checks [speed]'s rounds against the verdict's plan (verdict.py: standard library only).
+# And the rubric, read first, checks [speed]'s rounds against the verdict's plan (verdict.py: standard library only
+# at import; `Verdict.decision` imports the model when called).
 UPWARD = {
     ("autograder.grading.explain", "autograder.course.store"),
     ("autograder.rubric", "autograder.grading"),

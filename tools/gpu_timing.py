@@ -37,9 +37,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autograder.contract import Workload  # noqa: E402
 from autograder.grading import timing  # noqa: E402
 from autograder.grading.workers import REFERENCE, WRAPPER, start_trusted_workers  # noqa: E402
-from autograder.rubric import Workload, load_rubric  # noqa: E402
+from autograder.rubric import load_rubric  # noqa: E402
 from autograder.sandbox import procfs  # noqa: E402
 from autograder.sandbox.protocol import BuildRequest, ForwardManyRequest  # noqa: E402
 from autograder.sandbox.settings import WorkerConfig  # noqa: E402

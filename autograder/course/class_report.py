@@ -56,7 +56,7 @@ from autograder.model import (
     CheckResult,
     GradingRun,
 )
-from autograder.rubric import Rubric
+from autograder.rubric import Rubric, SpeedSettings
 
 TEMPLATE = "class.html.j2"
 FILE_NAME = "class.html"
@@ -246,7 +246,7 @@ def scores_plot(series: list[ScoreSeries]) -> str:
     return png_of(figure)
 
 
-def speed_plot(points: dict[str, list[SpeedPoint]], bands: dict[str, float]) -> str:
+def speed_plot(points: dict[str, list[SpeedPoint]], bands: SpeedSettings | None) -> str:
     """Per workload, a histogram of the class's relative speedups over the bands that score them; the
     students whose speed part was not credited (a part it requires was wrong) stacked apart."""
     import matplotlib
@@ -259,8 +259,8 @@ def speed_plot(points: dict[str, list[SpeedPoint]], bands: dict[str, float]) -> 
     axes = figure.subplots(len(points), 1, squeeze=False)[:, 0]
     for axis, (name, found) in zip(axes, points.items()):
         top = max(SHOWN_UP_TO, max(p.relative for p in found) * 1.05)
-        if {"full_credit_at", "no_credit_at"} <= set(bands):
-            none, full = bands["no_credit_at"], bands["full_credit_at"]
+        if bands is not None:
+            none, full = bands.no_credit_at, bands.full_credit_at
             for (start, stop), colour, label in zip(
                 ((0, none), (none, full), (full, top)), BAND_COLOURS, ("no points", "in proportion", "full points")
             ):
@@ -306,9 +306,7 @@ def page_context(rows: list[Row], rubric: Rubric, released: bool) -> dict[str, A
     scored = len(series[-1].scores)
     mistakes = class_mistakes(rows, released)
     points, not_timed = speed_points(rows)
-    bands = {}
-    if rubric.speed is not None:
-        bands = {"full_credit_at": rubric.speed.full_credit_at, "no_credit_at": rubric.speed.no_credit_at}
+    bands = rubric.speed  # [speed]: the bands that score the speed part
     statuses = {status: sum(row.status == status for row in rows) for status in STATUSES}
     return {
         "assignment": ASSIGNMENT,
@@ -342,9 +340,7 @@ def page_context(rows: list[Row], rubric: Rubric, released: bool) -> dict[str, A
             ],
             "not_timed_only": {w: n for w, n in not_timed.items() if w not in points},
             "bands": (
-                f"full points from {bands['full_credit_at']:g}, none at {bands['no_credit_at']:g} or below"
-                if bands
-                else ""
+                f"full points from {bands.full_credit_at:g}, none at {bands.no_credit_at:g} or below" if bands else ""
             ),
         },
         "mistakes": [

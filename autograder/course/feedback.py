@@ -139,13 +139,13 @@ def workload_context(name: str, figures: WorkloadFigures, bands: SpeedBands | No
         ("your speedup over the wrapper", f"{figures.speedup:.2f}x"),
         ("the reference's speedup over the wrapper, same run", f"{figures.reference_speedup:.2f}x"),
     ]
-    spread = figures.relative_spread or {}
+    spread = figures.relative_spread
     interval = figures.interval  # the verdict's interval for the median (`grading/verdict.py`)
     rounds = figures.rounds if figures.rounds is not None else "?"
     scored = {
         "label": f"yours divided by the reference's (median of {rounds} rounds)",
         "value": f"{figures.relative:.2f}",
-        "spread": f"middle half of the rounds {spread['q1']:.2f} to {spread['q3']:.2f}" if spread else "",
+        "spread": f"middle half of the rounds {spread.q1:.2f} to {spread.q3:.2f}" if spread else "",
         "interval": f"{interval[0]:.2f} to {interval[1]:.2f} ({interval[2]:.0%} interval)" if interval else "",
         "said": figures.said[:1000] if figures.said is not None else "",
         "bar": band_bar(figures.relative, bands),

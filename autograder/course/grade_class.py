@@ -47,7 +47,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from autograder.contract import ASSIGNMENT
 from autograder.course.class_outputs import OutputOptions, OutputsAhead, write_class_outputs
 from autograder.course.clean import clean_for_output
-from autograder.course.grading_pool import Grader
+from autograder.course.grading_pool import Grader, GradingJob
 from autograder.course.placement import NoDevice, Placement, placement_for
 from autograder.course.roster import Entry, RosterError, read_roster
 from autograder.course.rows import Row, status_words
@@ -158,14 +158,9 @@ def grade_job(
 ) -> GradingRun:
     out = record.results_path(job.student)
     out.parent.mkdir(parents=True, exist_ok=True)
-    request = {
-        "id": job.student,
-        "submission": str(job.file),
-        "out": str(out),
-        "device": device,
-        "rubric": str(rubric),
-        "isolation": isolation,
-    }
+    request = GradingJob(
+        id=job.student, submission=job.file, out=out, device=device, rubric=rubric, isolation=isolation
+    )
     answer = slots.grader().grade(request, timeout)
     run = record.run(job.student) if answer.ok else None
     if run is None:

@@ -141,11 +141,12 @@ def explain_speed(run: GradingRun, submission: str) -> str:
     ]
     for name, figures in workloads.items():
         if figures.relative is not None:
-            spread = figures.relative_spread or {}
+            spread = figures.relative_spread
+            q1, q3 = (spread.q1, spread.q3) if spread else (float("nan"), float("nan"))
             credit = figures.credit if figures.credit is not None else 0
             lines.append(
                 f"  {name}: {figures.relative:.3f} (median of {figures.rounds} rounds; middle half "
-                f"{spread.get('q1', float('nan')):.3f} to {spread.get('q3', float('nan')):.3f}), "
+                f"{q1:.3f} to {q3:.3f}), "
                 f"{credit:.0%} of the points"
             )
             interval = figures.interval  # the verdict's confidence interval, where one was recorded

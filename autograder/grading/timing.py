@@ -71,6 +71,7 @@ from typing import Any, Protocol
 
 import torch
 
+from autograder.contract import Workload
 from autograder.grading import verdict
 from autograder.grading.verdict import Verdict
 from autograder.grading.workers import (
@@ -81,8 +82,8 @@ from autograder.grading.workers import (
     start_trusted_workers,
     trusted_config,
 )
-from autograder.model import Decision, WorkloadFigures
-from autograder.rubric import SpeedSettings, Workload
+from autograder.model import RelativeSpread, WorkloadFigures
+from autograder.rubric import SpeedSettings
 from autograder.sandbox.client import Worker, WorkerError
 from autograder.sandbox.protocol import (
     Captured,
@@ -506,7 +507,7 @@ def summarize(measurement: Measurement) -> WorkloadFigures:
         speedup=statistics.median(speedups),
         reference_speedup=statistics.median(reference_speedups),
         relative=median,
-        relative_spread={"q1": q1, "q3": q3, "min": min(relatives), "max": max(relatives)},
+        relative_spread=RelativeSpread(q1, q3, min(relatives), max(relatives)),
         ms_per_call={name: statistics.median(times) * 1e3 for name, times in charged.items()},
         per_round_ms={
             kind: {name: [round(t * 1e3, 4) for t in times] for name, times in values.items()}
@@ -519,9 +520,7 @@ def summarize(measurement: Measurement) -> WorkloadFigures:
         },
         rounds=len(relatives),
         timed_seconds=round(measurement.seconds, 3),
-        decision=None
-        if v is None
-        else Decision(v.median, v.low, v.high, v.confidence, v.rounds, v.stopped_because, v.close),
+        decision=None if v is None else v.decision(),
     )
 
 

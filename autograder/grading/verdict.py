@@ -58,7 +58,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
 from functools import cache, lru_cache
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from autograder.model import Decision
 
 
 class VerdictSettings(Protocol):
@@ -257,6 +260,14 @@ class Verdict:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    def decision(self) -> Decision:
+        """What results.json records of the verdict that stopped a workload's rounds."""
+        from autograder.model import Decision  # here: the rubric imports this module, and nothing more with it
+
+        return Decision(
+            self.median, self.low, self.high, self.confidence, self.rounds, self.stopped_because, self.close
+        )
 
 
 def _interval(relatives: Sequence[float], rank: int) -> tuple[float, float]:

@@ -20,13 +20,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import pytest
 import torch
 
-from autograder.grading import graphs, timing, verdict
+from autograder.contract import Workload
+from autograder.grading import graphs, speed_figures, timing, verdict
 from autograder.grading.checks.fixtures import GradingContext
 from autograder.grading.checks.harness import (
     NOT_REPLAYABLE,
@@ -42,6 +43,7 @@ from autograder.grading.checks.harness import (
 )
 from autograder.grading.checks.mistakes import NOT_ONE_PASS
 from autograder.grading.devices import TimingLockError, device_key
+from autograder.grading.speed_figures import describe
 from autograder.grading.verdict import Verdict
 from autograder.grading.workers import (
     REFERENCE,
@@ -51,8 +53,8 @@ from autograder.grading.workers import (
     CannotTime,
     start_trusted_workers,
 )
-from autograder.model import TIMING_LOCK, SpeedBands, SpeedFigures, WorkloadFigures
-from autograder.rubric import Rubric, SpeedSettings, Workload
+from autograder.model import TIMING_LOCK, WorkloadFigures
+from autograder.rubric import Rubric, SpeedSettings
 from autograder.sandbox import procfs
 from autograder.sandbox.client import SubmissionError, Worker, WorkerError, WorkerTimeout
 from autograder.sandbox.protocol import (
@@ -168,38 +170,6 @@ def verifier(
                 )
 
     return verify
-
-
-def describe(workload: Workload) -> str:
-    w = workload
-    return (
-        f"{w.name}: batch {w.batch}, {w.tokens} tokens, {w.d_in} -> {w.d_out} features, {w.heads} heads "
-        f"of width {w.d_out // w.heads}, {w.dtype}"
-    )
-
-
-def record(context: GradingContext, workload: Workload, figures: WorkloadFigures) -> None:
-    """The workload's figures into the run's speed figures; the headline figures are the geometric means
-    over the workloads measured (one on the CPU); `bands` are the rubric's, for the feedback to explain."""
-    settings = speed_settings(context.rubric)
-    speed = context.speed or SpeedFigures(
-        device=context.device,
-        threads=settings.threads,
-        bands=SpeedBands(settings.full_credit_at, settings.no_credit_at, settings.give_up_below),
-    )
-    workloads = {**speed.workloads, workload.name: figures}
-    measured = [f for f in workloads.values() if f.relative is not None]
-
-    def mean(values: list[float | None]) -> float | None:
-        return timing.geometric_mean(values) if measured else None
-
-    context.speed = replace(
-        speed,
-        workloads=workloads,
-        speedup=mean([f.speedup for f in measured]),
-        reference_speedup=mean([f.reference_speedup for f in measured]),
-        relative=mean([f.relative for f in measured]),
-    )
 
 
 @dataclass
@@ -383,7 +353,8 @@ def measure_locked(
         raise CannotTime(str(exc), cause=TIMING_LOCK) from None
     except timing.TimingFailed as exc:
         seconds = round(time.perf_counter() - started, 3)
-        record(context, workload, WorkloadFigures(workload=asdict(workload), failed=str(exc), seconds=seconds))
+        figures = speed_figures.failed(workload, str(exc), seconds)
+        context.speed = speed_figures.add(context.speed, context.device, settings, workload, figures)
         too_slow = isinstance(exc, timing.TooSlow)
         fail(f"{describe(workload)}: {exc}" + (LOOP_HINT if too_slow else ""), mistake=NOT_ONE_PASS if too_slow else "")
 
@@ -393,19 +364,6 @@ def drop(*built: Built) -> None:
     for module in built:
         with contextlib.suppress(WorkerError):
             module.worker.request(DropRequest(module.handle))
-
-
-def figures_of(measurement: timing.Measurement, workload: Workload, settings: SpeedSettings) -> WorkloadFigures:
-    """The measurement's figures, once the run is known to tell a parallel forward from a sequential one."""
-    figures = timing.summarize(measurement)
-    reference_speedup = figures.reference_speedup or 0.0  # summarize always sets it
-    if reference_speedup < settings.min_reference_speedup:
-        raise CannotTime(
-            f"in this run the reference was only {reference_speedup:.2f} times faster than the wrapper "
-            f"on {describe(workload)} (at least {settings.min_reference_speedup:g} is needed to tell a parallel forward "
-            "from a sequential one): choose a workload in [speed] where the weight split matters on this machine"
-        )
-    return figures
 
 
 def flag_if_implausible(
@@ -471,17 +429,11 @@ def test_faster_than_the_wrapper(
         measurement = measure_locked(context, submission, targets, verify, w, rubric, device, points, started)
     finally:
         drop(*built.values())
-    figures = figures_of(measurement, w, settings)
     said = speed_verdict(measurement, settings, points)
-    figures = replace(
-        figures,
-        operations={name: dict(graphs.op_counts(one.graph)) for name, one in built.items() if one.graph is not None},
-        workload=asdict(w),
-        credit=said.credit,
-        seconds=round(time.perf_counter() - started, 3),
-        said=verdict.describe(said, settings),
-    )
-    record(context, w, figures)
+    operations = {name: dict(graphs.op_counts(one.graph)) for name, one in built.items() if one.graph is not None}
+    seconds = round(time.perf_counter() - started, 3)
+    figures = speed_figures.measured(measurement, w, settings, said, operations, seconds)
+    context.speed = speed_figures.add(context.speed, context.device, settings, w, figures)
     flag_if_implausible(context, w, figures, settings)
     request.node.user_properties.append(("credit", said.credit))
     explain_verdict(w, figures, said, settings)
