@@ -202,13 +202,14 @@ def test_the_wait_for_the_lock_is_charged_to_no_budget_of_the_submission(make_wo
     check's (5 s) is spent, and the check's end moves with the waits."""
     from types import SimpleNamespace
 
-    from autograder.sandbox import client
+    from autograder.sandbox import budgets, errors
 
     jumped = [0.0]
     clock = SimpleNamespace(
         monotonic=lambda: time.monotonic() + jumped[0], sleep=time.sleep, perf_counter=time.perf_counter
     )
-    monkeypatch.setattr(client, "time", clock)
+    for module in (budgets, errors):  # the client's clocks: the budgets' and the deadlines'
+        monkeypatch.setattr(module, "time", clock)
 
     class Waiting:
         @contextlib.contextmanager

@@ -565,7 +565,7 @@ def test_timed_calls_do_no_grader_work_but_the_exchange(reference_worker, monkey
     of the worker's processes, /proc without control groups) is charged after the last call, not per read."""
     module, info = built_in(reference_worker)
     charged = []
-    monkeypatch.setattr(reference_worker, "_cpu_budget_left", lambda: charged.append("budget") or True)
+    monkeypatch.setattr(reference_worker.budgets, "cpu_left", lambda: charged.append("budget") or True)
     calls = reference_worker.timed_calls(ForwardManyRequest(info.handle, 3, [2, 6, 16], "float32", 8), 30.0)
     charged.clear()  # making the request (untimed, nothing sent yet) may charge the budget
     calls.open()

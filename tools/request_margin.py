@@ -65,9 +65,9 @@ def measure(device: str) -> list[dict[str, Any]]:
                 _, reference_cpu = reference_cost(partial(reference_forward, on_device, on_device_x))
                 used = []
                 for _ in range(4):
-                    before = worker._cpu_used(fresh=True)
+                    before = worker.budgets.cpu_used(fresh=True)
                     worker.request(ForwardRequest(info.handle, x), reference_cpu=reference_cpu)
-                    used.append(worker._cpu_used(fresh=True) - before)
+                    used.append(worker.budgets.cpu_used(fresh=True) - before)
                 deadline = RequestCpu.of(config, "forward", reference_cpu, config.request_seconds)
                 limit = deadline.limit if deadline is not None else config.request_seconds
                 worst = max(used)

@@ -315,7 +315,7 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
         os.chmod(scratch, 0o700)
         leftovers.find_shared_folders_now()  # where its uid could leave files, found while it runs
     req_r, req_w = os.pipe()
-    os.set_blocking(req_w, False)  # a write never waits on a worker that stopped reading (client._write_all)
+    os.set_blocking(req_w, False)  # a write never waits on a worker that stopped reading (channel._write_all)
     resp_r, resp_w = os.pipe()
     hide, keep = hidden_and_kept(settings.config.hide)
     workdir = bwrap.WORKDIR if scratch is None else scratch
