@@ -6,7 +6,10 @@ MultiHeadAttention built right and given the right weights (so a bug in forward 
 alone). Keeping the wrapper's dtype and device is a small check of its own. The other checks count
 only when the weights are right on their own case. While the student's
 head_column_ranges is wrong, fuse_heads runs with a stand-in for it (the right ranges for the check's sizes,
-as values), so that a mistake in the ranges is charged in the columns part alone.
+as values), so that a mistake in the ranges is charged in the columns part alone. Where the student's
+MultiHeadAttention does not keep the given constructor (other attributes, other shapes, other arguments),
+fuse_heads cannot be judged (no values stand in for a class): its checks are not charged, they earn their
+points and wait for the mha part, where the mistake is charged once.
 """
 
 from __future__ import annotations
@@ -96,14 +99,15 @@ def fuse(submission: Submission, wrapper: ModuleInfo, width: int, heads: int) ->
 
 
 def constructor_kept(submission: Submission, d_in: int, d_out: int, context: int, heads: int, bias: bool) -> None:
-    """Not credited, pointing to the mha part's diagnosis, when the student's MultiHeadAttention is not built
-    by the given constructor (which fuse_heads fills): other arguments, or other weights."""
+    """Not charged, pointing to the mha part's diagnosis, when the student's MultiHeadAttention is not built
+    by the given constructor (which fuse_heads fills): other arguments, or other weights. The mistake is the
+    mha part's, charged there once (`scoring.name_once`, by the cause's owner)."""
     expected = ref.MultiHeadAttention(d_in, d_out, context, 0.0, heads, qkv_bias=bias).state_dict()
     built, _ = attempt(submission.build, "MultiHeadAttention", d_in, d_out, context, 0.0, heads, qkv_bias=bias)
     state = getattr(built, "state_dict", None)
     words = constructor_problem("MultiHeadAttention", expected, state) if state is not None else None
     if words:
-        raise NotCredited(words, cause=CONSTRUCTOR_CAUSE.format("MultiHeadAttention"))
+        raise NotCredited(words, cause=CONSTRUCTOR_CAUSE.format("MultiHeadAttention"), owner="mha")
 
 
 def placement_problem(
