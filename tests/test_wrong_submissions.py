@@ -347,6 +347,15 @@ MISTAKES = [
         # the wrapper's gradients cannot flow through combine's stand-in (values only): not charged, and said
         waits={"wrapper": "no gradient flows through values"},
     ),
+    # --- a syntax error in MultiHeadAttention's cell: charged in mha alone; fuse_heads, which builds one, waits
+    Mistake(
+        "syntax_error_in_mha",
+        MHA_RETURN,
+        MHA_RETURN.replace("(context_vec)", "(context_vec"),
+        {"mha": MHA_ALL},
+        {"mha": "which defines MultiHeadAttention, has a syntax error"},
+        waits={"fuse": "has a syntax error"},
+    ),
     # --- columns (fuse_heads places weights with head_column_ranges: it runs with a stand-in while they are wrong)
     Mistake(
         "columns_literal_inclusive",
