@@ -33,15 +33,21 @@ GRADED: RunStatus = "graded"
 CANNOT_GRADE: RunStatus = "cannot_grade"
 # What results.json says while a grading runs: a grader killed before it writes its own leaves this behind.
 UNFINISHED = "grading did not finish: the grader was stopped before it wrote its results"
-# A check's status. NOT_CREDITED: it earns none of its points while something it rests on is wrong (the
-# message says what, and where that is said in full); it accuses the submission of nothing of its own, and
-# its points come once what it rests on is right. Gradescope knows only passed and failed: results.json
-# writes it as failed with the tag "not-credited".
-CheckStatus = Literal["passed", "failed", "not_credited"]  # a check's
+# A check's status. NOT_CREDITED: it earns none of its points while something of its own part it rests on is
+# wrong (a property of the part's own wrong output: a wrong answer earns nothing for side properties), or, by
+# the rubric's declared rule, the speed part while the values it requires are wrong; the message says what, and
+# where that is said in full; it accuses the submission of nothing of its own. NOT_CHARGED: it could not be
+# judged because of a mistake in another part (charged there, once): it earns its points, so that one mistake
+# costs one part (the part's row says `waiting`, docs/vocabulary.md). Gradescope knows only passed and failed:
+# results.json writes the first as failed with the tag "not-credited", the second as passed (its points are
+# earned) with the tag "not-charged".
+CheckStatus = Literal["passed", "failed", "not_credited", "not_charged"]  # a check's
 PASSED: CheckStatus = "passed"
 FAILED: CheckStatus = "failed"
 NOT_CREDITED: CheckStatus = "not_credited"
+NOT_CHARGED: CheckStatus = "not_charged"
 NOT_CREDITED_TAG = "not-credited"
+NOT_CHARGED_TAG = "not-charged"
 OLD_NOT_CREDITED_TAGS = ("not-scored",)  # the same status, as records written before it was renamed say it
 GRADER, WORKER = "grader", "worker"  # who vouches for a check's evidence
 # The mistakes that say a part is not done yet rather than done wrongly (`CheckResult.mistake`): a function
@@ -50,10 +56,12 @@ GRADER, WORKER = "grader", "worker"  # who vouches for a check's evidence
 NOT_DONE_STUB = "not done yet: the released stub still raises NotImplementedError"
 NOT_DONE_UNANSWERED = "not done yet: the answer is still None, as released"
 NOT_DONE_MISTAKES = (NOT_DONE_STUB, NOT_DONE_UNANSWERED)
-COUNTED_CASES = re.compile(r"^(?:failed|not credited) in (?:all )?\d+ (?:of \d+ )?cases")  # a row's count
+COUNTED_CASES = re.compile(r"^(?:failed|not credited|waiting) in (?:all )?\d+ (?:of \d+ )?cases")  # a row's count
 CASE_LIST = re.compile(r"\[[^\]\n]*\](?:, \[[^\]\n]*\])*(?: and \[[^\]\n]*\])?")  # "[a], [b] and [c]"
 CASE_LABEL = re.compile(r"^\[[^\]\n]*\]: ")  # "[a]: " before what a case says
 NOT_DONE_YET = "not done yet"  # a part that meets one, as every output words it (docs/vocabulary.md)
+WAITING = "waiting"  # a check, or a part, that rests on another part that is not right yet (docs/vocabulary.md)
+ROW_WORDS = {PASSED: "passed", FAILED: "failed", NOT_CREDITED: "not credited", NOT_CHARGED: WAITING}  # a row's word
 # The speed part's one named mistake, however the timing ends (too slow to time, past the deadline the
 # reference's time sets, or timed below the bands).
 NOT_ONE_PASS = "too slow for speed points: the heads are not computed in one batched pass (a loop over the heads?)"
@@ -138,6 +146,15 @@ class CheckResult:
         if self.status == PASSED:
             return self.case_count
         return self.case_count - len(self.failed_cases) if self.cases else 0
+
+    @property
+    def word(self) -> str:
+        """The row's word, as every output writes it (docs/vocabulary.md): `waiting` for a check that rests on
+        another part (not charged; or the speed part, which by the rubric's declared rule earns nothing while
+        the values it requires are wrong), `not credited` for a property of the part's own wrong output."""
+        if self.status == NOT_CHARGED or (self.status == NOT_CREDITED and self.part == "speed"):
+            return WAITING
+        return ROW_WORDS.get(self.status, self.status)
 
 
 @dataclass
@@ -562,12 +579,13 @@ class GradingRun:
                 "number": str(number),
                 "score": hundredths(c.score) / HUNDREDTHS,
                 "max_score": hundredths(c.max_score) / HUNDREDTHS,
-                "status": PASSED if c.status == PASSED else FAILED,
+                "status": PASSED if c.status in (PASSED, NOT_CHARGED) else FAILED,
                 "output": c.message,
                 "visibility": c.visibility,
                 "tags": [c.part, c.key]
                 + (["worker-reported"] if c.evidence == WORKER else [])
-                + ([NOT_CREDITED_TAG] if c.status == NOT_CREDITED else []),
+                + ([NOT_CREDITED_TAG] if c.status == NOT_CREDITED else [])
+                + ([NOT_CHARGED_TAG] if c.status == NOT_CHARGED else []),
                 **({"extra_data": extra_of(c)} if c.cases or c.mistake else {}),
             }
             for number, c in enumerate(self.checks, start=1)
@@ -608,12 +626,15 @@ class GradingRun:
             part, key = test["tags"][0], test["tags"][1]
             cases = test.get("extra_data") or {}
             credited = not ({NOT_CREDITED_TAG, *OLD_NOT_CREDITED_TAGS} & set(test["tags"]))
+            status = test["status"] if credited else NOT_CREDITED
+            if NOT_CHARGED_TAG in test["tags"]:
+                status = NOT_CHARGED
             checks.append(
                 CheckResult(
                     key=key,
                     part=part,
                     name=test["name"].split(": ", 1)[-1],
-                    status=test["status"] if credited else NOT_CREDITED,
+                    status=status,
                     score=float(test["score"]),
                     max_score=float(test["max_score"]),
                     message=test.get("output", ""),

@@ -15,6 +15,7 @@ from autograder.course.rows import Row
 from autograder.model import (
     CANNOT_GRADE,
     FAILED,
+    NOT_CHARGED,
     NOT_CREDITED,
     PASSED,
     CheckResult,
@@ -204,6 +205,22 @@ def test_a_gated_check_is_shown_as_not_credited(tmp_path):
     rows = [["".join(td.itertext()).strip() for td in tr.findall("td")] for tr in tree.iter("tr")]
     row = next(r for r in rows if r and r[0].startswith("no loop over heads"))
     assert row[1] == "not credited" and "GATED-REASON" in row[0]
+
+
+def test_a_check_that_waits_for_another_part_is_shown_as_waiting(tmp_path):
+    """The self-check's word for the same situation (docs/vocabulary.md): a check not charged (it earns its
+    points), and the speed part gated by the values it requires (it earns none, by its declared rule)."""
+    run = marked_run()
+    run.checks += [
+        CheckResult("fuse::test_w", "fuse", "fused weights", NOT_CHARGED, 5.0, 5.0, "waiting: WAITS-FOR-MHA"),
+        CheckResult("speed::test_fast", "speed", "speed", NOT_CREDITED, 0.0, 5.0, "waiting: SPEED-WAITS"),
+    ]
+    tree = parse_strict(render(row_for(tmp_path, run)))
+    rows = [["".join(td.itertext()).strip() for td in tr.findall("td")] for tr in tree.iter("tr")]
+    fused = next(r for r in rows if r and r[0].startswith("fused weights"))
+    speed = next(r for r in rows if r and r[0].startswith("speed") and "SPEED-WAITS" in r[0])
+    assert fused[1] == speed[1] == "waiting" and "WAITS-FOR-MHA" in fused[0]
+    assert "not credited" not in fused[0] + speed[0]
 
 
 def test_a_page_is_rewritten_only_when_what_it_shows_changed(tmp_path):

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from autograder.grading.plugin import ResultsPlugin
-from autograder.model import FAILED, NOT_CREDITED, PASSED, TIMING_LOCK, WORKER
+from autograder.model import FAILED, NOT_CHARGED, NOT_CREDITED, PASSED, TIMING_LOCK, WORKER
 from rubric_text import rubric_file
 
 pytest_plugins = ["pytester"]
@@ -41,6 +41,18 @@ def test_shared_problem():
     """a check that meets a problem many share"""
     from autograder.grading.plugin import NotCredited
     raise NotCredited("the whole story", cause="a problem many checks share")
+
+@pytest.mark.part("mha")
+def test_another_parts_problem():
+    """a check that meets another part's problem"""
+    from autograder.grading.plugin import NotCredited
+    raise NotCredited("the whole story", cause="a constructor not kept", owner="fuse")
+
+@pytest.mark.part("mha")
+def test_not_charged():
+    """a check that waits for another part"""
+    from autograder.grading.plugin import NotCharged
+    raise NotCharged("waiting: a stand-in gives values only")
 '''
 
 
@@ -82,12 +94,19 @@ def test_outcomes_names_parts_and_evidence(pytester, rubric):
     assert gated.status == NOT_CREDITED and gated.message == "not credited: the output is wrong"
     shared = outcomes["a check that meets a problem many share", ""]
     assert shared.status == FAILED and shared.cause == "a problem many checks share"
+    assert shared.owner == ""  # its own part's
+    # another part's problem names that part (the scoring does not charge it here); a check that cannot be
+    # judged for another part's mistake is not charged
+    elsewhere = outcomes["a check that meets another part's problem", ""]
+    assert (elsewhere.status, elsewhere.cause, elsewhere.owner) == (FAILED, "a constructor not kept", "fuse")
+    waiting = outcomes["a check that waits for another part", ""]
+    assert waiting.status == NOT_CHARGED and waiting.message == "waiting: a stand-in gives values only"
 
 
 def test_visible_only_runs_only_visible_checks(pytester, rubric):
     plugin = run(pytester, rubric, CHECKS, visible_only=True)
     assert "a check that passes" not in {o.name for o in plugin.outcomes.values()}
-    assert len(plugin.outcomes) == 5
+    assert len(plugin.outcomes) == 7
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,16 @@ import torch
 
 from autograder.contract import PART_IDS
 from autograder.grading.scoring import Outcome, allocate_points, score
-from autograder.model import FAILED, GRADED, NOT_CREDITED, PASSED, WORKER, GradingRun, SpeedFigures
+from autograder.model import (
+    FAILED,
+    GRADED,
+    NOT_CHARGED,
+    NOT_CREDITED,
+    PASSED,
+    WORKER,
+    GradingRun,
+    SpeedFigures,
+)
 from autograder.rubric import load_rubric
 from rubric_text import rubric_file
 
@@ -238,6 +247,104 @@ def test_a_problem_many_checks_share_is_said_once_by_the_first_visible_one(tmp_p
     assert (
         rows[0].message == rows[2].message == f'not credited: {cause} (said in full under "mha: the book\'s example")'
     )
+
+
+def test_another_parts_mistake_is_not_charged_and_its_own_part_loses_once(tmp_path):
+    """One mistake, one part: the MultiHeadAttention constructor (the mha part's) that fuse_heads builds is
+    said in full once, in mha; mha's other checks meeting it are not credited (its own part loses them); fuse's
+    checks are not charged: they earn their points, and their rows say that they wait for mha."""
+    rubric = rubric_file(tmp_path, "[parts.mha]\npoints = 20\n[parts.fuse]\npoints = 15\n")
+    cause = "your MultiHeadAttention does not keep the given constructor"
+    outcomes = [
+        Outcome("fuse::test_w", "fuse", "fused weights", FAILED, "the whole story", cause=cause, owner="mha"),
+        Outcome("mha::test_b", "mha", "the book's example", FAILED, "the whole story", cause=cause, owner="mha"),
+        Outcome("mha::test_c", "mha", "gradients", FAILED, "the whole story", cause=cause, owner="mha"),
+        Outcome("fuse::test_d", "fuse", "dtype", FAILED, "the whole story", cause=cause, owner="mha"),
+    ]
+    rows = score(outcomes, rubric)
+    assert [(r.part, r.status) for r in rows] == [
+        ("mha", FAILED),
+        ("mha", NOT_CREDITED),
+        ("fuse", NOT_CHARGED),
+        ("fuse", NOT_CHARGED),
+    ]
+    run = GradingRun(GRADED, "mha.py", checks=rows)
+    assert [(p.part, p.score, p.max_score) for p in run.parts()] == [("mha", 0, 20), ("fuse", 15, 15)]
+    assert rows[0].message == "the whole story" and rows[0].mistake == cause
+    assert rows[2].message.startswith(f'waiting: {cause} (said in full under "mha: the book\'s example")')
+    assert "waits for part mha and costs nothing here" in rows[2].message and rows[2].mistake == ""
+    assert [r.word for r in rows] == ["failed", "not credited", "waiting", "waiting"]
+    assert run.parts()[1].first_failure is None  # the mistake is shown once, in mha
+    assert run.headline() == "mha: " + cause
+    # Gradescope: earned, so passed, tagged not-charged; it reads back as it was
+    data = run.to_gradescope()
+    assert [(t["status"], "not-charged" in t["tags"]) for t in data["tests"][2:]] == [("passed", True)] * 2
+    assert data["score"] == 15
+    assert GradingRun.from_gradescope(data) == run
+
+
+def test_another_parts_mistake_is_said_in_full_where_that_part_did_not_run(tmp_path):
+    rubric = rubric_file(tmp_path, "[parts.fuse]\npoints = 15\n")
+    cause = "your MultiHeadAttention does not keep the given constructor"
+    outcomes = [Outcome("fuse::test_w", "fuse", "fused weights", FAILED, "the whole story", cause=cause, owner="mha")]
+    (row,) = score(outcomes, rubric)
+    assert (row.status, row.score) == (NOT_CHARGED, 15)
+    assert row.message.startswith(f"waiting: {cause}. This check waits") and row.message.endswith("\nthe whole story")
+
+
+def test_the_speed_part_is_never_not_charged():
+    """The declared rule: no speed points while what the speed part rests on is wrong, whatever says so."""
+    rubric = load_rubric()  # (the values [speed] requires pass here: the speed part is not gated by them)
+    cause = "your MultiHeadAttention does not keep the given constructor"
+    outcomes = [
+        Outcome("mha::test_matches_reference", "mha", "hidden values", PASSED),
+        Outcome("mha::test_book_example", "mha", "the book's example", FAILED, "story", cause=cause, owner="mha"),
+        Outcome("speed::test_faster_than_the_wrapper", "speed", "faster", FAILED, "story", cause=cause, owner="mha"),
+        Outcome("speed::test_faster_than_the_wrapper", "speed", "faster", NOT_CHARGED, "waiting: a stand-in"),
+    ]
+    rows = score(outcomes, rubric)
+    assert [(r.part, r.status, r.score) for r in rows[1:]] == [
+        ("mha", FAILED, 0),
+        ("speed", NOT_CREDITED, 0),
+        ("speed", NOT_CREDITED, 0),
+    ]
+    assert [r.word for r in rows[2:]] == ["waiting", "waiting"]  # it waits for mha, and earns nothing meanwhile
+
+
+def test_a_row_of_cases_that_wait_counts_them_and_earns_their_points(tmp_path):
+    rubric = rubric_file(tmp_path, "[parts.fuse]\npoints = 16\n")
+    waiting = "waiting: the wrapper's forward stood in"
+    outcomes = [
+        Outcome("fuse::test_w", "fuse", "weights", PASSED, case="2 heads"),
+        Outcome("fuse::test_w", "fuse", "weights", NOT_CHARGED, waiting, case="3 heads"),
+        Outcome("fuse::test_w", "fuse", "weights", PASSED, case="1 head"),
+        Outcome("fuse::test_w", "fuse", "weights", NOT_CHARGED, waiting, case="6 heads"),
+    ]
+    (row,) = score(outcomes, rubric)
+    assert (row.status, row.score, row.word) == (NOT_CHARGED, 16, "waiting")
+    assert row.message == "waiting in 2 of 4 cases: [3 heads] and [6 heads]: the wrapper's forward stood in"
+    # a case that fails beside them is charged, and the row is failed
+    (row,) = score([*outcomes, Outcome("fuse::test_w", "fuse", "weights", FAILED, "wrong", case="8 heads")], rubric)
+    assert (row.status, row.score) == (FAILED, 12.8)
+    assert row.message.splitlines()[0] == (
+        "failed in 1 of 5 cases: [8 heads]; waiting in 2 of 5 cases: [3 heads] and [6 heads]"
+    )
+
+
+def test_a_wrong_answer_earns_nothing_for_its_side_properties_even_beside_a_check_that_waits(tmp_path):
+    """A property of the part's own wrong output is not credited (a loss), never not charged."""
+    rubric = rubric_file(tmp_path, "[parts.wrapper]\npoints = 30\n")
+    outcomes = [
+        Outcome("wrapper::test_values", "wrapper", "values", FAILED, "values differ"),
+        Outcome("wrapper::test_input", "wrapper", "input", NOT_CREDITED, "not credited: the output is wrong"),
+        Outcome("wrapper::test_gradients", "wrapper", "gradients", NOT_CHARGED, "waiting: combine stood in"),
+    ]
+    rows = score(outcomes, rubric)
+    assert [(r.status, r.score, r.word) for r in rows] == [
+        (FAILED, 0, "failed"),
+        (NOT_CREDITED, 0, "not credited"),
+        (NOT_CHARGED, 10, "waiting"),
+    ]
 
 
 def test_a_diagnosis_is_said_in_full_once_and_pointed_to_after(tmp_path):

@@ -5,7 +5,16 @@ from __future__ import annotations
 import re
 
 from autograder.authoring import kit, selfcheck
-from autograder.model import NOT_DONE_STUB, NOT_DONE_UNANSWERED, NOT_DONE_YET
+from autograder.model import (
+    NOT_CHARGED,
+    NOT_CREDITED,
+    NOT_DONE_STUB,
+    NOT_DONE_UNANSWERED,
+    NOT_DONE_YET,
+    ROW_WORDS,
+    WAITING,
+    CheckResult,
+)
 from helpers import ROOT
 
 DOC = ROOT / "docs" / "vocabulary.md"
@@ -24,6 +33,16 @@ def test_the_self_check_and_the_grader_say_the_documents_words():
     assert [selfcheck.PASSED, selfcheck.WAITING, selfcheck.ANSWERED, selfcheck.NOT_DONE, selfcheck.FAILED] == words()
     assert NOT_DONE_YET in words()
     assert NOT_DONE_STUB.startswith(f"{NOT_DONE_YET}: ") and NOT_DONE_UNANSWERED.startswith(f"{NOT_DONE_YET}: ")
+
+
+def test_a_grader_row_says_a_documents_word_or_not_credited_as_the_document_defines_it():
+    """`waiting` is one word for the self-check and the grader's rows alike; `not credited`, a row's word only,
+    is defined in the document too."""
+    assert WAITING in words() and set(ROW_WORDS.values()) - set(words()) == {"not credited"}
+    assert "`not credited`" in DOC.read_text() and "`waiting` and are *not charged*" in DOC.read_text()
+    waits = CheckResult("fuse::test_w", "fuse", "w", NOT_CHARGED, 1.0, 1.0)
+    gated = CheckResult("speed::test_s", "speed", "s", NOT_CREDITED, 0.0, 1.0)
+    assert waits.word == gated.word == selfcheck.WAITING
 
 
 def test_the_readmes_list_every_word_and_the_notebook_numbers_its_parts_as_the_document_does():

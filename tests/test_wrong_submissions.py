@@ -172,6 +172,8 @@ FUSE_CALL = """        first.mask.shape[0],
         num_heads,
 """
 SYNTAX_LINE = next(n for n, line in enumerate(REFERENCE.read_text().splitlines(), 1) if COMBINE in line)
+# What fuse's checks say while the MultiHeadAttention constructor (the mha part's) is not the given one
+FUSE_WAITS = "does not keep the given constructor, so the grader cannot build it with its weights"
 ANSWER_KEY = {"quiz::test_answer"}  # the quiz's answers: right or wrong only after the due date, by design
 
 
@@ -186,6 +188,9 @@ class Mistake:
     says: dict[str, str | tuple[str, ...]]
     more: tuple[tuple[str, str], ...] = ()  # further (old, new) replacements in the same submission
     diagnoses: int = 1  # how many distinct diagnoses its failures make: each mistake is named once
+    # part -> words its rows that wait must say: checks that cannot be judged for this mistake, made in another
+    # part; they are not charged (the part keeps its points), tagged "not-charged", and say "waiting: "
+    waits: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 SPEED = ("test_faster_than_the_wrapper",)
@@ -339,6 +344,17 @@ MISTAKES = [
         COMBINE.replace("dim=-1)", "dim=-1") + "\n",
         {"combine": ("test_book_example", "test_concatenates_heads", "test_keeps_dtype")},
         {"combine": ("which defines combine, has a syntax error", f"line {SYNTAX_LINE})")},
+        # the wrapper's gradients cannot flow through combine's stand-in (values only): not charged, and said
+        waits={"wrapper": "no gradient flows through values"},
+    ),
+    # --- a syntax error in MultiHeadAttention's cell: charged in mha alone; fuse_heads, which builds one, waits
+    Mistake(
+        "syntax_error_in_mha",
+        MHA_RETURN,
+        MHA_RETURN.replace("(context_vec)", "(context_vec"),
+        {"mha": MHA_ALL},
+        {"mha": "which defines MultiHeadAttention, has a syntax error"},
+        waits={"fuse": "has a syntax error"},
     ),
     # --- columns (fuse_heads places weights with head_column_ranges: it runs with a stand-in while they are wrong)
     Mistake(
@@ -443,12 +459,10 @@ MISTAKES = [
         "mha_one_qkv_projection",
         MHA_CLASS,
         QKV_CLASS,
-        {"mha": MHA_ALL, "fuse": FUSE_ALL},
-        {
-            "mha": (CONSTRUCTOR_RULE, "your MultiHeadAttention has qkv instead of W_query, W_key and W_value"),
-            "fuse": "does not keep the given constructor, so the grader cannot build it",
-        },
+        {"mha": MHA_ALL},
+        {"mha": (CONSTRUCTOR_RULE, "your MultiHeadAttention has qkv instead of W_query, W_key and W_value")},
         more=((FUSE_PLACEMENT, QKV_FUSE),),
+        waits={"fuse": FUSE_WAITS},
     ),
     # another layout of MultiHeadAttention's weights, or another signature: the one constructor diagnosis
     Mistake(
@@ -458,11 +472,9 @@ MISTAKES = [
         "        self.W_key = nn.Parameter(torch.randn(d_in, d_out) / d_in ** 0.5)\n"
         "        self.W_value = nn.Parameter(torch.randn(d_in, d_out) / d_in ** 0.5)\n"
         "        self.out_proj = nn.Linear(d_out, d_out)  # mixes the heads' outputs\n",
-        {"mha": MHA_ALL, "fuse": FUSE_ALL},
-        {
-            "mha": (CONSTRUCTOR_RULE, "holds W_query (3, 2), W_key (3, 2) and W_value (3, 2) where the given"),
-            "fuse": "does not keep the given constructor, so the grader cannot build it",
-        },
+        {"mha": MHA_ALL},
+        {"mha": (CONSTRUCTOR_RULE, "holds W_query (3, 2), W_key (3, 2) and W_value (3, 2) where the given")},
+        waits={"fuse": FUSE_WAITS},
         more=(
             (
                 PROJECTIONS,
@@ -478,23 +490,20 @@ MISTAKES = [
         "        self.out_proj = nn.Linear(d_out, d_out)  # mixes the heads' outputs\n",
         "        self.out_proj = nn.Linear(d_out, d_out)  # mixes the heads' outputs\n"
         "        self.temperature = nn.Parameter(torch.ones(1))  # a learnt scale\n",
-        {"mha": MHA_ALL, "fuse": FUSE_ALL},
-        {
-            "mha": (CONSTRUCTOR_RULE, "also has temperature, which the grader cannot fill"),
-            "fuse": "does not keep the given constructor, so the grader cannot build it",
-        },
+        {"mha": MHA_ALL},
+        {"mha": (CONSTRUCTOR_RULE, "also has temperature, which the grader cannot fill")},
         diagnoses=1,
+        # fuse_heads is judged on the given weights (its placement passes); its own forward cannot be compared
+        waits={"fuse": FUSE_WAITS},
     ),
     Mistake(
         "mha_arguments_in_another_order",
         GIVEN_SIGNATURE,
         GIVEN_SIGNATURE.replace("context_length, dropout, num_heads", "num_heads, context_length, dropout"),
-        {"mha": MHA_ALL, "fuse": ("test_fused_output_equals_wrapper",)},
-        {
-            "mha": (SIGNATURE_RULE, "yours takes them in another order"),
-            "fuse": "does not keep the given constructor, so the grader cannot build it",
-        },
+        {"mha": MHA_ALL},
+        {"mha": (SIGNATURE_RULE, "yours takes them in another order")},
         more=((FUSE_CALL, "        num_heads,\n        first.mask.shape[0],\n        first.dropout.p,\n"),),
+        waits={"fuse": FUSE_WAITS},
     ),
     Mistake(
         "mha_loop_over_heads",
@@ -700,7 +709,7 @@ def graded(request, tmp_path_factory) -> dict[str, tuple[dict, object, object]]:
 
 
 LIKELY = re.compile(r"Likely (?:mistake|cause): ([^\n]*)")
-COUNTED = re.compile(r"^(?:failed|not credited) in [^\n]*\n")
+COUNTED = re.compile(r"^(?:failed|not credited|waiting) in [^\n]*\n")
 
 
 def diagnoses(results: dict) -> set[tuple[str, str]]:
@@ -803,8 +812,24 @@ def test_wrong_submission_loses_exactly_its_points(mistake, graded, reference_re
         f"{part}: {text}" for part, text in sorted(said)
     )
     for test in failures(results):  # a check that rests on a wrong answer is not credited, and says why
-        if PROPERTY_OF_WRONG_ANSWER in test["output"]:
+        if PROPERTY_OF_WRONG_ANSWER in test["output"]:  # a wrong answer earns nothing for its side properties
             assert "not-credited" in test["tags"] and test["output"].startswith("not credited"), test
+            cases = (test.get("extra_data") or {}).get("cases") or [""]
+            not_passed = len((test.get("extra_data") or {}).get("failed_cases") or [""])
+            assert test["max_score"] - test["score"] >= test["max_score"] * not_passed / len(cases) - 0.01, test
+    # One mistake, one part: a check that cannot be judged for a mistake of another part is not charged (it
+    # earns its points), says that it waits, and only where the table says so
+    waiting = [t for t in results["tests"] if "not-charged" in t["tags"]]
+    for test in waiting:
+        assert test["status"] == "passed" and test["score"] == test["max_score"], test
+        assert test["output"].startswith("waiting") and "not credited" not in test["output"], test
+    assert {t["tags"][0] for t in waiting} == set(mistake.waits), (
+        f"{mistake.id}: rows waiting in {sorted({t['tags'][0] for t in waiting})}, expected {sorted(mistake.waits)}"
+    )
+    for part, words in mistake.waits.items():
+        assert scores[part][0] == scores[part][1], f"{mistake.id}: part {part} waits, and lost points: {scores[part]}"
+        said = "\n---\n".join(t["output"] for t in waiting if t["tags"][0] == part)
+        assert words.lower() in said.lower(), f"{mistake.id}: no row of part {part} that waits says {words!r}:\n{said}"
     for test in failures(results):  # a mistake named in words is recorded too, in the same words (the class report)
         said_elsewhere = "the same as under" in test["output"]
         if "not-credited" not in test["tags"] and "Likely mistake: " in test["output"] and not said_elsewhere:

@@ -271,7 +271,7 @@ def speed_plot(points: dict[str, list[SpeedPoint]], bands: SpeedSettings | None)
             bins=edges,
             stacked=True,
             color=["#1f2328", "#8c959f"],
-            label=["scored", "not credited (values wrong first)"],
+            label=["scored", "waiting (part 6's values wrong first: no speed points)"],
         )
         axis.set_xlim(0, top)
         axis.yaxis.set_major_locator(MaxNLocator(integer=True))

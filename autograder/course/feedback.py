@@ -2,7 +2,7 @@
 
 Made from the grading model alone (a `rows.Row`): the score, per part the checks (a row per check,
 or per group of cases that came out the same way) with what failed and the diagnosis, or why a check was
-not credited; and when the speed part ran, its figures in words, the scored figure beside the bands that
+not credited or waits for another part (`CheckResult.word`, docs/vocabulary.md); and when the speed part ran, its figures in words, the scored figure beside the bands that
 score it, how it is scored, and a plot of the rounds. Everything is HTML-escaped (Jinja2's autoescape); the CSS is inline and the plot is
 an inline PNG, so the file can be mailed, uploaded to an LMS or opened offline.
 
@@ -41,9 +41,6 @@ from autograder.course.clean import clean_for_output
 from autograder.course.rows import Row, feedback_path, page_is_current, shown
 from autograder.course.store import COURSE_FILE_MODE
 from autograder.model import (
-    FAILED,
-    NOT_CREDITED,
-    PASSED,
     GradingRun,
     SpeedBands,
     SpeedFigures,
@@ -53,7 +50,6 @@ from autograder.model import (
 
 TEMPLATES = Path(__file__).with_name("templates")
 TEMPLATE = "feedback.html.j2"
-CHECK_STATUS_LABELS = {PASSED: "passed", FAILED: "failed", NOT_CREDITED: "not credited"}
 _FINGERPRINT = re.compile(rb'<meta name="mha-feedback-fingerprint" content="([0-9a-f]+)">')
 
 
@@ -312,7 +308,7 @@ def page_context(row: Row, released: bool) -> dict[str, Any]:
                     {
                         "name": c.name,
                         "status": c.status,
-                        "label": CHECK_STATUS_LABELS.get(c.status, c.status),
+                        "label": c.word,
                         "message": c.message,
                     }
                     for c in visible

@@ -22,7 +22,7 @@ import pytest
 from autograder.grading.devices import TimingLockError
 from autograder.grading.scoring import Outcome
 from autograder.grading.workers import CannotTime
-from autograder.model import FAILED, GRADER, NOT_CREDITED, PASSED, TIMING_LOCK, WORKER
+from autograder.model import FAILED, GRADER, NOT_CHARGED, NOT_CREDITED, PASSED, TIMING_LOCK, WORKER
 from autograder.rubric import Rubric, RubricError
 
 # How pytest-timeout fails a test (its whole message; no message of a check's own looks like it)
@@ -47,11 +47,19 @@ class NotCredited(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # 
     a property of a wrong output, speed before the values are right. With a `cause` (a problem many checks
     share, such as a constructor the grader cannot load weights into), the first check in the results that
     meets it fails with the whole message and the others are not credited, pointing to it
-    (`scoring.name_once`)."""
+    (`scoring.name_once`). `owner`: the part whose mistake the cause is (`contract.PART_OF_NAME`); the checks of
+    another part that meet it are not charged (`NotCharged`): one mistake, one part."""
 
-    def __init__(self, message: str, cause: str = ""):
+    def __init__(self, message: str, cause: str = "", owner: str = ""):
         super().__init__(message, pytrace=False)
         self.cause = cause
+        self.owner = owner
+
+
+class NotCharged(NotCredited):
+    """A check that cannot be judged because of a mistake in another part, charged there once (a stand-in
+    that gives values only, through which no gradient flows): it earns its points, and says that it waits for
+    that part. The speed part is never not charged (the rubric's declared rule: `scoring.gate_speed`)."""
 
 
 class CheckFailed(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # pytest's Failed
@@ -72,11 +80,12 @@ class SharedProblem(pytest.fail.Exception):  # type: ignore[name-defined,misc]  
     (`scoring.name_once`). Unlike `NotCredited`, a check may catch it (`harness.attempt`) and go on. Its
     `mistake` is the cause in words the same for every student (`CheckFailed`'s)."""
 
-    def __init__(self, message: str, cause: str, mistake: str = ""):
+    def __init__(self, message: str, cause: str, mistake: str = "", owner: str = ""):
         super().__init__(message, pytrace=False)
         self.cause = cause
         self.mistake = mistake
         self.diagnosis = cause
+        self.owner = owner  # the part whose mistake it is (`NotCredited`'s)
 
 
 MESSAGE_CHARS = 2500  # one check's message in results.json: every check failing at once stays small
@@ -168,8 +177,12 @@ class ResultsPlugin:
         error = excinfo.value
         if isinstance(error, pytest.fail.Exception) and not PYTEST_TIMEOUT.fullmatch(str(error.msg)):
             cause = getattr(error, "cause", "")
-            outcome.status = NOT_CREDITED if isinstance(error, NotCredited) and not cause else FAILED
+            if isinstance(error, NotCharged) and not cause:
+                outcome.status = NOT_CHARGED
+            else:
+                outcome.status = NOT_CREDITED if isinstance(error, NotCredited) and not cause else FAILED
             outcome.cause = cause
+            outcome.owner = getattr(error, "owner", "") if cause else ""
             outcome.mistake = outcome.mistake or getattr(error, "mistake", "")
             if not outcome.message:
                 outcome.message = _bounded(str(error.msg))

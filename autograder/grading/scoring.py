@@ -2,7 +2,8 @@
 
 A check earns all of its points when it passed and none when it failed, unless it says what fraction it
 earned (`credit`, the speed part's partial credit). The speed part earns nothing while a check it
-requires (`[speed] requires`, e.g. the mha part's values) failed: it is then not credited.
+requires (`[speed] requires`, e.g. the mha part's values) failed: it is then not credited (the rubric's
+declared rule), and its rows say it waits for that part.
 
 One rounding rule, applied here and nowhere else: every score is a whole number of hundredths of a point.
 A part's points are shared among its checks, and a check's among its cases, by the largest remainder, so
@@ -12,7 +13,10 @@ total and part score is then an exact sum, and every output shows the same numbe
 
 Each mistake is named once: a problem that many checks share (`NotCredited` with a cause, e.g. a
 constructor the grader cannot load weights into) is said in full by the first of them the student can
-see, and the others are not credited and point to it (`name_once`). A check is one row: the cases of a
+see, and the others of its part are not credited and point to it (`name_once`). One mistake costs one part:
+where the problem is another part's (`owner`, e.g. the mha part's constructor, which fuse_heads builds), the
+checks of any other part that meet it are not charged: they earn their points and say that they wait for that
+part (`NOT_CHARGED`); the speed part aside, by its declared rule. A check is one row: the cases of a
 parametrised check are counted and named in it, "failed in 2 of 4 cases: [3 heads, bias] and [6 heads,
 bias]" (`group_cases`), the way `explain --check` names them.
 """
@@ -30,6 +34,7 @@ from autograder.model import (
     FAILED,
     GRADER,
     HUNDREDTHS,
+    NOT_CHARGED,
     NOT_CREDITED,
     PASSED,
     CheckResult,
@@ -42,6 +47,10 @@ from autograder.rubric import Rubric
 # Where a message names its likely mistake, on one line: a pointer to where it is said in full goes there.
 LIKELY = re.compile(r"Likely (?:mistake|cause): ([^\n]*)")
 NOT_CREDITED_PREFIX = "not credited: "
+NOT_CHARGED_PREFIX = "waiting: "  # a check not charged, and the speed part gated: they wait for another part
+PREFIXES = (NOT_CREDITED_PREFIX, NOT_CHARGED_PREFIX)
+ORDER = (FAILED, NOT_CREDITED, NOT_CHARGED)  # a row of several cases has the first of its cases' statuses here
+ALWAYS_CHARGED = ("speed",)  # the parts never not charged: no speed points while the values are wrong (declared)
 NOT_RUN = "not run (the grading run ended before this check)"
 OWN = "\0"  # how the diagnosis of a failure that names none starts: it is its own, the same as no other
 
@@ -59,6 +68,7 @@ class Outcome:
     credit: float | None = None  # the fraction of its points earned, when not all or nothing
     case: str = ""  # the id of a parametrised check's case
     cause: str = ""  # a problem this check shares with others (see `name_once`), in a few words
+    owner: str = ""  # the part whose mistake `cause` is; "" when it is the check's own part's
     mistake: str = ""  # the likely mistake a failure names (`CheckResult.mistake`)
     diagnosis: str = ""  # what went wrong, the same for every case that meets it (`harness.fail`)
 
@@ -107,11 +117,15 @@ def score(outcomes: list[Outcome], rubric: Rubric) -> list[CheckResult]:
     results = []
     for index, (outcome, max_score) in enumerate(zip(outcomes, allocate_points(outcomes, rubric))):
         status = outcome.status or FAILED
+        if status == NOT_CHARGED and outcome.part in ALWAYS_CHARGED:
+            status = NOT_CREDITED
         message = outcome.message if status != PASSED else ""
         said = outcome.diagnosis or outcome.mistake or outcome.cause or f"{OWN}{index}"
         if outcome.status is None and not message:
             message = said = NOT_RUN
-        fraction = outcome.credit if outcome.credit is not None and outcome.status else float(status == PASSED)
+        fraction = (
+            outcome.credit if outcome.credit is not None and outcome.status else float(status in (PASSED, NOT_CHARGED))
+        )
         results.append(
             CheckResult(
                 key=outcome.key,
@@ -129,7 +143,7 @@ def score(outcomes: list[Outcome], rubric: Rubric) -> list[CheckResult]:
                 diagnosis=said if status != PASSED else "",
             )
         )
-    return say_once(group_cases(name_once(results, [o.cause for o in outcomes])))
+    return say_once(group_cases(name_once(results, [o.cause for o in outcomes], [o.owner for o in outcomes])))
 
 
 def gate_speed(outcomes: list[Outcome], rubric: Rubric) -> list[Outcome]:
@@ -148,17 +162,17 @@ def gate_speed(outcomes: list[Outcome], rubric: Rubric) -> list[Outcome]:
     named = " and ".join(f'"{rubric.part_title(p)}" ({p})' for p in parts)
     if any(o.key.endswith("::test_matches_reference") or o.key in stand_ins for o in failed):
         reason = (
-            f"{NOT_CREDITED_PREFIX}speed counts only once the values of {named} are right, and they are not yet. "
-            "Fix them first: a fast forward that computes something else earns nothing"
+            f"{NOT_CHARGED_PREFIX}speed counts only once the values of {named} are right, and they are not yet. "
+            "Fix them first: a fast forward that computes something else earns nothing (the rubric's rule)"
         )
     elif all({o.mistake, o.diagnosis} & graphs.CANNOT_JUDGE for o in failed):  # its graph could not be judged
         reason = (
-            f"{NOT_CREDITED_PREFIX}speed counts only for a forward whose graph of PyTorch operations the grader can "
+            f"{NOT_CHARGED_PREFIX}speed counts only for a forward whose graph of PyTorch operations the grader can "
             f"capture and check, as the checks of {named} do, and they could not: their message says why"
         )
     else:  # the values are right; what the speed part rests on besides (no ready-made attention) is not
         reason = (
-            f"{NOT_CREDITED_PREFIX}speed counts only for a forward that passes the checks of {named} it rests on (no "
+            f"{NOT_CHARGED_PREFIX}speed counts only for a forward that passes the checks of {named} it rests on (no "
             "ready-made attention), and one of them failed: the speed of a forward that is not your own computation "
             "earns nothing"
         )
@@ -176,21 +190,44 @@ def gate_speed(outcomes: list[Outcome], rubric: Rubric) -> list[Outcome]:
     return [gated(o) if o.part == "speed" else o for o in outcomes]
 
 
-def name_once(results: list[CheckResult], causes: list[str]) -> list[CheckResult]:
+def name_once(results: list[CheckResult], causes: list[str], owners: list[str] | None = None) -> list[CheckResult]:
     """A problem several checks share (the same `cause`) is said in full, as a failure, by the first of
-    them the student can see (else the first); the others are not credited and point to it."""
+    them the student can see in the part whose mistake it is (its `owner`; else the first visible, else the
+    first); the others of that part are not credited and point to it. The checks of any other part that meet
+    it are not charged: they earn their points and say that they wait for the owner's part (the speed part
+    aside: `ALWAYS_CHARGED`). Where the owner's part did not run, they say the whole problem themselves."""
+    owners = owners or [""] * len(results)
     first: dict[str, CheckResult] = {}
-    for result, cause in sorted(zip(results, causes), key=lambda rc: rc[0].visibility != "visible"):
-        if cause and cause not in first:
+    ranked = sorted(
+        zip(results, causes, owners),
+        key=lambda rco: (bool(rco[2]) and rco[0].part != rco[2], rco[0].visibility != "visible"),
+    )
+    for result, cause, owner in ranked:
+        if cause and cause not in first and not elsewhere(result, owner):
             first[cause] = result
     named = []
-    for result, cause in zip(results, causes):
-        if cause and first[cause] is not result:
-            where = first[cause]
+    for result, cause, owner in zip(results, causes, owners):
+        where = first.get(cause)
+        if cause and elsewhere(result, owner):
+            said = where is not None and where.visibility == "visible"
+            pointer = f' (said in full under "{where.part}: {where.name}")' if where is not None and said else ""
+            message = (
+                f"{NOT_CHARGED_PREFIX}{cause}{pointer}. This check waits for part {owner} and costs nothing here: "
+                f"the mistake is charged once, in part {owner}"
+            )
+            if where is None:  # the owner's part did not run: the whole problem is said here
+                message += f"\n{result.message}"
+            result = replace(result, status=NOT_CHARGED, score=result.max_score, message=message, mistake="")
+        elif cause and where is not None and where is not result:
             seen = f' (said in full under "{where.part}: {where.name}")' if where.visibility == "visible" else ""
             result = replace(result, status=NOT_CREDITED, message=f"{NOT_CREDITED_PREFIX}{cause}{seen}", mistake="")
         named.append(result)
     return named
+
+
+def elsewhere(result: CheckResult, owner: str) -> bool:
+    """Whether a shared problem is another part's mistake for this check: then it is not charged here."""
+    return bool(owner) and result.part != owner and result.part not in ALWAYS_CHARGED
 
 
 def diagnosis(result: CheckResult) -> str:
@@ -203,7 +240,7 @@ def diagnosis(result: CheckResult) -> str:
 
 def group_cases(results: list[CheckResult]) -> list[CheckResult]:
     """Each check one row, where its first case was: its cases' points added up, its status the worst of
-    theirs (failed, then not credited, then passed), and a message that counts and names the cases that did
+    theirs (failed, then not credited, then not charged, then passed), and a message that counts and names the cases that did
     not pass and says, once per diagnosis, what went wrong."""
     by_key: dict[str, list[CheckResult]] = {}
     for result in results:
@@ -215,7 +252,7 @@ def group_cases(results: list[CheckResult]) -> list[CheckResult]:
             rows.append(first)
             continue
         failing = [m for m in members if m.status != PASSED]
-        status = FAILED if any(m.status == FAILED for m in failing) else (NOT_CREDITED if failing else PASSED)
+        status = next((s for s in ORDER if any(m.status == s for m in failing)), PASSED)
         said = list(dict.fromkeys(group_of(m) for m in failing))
         rows.append(
             replace(
@@ -246,13 +283,13 @@ def case_list(cases: list[str]) -> str:
 
 
 def counted(failing: list[CheckResult], total: int) -> str:
-    """A row's message: how many of its cases failed (or were not credited) and which, then each
+    """A row's message: how many of its cases failed (or were not credited, or wait) and which, then each
     diagnosis once, with the cases it was met in when there are several."""
     if not failing:
         return ""
     header = []
-    for status, verb in ((FAILED, "failed"), (NOT_CREDITED, "not credited")):
-        cases = [m.cases[0] for m in failing if m.status == status]
+    for verb in dict.fromkeys(m.word for m in sorted(failing, key=lambda m: ORDER.index(m.status))):
+        cases = [m.cases[0] for m in failing if m.word == verb]
         if cases:
             header.append(
                 f"{verb} in all {total} cases"
@@ -262,8 +299,9 @@ def counted(failing: list[CheckResult], total: int) -> str:
     groups: dict[tuple[str, str], list[CheckResult]] = {}
     for member in failing:
         groups.setdefault(group_of(member), []).append(member)
-    if len(groups) == 1 and len(header) == 1 and failing[0].message.startswith(NOT_CREDITED_PREFIX):
-        return f"{header[0]}: {failing[0].message.removeprefix(NOT_CREDITED_PREFIX)}"
+    prefix = next((p for p in PREFIXES if failing[0].message.startswith(p)), None)
+    if len(groups) == 1 and len(header) == 1 and prefix:
+        return f"{header[0]}: {failing[0].message.removeprefix(prefix)}"
     if len(groups) == 1:
         body = [failing[0].message]
     else:

@@ -26,8 +26,9 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 import pytest
 import torch
 
+from autograder.contract import PART_OF_NAME
 from autograder.grading.graphs import CANNOT_CAPTURE, HIDDEN_FROM_CAPTURE, NOT_REPLAYABLE, READY_MADE
-from autograder.grading.plugin import CheckFailed, NotCredited, SharedProblem
+from autograder.grading.plugin import CheckFailed, NotCharged, NotCredited, SharedProblem
 from autograder.model import NOT_DONE_STUB
 from autograder.rubric import Rubric
 from autograder.sandbox.client import (
@@ -73,6 +74,7 @@ __all__ = [
     "READY_MADE",
     "Foreign",
     "ForwardReply",
+    "NotCharged",
     "NotCredited",
 ]
 
@@ -166,7 +168,7 @@ def raised_in(problem: str | None) -> str | None:
 
 
 SYNTAX_ERROR = "a cell of the file has a syntax error, so the names it defines are missing"
-SYNTAX = re.compile(r"cell (\d+) of your file, which defines \w+, has a syntax error: (.*?)\. Fix it first")
+SYNTAX = re.compile(r"cell (\d+) of your file, which defines (\w+), has a syntax error: (.*?)\. Fix it first")
 
 
 def fail(message: str, mistake: str = "", diagnosis: str = "") -> NoReturn:
@@ -179,8 +181,9 @@ def fail(message: str, mistake: str = "", diagnosis: str = "") -> NoReturn:
     note("failed", message=str(message))
     broken = SYNTAX.search(message)
     if broken:
-        cause = f"cell {broken.group(1)} of your file has a syntax error: {broken.group(2)}"
-        raise SharedProblem(message, cause=cause, mistake=SYNTAX_ERROR)
+        cause = f"cell {broken.group(1)} of your file has a syntax error: {broken.group(3)}"
+        # the part whose cell it is: the checks of other parts that need its names are not charged
+        raise SharedProblem(message, cause=cause, mistake=SYNTAX_ERROR, owner=PART_OF_NAME.get(broken.group(2), ""))
     raise CheckFailed(str(message), mistake or mistake_of(message), diagnosis or mistake or diagnosis_of(message))
 
 
@@ -384,7 +387,7 @@ class Submission:
         if problem is not None:
             words = self.constructor_changed(cls, args, kwargs, state_dict, dtype_name)
             if words:
-                raise NotCredited(words, cause=CONSTRUCTOR_CAUSE.format(cls))
+                raise NotCredited(words, cause=CONSTRUCTOR_CAUSE.format(cls), owner=PART_OF_NAME.get(cls, ""))
             fail(problem)
         if not isinstance(answer, ModuleInfo):
             fail(f"building {cls} did not give a module")

@@ -6,7 +6,11 @@ MultiHeadAttention built right and given the right weights (so a bug in forward 
 alone). Keeping the wrapper's dtype and device is a small check of its own. The other checks count
 only when the weights are right on their own case. While the student's
 head_column_ranges is wrong, fuse_heads runs with a stand-in for it (the right ranges for the check's sizes,
-as values), so that a mistake in the ranges is charged in the columns part alone.
+as values), so that a mistake in the ranges is charged in the columns part alone. Where the student's
+MultiHeadAttention does not keep the given constructor, fuse_heads is judged where it can be: with an extra
+weight of the student's own beside the given ones, on the given ones; with other attributes, other shapes or
+other arguments it cannot be (no values stand in for a class), and its checks are not charged: they earn their
+points and wait for the mha part, where the mistake is charged once.
 """
 
 from __future__ import annotations
@@ -96,14 +100,39 @@ def fuse(submission: Submission, wrapper: ModuleInfo, width: int, heads: int) ->
 
 
 def constructor_kept(submission: Submission, d_in: int, d_out: int, context: int, heads: int, bias: bool) -> None:
-    """Not credited, pointing to the mha part's diagnosis, when the student's MultiHeadAttention is not built
-    by the given constructor (which fuse_heads fills): other arguments, or other weights."""
+    """Not charged, pointing to the mha part's diagnosis, when the student's MultiHeadAttention is not built
+    by the given constructor (which fuse_heads fills): other arguments, or other weights. The mistake is the
+    mha part's, charged there once (`scoring.name_once`, by the cause's owner)."""
     expected = ref.MultiHeadAttention(d_in, d_out, context, 0.0, heads, qkv_bias=bias).state_dict()
     built, _ = attempt(submission.build, "MultiHeadAttention", d_in, d_out, context, 0.0, heads, qkv_bias=bias)
     state = getattr(built, "state_dict", None)
     words = constructor_problem("MultiHeadAttention", expected, state) if state is not None else None
     if words:
-        raise NotCredited(words, cause=CONSTRUCTOR_CAUSE.format("MultiHeadAttention"))
+        raise NotCredited(words, cause=CONSTRUCTOR_CAUSE.format("MultiHeadAttention"), owner="mha")
+
+
+def given_weights(
+    submission: Submission,
+    state: dict[str, torch.Tensor],
+    expected: set[str],
+    d_in: int,
+    d_out: int,
+    context: int,
+    heads: int,
+    bias: bool,
+) -> dict[str, torch.Tensor]:
+    """The fused weights to judge. Where the student's MultiHeadAttention keeps every weight of the given
+    constructor and adds its own (an extra parameter, which the grader cannot fill: charged in mha), fuse_heads
+    is judged on the given ones, as the reference's forward reads them. Any other layout of the student's own
+    cannot be judged: not charged (`constructor_kept`); else the fused module's weights are fuse_heads' own."""
+    extras = set(state) - expected
+    if extras and expected <= set(state):
+        built, _ = attempt(submission.build, "MultiHeadAttention", d_in, d_out, context, 0.0, heads, qkv_bias=bias)
+        own = set(getattr(built, "state_dict", None) or {})
+        if own == expected | extras:
+            return {name: tensor for name, tensor in state.items() if name in expected}
+    constructor_kept(submission, d_in, d_out, context, heads, bias)
+    return state
 
 
 def placement_problem(
@@ -120,7 +149,7 @@ def placement_problem(
     module = ref.MultiHeadAttention(d_in, width * heads, context, 0.0, heads, qkv_bias=bias)
     expected = module.state_dict()
     if set(state) != set(expected):  # perhaps the student's MultiHeadAttention is made otherwise
-        constructor_kept(submission, d_in, width * heads, context, heads, bias)
+        state = given_weights(submission, state, set(expected), d_in, width * heads, context, heads, bias)
     for name, tensor in expected.items():
         if name not in state or not isinstance(state[name], torch.Tensor) or state[name].shape != tensor.shape:
             got = tuple(state[name].shape) if isinstance(state.get(name), torch.Tensor) else "nothing"

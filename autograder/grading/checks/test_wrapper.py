@@ -4,7 +4,9 @@ The wrapper is graded on what it adds, not on combine: its output is right when 
 reference's, or, when the student's combine differs from the reference's, exactly the student's own
 combine of the heads' outputs (combine's mistake is charged in combine alone). The checks run from the
 most telling to the most specific: the book's example, the heads' calls, hidden cases, then the
-properties (input unchanged, gradients, dropout), which count only when the output is right.
+properties (input unchanged, gradients, dropout), which count only when the output is right. While
+combine raises, the forward runs with a stand-in for it that gives values only: the gradients cannot flow
+through it, so the gradient check is not charged then (it earns its points and waits for combine).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from autograder.grading.checks.harness import (
     WORKER_MISTAKES,
     ForwardReply,
     Inputs,
+    NotCharged,
     Raised,
     Submission,
     attempt,
@@ -40,6 +43,12 @@ from autograder.sandbox.protocol import ModuleInfo
 from reference import mha as ref
 
 FORWARD = "MultiHeadAttentionWrapper.forward"
+# The gradient check while combine raises: the forward's values came with a stand-in for combine, values only.
+STAND_IN_GRADIENTS = (
+    "waiting: the gradients are checked once combine runs: the forward ran with a stand-in for combine that gives "
+    "its values only, and no gradient flows through values. This check waits for part combine and costs nothing "
+    "here: the mistake is charged once, in part combine"
+)
 
 # (batch, tokens, d_in, d_out per head, context_length, heads, qkv_bias)
 CASES: dict[str, tuple[int, int, int, int, int, int, bool]] = {
@@ -213,10 +222,14 @@ def test_gradients(submission: Submission, inputs: Inputs, rubric: Rubric) -> No
             output_problem(submission, inputs, rubric, reference, x, y, "float64", "wrapper output"),
             "The gradient check",
         )
-    if combine_raises(submission, reference_heads(reference, x)):
-        return  # combine stood in, with values: no gradient flows through it, so this check is not charged
     grad_out = inputs.randn(*y.shape)
-    answer = run_wrapper(submission, reference, module, x, grad_out=grad_out)
+    answer, problem = attempt(submission.forward, module, x, grad_out=grad_out)
+    if answer is None:
+        if mistake_of(problem) not in WORKER_MISTAKES.values() and combine_raises(
+            submission, reference_heads(reference, x)
+        ):
+            raise NotCharged(STAND_IN_GRADIENTS)
+        fail(in_student_terms(problem or "", FORWARD))
     names = ["x", *(f"param:{n}" for n, _ in reference.named_parameters())]
     if not right:
         # The output is your combine's, not the reference's: its gradients cannot be computed here,
