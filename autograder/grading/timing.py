@@ -363,22 +363,9 @@ def measure(
                 # far beyond what could still earn anything: stop waiting (a sleeping or hanging forward)
                 slowest = max(result.walls[REFERENCE] or warm[REFERENCE]) * target.calls
                 timeout = min(request_seconds, 1.0 + 2 * slowest / settings.give_up_below)
-            try:
-                calls = target.open(target.calls, timeout)
-                cpu_before, waits_before = target.worker.cpu_seconds(), target.worker.thread_waits()
-                mine_before = own_wait() if own_wait else 0.0
-                start = clock()
-                calls.open()
-                answers[name] = [calls.call(seed) for seed in round_seeds[: target.calls]]
-                wall = clock() - start
-                mine = own_wait() - mine_before if own_wait else 0.0
-                cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, target.worker.thread_waits())
-                wait += mine
-                show[name] = pick(target.shown, target.calls)  # only now: any call may be one that is checked
-                shown[name] = calls.finish(show[name])
-            except WorkerError as exc:
-                target.failed(exc)
-                raise
+            answers[name], show[name], shown[name], (wall, cpu, wait) = timed_request(
+                target, round_seeds[: target.calls], timeout, clock, own_wait
+            )
             charged = charge(wall, cpu, wait, settings.threads) / target.calls
             if counted:
                 for into, value in (
@@ -409,6 +396,30 @@ def measure(
                 break
     result.seconds = time.perf_counter() - began
     return result
+
+
+def timed_request(
+    target: Target, seeds: list[int], timeout: float, clock: Callable[[], float], own_wait: Callable[[], float] | None
+) -> tuple[list[Any], list[int], TimedShown, tuple[float, float, float]]:
+    """One target's timed request in a round (`measure`): its answers to one call per seed, the calls picked to
+    show after the clock stopped, what they showed, and (wall, CPU, wait) seconds of the whole request on `clock`:
+    its worker's CPU, and the time its thread and this one waited for a CPU (`own_wait`). A failure goes through the
+    target's (`Target.failed`) and is raised."""
+    try:
+        calls = target.open(target.calls, timeout)
+        cpu_before, waits_before = target.worker.cpu_seconds(), target.worker.thread_waits()
+        mine_before = own_wait() if own_wait else 0.0
+        start = clock()
+        calls.open()
+        answers = [calls.call(seed) for seed in seeds]
+        wall = clock() - start
+        mine = own_wait() - mine_before if own_wait else 0.0
+        cpu, wait = target.worker.cpu_seconds() - cpu_before, waited(waits_before, target.worker.thread_waits())
+        show = pick(target.shown, target.calls)  # only now: any call may be one that is checked
+        return answers, show, calls.finish(show), (wall, cpu, wait + mine)
+    except WorkerError as exc:
+        target.failed(exc)
+        raise
 
 
 def give_up_if_too_slow(measurement: Measurement, settings: SpeedSettings) -> None:

@@ -333,13 +333,7 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
     # RLIMIT_AS makes a huge allocation a clean MemoryError/RuntimeError; it breaks CUDA, where only the
     # control group's limit holds
     memory = settings.config.memory_bytes if settings.config.device == "cpu" else None
-    group = None
-    if settings.config.use_cgroups:
-        group = WorkerGroup.create(
-            ResourceLimits(settings.config.memory_bytes, settings.config.processes, settings.config.cpus)
-        )
-        if not group.dirs:
-            group = None
+    group = control_group(settings.config) if settings.config.use_cgroups else None
     in_force = probe.describe_isolation(
         sandbox=sandbox,
         uid=uid,
@@ -366,9 +360,31 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
             os.close(resp_w)
             return WorkerProcess(forked, req_w, resp_r, scratch, settings.isolation, group, uid, in_force)
         fresh_because = forked
+    process = start_fresh(settings, setup, uid, memory, group, scratch, (req_r, resp_w))
+    os.close(req_r)
+    os.close(resp_w)
+    worker = WorkerProcess(process, req_w, resp_r, scratch, settings.isolation, group, uid, in_force)
+    worker.fresh_because = fresh_because
+    return worker
+
+
+def start_fresh(
+    settings: LaunchSettings,
+    setup: WorkerSetup,
+    uid: int | None,
+    memory: int | None,
+    group: WorkerGroup | None,
+    scratch: str | None,
+    fds: tuple[int, int],
+) -> subprocess.Popen[bytes]:
+    """A fresh worker process (`BOOT`, then the server's sources), in bubblewrap's sandbox where `setup` says so,
+    its limits set in the child before it runs Python: the control group, core and file sizes, its address
+    space on the CPU, the fresh uid's process count, the namespaces it can have without the sandbox, and death
+    with the grader. `fds`: the request pipe's read end and the reply pipe's write end, passed to it."""
+    sandbox = setup.sandbox
     # -u: unbuffered, so what the student's code printed is captured even when the worker is killed
     command = [
-        *(sys.executable, "-I", "-u", "-c", BOOT, str(req_r), str(resp_w), setup.to_json()),
+        *(sys.executable, "-I", "-u", "-c", BOOT, *map(str, fds), setup.to_json()),
         *sources(SERVER_MODULES),
     ]
     if sandbox:
@@ -395,22 +411,24 @@ def launch(settings: LaunchSettings) -> WorkerProcess:
         # SIGKILL when the grader ends (set after any uid change, which clears it)
         procfs.die_with_parent(signal.SIGKILL, parent=grader)
 
-    process = subprocess.Popen(
+    return subprocess.Popen(
         command,
         cwd="/" if sandbox else scratch,
-        env=bwrap.worker_env(workdir),
+        env=bwrap.worker_env(setup.workdir),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        pass_fds=(req_r, resp_w),
+        pass_fds=fds,
         start_new_session=True,
         preexec_fn=in_child,
     )
-    os.close(req_r)
-    os.close(resp_w)
-    worker = WorkerProcess(process, req_w, resp_r, scratch, settings.isolation, group, uid, in_force)
-    worker.fresh_because = fresh_because
-    return worker
+
+
+def control_group(config: WorkerConfig) -> WorkerGroup | None:
+    """A control group holding the worker's processes to its memory, process count and CPU quota together;
+    None where none can be made here."""
+    group = WorkerGroup.create(ResourceLimits(config.memory_bytes, config.processes, config.cpus))
+    return group if group.dirs else None
 
 
 def fork_worker(

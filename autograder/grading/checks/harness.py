@@ -288,22 +288,9 @@ class Submission:
         except WorkerError as exc:
             self.failed(exc)
 
-    def unparsed(self, name: str) -> str | None:
-        """When `name` is missing because the cell that defines it has a syntax error (the file loaded, that
-        cell did not): where that cell is, and the error, in the file's lines; else None. Read from the cells'
-        text and the load report, in this process: nothing of the file runs here."""
-        report = self.worker.load_report
-        for problem in report.errors if report is not None else []:
-            if problem.type != "SyntaxError":
-                continue
-            for number, _line, source in self.worker.cells:
-                if number == problem.cell and name in defined_names(str(source)):
-                    return f"cell {number} of your file, which defines {name}, has a syntax error: {problem.message}"
-        return None
-
     def undefined(self, name: str, message: str) -> NoReturn:
         """Fail for a name the file does not define; one diagnosis, said once, when a syntax error is why."""
-        broken = self.unparsed(name)
+        broken = unparsed(self.worker, name)
         said = f"{broken}. Fix it first: nothing in that cell runs until then" if broken else message
         fail(said, diagnosis=f"`{name}` is not defined")
 
@@ -385,7 +372,7 @@ class Submission:
         request = BuildRequest(cls, list(args), kwargs, state_dict, dtype_name, self.device)
         answer, problem = attempt(self._ask, request, target=f"{cls}.__init__")
         if problem is not None:
-            words = self.constructor_changed(cls, args, kwargs, state_dict, dtype_name)
+            words = constructor_changed(self, cls, args, kwargs, state_dict, dtype_name)
             if words:
                 raise NotCredited(words, cause=CONSTRUCTOR_CAUSE.format(cls), owner=PART_OF_NAME.get(cls, ""))
             fail(problem)
@@ -393,53 +380,15 @@ class Submission:
             fail(f"building {cls} did not give a module")
         return answer
 
-    def constructor_changed(
-        self,
-        cls: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        state_dict: dict[str, torch.Tensor] | None,
-        dtype_name: str | None,
-    ) -> str | None:
-        """Why a build failed when the student's constructor is not the given one, in the student's terms: it
-        takes the given arguments in another order (it builds when they are named) or takes others, or it
-        makes other attributes than those the grader loads its weights into. None: the constructor is not the
-        reason (the build's own failure says what is)."""
-        target = f"{cls}.__init__"
-        request = BuildRequest(cls, list(args), kwargs, None, dtype_name, self.device)
-        unloaded, problem = attempt(self._ask, request, target=target)
-        if problem is not None:
-            names = given_arguments(cls)
-            if names is None or len(args) > len(names):
-                return None
-            named = {**dict(zip(names, args)), **kwargs}
-            built, by_name = attempt(self._ask, replace(request, args=[], kwargs=named), target=target)
-            given = f"{cls}{given_signature(cls)}"
-            rule = f"the grader builds your {cls} with the given constructor's arguments, in their order: {given}"
-            if built is not None:
-                return f"{rule}; yours takes them in another order. Keep the given constructor as it is."
-            if by_name and re.search(r"unexpected keyword argument|required positional argument", by_name):
-                return f"{rule}; yours takes other arguments. Keep the given constructor as it is."
-            return None
-        if state_dict is not None and isinstance(unloaded, ModuleInfo) and unloaded.state_dict is not None:
-            return constructor_problem(cls, state_dict, unloaded.state_dict)
-        return None
-
     def to_device(self, module: ModuleInfo, target: str) -> ModuleInfo:
         """Move a module the student's code returned to the grading device (`build` puts the modules the
         grader builds there): a function that makes a module makes it on the CPU, wherever it is graded."""
         if self.device == "cpu":
             return module
-        answer = self._ask(ToRequest(module.handle, self.device), target=target)
-        if not isinstance(answer, ModuleInfo):
-            fail("the worker did not describe the module")
-        return answer
+        return self._ask(ToRequest(module.handle, self.device), target=target)
 
     def describe(self, module: ModuleInfo) -> ModuleInfo:
-        answer = self._ask(DescribeRequest(module.handle))
-        if not isinstance(answer, ModuleInfo):
-            fail("the worker did not describe the module")
-        return answer
+        return self._ask(DescribeRequest(module.handle))
 
     def forward(
         self,
@@ -497,8 +446,6 @@ class Submission:
             )
         except WorkerError as exc:
             self.failed(exc)
-        if not isinstance(answer, Captured):
-            fail("the worker's answer to the capture was not a graph")
         note("captured", what=f"{module.cls}.forward", operations=len(answer.graph.nodes))
         return answer
 
@@ -516,6 +463,53 @@ class Submission:
             check=self._check(),
             ready_seconds=ready_seconds,
         )
+
+
+def unparsed(worker: Worker, name: str) -> str | None:
+    """When `name` is missing because the cell that defines it has a syntax error (the file loaded, that
+    cell did not): where that cell is, and the error, in the file's lines; else None. Read from the cells'
+    text and the load report, in this process: nothing of the file runs here."""
+    report = worker.load_report
+    for problem in report.errors if report is not None else []:
+        if problem.type != "SyntaxError":
+            continue
+        for number, _line, source in worker.cells:
+            if number == problem.cell and name in defined_names(str(source)):
+                return f"cell {number} of your file, which defines {name}, has a syntax error: {problem.message}"
+    return None
+
+
+def constructor_changed(
+    submission: Submission,
+    cls: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    state_dict: dict[str, torch.Tensor] | None,
+    dtype_name: str | None,
+) -> str | None:
+    """Why a build failed when the student's constructor is not the given one, in the student's terms: it
+    takes the given arguments in another order (it builds when they are named) or takes others, or it
+    makes other attributes than those the grader loads its weights into. None: the constructor is not the
+    reason (the build's own failure says what is)."""
+    target = f"{cls}.__init__"
+    request = BuildRequest(cls, list(args), kwargs, None, dtype_name, submission.device)
+    unloaded, problem = attempt(submission._ask, request, target=target)
+    if problem is not None:
+        names = given_arguments(cls)
+        if names is None or len(args) > len(names):
+            return None
+        named = {**dict(zip(names, args)), **kwargs}
+        built, by_name = attempt(submission._ask, replace(request, args=[], kwargs=named), target=target)
+        given = f"{cls}{given_signature(cls)}"
+        rule = f"the grader builds your {cls} with the given constructor's arguments, in their order: {given}"
+        if built is not None:
+            return f"{rule}; yours takes them in another order. Keep the given constructor as it is."
+        if by_name and re.search(r"unexpected keyword argument|required positional argument", by_name):
+            return f"{rule}; yours takes other arguments. Keep the given constructor as it is."
+        return None
+    if state_dict is not None and isinstance(unloaded, ModuleInfo) and unloaded.state_dict is not None:
+        return constructor_problem(cls, state_dict, unloaded.state_dict)
+    return None
 
 
 def capture_message(message: str) -> str:

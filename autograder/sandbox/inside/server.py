@@ -22,6 +22,7 @@ import signal
 import sys
 import traceback
 import types
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:  # the same modules, as the grader's package names them; no worker imports this
@@ -191,63 +192,11 @@ class Session:
         earlier load) are not run again.
         Each cell is compiled with its line numbers shifted to where it starts in the file, so
         tracebacks point at the student's own lines."""
-        filename, skip, later_cell_seconds = request.filename, request.skip, request.later_cell_seconds
         module = types.ModuleType("submission")
-        module.__file__ = filename
+        module.__file__ = request.filename
         sys.modules["submission"] = module
         self.namespace = module.__dict__
-        errors: list[protocol.CellProblem] = []
-        budget = request.cell_seconds
-
-        def stop(signum: int, frame: types.FrameType | None) -> None:
-            raise CellTimeout()
-
-        signal.signal(signal.SIGALRM, stop)
-        for number, line, source in request.cells:
-            if number in skip:
-                errors.append(
-                    protocol.CellProblem(
-                        number, "TimeLimit", "not run again: it did not finish in an earlier attempt", timed_out=True
-                    )
-                )
-                continue
-            name = f"<{filename}, cell {number}>"
-            lines = source.splitlines(True)
-            linecache.cache[name] = (len(source), None, [""] * (line - 1) + lines, name)
-            try:
-                try:
-                    if budget:
-                        signal.setitimer(signal.ITIMER_REAL, budget)
-                    tree = ast.parse(source, name)
-                    ast.increment_lineno(tree, line - 1)
-                    exec(compile(tree, name, "exec"), self.namespace)
-                finally:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
-            except CellTimeout:
-                errors.append(
-                    protocol.CellProblem(
-                        number,
-                        "TimeLimit",
-                        f"stopped after {budget:g} s (an infinite loop?); the cells after it were still run",
-                        timed_out=True,
-                    )
-                )
-                if budget is not None and later_cell_seconds is not None:
-                    budget = min(budget, later_cell_seconds)
-            except SyntaxError as exc:
-                if exc.lineno is not None:
-                    exc.lineno += line - 1
-                errors.append(protocol.CellProblem(number, "SyntaxError", protocol.safe_str(exc, MAX_MESSAGE_CHARS)))
-            except BaseException as exc:  # SystemExit too: a cell that exits does not end the load
-                errors.append(
-                    protocol.CellProblem(number, type(exc).__name__, protocol.safe_str(exc, MAX_MESSAGE_CHARS))
-                )
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        listed = [e for n, e in enumerate(errors) if e.timed_out or n < MAX_LOAD_ERRORS]
-        if len(listed) < len(errors):
-            listed[-1].message += f" (and {len(errors) - len(listed)} more cells raised errors, not listed)"
-        defined = {name: type(self.namespace[name]).__name__ for name in self.contract if name in self.namespace}
-        return protocol.Loaded(listed, defined)
+        return run_cells(request, self.namespace, self.contract)
 
     def op_get(self, request: protocol.GetRequest) -> Any:
         return self.namespace.get(request.name, protocol.MISSING)
@@ -284,24 +233,7 @@ class Session:
         if grad_out is not None:
             x.requires_grad_(True)
         head_calls: list[protocol.HeadCall] = []
-        removers = []
-        heads: Any = getattr(module, "heads", None)
-        if request.hooks and isinstance(heads, torch.nn.ModuleList):
-            for index, head in enumerate(heads):
-
-                def record(mod: object, args: tuple[Any, ...], output: object, index: int = index) -> None:
-                    first = args[0] if args else None
-                    head_calls.append(
-                        protocol.HeadCall(
-                            index,
-                            isinstance(first, torch.Tensor)
-                            and first.shape == sent.shape
-                            and bool(torch.equal(first.detach(), sent)),
-                            output.detach().cpu().clone() if isinstance(output, torch.Tensor) else None,
-                        )
-                    )
-
-                removers.append(head.register_forward_hook(record))
+        removers = watch_heads(torch, module, sent, head_calls) if request.hooks else []
         torch.manual_seed(request.seed)
         try:
             y = module(x)
@@ -338,44 +270,9 @@ class Session:
         On CUDA a buffer of `flush_bytes` is overwritten before each forward (a cold L2 cache) and the
         device is synchronised after each one (no forward overlaps the next). An exception ends the calls:
         its error reply answers the call (or the request) it happened in."""
-        torch = self.torch
         module = self.objects[request.handle]
         module.eval()
-        shape, calls, dtype = request.shape, request.calls, request.dtype
-        device = self.setup.device
-        cuda = device.startswith("cuda")
-        if request.threads:
-            torch.set_num_threads(request.threads)
-        flush_bytes = request.flush_bytes
-        flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if cuda and flush_bytes else None
-        out_shape = (*shape[:-1], request.out_features)
-        channel = self.channel
-        outputs: list[Any] = []
-        channel.send(*self.reply(None))  # ready: the grader's clock started before the request was sent
-        with torch.no_grad():
-            for _ in range(calls):
-                frame, _blobs = channel.receive()
-                seed = protocol.TimedCall.of(frame).seed
-                generator = torch.Generator(device=device).manual_seed(seed)
-                x = torch.randn(shape, generator=generator, device=device, dtype=getattr(torch, dtype))
-                probe = torch.randn(out_shape, generator=generator, device=device).double()
-                if flush is not None:
-                    flush.fill_(seed & 0xFF)
-                y = module(x)
-                if not isinstance(y, torch.Tensor) or tuple(y.shape) != out_shape:
-                    raise ValueError(
-                        f"the forward returned {getattr(y, 'shape', type(y).__name__)} for an input of "
-                        f"shape {tuple(shape)}; expected a tensor of shape {out_shape}"
-                    )
-                y = y.detach().to(torch.float64, copy=True)
-                outputs.append(y)
-                answer = torch.stack([(y * probe).sum(-1), y.abs().sum(-1), (y * y).sum(-1)], -1)
-                if cuda:
-                    torch.cuda.synchronize()
-                channel.send(*self.reply(answer.cpu()))
-        frame, _blobs = channel.receive()  # the grader's clock has stopped: which outputs it wants whole
-        show = protocol.ShowOutputs.of(frame, calls).show
-        channel.send(*self.reply(protocol.TimedShown([outputs[i].cpu() for i in show])))
+        timed_forwards(self.torch, module, request, self.setup.device, self.channel, self.reply)
         return Streamed()
 
     def op_capture(self, request: protocol.CaptureRequest) -> protocol.Captured:
@@ -419,37 +316,168 @@ class Session:
         if request.table is None:
             return
         self.stood_in[request.name] = self.namespace.get(request.name, protocol.MISSING)
-        torch, table, name = self.torch, [(list(args), value) for args, value in request.table], request.name
-
-        def same(given: Any, expected: Any) -> bool:
-            if isinstance(expected, torch.Tensor):
-                return (
-                    isinstance(given, torch.Tensor)
-                    and given.shape == expected.shape
-                    and torch.allclose(given.detach().cpu().double(), expected.double(), rtol=1e-4, atol=1e-6)
-                )
-            if isinstance(expected, (list, tuple)):
-                return (
-                    isinstance(given, (list, tuple))
-                    and len(given) == len(expected)
-                    and all(same(g, e) for g, e in zip(given, expected))
-                )
-            return bool(given == expected)
-
-        def stand_in(*args: Any) -> Any:
-            for inputs, value in table:
-                if same(list(args), inputs):
-                    if isinstance(value, torch.Tensor) and args and isinstance(args[0], (list, tuple)) and args[0]:
-                        return value.to(args[0][0].device)
-                    return value
-            raise LookupError(f"{name} (a stand-in of the grader's) was called with other values than it expected")
-
-        self.namespace[name] = stand_in
+        table = [(list(args), value) for args, value in request.table]
+        self.namespace[request.name] = stand_in(self.torch, request.name, table)
 
     def lookup(self, name: str) -> Any:
         if name not in self.namespace:
             raise NameError(f"{name} is not defined in your file")
         return self.namespace[name]
+
+
+def watch_heads(torch: types.ModuleType, module: Any, sent: Any, calls: list[protocol.HeadCall]) -> list[Any]:
+    """Forward hooks on a wrapper's `heads` (a ModuleList; none otherwise) that note into `calls` each head's call:
+    its index, whether it received the input `sent` unchanged, and its output; the hooks' removers."""
+    heads: Any = getattr(module, "heads", None)
+    if not isinstance(heads, torch.nn.ModuleList):
+        return []
+    removers = []
+    for index, head in enumerate(heads):
+
+        def record(mod: object, args: tuple[Any, ...], output: object, index: int = index) -> None:
+            first = args[0] if args else None
+            calls.append(
+                protocol.HeadCall(
+                    index,
+                    isinstance(first, torch.Tensor)
+                    and first.shape == sent.shape
+                    and bool(torch.equal(first.detach(), sent)),
+                    output.detach().cpu().clone() if isinstance(output, torch.Tensor) else None,
+                )
+            )
+
+        removers.append(head.register_forward_hook(record))
+    return removers
+
+
+def timed_forwards(
+    torch: types.ModuleType,
+    module: Any,
+    request: protocol.ForwardManyRequest,
+    device: str,
+    channel: Channel,
+    reply: Callable[[Any], tuple[dict[str, Any], list[bytes | bytearray]]],
+) -> None:
+    """`Session.op_forward_many`'s exchange: ready, then one answer per call's seed, then the outputs shown."""
+    shape, calls, dtype = request.shape, request.calls, request.dtype
+    cuda = device.startswith("cuda")
+    if request.threads:
+        torch.set_num_threads(request.threads)
+    flush_bytes = request.flush_bytes
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device) if cuda and flush_bytes else None
+    out_shape = (*shape[:-1], request.out_features)
+    outputs: list[Any] = []
+    channel.send(*reply(None))  # ready: the grader's clock started before the request was sent
+    with torch.no_grad():
+        for _ in range(calls):
+            frame, _blobs = channel.receive()
+            seed = protocol.TimedCall.of(frame).seed
+            generator = torch.Generator(device=device).manual_seed(seed)
+            x = torch.randn(shape, generator=generator, device=device, dtype=getattr(torch, dtype))
+            probe = torch.randn(out_shape, generator=generator, device=device).double()
+            if flush is not None:
+                flush.fill_(seed & 0xFF)
+            y = module(x)
+            if not isinstance(y, torch.Tensor) or tuple(y.shape) != out_shape:
+                raise ValueError(
+                    f"the forward returned {getattr(y, 'shape', type(y).__name__)} for an input of "
+                    f"shape {tuple(shape)}; expected a tensor of shape {out_shape}"
+                )
+            y = y.detach().to(torch.float64, copy=True)
+            outputs.append(y)
+            answer = torch.stack([(y * probe).sum(-1), y.abs().sum(-1), (y * y).sum(-1)], -1)
+            if cuda:
+                torch.cuda.synchronize()
+            channel.send(*reply(answer.cpu()))
+    frame, _blobs = channel.receive()  # the grader's clock has stopped: which outputs it wants whole
+    show = protocol.ShowOutputs.of(frame, calls).show
+    channel.send(*reply(protocol.TimedShown([outputs[i].cpu() for i in show])))
+
+
+def run_cells(request: protocol.LoadRequest, namespace: dict[str, Any], contract: Iterable[str]) -> protocol.Loaded:
+    """`Session.op_load`'s cells, run in `namespace`: what raised or was stopped, and what the file defines of the
+    names in `contract`, by type."""
+    filename, skip, later_cell_seconds = request.filename, request.skip, request.later_cell_seconds
+    errors: list[protocol.CellProblem] = []
+    budget = request.cell_seconds
+
+    def stop(signum: int, frame: types.FrameType | None) -> None:
+        raise CellTimeout()
+
+    signal.signal(signal.SIGALRM, stop)
+    for number, line, source in request.cells:
+        if number in skip:
+            errors.append(
+                protocol.CellProblem(
+                    number, "TimeLimit", "not run again: it did not finish in an earlier attempt", timed_out=True
+                )
+            )
+            continue
+        name = f"<{filename}, cell {number}>"
+        lines = source.splitlines(True)
+        linecache.cache[name] = (len(source), None, [""] * (line - 1) + lines, name)
+        try:
+            try:
+                if budget:
+                    signal.setitimer(signal.ITIMER_REAL, budget)
+                tree = ast.parse(source, name)
+                ast.increment_lineno(tree, line - 1)
+                exec(compile(tree, name, "exec"), namespace)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except CellTimeout:
+            errors.append(
+                protocol.CellProblem(
+                    number,
+                    "TimeLimit",
+                    f"stopped after {budget:g} s (an infinite loop?); the cells after it were still run",
+                    timed_out=True,
+                )
+            )
+            if budget is not None and later_cell_seconds is not None:
+                budget = min(budget, later_cell_seconds)
+        except SyntaxError as exc:
+            if exc.lineno is not None:
+                exc.lineno += line - 1
+            errors.append(protocol.CellProblem(number, "SyntaxError", protocol.safe_str(exc, MAX_MESSAGE_CHARS)))
+        except BaseException as exc:  # SystemExit too: a cell that exits does not end the load
+            errors.append(protocol.CellProblem(number, type(exc).__name__, protocol.safe_str(exc, MAX_MESSAGE_CHARS)))
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    listed = [e for n, e in enumerate(errors) if e.timed_out or n < MAX_LOAD_ERRORS]
+    if len(listed) < len(errors):
+        listed[-1].message += f" (and {len(errors) - len(listed)} more cells raised errors, not listed)"
+    defined = {name: type(namespace[name]).__name__ for name in contract if name in namespace}
+    return protocol.Loaded(listed, defined)
+
+
+def stand_in(torch: types.ModuleType, name: str, table: list[tuple[list[Any], Any]]) -> Callable[..., Any]:
+    """A stand-in for the submission's `name` (`Session.op_stand_in`): it answers the calls whose arguments are
+    those of a row of `table` with that row's value, and refuses any other."""
+
+    def same(given: Any, expected: Any) -> bool:
+        if isinstance(expected, torch.Tensor):
+            return (
+                isinstance(given, torch.Tensor)
+                and given.shape == expected.shape
+                and torch.allclose(given.detach().cpu().double(), expected.double(), rtol=1e-4, atol=1e-6)
+            )
+        if isinstance(expected, (list, tuple)):
+            return (
+                isinstance(given, (list, tuple))
+                and len(given) == len(expected)
+                and all(same(g, e) for g, e in zip(given, expected))
+            )
+        return bool(given == expected)
+
+    def standing_in(*args: Any) -> Any:
+        for inputs, value in table:
+            if same(list(args), inputs):
+                if isinstance(value, torch.Tensor) and args and isinstance(args[0], (list, tuple)) and args[0]:
+                    return value.to(args[0][0].device)
+                return value
+        raise LookupError(f"{name} (a stand-in of the grader's) was called with other values than it expected")
+
+    return standing_in
 
 
 class Streamed:
