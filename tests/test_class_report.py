@@ -223,13 +223,13 @@ def test_hidden_checks_mistakes_are_counted_before_the_release_and_named_after_i
 
 
 def test_a_failure_carries_its_named_mistake_into_results_json_and_a_hidden_one_is_not_credited(pytester, tmp_path):
-    """The check names its mistake where it fails (`harness.fail(..., mistake=)`, or a `harness.Problem` passed
+    """The check names its mistake where it fails (`harness.fail(..., mistake=)`, or a `harness.Failure` passed
     on through `attempt`); the plugin and the scoring keep it on the row, results.json keeps it, and it reads
     back. A row that is not credited (speed waiting on wrong values, a shared cause said elsewhere) names none."""
     pytester.makepyfile(
         test_mha='''
 import pytest
-from autograder.grading.checks.harness import Problem, attempt, fail
+from autograder.grading.checks.harness import Failure, attempt, fail
 
 @pytest.mark.part("mha")
 def test_named():
@@ -240,7 +240,7 @@ def test_named():
 def test_passed_on():
     """a check that passes on a request's problem"""
     def request():
-        fail(Problem("the request failed", mistake="the-request-mistake"))
+        fail(Failure("the request failed", mistake="the-request-mistake"))
     _, problem = attempt(request)
     fail(problem)
 
@@ -268,9 +268,10 @@ def test_unnamed():
     assert [c.mistake for c in GradingRun.from_gradescope(json.loads(json.dumps(results))).checks] == [
         c.mistake for c in checks
     ]
-    # a reworded message is a plain str again: the check must name the mistake where it rewords
-    problem = harness.Problem("the request failed", mistake="m")
-    assert harness.mistake_of(problem) == "m" and harness.mistake_of(problem + " (and more)") == ""
+    # a failure reworded keeps its mistake; words alone (a str) carry none
+    problem = harness.Failure("the request failed", mistake="m")
+    assert harness.mistake_of(problem.reworded(f"{problem} (and more)")) == "m"
+    assert harness.mistake_of(f"{problem} (and more)") == ""
     # a problem many checks share is named by the first check that meets it, and by no other
     shared = [Outcome(f"mha::test_{n}", "mha", n, FAILED, "the story", cause="CAUSE") for n in "ab"]
     assert [(c.status, c.mistake) for c in score(shared, rubric)] == [(FAILED, "CAUSE"), (NOT_CREDITED, "")]

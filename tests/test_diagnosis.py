@@ -9,14 +9,14 @@ import pytest
 from autograder.grading.checks.harness import (
     WRONG_SHAPE,
     WRONG_VALUES,
-    Problem,
+    Failure,
     assert_close,
     attempt,
     diagnosis_of,
     fail,
     mistake_of,
 )
-from autograder.grading.plugin import CheckFailed
+from autograder.grading.plugin import CheckFailed, SharedProblem
 from autograder.grading.scoring import Outcome, score
 from autograder.model import CANNOT_GRADE, FAILED, PASSED, TIMING_LOCK, GradingRun
 from autograder.rubric import load_rubric
@@ -63,16 +63,24 @@ def test_checks_of_a_part_with_one_diagnosis_say_it_once_whatever_their_words(tm
 
 
 def test_a_failure_carries_its_diagnosis_from_where_it_was_raised():
-    """`fail` names the diagnosis given, else the mistake, else the one its message (a `Problem`) carries; a
-    `Problem` carries both through `attempt` to the check that passes it on."""
+    """`fail` names the diagnosis given, else the mistake, else the one a `Failure` carries; a `Failure` carries
+    both through `attempt` to the check that passes it on, and through `reworded` words; a shared cause and its
+    owner travel the same way, and make the failure a `SharedProblem` wherever it is raised again."""
     assert raised(fail, "whatever is said", mistake="a named mistake").diagnosis == "a named mistake"
     assert raised(fail, "x", mistake="counted", diagnosis="what went wrong").diagnosis == "what went wrong"
     assert raised(fail, "said in its own way").diagnosis == ""  # names none: its own
-    problem = Problem("relayed", mistake="m", diagnosis="d")
+    problem = Failure("relayed", mistake="m", diagnosis="d")
     failed = raised(fail, problem)
     assert (failed.mistake, failed.diagnosis) == ("m", "d")
+    failed = raised(fail, problem.reworded(f"{problem} (and more)"))
+    assert (failed.msg, failed.mistake, failed.diagnosis) == ("relayed (and more)", "m", "d")
     _, caught = attempt(fail, "inner words", diagnosis="the inner diagnosis")
     assert (diagnosis_of(caught), mistake_of(caught)) == ("the inner diagnosis", "")
+    shared = Failure("cell 3 has a syntax error", mistake="syntax", cause="cell 3", owner="combine")
+    _, caught = attempt(fail, shared)
+    with pytest.raises(SharedProblem) as again:
+        fail(caught.reworded(f"{caught}; and so on"))
+    assert (again.value.cause, again.value.owner, again.value.mistake) == ("cell 3", "combine", "syntax")
 
 
 def test_wrong_values_on_two_inputs_are_one_diagnosis_whatever_their_labels_and_numbers():

@@ -179,6 +179,25 @@ def test_slow():
     assert plugin.grader_errors and "Timeout" in plugin.grader_errors[0]
 
 
+def test_pytest_timeouts_message_is_told_apart_by_its_exported_words():
+    """pytest-timeout's failure is its exported message (`PYTEST_FAILURE_MESSAGE`) with the limit in it, whole;
+    a check's own message that merely contains it, or another number, is not."""
+    from pytest_timeout import PYTEST_FAILURE_MESSAGE
+
+    from autograder.grading.plugin import stopped_by_pytest_timeout
+
+    assert stopped_by_pytest_timeout(PYTEST_FAILURE_MESSAGE % 120) and stopped_by_pytest_timeout(
+        PYTEST_FAILURE_MESSAGE % 1.5
+    )
+    for other in (
+        "",
+        PYTEST_FAILURE_MESSAGE % "",
+        PYTEST_FAILURE_MESSAGE % "soon",
+        "values differ: " + PYTEST_FAILURE_MESSAGE % 1,
+    ):
+        assert not stopped_by_pytest_timeout(other), other
+
+
 def test_a_pytest_plugin_installed_beside_the_grader_never_joins_the_checks(tmp_path, monkeypatch):
     """The checks run with pytest's plugin autoload off (`--disable-plugin-autoload`, never a process-wide
     environment variable): a plugin that an installed package declares (entry point `pytest11`) does not

@@ -13,11 +13,11 @@ is the grader's fault: it is recorded in `grader_errors`, and the run cannot gra
 
 from __future__ import annotations
 
-import re
 from collections.abc import Generator
 from pathlib import Path
 
 import pytest
+from pytest_timeout import PYTEST_FAILURE_MESSAGE  # type: ignore[import-untyped]  # pytest-timeout ships no types
 
 from autograder.grading.devices import TimingLockError
 from autograder.grading.scoring import Outcome
@@ -25,9 +25,21 @@ from autograder.grading.workers import CannotTime
 from autograder.model import FAILED, GRADER, NOT_CHARGED, NOT_CREDITED, PASSED, TIMING_LOCK, WORKER
 from autograder.rubric import Rubric, RubricError
 
-# How pytest-timeout fails a test (its whole message; no message of a check's own looks like it)
 CREDIT = "credit"  # the user property naming the fraction of its points a check earned
-PYTEST_TIMEOUT = re.compile(r"Timeout \(>[0-9.]+s\) from pytest-timeout\.")
+
+
+def stopped_by_pytest_timeout(message: str) -> bool:
+    """Whether a check's failure is pytest-timeout stopping it: its whole message is the plugin's own
+    (`PYTEST_FAILURE_MESSAGE`, the limit in seconds where it says %s); no message of a check's own is that."""
+    head, _, tail = PYTEST_FAILURE_MESSAGE.partition("%s")
+    seconds = message.removeprefix(head).removesuffix(tail)
+    if not (message.startswith(head) and message.endswith(tail)) or len(seconds) == len(message):
+        return False
+    try:
+        float(seconds)
+    except ValueError:
+        return False
+    return True
 
 
 def check_key(item: pytest.Item) -> str:
@@ -175,7 +187,7 @@ class ResultsPlugin:
                 outcome.status = PASSED
             return
         error = excinfo.value
-        if isinstance(error, pytest.fail.Exception) and not PYTEST_TIMEOUT.fullmatch(str(error.msg)):
+        if isinstance(error, pytest.fail.Exception) and not stopped_by_pytest_timeout(str(error.msg)):
             cause = getattr(error, "cause", "")
             if isinstance(error, NotCharged) and not cause:
                 outcome.status = NOT_CHARGED

@@ -48,6 +48,7 @@ from autograder.sandbox.protocol import (
     CallRequest,
     Captured,
     CaptureRequest,
+    CellProblem,
     DescribeRequest,
     Foreign,
     ForwardManyRequest,
@@ -114,30 +115,52 @@ def note(kind: str, **values: Any) -> None:
         notes.add(kind, **values)
 
 
-class Problem(str):
-    """A failure message that carries the likely mistake it names (`mistake`; see `model.CheckResult`) and
-    its diagnosis (`diagnosis`, see `fail`), so that they travel with the message through `attempt`,
-    `value_problem` and the checks that pass it on with `fail(problem)`. Text made from it by formatting is a
-    plain str again: give them to `fail` (or a new `Problem`) where a message is reworded."""
+@dataclass(frozen=True)
+class Failure:
+    """A check's failure as data, from where it is found (`attempt`, `value_problem`, a part's own comparisons)
+    to `fail` and the scorer: the message for the student; the likely mistake it names (`mistake`, see
+    `model.CheckResult`); what went wrong (`diagnosis`, else the mistake; see `fail`); and for a problem many
+    checks share (a name a cell with a syntax error left undefined), its `cause` and the part that `owner`s it
+    (`plugin.SharedProblem`). Words made from it keep the rest with `reworded`."""
 
-    mistake: str
-    diagnosis: str
+    message: str
+    mistake: str = ""
+    diagnosis: str = ""
+    cause: str = ""
+    owner: str = ""
 
-    def __new__(cls, message: str, mistake: str = "", diagnosis: str = "") -> Problem:
-        problem = super().__new__(cls, message)
-        problem.mistake = mistake
-        problem.diagnosis = diagnosis or mistake
-        return problem
+    def __post_init__(self) -> None:
+        if not self.diagnosis:
+            object.__setattr__(self, "diagnosis", self.mistake)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def reworded(self, message: str) -> Failure:
+        """The same failure in other words."""
+        return replace(self, message=message)
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Failure:
+        """The failure a check's failure (`fail`'s, `pytest.fail`'s) carries."""
+        message = getattr(exc, "msg", None)
+        return cls(
+            str(message) if message is not None else str(exc),
+            getattr(exc, "mistake", ""),
+            getattr(exc, "diagnosis", ""),
+            getattr(exc, "cause", ""),
+            getattr(exc, "owner", ""),
+        )
 
 
-def mistake_of(message: object) -> str:
-    """The likely mistake a message (a `Problem`) or a check's failure (`fail`'s) carries, or ""."""
-    return getattr(message, "mistake", "")
+def mistake_of(failure: object) -> str:
+    """The likely mistake a `Failure` or a check's failure (`fail`'s) carries, or ""."""
+    return getattr(failure, "mistake", "")
 
 
-def diagnosis_of(message: object) -> str:
-    """The diagnosis a message (a `Problem`) or a check's failure (`fail`'s) carries, or ""."""
-    return getattr(message, "diagnosis", "")
+def diagnosis_of(failure: object) -> str:
+    """The diagnosis a `Failure` or a check's failure (`fail`'s) carries, or ""."""
+    return getattr(failure, "diagnosis", "")
 
 
 # The mistakes named by what happened to the request rather than by what the code computed.
@@ -147,7 +170,6 @@ WORKER_MISTAKES: dict[type[WorkerError], str] = {
     WorkerTimeout: "the code does not finish in time (an endless loop?)",
     WorkerCrashed: "the code ends the worker process (a crash, or an exit)",
 }
-_FRAME = re.compile(r'^  File "<[^"\n]*>", line \d+, in (\w+)$', re.MULTILINE)
 
 
 UNDEFINED = re.compile(r"name '(\w+)' is not defined|(\w+) is not defined in your file")  # the worker says either
@@ -160,34 +182,25 @@ def defined_names(source: str) -> set[str]:
     return {def_name or assigned for def_name, assigned in DEFINES.findall(source)}
 
 
-def raised_in(problem: str | None) -> str | None:
-    """The function of the student's file that raised the error a failure message reports (the deepest frame
-    of its traceback), or None: so that a check blames a part it depends on only when the error is in it."""
-    frames = _FRAME.findall(problem or "")
-    return frames[-1] if frames else None
-
-
 SYNTAX_ERROR = "a cell of the file has a syntax error, so the names it defines are missing"
-SYNTAX = re.compile(r"cell (\d+) of your file, which defines (\w+), has a syntax error: (.*?)\. Fix it first")
 
 
-def fail(message: str, mistake: str = "", diagnosis: str = "") -> NoReturn:
+def fail(failure: str | Failure, mistake: str = "", diagnosis: str = "") -> NoReturn:
     """Fail the current check with a message for the student (no Python traceback of ours), naming the
-    likely mistake (`mistake`, else the one `message` carries) for the class report's count, and what went
-    wrong (`diagnosis`, else the mistake given, else the one `message` carries): the same words for every case
+    likely mistake (`mistake`, else the one a `Failure` carries) for the class report's count, and what went
+    wrong (`diagnosis`, else the mistake given, else the one it carries): the same words for every case
     that meets it, whatever the message says of the case. The cases of a check, and the checks of a part,
     whose failures have one diagnosis say it once (`scoring`); a failure with none is its own. A failure
-    for a cell with a syntax error (`Submission.undefined`), which many checks meet, is said in full once."""
-    note("failed", message=str(message))
-    broken = SYNTAX.search(message)
-    if broken:
-        cause = f"cell {broken.group(1)} of your file has a syntax error: {broken.group(3)}"
-        # the part whose cell it is: the checks of other parts that need its names are not charged
-        raise SharedProblem(message, cause=cause, mistake=SYNTAX_ERROR, owner=PART_OF_NAME.get(broken.group(2), ""))
-    raise CheckFailed(str(message), mistake or mistake_of(message), diagnosis or mistake or diagnosis_of(message))
+    with a `cause` that many checks meet (a cell with a syntax error, `Submission.undefined`) is said in full
+    once (`SharedProblem`)."""
+    found = failure if isinstance(failure, Failure) else Failure(failure)
+    note("failed", message=found.message)
+    if found.cause:
+        raise SharedProblem(found.message, cause=found.cause, mistake=found.mistake, owner=found.owner)
+    raise CheckFailed(found.message, mistake or found.mistake, diagnosis or mistake or found.diagnosis)
 
 
-def fail_if(problem: str | None) -> None:
+def fail_if(problem: Failure | None) -> None:
     """Fail with `problem`, the message a comparison found (`value_problem`, a part's `output_problem`), if any."""
     if problem:
         fail(problem)
@@ -289,10 +302,21 @@ class Submission:
             self.failed(exc)
 
     def undefined(self, name: str, message: str) -> NoReturn:
-        """Fail for a name the file does not define; one diagnosis, said once, when a syntax error is why."""
+        """Fail for a name the file does not define; one diagnosis, said once, when a syntax error is why: a
+        problem the checks of other parts that need the name meet too, owned by the part whose cell it is (they
+        are not charged for it)."""
         broken = unparsed(self.worker, name)
-        said = f"{broken}. Fix it first: nothing in that cell runs until then" if broken else message
-        fail(said, diagnosis=f"`{name}` is not defined")
+        if broken is None:
+            fail(message, diagnosis=f"`{name}` is not defined")
+        fail(
+            Failure(
+                f"cell {broken.cell} of your file, which defines {name}, has a syntax error: {broken.message}. "
+                "Fix it first: nothing in that cell runs until then",
+                mistake=SYNTAX_ERROR,
+                cause=f"cell {broken.cell} of your file has a syntax error: {broken.message}",
+                owner=PART_OF_NAME.get(name, ""),
+            )
+        )
 
     def failed(self, exc: WorkerError) -> NoReturn:
         """Fail the check for what went wrong in the worker, in the student's terms."""
@@ -465,7 +489,7 @@ class Submission:
         )
 
 
-def unparsed(worker: Worker, name: str) -> str | None:
+def unparsed(worker: Worker, name: str) -> CellProblem | None:
     """When `name` is missing because the cell that defines it has a syntax error (the file loaded, that
     cell did not): where that cell is, and the error, in the file's lines; else None. Read from the cells'
     text and the load report, in this process: nothing of the file runs here."""
@@ -475,7 +499,7 @@ def unparsed(worker: Worker, name: str) -> str | None:
             continue
         for number, _line, source in worker.cells:
             if number == problem.cell and name in defined_names(str(source)):
-                return f"cell {number} of your file, which defines {name}, has a syntax error: {problem.message}"
+                return problem
     return None
 
 
@@ -504,7 +528,7 @@ def constructor_changed(
         rule = f"the grader builds your {cls} with the given constructor's arguments, in their order: {given}"
         if built is not None:
             return f"{rule}; yours takes them in another order. Keep the given constructor as it is."
-        if by_name and re.search(r"unexpected keyword argument|required positional argument", by_name):
+        if by_name and re.search(r"unexpected keyword argument|required positional argument", by_name.message):
             return f"{rule}; yours takes other arguments. Keep the given constructor as it is."
         return None
     if state_dict is not None and isinstance(unloaded, ModuleInfo) and unloaded.state_dict is not None:
@@ -800,7 +824,7 @@ def check_gradients(
 # the part's values are right on the check's own case.
 
 
-def attempt(request: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> tuple[R | None, str | None]:
+def attempt(request: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> tuple[R | None, Failure | None]:
     """Run one Submission request: (its answer, None), or (None, the message the check would have failed
     with), so that a check can explain a failure before reporting it. A check that cannot be scored at all
     (`NotCredited`) stays so."""
@@ -809,7 +833,7 @@ def attempt(request: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> tuple
     except NotCredited:
         raise
     except pytest.fail.Exception as exc:
-        return None, Problem(str(exc.msg), mistake_of(exc), diagnosis_of(exc))
+        return None, Failure.of(exc)
 
 
 def value_problem(
@@ -819,22 +843,22 @@ def value_problem(
     rubric: Rubric,
     what: str,
     diagnose: Diagnose | None = None,
-) -> str | None:
-    """The message `assert_close` would fail with, or None when `actual` is right."""
+) -> Failure | None:
+    """The failure `assert_close` would fail with, or None when `actual` is right."""
     try:
         assert_close(actual, expected, dtype_name, rubric, what, diagnose)
     except pytest.fail.Exception as exc:
-        return Problem(str(exc.msg), mistake_of(exc), diagnosis_of(exc))
+        return Failure.of(exc)
     return None
 
 
-def values_first(problem: str | None, what: str) -> None:
+def values_first(problem: Failure | None, what: str) -> None:
     """A property check whose case's output is wrong is not credited: a property of a wrong answer earns
     nothing, and the check accuses the code of nothing of its own (its name may say "no loop over heads"
     of code that has no loop). The reason keeps what is wrong with the output, not the likely mistake,
     which the value checks name."""
     if problem is not None:
-        wrong = problem.split("\nLikely mistake:")[0]
+        wrong = problem.message.split("\nLikely mistake:")[0]
         raise NotCredited(
             f"not credited: {what[:1].lower()}{what[1:]} counts only once the output on this check's input is right, "
             f"and it is not yet ({wrong})"
@@ -955,11 +979,12 @@ _INTERNAL_ERRORS = (
 
 
 def in_student_terms(
-    message: str, function: str, *, tokens: int | None = None, context_length: int | None = None
-) -> str:
-    """A failure message with PyTorch's internal errors (a mask not cut to T x T, dtypes, devices, gradients,
-    in-place changes, views) explained in the student's terms, naming the function to fix. Messages that
-    are no such error come back unchanged."""
+    failure: Failure, function: str, *, tokens: int | None = None, context_length: int | None = None
+) -> Failure:
+    """A failure with PyTorch's internal errors (a mask not cut to T x T, dtypes, devices, gradients, in-place
+    changes, views) explained in the student's terms, naming the function to fix. A failure that is no such error
+    comes back as it is (the same object)."""
+    message = failure.message
     size = _SIZE_ERROR.search(message)
     if (
         size
@@ -968,7 +993,7 @@ def in_student_terms(
         and tokens != context_length
         and {int(size.group(1)), int(size.group(2))} == {tokens, context_length}
     ):
-        return Problem(
+        return Failure(
             f"Likely mistake: {function} fails for {tokens} tokens when context_length is {context_length}: "
             f"{MASK_NOT_CUT}.\n{message}",
             mistake=MASK_NOT_CUT,
@@ -976,8 +1001,8 @@ def in_student_terms(
     for _, pattern, text in _INTERNAL_ERRORS:
         if pattern.search(message):
             said = text.format(function=function)
-            return Problem(f"Likely mistake: {said}.\n{message}", mistake=said)
-    return message
+            return Failure(f"Likely mistake: {said}.\n{message}", mistake=said)
+    return failure
 
 
 def forward_checked(
@@ -994,10 +1019,11 @@ def forward_checked(
     known mistake that raises the same error on this input, if any (the part's own variants)."""
     answer, problem = attempt(submission.forward, module, x, **kwargs)
     if answer is None:
+        failure = problem or Failure("")
         said = in_student_terms(
-            problem or "", function, tokens=x.shape[1] if x.dim() == 3 else None, context_length=context_length
+            failure, function, tokens=x.shape[1] if x.dim() == 3 else None, context_length=context_length
         )
-        unexplained = said is problem  # in_student_terms found no internal error to explain
-        mistake = explain(said) if explain is not None and unexplained else None
-        fail(Problem(f"Likely mistake: {mistake}.\n{said}", mistake=mistake) if mistake else said)
+        unexplained = said is failure  # in_student_terms found no internal error to explain
+        mistake = explain(said.message) if explain is not None and unexplained else None
+        fail(Failure(f"Likely mistake: {mistake}.\n{said}", mistake=mistake) if mistake else said)
     return answer

@@ -14,10 +14,8 @@ from autograder.grading.checks.harness import (
     Raised,
     Submission,
     attempt,
-    diagnosis_of,
     fail,
     matches,
-    mistake_of,
     note,
     stub_left,
 )
@@ -140,17 +138,25 @@ def test_split_columns(submission: Submission, inputs: Inputs, d_in: int, d_out:
     given, problem = attempt(submission.call, "split_columns", W, num_heads)
     if problem:
         note = wrong_ranges(submission, d_out, num_heads)
-        if note is None and d_in % num_heads and "split evenly" in problem:  # the rows were split, not the columns
+        if (
+            note is None and d_in % num_heads and "split evenly" in problem.message
+        ):  # the rows were split, not the columns
             fail(
                 f"{problem}\n({d_in} rows do not split into {num_heads} heads)\nLikely mistake: {ROWS_INSTEAD_OF_COLUMNS}",
                 mistake=ROWS_INSTEAD_OF_COLUMNS,
             )
         fail(
-            problem
-            + (f"\nIf split_columns uses head_column_ranges: {note}; fix that first (see its checks)." if note else ""),
-            mistake=mistake_of(problem),
-            diagnosis=f"{diagnosis_of(problem)}{' (and head_column_ranges is wrong)' if note else ''}"
-            if diagnosis_of(problem)
+            problem.reworded(
+                problem.message
+                + (
+                    f"\nIf split_columns uses head_column_ranges: {note}; fix that first (see its checks)."
+                    if note
+                    else ""
+                )
+            ),
+            mistake=problem.mistake,
+            diagnosis=f"{problem.diagnosis}{' (and head_column_ranges is wrong)' if note else ''}"
+            if problem.diagnosis
             else "",
         )
     expected = ref.split_columns(W, num_heads)

@@ -60,7 +60,7 @@ def check_combine(
                     f"returns what this mistake gives.\n{problem}\nLikely mistake: {hint}",
                     mistake=hint,
                 )
-        joined = re.search(r"Sizes of tensors must match except in dimension (\d+)", problem)
+        joined = re.search(r"Sizes of tensors must match except in dimension (\d+)", problem.message)
         if joined and int(joined.group(1)) in WRONG_DIMENSION:
             fail(
                 f"{what}: heads of different widths do not line up along dimension {joined.group(1)}; only the last "

@@ -20,9 +20,9 @@ import torch
 
 from autograder.grading.checks.harness import (
     CONSTRUCTOR_CAUSE,
+    Failure,
     Inputs,
     NotCredited,
-    Problem,
     Submission,
     assert_close,
     attempt,
@@ -76,7 +76,7 @@ def fused_pair(
     )
     fused, problem = fuse(submission, wrapper, width, heads)
     if problem:
-        if "object has no attribute" in problem:  # fuse_heads may use what the given constructor makes
+        if "object has no attribute" in problem.message:  # fuse_heads may use what the given constructor makes
             constructor_kept(submission, d_in, width * heads, context, heads, bias)
         fail(problem)
     if not isinstance(fused, ModuleInfo):
@@ -86,7 +86,7 @@ def fused_pair(
     return wrapper_ref, wrapper, fused
 
 
-def fuse(submission: Submission, wrapper: ModuleInfo, width: int, heads: int) -> tuple[object, str | None]:
+def fuse(submission: Submission, wrapper: ModuleInfo, width: int, heads: int) -> tuple[object, Failure | None]:
     """fuse_heads of the student's wrapper. While the student's head_column_ranges is wrong (or raises) for these
     sizes, fuse_heads runs with a stand-in for it that answers them with the right ranges (values only): fuse
     is graded on what it adds, the ranges' mistake is charged in the columns part alone."""
@@ -142,7 +142,7 @@ def placement_problem(
     case: str,
     wrapper_ref: ref.MultiHeadAttentionWrapper,
     fused: ModuleInfo,
-) -> str | None:
+) -> Failure | None:
     """None when the fused weights, run through the reference forward, reproduce the wrapper."""
     d_in, width, context, heads, bias = CASES[case]
     state = fused.state_dict or {}
@@ -153,14 +153,14 @@ def placement_problem(
     for name, tensor in expected.items():
         if name not in state or not isinstance(state[name], torch.Tensor) or state[name].shape != tensor.shape:
             got = tuple(state[name].shape) if isinstance(state.get(name), torch.Tensor) else "nothing"
-            return (
+            return Failure(
                 f"the fused module's {name} is {got}, expected {tuple(tensor.shape)}: fuse_heads must build "
                 f"MultiHeadAttention(d_in={d_in}, d_out={width * heads}, context_length={context}, dropout, "
                 f"num_heads={heads}, qkv_bias={bias}), taking every size from the wrapper"
             )
     unexpected = sorted(set(state) - set(expected))
     if unexpected:
-        return (
+        return Failure(
             f"the fused module has weights a MultiHeadAttention(..., qkv_bias={bias}) does not have: {unexpected[:3]}"
         )
     module.load_state_dict({k: v.double() if v.is_floating_point() else v for k, v in state.items()})
@@ -183,8 +183,8 @@ def placement_problem(
     if problem is None:
         return None
     note = wrong_ranges(submission, width * heads, heads)
-    return Problem(
-        problem
+    return Failure(
+        problem.message
         + (
             f"\nLikely cause: {note}. If fuse_heads places each head's weights with "
             "head_column_ranges, fix that first (see the columns checks)."
@@ -226,7 +226,7 @@ def test_keeps_dtype_and_device(submission: Submission, inputs: Inputs, rubric: 
     if device != "cpu":
         d_in, _, context, _, _ = CASES[case]
         _, problem = attempt(submission.forward, fused, inputs.randn(1, context, d_in))
-        if problem and "device" in problem:
+        if problem and "device" in problem.message:
             fail(
                 f"Likely mistake: {NOT_ON_DEVICE}, e.g. .to(wrapper.heads[0].W_query.weight).\n{problem}",
                 mistake=NOT_ON_DEVICE,
@@ -255,9 +255,9 @@ def test_fused_output_equals_wrapper(
         return  # your MultiHeadAttention.forward fails on its own (see mha): nothing here to compare with
     answer, problem = attempt(submission.forward, fused, x)
     if answer is None:
-        if device != "cpu" and "device" in (problem or ""):
+        if device != "cpu" and problem is not None and "device" in problem.message:
             return  # charged in test_keeps_dtype_and_device
-        fail(in_student_terms(problem or "", "the fused module's forward"))
+        fail(in_student_terms(problem or Failure(""), "the fused module's forward"))
     assert_close(
         answer.y,
         mine.y,

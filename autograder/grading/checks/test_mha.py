@@ -22,6 +22,7 @@ from autograder.grading.checks.harness import (
     NOT_REPLAYABLE,
     OTHER_DEVICE,
     READY_MADE,
+    Failure,
     ForwardReply,
     Inputs,
     Submission,
@@ -109,7 +110,7 @@ def run(
 
 def output_problem(
     reference: ref.MultiHeadAttention, x: torch.Tensor, y: object, dtype_name: str, rubric: Rubric, what: str
-) -> str | None:
+) -> Failure | None:
     """None when y is the reference's output on x, else the failure message with a diagnosis."""
     x = x.to(reference.get_buffer("mask").device)
     return value_problem(
@@ -233,7 +234,7 @@ def test_gradients(submission: Submission, inputs: Inputs, rubric: Rubric) -> No
             output_problem(reference, x, run(submission, reference, module, x).y, "float64", rubric, "output"),
             "The gradient check",
         )
-        fail(in_student_terms(problem or "", FORWARD))
+        fail(in_student_terms(problem or Failure(""), FORWARD))
     values_first(output_problem(reference, x, answer.y, "float64", rubric, "output"), "The gradient check")
     x_ref = x.clone().requires_grad_(True)
     reference.zero_grad(set_to_none=True)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from autograder.grading.checks.harness import (
+    Failure,
     Inputs,
     NotCredited,
-    Problem,
     Submission,
     attempt,
     book_batch,
@@ -57,55 +57,55 @@ def head_layout(state: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
     return [shapes[i] for i in sorted(shapes)]
 
 
-def layout_problem(module: ModuleInfo, d_in: int, context: int, bias: bool) -> str | None:
+def layout_problem(module: ModuleInfo, d_in: int, context: int, bias: bool) -> Failure | None:
     """What is wrong with what make_2d_wrapper built, read off its class and weights, in the exercise's terms."""
     if "MultiHeadAttentionWrapper" not in module.instance_of:
-        return Problem(
+        return Failure(
             f"make_2d_wrapper returned a {module.cls}; return a MultiHeadAttentionWrapper",
             diagnosis="make_2d_wrapper does not return a MultiHeadAttentionWrapper",
         )
     state = module.state_dict or {}
     layout = head_layout(state)
     if len(layout) != 2:
-        return Problem(
+        return Failure(
             f"the wrapper has {len(layout)} head(s); the exercise keeps num_heads=2 and changes only the "
             "width of each head (d_out=1), so two heads of width 1 give 2-D context vectors",
             diagnosis=f"the wrapper has {len(layout)} head(s), not 2",
         )
     changed = describe_changed_heads(state)
     if changed:
-        return Problem(
+        return Failure(
             f"Likely mistake: {changed}. For 2-D context vectors keep num_heads=2 and pass d_out=1 to the wrapper.",
             mistake=HEAD_CHANGED,
         )
     widths = [shape[0] for shape in layout]
     if widths != [1, 1]:
-        return Problem(
+        return Failure(
             f"the heads have output widths {widths}; with 2 heads the combined width is 2 * d_out, "
             "so each head needs d_out=1",
             diagnosis="the heads are not of width 1",
         )
     if any(shape[1] != d_in for shape in layout):
-        return Problem(
+        return Failure(
             f"the heads take inputs of width {[s[1] for s in layout]}, expected d_in={d_in}: pass d_in on",
             diagnosis="d_in is not passed on",
         )
     has_bias = [f"heads.{h}.W_query.bias" in state for h in range(2)]
     if bias and not all(has_bias):
-        return Problem(
+        return Failure(
             f"make_2d_wrapper({d_in}, {context}, qkv_bias=True) built heads without biases: pass qkv_bias "
             "on, MultiHeadAttentionWrapper(..., qkv_bias=qkv_bias)",
             diagnosis="qkv_bias=True is not passed on",
         )
     if not bias and any(has_bias):
-        return Problem(
+        return Failure(
             f"make_2d_wrapper({d_in}, {context}) built heads with biases although qkv_bias is False: pass "
             "qkv_bias on instead of fixing it",
             diagnosis="qkv_bias=False is not passed on",
         )
     mask = state.get("heads.0.mask")
     if isinstance(mask, torch.Tensor) and tuple(mask.shape) != (context, context):
-        return Problem(
+        return Failure(
             f"the heads' causal masks are {tuple(mask.shape)} for context_length={context}: pass "
             "context_length on to the wrapper",
             diagnosis="context_length is not passed on",
@@ -113,7 +113,7 @@ def layout_problem(module: ModuleInfo, d_in: int, context: int, bias: bool) -> s
     expected = set(ref.make_2d_wrapper(d_in, context, qkv_bias=bias).state_dict())
     if set(state) != expected:
         odd = sorted(set(state) ^ expected)
-        return f"the wrapper's weights are not those of 2 CausalAttention heads of width 1 (look at {odd[:3]})"
+        return Failure(f"the wrapper's weights are not those of 2 CausalAttention heads of width 1 (look at {odd[:3]})")
     return None
 
 
@@ -141,7 +141,7 @@ def output_problem(
     dropout: float = 0.0,
     train: bool = False,
     seed: int = 0,
-) -> str | None:
+) -> Failure | None:
     """None when the 2-D wrapper's output is right: the reference's, or that of the student's own
     MultiHeadAttentionWrapper built with d_out=1 and 2 heads (same weights, same dropout draw)."""
     reference = reference_for(module, d_in, context, bias, dropout).to(submission.device)
@@ -154,11 +154,13 @@ def output_problem(
             if 0 <= call.index < 2 and (
                 call.output is None or value_problem(call.output, heads[call.index], "float32", rubric, "") is not None
             ):
-                return named(
-                    f"head {call.index} no longer computes what a CausalAttention computes on its own "
-                    "weights: change only the argument that sizes each head (d_out), never what a head "
-                    "computes",
-                    HEAD_CHANGED,
+                return Failure(
+                    named(
+                        f"head {call.index} no longer computes what a CausalAttention computes on its own "
+                        "weights: change only the argument that sizes each head (d_out), never what a head "
+                        "computes",
+                        HEAD_CHANGED,
+                    )
                 )
         expected = reference_forward(reference, on_device, train=train, seed=seed).cpu()
         problem = value_problem(
@@ -179,7 +181,7 @@ def output_problem(
         return None  # what your own wrapper computes: its forward and combine are graded in their parts
     if answer is None and own_problem is not None and module.cls == "MultiHeadAttentionWrapper":
         return None  # your own wrapper class, built right; its forward fails the same way (see wrapper)
-    return in_student_terms(problem or "", "the 2-D wrapper's forward (MultiHeadAttentionWrapper.forward)")
+    return in_student_terms(problem or Failure(""), "the 2-D wrapper's forward (MultiHeadAttentionWrapper.forward)")
 
 
 @pytest.mark.part("two_dim")

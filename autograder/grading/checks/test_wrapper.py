@@ -18,6 +18,7 @@ import torch
 
 from autograder.grading.checks.harness import (
     WORKER_MISTAKES,
+    Failure,
     ForwardReply,
     Inputs,
     NotCharged,
@@ -100,7 +101,7 @@ def output_problem(
     what: str,
     train: bool = False,
     seed: int = 0,
-) -> str | None:
+) -> Failure | None:
     """None when the wrapper's output y is right (see the module's docstring), else the failure message."""
     heads = reference_heads(reference, x, train, seed)
     problem = value_problem(
@@ -135,7 +136,7 @@ def run_wrapper(
             answer, problem = attempt(submission.forward, module, x, **kwargs)
         if answer is not None:
             return answer
-    fail(in_student_terms(problem or "", FORWARD))
+    fail(in_student_terms(problem or Failure(""), FORWARD))
 
 
 def combine_raises(submission: Submission, heads: list[torch.Tensor]) -> bool:
@@ -229,7 +230,7 @@ def test_gradients(submission: Submission, inputs: Inputs, rubric: Rubric) -> No
             submission, reference_heads(reference, x)
         ):
             raise NotCharged(STAND_IN_GRADIENTS)
-        fail(in_student_terms(problem or "", FORWARD))
+        fail(in_student_terms(problem or Failure(""), FORWARD))
     names = ["x", *(f"param:{n}" for n, _ in reference.named_parameters())]
     if not right:
         # The output is your combine's, not the reference's: its gradients cannot be computed here,
