@@ -141,12 +141,19 @@ def worker(isolation: str, forks_per_server: int, source: str = PORTRAIT, **sett
     return Worker([(1, 1, source)], "mha.py", config)
 
 
+# The portraits' workers have a /tmp of a size no other test asks for: a fork server of their own (a
+# `forks.ServerKey` of their own), which no earlier test's workers brought near its 50 forks, so that both
+# siblings are surely forked from one server.
+PORTRAITS_SCRATCH = (256 << 20) + 4096
+
+
 @pytest.fixture(scope="module", params=ISOLATIONS)
 def portraits(request):
     """A fresh worker's portrait and two forked siblings', alive at the same time, under one isolation."""
     isolation = request.param
-    fresh = worker(isolation, 0)
-    first, second = worker(isolation, 50), worker(isolation, 50)
+    own = {"scratch_bytes": PORTRAITS_SCRATCH}
+    fresh = worker(isolation, 0, **own)
+    first, second = worker(isolation, 50, **own), worker(isolation, 50, **own)
     try:
         found = {
             "isolation": isolation,
@@ -198,7 +205,7 @@ def test_the_session(portraits):
 
 def test_the_limits(portraits):
     same(portraits, "limits")
-    scratch = WorkerConfig().scratch_bytes  # no file larger than the sandbox's whole /tmp: the machine's disk too
+    scratch = PORTRAITS_SCRATCH  # no file larger than the sandbox's whole /tmp: the machine's disk too
     assert tuple(portraits["forked"]["limits"]["RLIMIT_FSIZE"]) == (scratch, scratch)
 
 
