@@ -460,8 +460,12 @@ class SpeedFigures:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class GradingRun:
+    """One grading of one submission, made once where the grading ends (`grade.grade_submission`, from what its
+    steps returned) or read back from results.json (`from_gradescope`); a copy with a field changed is
+    `dataclasses.replace`'s."""
+
     status: RunStatus
     submission: str
     device: str = ""

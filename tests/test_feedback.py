@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import re
+from dataclasses import replace
 
 import html5lib
 import pytest
@@ -90,11 +91,12 @@ def marked_run():
         CheckResult("mha::test_ok", "mha", "dtype kept", PASSED, 15.0, 15.0),
         CheckResult("speed::test_speedup", "speed", "faster than the wrapper", PASSED, 10.0, 10.0),
     ]
-    run = synthetic_run("mha.py", checks=checks, speed=SPEED)
-    run.student_output = "PRINTED-SECRET tensor([[0.1234, 0.5678]])"
-    run.load = LoadReport(cells=[])
-    run.events = ["forward of MultiHeadAttention did not finish within 10 s (an infinite loop?)"]
-    return run
+    return replace(
+        synthetic_run("mha.py", checks=checks, speed=SPEED),
+        student_output="PRINTED-SECRET tensor([[0.1234, 0.5678]])",
+        load=LoadReport(cells=[]),
+        events=["forward of MultiHeadAttention did not finish within 10 s (an infinite loop?)"],
+    )
 
 
 def row_for(tmp_path, run, name="mha.py", student="ann") -> Row:

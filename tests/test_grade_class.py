@@ -720,8 +720,10 @@ def test_a_busy_timing_lock_shows_waiting_to_time_not_cannot_grade():
     from autograder.grading.devices import CANNOT_TIME_NOW
     from autograder.model import TIMING_LOCK
 
-    busy = synthetic_run("mha.py", status=CANNOT_GRADE, reason=f"{CANNOT_TIME_NOW}: the lock was held 30 s")
-    busy.cannot_grade_cause = TIMING_LOCK  # as the grading records it (`workers.CannotTime.cause`)
+    busy = replace(
+        synthetic_run("mha.py", status=CANNOT_GRADE, reason=f"{CANNOT_TIME_NOW}: the lock was held 30 s"),
+        cannot_grade_cause=TIMING_LOCK,  # as the grading records it (`workers.CannotTime.cause`)
+    )
     assert progress_words(busy).startswith("waiting to time")
     assert progress_words(synthetic_run("mha.py", status=CANNOT_GRADE, reason="broken")) == "cannot grade"
     assert progress_words(synthetic_run("mha.py")) == "100/100"

@@ -123,3 +123,22 @@ def test_a_broken_rubric_cannot_grade_and_says_why(tmp_path, old, new, says):
     assert results["score"] == 0 and results["max_score"] == 0 and results["tests"] == []
     assert results["extra_data"]["status"] == "cannot_grade"
     assert says in results["output"] and str(rubric) in results["output"]
+
+
+def test_a_worker_made_without_a_rubric_is_held_to_the_packaged_rubrics_limits():
+    """`WorkerConfig`'s defaults are the packaged rubric's `[limits]` as `worker_config` copies them (the device,
+    isolation and hidden folders as given here), so that a worker made without a rubric (a tool's, a test's) is
+    held to what a grading holds it to. Only the contract's names are not the rubric's."""
+    from dataclasses import fields
+
+    from autograder.grading.workers import worker_config
+    from autograder.sandbox.settings import WorkerConfig
+
+    graded, default = worker_config(load_rubric(), "cpu", [], "auto"), WorkerConfig()
+    not_limits = {"contract"}  # the names a submission defines (contract.CONTRACT_NAMES), not a limit
+    differ = {
+        f.name: (getattr(default, f.name), getattr(graded, f.name))
+        for f in fields(WorkerConfig)
+        if f.name not in not_limits and getattr(default, f.name) != getattr(graded, f.name)
+    }
+    assert differ == {}, "WorkerConfig() differs from the packaged rubric (default, rubric's): " + repr(differ)

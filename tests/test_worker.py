@@ -148,7 +148,8 @@ SPIN_AND_SPIN_AGAIN = (
 
 @pytest.mark.slow  # waits out deadlines
 def test_once_a_submission_has_hung_its_requests_get_the_shorter_deadline(make_worker):
-    w = make_worker(SPIN_AND_SPIN_AGAIN, request_seconds=6, hung_request_seconds=1)
+    # the wall deadlines only: no request CPU deadline to stop the spin first
+    w = make_worker(SPIN_AND_SPIN_AGAIN, request_seconds=6, hung_request_seconds=1, request_floor_seconds=None)
     assert w.request_limit() == 6 and not w.known_to_hang()
     with pytest.raises(WorkerTimeout, match=r"did not finish within 6 s \(an infinite loop\?\)"):
         w.request(CallRequest("spin"), target="spin")

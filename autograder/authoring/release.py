@@ -24,12 +24,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TypedDict
 
 import jupytext
 import nbformat
 
 from autograder.contract import ASSIGNMENT, PART_IDS
-from autograder.rubric import load_rubric
+from autograder.rubric import Rubric, load_rubric
 
 SOLUTION_BEGIN = "### BEGIN SOLUTION"
 SOLUTION_END = "### END SOLUTION"
@@ -49,15 +50,16 @@ def default_root() -> Path:
 # -- 1 and 2: the source notebook ------------------------------------------------------------
 
 
-def is_solution_cell(cell) -> bool:
+def is_solution_cell(cell: nbformat.NotebookNode) -> bool:
     return cell.cell_type == "code" and SOLUTION_BEGIN in cell.source
 
 
-def test_cell_part(cell) -> str | None:
+def test_cell_part(cell: nbformat.NotebookNode) -> str | None:
     """The part id of an autograder-test cell (`# %% tags=["autograder-test"] part="..."`), else None."""
     if TEST_TAG not in cell.metadata.get("tags", []):
         return None
-    return cell.metadata.get("part")
+    part: str | None = cell.metadata.get("part")
+    return part
 
 
 def defined_name(source: str) -> str | None:
@@ -70,8 +72,8 @@ def defined_name(source: str) -> str | None:
     return None
 
 
-def nbgrader_metadata(grade_id: str, *, solution: bool, grade: bool, points: float | None = None) -> dict:
-    meta = {
+def nbgrader_metadata(grade_id: str, *, solution: bool, grade: bool, points: float | None = None) -> dict[str, object]:
+    meta: dict[str, object] = {
         "grade": grade,
         "grade_id": grade_id,
         "locked": not solution,
@@ -85,10 +87,10 @@ def nbgrader_metadata(grade_id: str, *, solution: bool, grade: bool, points: flo
     return meta
 
 
-def build_source_notebook(reference: Path, rubric) -> nbformat.NotebookNode:
+def build_source_notebook(reference: Path, rubric: Rubric) -> nbformat.NotebookNode:
     """The nbgrader source notebook: reference cells with nbgrader metadata and stable ids."""
     text = jupytext.read(reference, fmt="py:percent")
-    nb = nbformat.v4.new_notebook()
+    nb: nbformat.NotebookNode = nbformat.v4.new_notebook()
     nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
     seen_parts: dict[str, int] = {}
     used_ids: set[str] = set()
@@ -134,10 +136,10 @@ def build_source_notebook(reference: Path, rubric) -> nbformat.NotebookNode:
     return nb
 
 
-def write_notebook(nb, path: Path) -> None:
+def write_notebook(nb: nbformat.NotebookNode, path: Path) -> None:
     """nbformat's JSON (sorted keys, one-space indent) with a final newline: stable bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = nbformat.writes(nb, version=4)
+    text: str = nbformat.writes(nb, version=4)
     path.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
 
 
@@ -171,9 +173,9 @@ def run_generate_assignment(course_dir: Path) -> None:
 # -- 5: the .py copy ------------------------------------------------------------------------------
 
 
-def py_notebook(release_nb) -> nbformat.NotebookNode:
+def py_notebook(release_nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """The release cells without nbgrader metadata; self-check cells keep a short title."""
-    nb = nbformat.v4.new_notebook()
+    nb: nbformat.NotebookNode = nbformat.v4.new_notebook()
     nb.metadata = {"jupytext": {"notebook_metadata_filter": "-all", "cell_metadata_filter": "title,-all"}}
     for cell in release_nb.cells:
         meta = cell.metadata.get("nbgrader", {})
@@ -188,7 +190,7 @@ def py_notebook(release_nb) -> nbformat.NotebookNode:
     return nb
 
 
-def write_release_py(release_nb, path: Path) -> None:
+def write_release_py(release_nb: nbformat.NotebookNode, path: Path) -> None:
     text = jupytext.writes(py_notebook(release_nb), fmt="py:percent")
     path.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
 
@@ -196,13 +198,22 @@ def write_release_py(release_nb, path: Path) -> None:
 # -- the whole release --------------------------------------------------------------------------
 
 
-def check_release(nb, where: Path) -> None:
+def check_release(nb: nbformat.NotebookNode, where: Path) -> None:
     for index, cell in enumerate(nb.cells, start=1):
         if SOLUTION_BEGIN in cell.source or SOLUTION_END in cell.source:
             raise ReleaseError(f"{where}: cell {index} still holds a solution marker")
 
 
-def release_assignment(root: Path | None = None) -> dict:
+class ReleaseSummary(TypedDict):
+    """What `release_assignment` wrote: its cells, their points, and the files (relative to the root)."""
+
+    answer_cells: int
+    test_cells: int
+    points: float
+    files: list[str]
+
+
+def release_assignment(root: Path | None = None) -> ReleaseSummary:
     """Regenerate assignments/{source,release}/mha/ under `root` (default: this checkout)."""
     root = Path(root).resolve() if root else default_root()
     reference = root / "reference" / "mha.py"
@@ -227,7 +238,7 @@ def release_assignment(root: Path | None = None) -> dict:
 
     tests = [c.metadata["nbgrader"] for c in release_nb.cells if c.metadata["nbgrader"]["grade"]]
     answers = [c for c in release_nb.cells if c.metadata["nbgrader"]["solution"]]
-    summary = {
+    summary: ReleaseSummary = {
         "answer_cells": len(answers),
         "test_cells": len(tests),
         "points": sum(t["points"] for t in tests),

@@ -31,12 +31,12 @@ import jupytext
 import nbformat
 
 from autograder.authoring.release import (
-    ASSIGNMENT,
     SOLUTION_BEGIN,
     SOLUTION_END,
     default_root,
     py_notebook,
 )
+from autograder.contract import ASSIGNMENT
 from autograder.rubric import tomllib
 
 STUB = "# YOUR CODE HERE"
@@ -65,7 +65,7 @@ def read_sample(path: Path) -> Sample:
     return sample
 
 
-def reference_answers(source_nb) -> dict[str, str]:
+def reference_answers(source_nb: nbformat.NotebookNode) -> dict[str, str]:
     """{answer cell id: its solution region, dedented}, from the nbgrader source notebook."""
     answers = {}
     for cell in source_nb.cells:
@@ -89,10 +89,16 @@ def fill(source: str, answer: str, where: str) -> str:
     return "\n".join(lines[:stub] + code.split("\n") + lines[stub + 2 :])
 
 
-def filled_release(release_nb, source_nb, answers: dict[str, str], others: str = "reference", where: str = ""):
+def filled_release(
+    release_nb: nbformat.NotebookNode,
+    source_nb: nbformat.NotebookNode,
+    answers: dict[str, str],
+    others: str = "reference",
+    where: str = "",
+) -> nbformat.NotebookNode:
     """A copy of the release notebook whose answer cells hold `answers` (by cell id); the other answer cells
     get the reference's solution (`others="reference"`) or stay as released."""
-    nb = nbformat.reads(nbformat.writes(release_nb), as_version=4)
+    nb: nbformat.NotebookNode = nbformat.reads(nbformat.writes(release_nb), as_version=4)
     solutions = reference_answers(source_nb)
     cells = {cell.id for cell in nb.cells if cell.metadata.get("nbgrader", {}).get("solution")}
     unknown = sorted(set(answers) - cells)
@@ -108,8 +114,9 @@ def filled_release(release_nb, source_nb, answers: dict[str, str], others: str =
     return nb
 
 
-def render(nb, file: str) -> str:
+def render(nb: nbformat.NotebookNode, file: str) -> str:
     """The text of a submission: the notebook as Jupyter writes it, or the .py twin as the release's."""
+    text: str
     if file.endswith(".ipynb"):
         text = nbformat.writes(nb, version=4)
     else:

@@ -16,7 +16,7 @@ import resource
 import signal
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -38,8 +38,10 @@ from autograder.model import (
     CANNOT_GRADE,
     FAILED,
     GRADED,
+    CheckResult,
     GradingRun,
     LoadReport,
+    RunStatus,
     clean_strings,
     write_results,
     write_unfinished,
@@ -217,27 +219,21 @@ def load_report(worker: Worker, problem: str | None) -> LoadReport:
 
 def grade_submission(path: Path, options: Options) -> GradingRun:
     """Grade one file into a `GradingRun` (status graded or cannot_grade). Never raises for the
-    submission's sake; only a broken installation escapes as an exception."""
+    submission's sake; only a broken installation escapes as an exception. Each step returns what it found;
+    the run is made once, from them, where the grading ends."""
     started = time.monotonic()
     torch.set_num_threads(GRADER_THREADS)
     path = Path(path)
-    run = GradingRun(
-        status=CANNOT_GRADE,
-        submission=path.name,
-        torch=torch.__version__,
-        visible_only=options.visible_only,
-        seed=options.seed,
-    )
     here = machine.survey()
-    run.machine = here.summary()
+    device = ""
     try:
         rubric = load_rubric(options.rubric_path)
         unknown = sorted(set(options.parts or ()) - set(rubric.parts))
         if unknown:
             raise CannotGrade(f"no such part: {', '.join(unknown)} (the rubric's parts: {', '.join(rubric.parts)})")
-        run.device = resolve_device(options.device)
+        device = resolve_device(options.device)
         cells, problem = read_submission(path)
-        config = worker_config(rubric, run.device, hidden_folders(path, options.out), options.isolation)
+        config = worker_config(rubric, device, hidden_folders(path, options.out), options.isolation)
         exposed = exposure.problem(config.isolation, rubric.path)
         if exposed:  # a worker could read the reference's solution: no student code runs here until it cannot
             raise CannotGrade(exposed)
@@ -248,17 +244,26 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     except (RubricError, CannotGrade, WorkerError, exposure.CannotClose) as exc:
         if options.early:
             options.early.close()
-        run.reason = str(exc)
+        reason = str(exc)
         if isinstance(exc, WorkerError) and here.isolation is None and here.advice:
-            run.reason += f". What would fix it here: {here.advice}"
-        run.execution_time = time.monotonic() - started
-        return run
+            reason += f". What would fix it here: {here.advice}"
+        return GradingRun(
+            status=CANNOT_GRADE,
+            submission=path.name,
+            device=device,
+            seed=options.seed,
+            torch=torch.__version__,
+            visible_only=options.visible_only,
+            reason=reason,
+            execution_time=time.monotonic() - started,
+            machine=here.summary(),
+        )
     if problem:
         worker.refuse_load(problem)
     worker.prestart()  # its Python and torch load while the checks are collected (the file waits for a check)
-    run.seed = new_run_seed() if options.seed is None else options.seed
+    seed = new_run_seed() if options.seed is None else options.seed
     context = GradingContext(
-        Submission(worker, run.device, rubric.limits.check_seconds), rubric, run.device, run.seed, notes=options.notes
+        Submission(worker, device, rubric.limits.check_seconds), rubric, device, seed, notes=options.notes
     )
     if rubric.speed is not None:  # someone may time on this machine: the submission's code runs only in its requests
         context.quiet = worker.quiet = QuietLock(rubric.speed.lock_seconds)
@@ -281,33 +286,74 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
     if options.stop and options.stop.signum is not None:
         stopped = signal.Signals(options.stop.signum).name
         plugin.grader_errors.insert(0, f"grading was stopped ({stopped}) before it finished")
-    run.isolation = worker.isolation  # after the run: a fallback may have changed it
-    run.machine = here.summary(used=worker.isolation)  # the machine as this grading used it
+    used = here.summary(used=worker.isolation)  # the machine as this grading used it
     if worker.fresh_because:
-        run.machine["workers"] = f"started fresh, not forked from a fork server: {worker.fresh_because}"
-    run.sandbox = dict(worker.in_force)
-    run.worker_starts = worker.starts
-    run.resources = resources(worker)
-    run.events = list(dict.fromkeys(worker.events))
-    run.load = load_report(worker, problem)
-    run.student_output = worker.output()
-    run.speed = context.speed
-    run.flags = list(context.flags)
-    run.execution_time = time.monotonic() - started
+        used["workers"] = f"started fresh, not forked from a fork server: {worker.fresh_because}"
+    used_resources = resources(worker)
+    load = load_report(worker, problem)
+    execution_time = time.monotonic() - started
+    outcome = scored(plugin, rubric, worker, load)
+    return GradingRun(
+        status=outcome.status,
+        submission=path.name,
+        device=device,
+        isolation=worker.isolation,  # after the run: a fallback may have changed it
+        sandbox=dict(worker.in_force),
+        seed=seed,
+        torch=torch.__version__,
+        visible_only=options.visible_only,
+        reason=outcome.reason,
+        cannot_grade_cause=outcome.cause,
+        checks=outcome.checks,
+        load=outcome.load,
+        events=list(dict.fromkeys(worker.events)),
+        student_output=worker.output(),
+        execution_time=execution_time,
+        worker_starts=worker.starts,
+        resources=used_resources,
+        speed=context.speed,
+        flags=list(context.flags),
+        grader_errors=outcome.grader_errors,
+        titles=outcome.titles,
+        machine=used,
+    )
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What the checks' outcomes come to: graded, with the scored checks, the rubric's part titles and the load
+    report with the cells each part explains; or, where the grader itself failed, why (and no score)."""
+
+    status: RunStatus
+    load: LoadReport
+    checks: list[CheckResult] = field(default_factory=list)
+    titles: dict[str, str] = field(default_factory=dict)
+    reason: str = ""
+    cause: str = ""
+    grader_errors: list[str] = field(default_factory=list)
+
+
+def scored(plugin: ResultsPlugin, rubric: Rubric, worker: Worker, load: LoadReport) -> Scored:
+    """The checks' outcomes scored by the rubric, or, after a fault of the grader's own, why it cannot grade."""
     if plugin.grader_errors:
-        run.grader_errors = plugin.grader_errors
-        run.cannot_grade_cause = plugin.causes.get(plugin.grader_errors[0], "")  # why, when the first says
-        run.reason = (
-            "the grader itself failed (not your submission's fault); it will be graded again: "
-            + plugin.grader_errors[0].splitlines()[0]
+        return Scored(
+            status=CANNOT_GRADE,
+            load=load,
+            reason=(
+                "the grader itself failed (not your submission's fault); it will be graded again: "
+                + plugin.grader_errors[0].splitlines()[0]
+            ),
+            cause=plugin.causes.get(plugin.grader_errors[0], ""),  # why, when the first says
+            grader_errors=plugin.grader_errors,
         )
-        return run
-    run.status = GRADED
-    run.titles = {part: rubric.part_title(part) for part in rubric.parts}
-    run.checks = score(list(plugin.outcomes.values()), rubric)
-    failing = {check.part for check in run.checks if check.status == FAILED}
-    run.load.cell_parts = cell_parts(worker.cells, run.load.cells, failing)
-    return run
+    checks = score(list(plugin.outcomes.values()), rubric)
+    failing = {check.part for check in checks if check.status == FAILED}
+    return Scored(
+        status=GRADED,
+        load=replace(load, cell_parts=cell_parts(worker.cells, load.cells, failing)),
+        checks=checks,
+        titles={part: rubric.part_title(part) for part in rubric.parts},
+    )
 
 
 class Stopped(KeyboardInterrupt):

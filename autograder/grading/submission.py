@@ -197,11 +197,7 @@ def notebook_cells(text: str, name: str = "notebook") -> list[Cell]:
         with warnings.catch_warnings():  # a missing cell id is only a warning, and Jupyter accepts it
             warnings.simplefilter("ignore")
             nbformat.validate(data)
-        notebook = (
-            nbformat.convert(nbformat.from_dict(data), 4)  # type: ignore[no-untyped-call]  # nbformat has no types
-            if version != 4
-            else data
-        )
+        notebook = nbformat.convert(nbformat.from_dict(data), 4) if version != 4 else data
     except nbformat.ValidationError as exc:
         raise SubmissionFormatError(f"{name} is not a valid Jupyter notebook: {_where(exc)}") from None
     except Exception as exc:  # nbformat raises several kinds for a version it does not know

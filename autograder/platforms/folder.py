@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autograder.contract import ASSIGNMENT
@@ -138,6 +138,6 @@ def grade_folder(folder: Path, out: Path, device: str = "auto", isolation: str |
                     copy, Options(device=device, out=out, quiet=True, isolation=isolation, early=early)
                 )
                 if note:
-                    run.events.insert(0, note)
+                    run = replace(run, events=[note, *run.events])
     write_results(out, run)
     return run

@@ -742,7 +742,7 @@ def seed_torch(seed: int) -> None:
     once CUDA is in use (the reference's modules are on the device before anything is drawn there).
     `torch.manual_seed` also queues the seed for every accelerator not initialised yet, formatting the
     caller's whole stack for each: milliseconds per call under pytest, a quarter of a second per grading."""
-    torch.random.default_generator.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)
     if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # torch declares no types for it
         torch.cuda.manual_seed_all(seed)
 
