@@ -241,4 +241,4 @@ def test_kept_waiting():
 '''
     plugin = run(pytester, plain_rubric, source)
     assert len(plugin.grader_errors) == 1
-    assert plugin.causes == {plugin.grader_errors[0]: TIMING_LOCK}
+    assert [error.cause for error in plugin.errors] == [TIMING_LOCK]

@@ -166,7 +166,7 @@ def run_checks(
         # 0: all passed, 1: some failed. Anything else (a check module that does not import, a usage
         # error) is the grader's own trouble.
         tail = "\n".join(stream.getvalue().strip().splitlines()[-15:])
-        plugin.grader_errors.append(f"the checks could not run (pytest exit code {int(code)}):\n{tail}")
+        plugin.error(f"the checks could not run (pytest exit code {int(code)}):\n{tail}")
     return plugin
 
 
@@ -285,7 +285,7 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
             options.kept_workers.close()  # after any trouble, the next grading starts them afresh
     if options.stop and options.stop.signum is not None:
         stopped = signal.Signals(options.stop.signum).name
-        plugin.grader_errors.insert(0, f"grading was stopped ({stopped}) before it finished")
+        plugin.error(f"grading was stopped ({stopped}) before it finished", first=True)
     used = here.summary(used=worker.isolation)  # the machine as this grading used it
     if worker.fresh_because:
         used["workers"] = f"started fresh, not forked from a fork server: {worker.fresh_because}"
@@ -343,7 +343,7 @@ def scored(plugin: ResultsPlugin, rubric: Rubric, worker: Worker, load: LoadRepo
                 "the grader itself failed (not your submission's fault); it will be graded again: "
                 + plugin.grader_errors[0].splitlines()[0]
             ),
-            cause=plugin.causes.get(plugin.grader_errors[0], ""),  # why, when the first says
+            cause=plugin.errors[0].cause,  # why, when the first says
             grader_errors=plugin.grader_errors,
         )
     checks = score(list(plugin.outcomes.values()), rubric)

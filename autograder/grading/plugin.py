@@ -14,6 +14,7 @@ is the grader's fault: it is recorded in `grader_errors`, and the run cannot gra
 from __future__ import annotations
 
 from collections.abc import Generator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,15 @@ class SharedProblem(pytest.fail.Exception):  # type: ignore[name-defined,misc]  
         self.owner = owner  # the part whose mistake it is (`NotCredited`'s)
 
 
+@dataclass(frozen=True)
+class GraderError:
+    """A failure of the grader's own: what it said, and why by name when it says (`workers.CannotTime.cause`,
+    `model.TIMING_LOCK`; else "")."""
+
+    said: str
+    cause: str = ""
+
+
 MESSAGE_CHARS = 2500  # one check's message in results.json: every check failing at once stays small
 
 
@@ -121,9 +131,17 @@ class ResultsPlugin:
         self.parts = parts  # only these parts' checks run (None: every part)
         self.checks = checks  # only these checks run: "module::function", or with one case "...[case]" (None: all)
         self.outcomes: dict[str, Outcome] = {}
-        self.grader_errors: list[str] = []
-        # why, by name, for those grader errors that say it (`workers.CannotTime.cause`): error -> cause
-        self.causes: dict[str, str] = {}
+        self.errors: list[GraderError] = []  # the grader's own failures, in the order they happened
+
+    @property
+    def grader_errors(self) -> list[str]:
+        """What each of the grader's own failures said."""
+        return [error.said for error in self.errors]
+
+    def error(self, said: str, cause: str = "", first: bool = False) -> None:
+        """Record a failure of the grader's own (never the student's), with why by name when it says
+        (`model.GradingRun.cannot_grade_cause`); `first`: before the others (what stopped the run)."""
+        self.errors.insert(0 if first else len(self.errors), GraderError(said, cause))
 
     def pytest_configure(self, config: pytest.Config) -> None:
         config.addinivalue_line("markers", "part(id): the rubric part a check belongs to")
@@ -131,16 +149,14 @@ class ResultsPlugin:
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
-            self.grader_errors.append(
-                f"the check module {report.nodeid} could not be collected:\n{report.longreprtext[-2000:]}"
-            )
+            self.error(f"the check module {report.nodeid} could not be collected:\n{report.longreprtext[-2000:]}")
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         if not self.grader_errors:
             try:
                 self.rubric.check_test_keys({check_key(i) for i in items})
             except RubricError as exc:
-                self.grader_errors.append(str(exc))
+                self.error(str(exc))
         keep = [
             i
             for i in items
@@ -153,7 +169,7 @@ class ResultsPlugin:
         for item in items:
             part = part_of(item)
             if part not in self.rubric.parts:
-                self.grader_errors.append(f"{item.nodeid}: no @pytest.mark.part(...) naming a part of the rubric")
+                self.error(f"{item.nodeid}: no @pytest.mark.part(...) naming a part of the rubric")
                 continue
             evidence = item.get_closest_marker("evidence")
             function = getattr(item, "function", None)
@@ -180,7 +196,7 @@ class ResultsPlugin:
             if credits and isinstance(credits[-1], (int, float)):
                 outcome.credit = min(1.0, max(0.0, float(credits[-1])))
             elif credits:
-                self.grader_errors.append(f"{item.nodeid}: a credit that is not a number: {credits[-1]!r:.100}")
+                self.error(f"{item.nodeid}: a credit that is not a number: {credits[-1]!r:.100}")
         excinfo = call.excinfo
         if excinfo is None:
             if call.when == "call" and outcome.status is None:
@@ -205,11 +221,12 @@ class ResultsPlugin:
         where = f"{item.nodeid} ({call.when})"
         text = str(excinfo.getrepr(style="short", chain=False))[-3000:]
         said = f"{where}: {excinfo.typename}: {str(error)[:500]}\n{text}"
-        self.grader_errors.append(said)
         if isinstance(error, CannotTime) and error.cause:
-            self.causes[said] = error.cause
+            self.error(said, error.cause)
         elif isinstance(error, TimingLockError):  # the submission's request waited too long for others' timing
-            self.causes[said] = TIMING_LOCK
+            self.error(said, TIMING_LOCK)
+        else:
+            self.error(said)
 
 
 def selected(item: pytest.Item, checks: tuple[str, ...]) -> bool:
