@@ -88,8 +88,9 @@ def with_what_it_builds_on(parts: set[str]) -> set[str]:
     return found
 
 
-def _means(meaning: str) -> Any:
-    """A required field of `Workload`, with what it sets (the rubric's documentation of the key)."""
+def means(meaning: str) -> Any:
+    """A required field of a rubric table's type (`Workload`, `rubric.Limits`, `rubric.SpeedSettings`), with what
+    it sets or bounds: the rubric's documentation of the key."""
     return field(metadata={"meaning": meaning})
 
 
@@ -99,17 +100,17 @@ class Workload:
     (`rubric.py` reads and checks it, each key as its field's `meaning` says), and as results.json records what
     was graded (`model.WorkloadFigures`)."""
 
-    device: str = _means("cpu or cuda: the device this workload is timed on")
-    name: str = _means("what it is, shown in results (unique per device)")
-    dtype: str = _means("float32, bfloat16, float16 or float64")
-    batch: int = _means("inputs per forward")
-    tokens: int = _means("sequence length, which is also the context length")
-    d_in: int = _means("input features")
-    d_out: int = _means("output features, a multiple of heads")
-    heads: int = _means("attention heads")
-    calls: int = _means("forwards of the reference and of the submission per timed request")
-    wrapper_calls: int = _means("forwards of the wrapper per timed request (it is many times slower)")
-    flush_mib: float = _means("CUDA: MiB written before each forward to empty the L2 cache (0 on the CPU)")
+    device: str = means("cpu or cuda: the device this workload is timed on")
+    name: str = means("what it is, shown in results (unique per device)")
+    dtype: str = means("float32, bfloat16, float16 or float64")
+    batch: int = means("inputs per forward")
+    tokens: int = means("sequence length, which is also the context length")
+    d_in: int = means("input features")
+    d_out: int = means("output features, a multiple of heads")
+    heads: int = means("attention heads")
+    calls: int = means("forwards of the reference and of the submission per timed request")
+    wrapper_calls: int = means("forwards of the wrapper per timed request (it is many times slower)")
+    flush_mib: float = means("CUDA: MiB written before each forward to empty the L2 cache (0 on the CPU)")
 
     @property
     def shape(self) -> tuple[int, int, int]:

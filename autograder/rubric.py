@@ -21,7 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
-from autograder.contract import PART_IDS, Workload
+from autograder.contract import PART_IDS, Workload, means
 from autograder.grading import verdict
 
 DEFAULT_RUBRIC = Path(__file__).with_name("rubric.toml")
@@ -30,45 +30,38 @@ DTYPE_NAMES = ("float64", "float32", "bfloat16", "float16")
 API_NAMES = ("scaled_dot_product_attention", "nn_multihead_attention", "flex_attention")
 
 
-def _means(meaning: str) -> Any:
-    """A required field of `Limits`, with what it bounds (the rubric's documentation of the key)."""
-    return field(metadata={"meaning": meaning})
-
-
 @dataclass(frozen=True)
 class Limits:
     """[limits]: every limit a submission is held to and every timeout of a run, each a typed field (its
     `meaning` says what it bounds). Every one is required; an unknown key is refused by name."""
 
-    load_seconds: float = _means("importing the submission and running its cells, in all")
-    cell_seconds: float = _means("one top-level cell, until one is stopped")
-    later_cell_seconds: float = _means(
+    load_seconds: float = means("importing the submission and running its cells, in all")
+    cell_seconds: float = means("one top-level cell, until one is stopped")
+    later_cell_seconds: float = means(
         "each later top-level cell, once one has been stopped (the file is known to hang)"
     )
-    request_seconds: float = _means("any single request to the worker (a forward, a call)")
-    hung_request_seconds: float = _means(
+    request_seconds: float = means("any single request to the worker (a forward, a call)")
+    hung_request_seconds: float = means(
         "the same, once the submission is known to hang (a cell or a request was stopped)"
     )
-    request_factor: float = _means(
+    request_factor: float = means(
         "a request is stopped once it has used this many times the reference's CPU time for the same request"
     )
-    request_floor_seconds: float = _means(
+    request_floor_seconds: float = means(
         "... but never before this much CPU time (all its processes), nor after request_seconds"
     )
-    check_seconds: float = _means("one check, all its requests together")
-    submission_seconds: float = _means("the whole submission: every request, restart and check")
-    class_seconds: float = _means("grade-class: one submission's grading process, start to end")
-    crashes_before_giving_up: int = _means("a function that ended the worker this often is not called again")
-    submission_cpu_seconds: float = _means("CPU time of all the worker's processes, for the whole submission")
-    memory_gib: float = _means(
-        "memory of all the worker's processes together (and each one's address space on the CPU)"
-    )
-    processes: int = _means("processes and threads the worker may have at once, all together")
-    cpu_cores: float = _means("CPU quota of all the worker's processes together, in cores")
-    output_kib: float = _means("how much of the worker's stdout/stderr is kept")
-    reply_mib: float = _means("the largest answer the grader reads from the worker")
-    worker_threads: int = _means("torch threads in the worker (and in the reference's, when timing)")
-    forks_per_server: int = _means("workers forked from one fork server before a new one replaces it (0: none forked)")
+    check_seconds: float = means("one check, all its requests together")
+    submission_seconds: float = means("the whole submission: every request, restart and check")
+    class_seconds: float = means("grade-class: one submission's grading process, start to end")
+    crashes_before_giving_up: int = means("a function that ended the worker this often is not called again")
+    submission_cpu_seconds: float = means("CPU time of all the worker's processes, for the whole submission")
+    memory_gib: float = means("memory of all the worker's processes together (and each one's address space on the CPU)")
+    processes: int = means("processes and threads the worker may have at once, all together")
+    cpu_cores: float = means("CPU quota of all the worker's processes together, in cores")
+    output_kib: float = means("how much of the worker's stdout/stderr is kept")
+    reply_mib: float = means("the largest answer the grader reads from the worker")
+    worker_threads: int = means("torch threads in the worker (and in the reference's, when timing)")
+    forks_per_server: int = means("workers forked from one fork server before a new one replaces it (0: none forked)")
 
 
 # [limits]: name -> (type, meaning), in the rubric's order, from `Limits`.
