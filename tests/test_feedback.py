@@ -213,10 +213,14 @@ def test_a_check_that_waits_for_another_part_is_shown_as_waiting(tmp_path):
     """The self-check's word for the same situation (docs/vocabulary.md): a check not charged (it earns its
     points), and the speed part gated by the values it requires (it earns none, by its declared rule)."""
     run = marked_run()
-    run.checks += [
-        CheckResult("fuse::test_w", "fuse", "fused weights", NOT_CHARGED, 5.0, 5.0, "waiting: WAITS-FOR-MHA"),
-        CheckResult("speed::test_fast", "speed", "speed", NOT_CREDITED, 0.0, 5.0, "waiting: SPEED-WAITS"),
-    ]
+    run = replace(
+        run,
+        checks=[
+            *run.checks,
+            CheckResult("fuse::test_w", "fuse", "fused weights", NOT_CHARGED, 5.0, 5.0, "waiting: WAITS-FOR-MHA"),
+            CheckResult("speed::test_fast", "speed", "speed", NOT_CREDITED, 0.0, 5.0, "waiting: SPEED-WAITS"),
+        ],
+    )
     tree = parse_strict(render(row_for(tmp_path, run)))
     rows = [["".join(td.itertext()).strip() for td in tr.findall("td")] for tr in tree.iter("tr")]
     fused = next(r for r in rows if r and r[0].startswith("fused weights"))
