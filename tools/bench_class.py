@@ -7,14 +7,24 @@ heads, a wrong gathering step, the untouched release, a forward that never retur
 the sample class's mix. It prints the load average before and after (the figures mean little on a
 busy machine), the wall time of the first `grade-class` run and of a second one with nothing
 changed, the per-student statuses found, and the scores each sample's copies got.
+
+The cost is also said in torch imports: the wall time of `import torch` in a fresh interpreter, measured in the
+same run (the median of three, before and after the class), is the unit a grading's start costs at least. And the
+CPU time of the first run per submission, by where it goes: all of `grade-class`'s processes together (their
+CPU time as the kernel counts it for reaped children), of which the submissions' own workers (`results.json`'s
+`resources.worker_cpu_seconds`), the rest being the grader's (its grading processes: the checks, the reference,
+the timing workers, the captures replayed, every start).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +42,34 @@ def make_class(course: Path, size: int) -> None:
         folder = course / "submitted" / f"s{k:03d}-{sample.parent.parent.name}" / "mha"
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copy(sample, folder / sample.name)
+
+
+def torch_import_seconds() -> float:
+    """The wall time of `import torch` in a fresh interpreter: the median of three."""
+    times = []
+    for _ in range(3):
+        started = time.monotonic()
+        subprocess.run([sys.executable, "-c", "import torch"], check=True)
+        times.append(time.monotonic() - started)
+    return statistics.median(times)
+
+
+def children_cpu() -> float:
+    """CPU seconds of every reaped child of this process and theirs, user and system."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def workers_cpu(course: Path) -> float:
+    """CPU seconds the submissions' own workers used, as each results.json says."""
+    total = 0.0
+    for path in (course / "results").glob("*/mha/results.json"):
+        total += float(
+            ((json.loads(path.read_text()).get("extra_data") or {}).get("resources") or {}).get(
+                "worker_cpu_seconds", 0.0
+            )
+        )
+    return total
 
 
 def grade(course: Path, jobs: int, extra: list[str]) -> float:
@@ -70,12 +108,16 @@ def main() -> int:
     if (course / "submitted").exists():
         raise SystemExit(f"{course} already has a submitted/ folder; choose another --course")
     make_class(course, args.size)
+    before = torch_import_seconds()
     print(
         f"{args.size} submissions in {course}; {os.cpu_count()} CPUs; load average before: "
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         flush=True,
     )
+    cpu_before = children_cpu()
     first = grade(course, args.jobs, [])
+    cpu = children_cpu() - cpu_before  # the import timings ran before this count began
+    workers = workers_cpu(course)
     load_after = os.getloadavg()
     second = grade(course, args.jobs, [])
     rows = list(csv.DictReader((course / "grades.csv").open()))
@@ -86,6 +128,15 @@ def main() -> int:
     print(
         f"first run (--jobs {args.jobs}): {first:.1f} s ({first / args.size:.2f} s per submission); "
         f"load average after it: {' '.join(f'{x:.2f}' for x in load_after)}"
+    )
+    unit = statistics.median([before, torch_import_seconds()])
+    print(
+        f"in torch imports: the first run took {first / unit:.0f} (one import: {unit:.2f} s, measured before and "
+        "after the class)"
+    )
+    print(
+        f"CPU per submission (first run): {cpu / args.size:.2f} s in all: the submissions' own workers "
+        f"{workers / args.size:.2f} s, the grader's processes {(cpu - workers) / args.size:.2f} s"
     )
     print(f"re-run with nothing changed: {second:.2f} s")
     print("statuses: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))
