@@ -240,17 +240,40 @@ def kill_tree(find: Callable[[], Iterable[int]]) -> list[int]:
 
 
 def wait_stopped(pids: Iterable[int], seconds: float = 2.0) -> list[int]:
-    """Wait, at most `seconds`, until each of `pids` is stopped (or gone, or a zombie): SIGSTOP is certain but
-    not instant, a process running on another CPU stops when it next enters the kernel, and one in an
-    uninterruptible wait only when that ends. Returns those still running."""
+    """Wait, at most `seconds`, until each of `pids` is stopped, every thread of it (or gone, or a zombie):
+    SIGSTOP is certain but not instant, a thread running on another CPU stops when it next enters the kernel,
+    and one in an uninterruptible wait only when that ends; /proc/PID/stat says only the first thread's state.
+    Returns those still running."""
     pending = list(pids)
     deadline = time.monotonic() + seconds
     while True:
-        stats = [read_stat(pid) for pid in pending]
-        pending = [s.pid for s in stats if s is not None and not s.stopped and s.state != "Z"]
+        pending = [pid for pid in pending if not all_threads_stopped(pid)]
         if not pending or time.monotonic() >= deadline:
             return pending
         time.sleep(0.002)
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is stopped, or the process is gone or a zombie."""
+    stat = read_stat(pid)
+    if stat is None or stat.state == "Z":
+        return True
+    if not stat.stopped:
+        return False
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True  # gone since
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as handle:
+                text = handle.read()
+        except OSError:
+            continue  # that thread has ended
+        state = text[text.rfind(")") + 2 :].split(" ", 1)[0]
+        if state not in ("t", "T", "Z", "X"):
+            return False
+    return True
 
 
 def kill_stopped(tree: Iterable[int], find: Callable[[], Iterable[int]], rounds: int = 3) -> None:
