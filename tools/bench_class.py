@@ -10,10 +10,11 @@ changed, the per-student statuses found, and the scores each sample's copies got
 
 The cost is also said in torch imports: the wall time of `import torch` in a fresh interpreter, measured in the
 same run (the median of three, before and after the class), is the unit a grading's start costs at least. And the
-CPU time of the first run per submission, by where it goes: all of `grade-class`'s processes together (their
-CPU time as the kernel counts it for reaped children), of which the submissions' own workers (`results.json`'s
+CPU time of the first run per submission, by where it goes: the whole machine's busy CPU time during the run
+(/proc/stat: on an otherwise idle machine, the class's), of which the submissions' own workers (`results.json`'s
 `resources.worker_cpu_seconds`), the rest being the grader's (its grading processes: the checks, the reference,
-the timing workers, the captures replayed, every start).
+the timing workers, the captures replayed, every start). Workers forked from a fork server are not children the
+kernel counts for `grade-class`, so its own rusage would miss them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import argparse
 import csv
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -54,10 +54,13 @@ def torch_import_seconds() -> float:
     return statistics.median(times)
 
 
-def children_cpu() -> float:
-    """CPU seconds of every reaped child of this process and theirs, user and system."""
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return used.ru_utime + used.ru_stime
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy since it started, all CPUs together (/proc/stat: user, nice,
+    system, irq, softirq and steal time)."""
+    with open("/proc/stat") as handle:
+        ticks = [int(x) for x in handle.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (ticks + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def workers_cpu(course: Path) -> float:
@@ -114,9 +117,9 @@ def main() -> int:
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         flush=True,
     )
-    cpu_before = children_cpu()
+    cpu_before = machine_busy_seconds()
     first = grade(course, args.jobs, [])
-    cpu = children_cpu() - cpu_before  # the import timings ran before this count began
+    cpu = machine_busy_seconds() - cpu_before
     workers = workers_cpu(course)
     load_after = os.getloadavg()
     second = grade(course, args.jobs, [])
@@ -135,8 +138,9 @@ def main() -> int:
         "after the class)"
     )
     print(
-        f"CPU per submission (first run): {cpu / args.size:.2f} s in all: the submissions' own workers "
-        f"{workers / args.size:.2f} s, the grader's processes {(cpu - workers) / args.size:.2f} s"
+        f"CPU per submission (first run): {cpu / args.size:.2f} s in all (the machine's busy time): the "
+        f"submissions' own workers {workers / args.size:.2f} s, the grader's processes and the rest of the machine "
+        f"{(cpu - workers) / args.size:.2f} s"
     )
     print(f"re-run with nothing changed: {second:.2f} s")
     print("statuses: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))
