@@ -260,32 +260,9 @@ def grade_submission(path: Path, options: Options) -> GradingRun:
         )
     if problem:
         worker.refuse_load(problem)
-    worker.prestart()  # its Python and torch load while the checks are collected (the file waits for a check)
     seed = new_run_seed() if options.seed is None else options.seed
-    context = GradingContext(
-        Submission(worker, device, rubric.limits.check_seconds), rubric, device, seed, notes=options.notes
-    )
-    if rubric.speed is not None:  # someone may time on this machine: the submission's code runs only in its requests
-        context.quiet = worker.quiet = QuietLock(rubric.speed.lock_seconds)
-    if grades_speed(rubric, options.parts):
-        # the reference's timing workers start now, in the background, while the submission loads
-        start = options.kept_workers.get if options.kept_workers else start_trusted_workers
-        context.timing_workers = (options.early and options.early.timing_for(worker.config)) or start(worker.config)
-    if options.early:
-        options.early.close()  # what this grading did not adopt
-    plugin = None
-    try:
-        plugin = run_checks(context, rubric, options.visible_only, parts=options.parts, checks=options.checks)
-    finally:
-        worker.close()  # every process of the submission is gone before anything is written
-        for timing_worker in context.timing_workers.values():
-            if not timing_worker.kept:
-                timing_worker.close()
-        if options.kept_workers and (plugin is None or plugin.grader_errors):
-            options.kept_workers.close()  # after any trouble, the next grading starts them afresh
-    if options.stop and options.stop.signum is not None:
-        stopped = signal.Signals(options.stop.signum).name
-        plugin.error(f"grading was stopped ({stopped}) before it finished", first=True)
+    context = grading_context(worker, rubric, device, seed, options)
+    plugin = checked(context, worker, rubric, options)
     used = here.summary(used=worker.isolation)  # the machine as this grading used it
     if worker.fresh_because:
         used["workers"] = f"started fresh, not forked from a fork server: {worker.fresh_because}"
@@ -331,6 +308,44 @@ class Scored:
     reason: str = ""
     cause: str = ""
     grader_errors: list[str] = field(default_factory=list)
+
+
+def grading_context(worker: Worker, rubric: Rubric, device: str, seed: int, options: Options) -> GradingContext:
+    """What the checks share: the submission's door (its worker prestarted: Python and torch load while the checks
+    are collected), the quiet lock where someone may time on this machine, and the reference's timing workers
+    when the speed part is graded, started now in the background (or adopted, or kept from the last grading)."""
+    worker.prestart()  # the file waits for a check
+    context = GradingContext(
+        Submission(worker, device, rubric.limits.check_seconds), rubric, device, seed, notes=options.notes
+    )
+    if rubric.speed is not None:  # someone may time on this machine: the submission's code runs only in its requests
+        context.quiet = worker.quiet = QuietLock(rubric.speed.lock_seconds)
+    if grades_speed(rubric, options.parts):
+        start = options.kept_workers.get if options.kept_workers else start_trusted_workers
+        context.timing_workers = (options.early and options.early.timing_for(worker.config)) or start(worker.config)
+    if options.early:
+        options.early.close()  # what this grading did not adopt
+    return context
+
+
+def checked(context: GradingContext, worker: Worker, rubric: Rubric, options: Options) -> ResultsPlugin:
+    """The checks run (`run_checks`); then every process of the submission is gone before anything is written,
+    the timing workers not kept are closed (all of them after any trouble: the next grading starts them afresh),
+    and a grading stopped by a signal says so first."""
+    plugin = None
+    try:
+        plugin = run_checks(context, rubric, options.visible_only, parts=options.parts, checks=options.checks)
+    finally:
+        worker.close()
+        for timing_worker in context.timing_workers.values():
+            if not timing_worker.kept:
+                timing_worker.close()
+        if options.kept_workers and (plugin is None or plugin.grader_errors):
+            options.kept_workers.close()
+    if options.stop and options.stop.signum is not None:
+        stopped = signal.Signals(options.stop.signum).name
+        plugin.error(f"grading was stopped ({stopped}) before it finished", first=True)
+    return plugin
 
 
 def scored(plugin: ResultsPlugin, rubric: Rubric, worker: Worker, load: LoadReport) -> Scored:
