@@ -510,6 +510,36 @@ def test_a_grading_whose_fork_server_cannot_start_grades_with_fresh_workers_and_
     assert note.startswith("started fresh") and "could not be started: no such interpreter" in note, note
 
 
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_fresh_worker_starts_when_the_grader_has_more_address_space_than_a_worker_may(isolation, monkeypatch):
+    """The address-space limit is set last in the child that becomes a fresh worker: until its exec that child
+    is a copy of the grader, which (torch, many threads) may already have more address space than a worker may
+    have, so that any allocation after the limit can fail ("Exception occurred in preexec_fn", seen once in CI
+    under Python 3.13). Here the grader reserves 8 GiB it never touches, against a worker's 1 GiB, and the
+    child's last step before the limit allocates 16 MB (what Python's allocator does when it needs a new arena);
+    with the limit set earlier, the worker cannot start."""
+    import mmap
+
+    from autograder.sandbox import procfs
+
+    original = procfs.die_with_parent
+
+    def then_allocate(*args, **kwargs):
+        original(*args, **kwargs)
+        assert len([bytes(4000) for _ in range(4000)]) == 4000
+
+    monkeypatch.setattr(procfs, "die_with_parent", then_allocate)
+    reserved = mmap.mmap(-1, 8 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
+    try:
+        fresh = worker(isolation, 0, "def f():\n    return 1\n", memory_bytes=1 << 30)
+        try:
+            assert fresh.request(CallRequest("f")) == 1 and not fresh.process.forked
+        finally:
+            fresh.close()
+    finally:
+        reserved.close()
+
+
 def test_a_fork_server_that_misbehaves_is_let_go_and_the_worker_starts_fresh(monkeypatch):
     """A fork server that says it is ready but hands over garbage: the worker starts fresh, saying why."""
     fake = (

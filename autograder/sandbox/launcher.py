@@ -399,8 +399,6 @@ def start_fresh(
             group.attach_self()
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_FSIZE, (settings.config.scratch_bytes, settings.config.scratch_bytes))
-        if memory:
-            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         if uid is not None and settings.config.processes and group is None:
             # counts the fresh uid's processes only; the worker drops to it (here, or in the sandbox)
             resource.setrlimit(resource.RLIMIT_NPROC, (settings.config.processes, settings.config.processes))
@@ -410,6 +408,10 @@ def start_fresh(
             procfs.become_uid(uid)
         # SIGKILL when the grader ends (set after any uid change, which clears it)
         procfs.die_with_parent(signal.SIGKILL, parent=grader)
+        if memory:
+            # last: this child is still a copy of the grader, whose address space may be larger than the limit,
+            # so any allocation after it (a new arena, ctypes' first call) could fail; exec starts small
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 
     return subprocess.Popen(
         command,
