@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from autograder.contract import PART_IDS
+from autograder.grading.checks.harness import Failure, explained
 from autograder.grading.scoring import Outcome, allocate_points, score
 from autograder.model import (
     FAILED,
@@ -347,17 +348,34 @@ def test_a_wrong_answer_earns_nothing_for_its_side_properties_even_beside_a_chec
     ]
 
 
+def failed_with(key: str, name: str, failure: Failure, case: str = "") -> Outcome:
+    """A check's outcome that failed with `failure`, as the plugin records it (`harness.fail`)."""
+    return Outcome(
+        key,
+        key.split("::")[0],
+        name,
+        FAILED,
+        failure.message,
+        case=case,
+        mistake=failure.mistake,
+        diagnosis=failure.diagnosis,
+        detail=failure.detail,
+    )
+
+
 def test_a_diagnosis_is_said_in_full_once_and_pointed_to_after(tmp_path):
     rubric = rubric_file(tmp_path, "[parts.mha]\npoints = 20\n")
     transpose = "missing transpose before merging the heads"
-    likely = f"Likely mistake: {transpose}"
-    outcomes = [
-        Outcome("mha::test_book", "mha", "the book's example", FAILED, f"output: values differ by 0.4.\n{likely}"),
-        Outcome("mha::test_short", "mha", "short sequences", FAILED, f"3 tokens: values differ by 7.\n{likely}"),
+    outcomes = [  # as the check explains the mistake it names (`harness.explained`)
+        failed_with(
+            "mha::test_book", "the book's example", explained("output: values differ by 0.4.", transpose, transpose)
+        ),
+        failed_with(
+            "mha::test_short", "short sequences", explained("3 tokens: values differ by 7.", transpose, transpose)
+        ),
     ]
-    outcomes = [replace(o, mistake=transpose) for o in outcomes]  # as the check names it (`harness.fail`)
     rows = score(outcomes, rubric)
-    assert rows[0].message.endswith(likely)
+    assert rows[0].message.endswith(f"Likely mistake: {transpose}")
     assert rows[1].message == (
         '3 tokens: values differ by 7.\nLikely mistake: the same as under "mha: the book\'s example".'
     )
