@@ -381,6 +381,34 @@ def test_a_diagnosis_is_said_in_full_once_and_pointed_to_after(tmp_path):
     )
 
 
+def test_where_a_message_explains_its_mistake_is_data_never_read_from_its_words(tmp_path):
+    """A row that says a diagnosis said before keeps what it said before its explanation of the likely mistake
+    (`harness.Failure.detail`) and points to where that explanation is said in full, however the explanation is
+    worded; a row of several cases keeps the line that counts them. A message whose words only look like an
+    explanation but that explains none (no detail) keeps its first line and points, its words unread."""
+    rubric = rubric_file(tmp_path, "[parts.mha]\npoints = 20\n")
+    transpose = "missing transpose before merging the heads"
+
+    def probably(said: str) -> Failure:  # an explanation worded otherwise than "Likely mistake: "
+        return explained(said, transpose, transpose, label="Probably, ")
+
+    looks_explained = Failure(f"input 2: values differ by 3.\nLikely mistake: {transpose}", transpose)
+    outcomes = [
+        failed_with("mha::test_book", "the book's example", probably("output: values differ by 0.4.")),
+        failed_with("mha::test_short", "short sequences", probably("3 tokens: values differ by 7.")),
+        failed_with("mha::test_new", "new inputs", looks_explained),
+        *(failed_with("mha::test_cases", "cases", probably(f"{c}: values differ."), case=c) for c in "ab"),
+        Outcome("mha::test_cases", "mha", "cases", PASSED, case="c"),
+    ]
+    rows = score(outcomes, rubric)
+    pointer = 'the same as under "mha: the book\'s example"'
+    assert rows[0].message == f"output: values differ by 0.4.\nProbably, {transpose}"
+    assert rows[1].message == f"3 tokens: values differ by 7.\nProbably, {pointer}."
+    assert rows[2].message == f"input 2: values differ by 3. ({pointer})"
+    assert rows[3].message == f"failed in 2 of 3 cases: [a] and [b]\na: values differ.\nProbably, {pointer}."
+    assert [row.mistake for row in rows] == [transpose] * 4
+
+
 def test_speed_waits_for_right_values_without_naming_a_hidden_check():
     rubric = load_rubric()  # [speed] requires mha::test_matches_reference, a check shown after the due date
     assert rubric.visibility("mha::test_matches_reference") != "visible"
