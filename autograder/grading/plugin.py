@@ -219,7 +219,7 @@ class ResultsPlugin:
                 outcome.message = _bounded(str(error.msg))
                 outcome.diagnosis = getattr(error, "diagnosis", "") or cause
                 detail = getattr(error, "detail", "")
-                outcome.detail = detail if len(detail) <= MESSAGE_CHARS else ""  # where the message is still whole
+                outcome.detail = detail if len(detail) <= MESSAGE_CHARS else ""  # one the bounded message holds whole
             return
         # anything else is the grader's own trouble, never the student's
         outcome.status = FAILED

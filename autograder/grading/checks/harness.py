@@ -143,7 +143,7 @@ class Failure:
         return self.message
 
     def reworded(self, message: str) -> Failure:
-        """The same failure in other words, which go on from its `detail` (words added after it)."""
+        """The same failure in other words: words added after what it said, so that its `detail` still starts them."""
         return replace(self, message=message)
 
     def after(self, words: str) -> Failure:
