@@ -136,6 +136,11 @@ class CheckResult:
     # mistake): how the scoring tells which failures say the same (`scoring.diagnosis`). Set where the check
     # failed; results.json does not keep it, and it takes no part in comparing two rows.
     diagnosis: str = field(default="", compare=False)
+    # What the message says before it explains its likely mistake, that explanation's label included
+    # (`harness.Failure.detail`): all the row says of it where the explanation is said in full elsewhere
+    # (`scoring.say_once`); "" when it explains none. Like `diagnosis`, results.json does not keep it, and it
+    # takes no part in comparing two rows.
+    detail: str = field(default="", compare=False)
 
     @property
     def case_count(self) -> int:

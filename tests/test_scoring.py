@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from autograder.contract import PART_IDS
+from autograder.grading.checks.harness import Failure, explained
 from autograder.grading.scoring import Outcome, allocate_points, score
 from autograder.model import (
     FAILED,
@@ -347,20 +348,65 @@ def test_a_wrong_answer_earns_nothing_for_its_side_properties_even_beside_a_chec
     ]
 
 
+def failed_with(key: str, name: str, failure: Failure, case: str = "") -> Outcome:
+    """A check's outcome that failed with `failure`, as the plugin records it (`harness.fail`)."""
+    return Outcome(
+        key,
+        key.split("::")[0],
+        name,
+        FAILED,
+        failure.message,
+        case=case,
+        mistake=failure.mistake,
+        diagnosis=failure.diagnosis,
+        detail=failure.detail,
+    )
+
+
 def test_a_diagnosis_is_said_in_full_once_and_pointed_to_after(tmp_path):
     rubric = rubric_file(tmp_path, "[parts.mha]\npoints = 20\n")
     transpose = "missing transpose before merging the heads"
-    likely = f"Likely mistake: {transpose}"
-    outcomes = [
-        Outcome("mha::test_book", "mha", "the book's example", FAILED, f"output: values differ by 0.4.\n{likely}"),
-        Outcome("mha::test_short", "mha", "short sequences", FAILED, f"3 tokens: values differ by 7.\n{likely}"),
+    outcomes = [  # as the check explains the mistake it names (`harness.explained`)
+        failed_with(
+            "mha::test_book", "the book's example", explained("output: values differ by 0.4.", transpose, transpose)
+        ),
+        failed_with(
+            "mha::test_short", "short sequences", explained("3 tokens: values differ by 7.", transpose, transpose)
+        ),
     ]
-    outcomes = [replace(o, mistake=transpose) for o in outcomes]  # as the check names it (`harness.fail`)
     rows = score(outcomes, rubric)
-    assert rows[0].message.endswith(likely)
+    assert rows[0].message.endswith(f"Likely mistake: {transpose}")
     assert rows[1].message == (
         '3 tokens: values differ by 7.\nLikely mistake: the same as under "mha: the book\'s example".'
     )
+
+
+def test_where_a_message_explains_its_mistake_is_data_never_read_from_its_words(tmp_path):
+    """A row that says a diagnosis said before keeps what it said before its explanation of the likely mistake
+    (`harness.Failure.detail`) and points to where that explanation is said in full, however the explanation is
+    worded; a row of several cases keeps the line that counts them. A message whose words only look like an
+    explanation but that explains none (no detail) keeps its first line and points, its words unread."""
+    rubric = rubric_file(tmp_path, "[parts.mha]\npoints = 20\n")
+    transpose = "missing transpose before merging the heads"
+
+    def probably(said: str) -> Failure:  # an explanation worded otherwise than "Likely mistake: "
+        return explained(said, transpose, transpose, label="Probably, ")
+
+    looks_explained = Failure(f"input 2: values differ by 3.\nLikely mistake: {transpose}", transpose)
+    outcomes = [
+        failed_with("mha::test_book", "the book's example", probably("output: values differ by 0.4.")),
+        failed_with("mha::test_short", "short sequences", probably("3 tokens: values differ by 7.")),
+        failed_with("mha::test_new", "new inputs", looks_explained),
+        *(failed_with("mha::test_cases", "cases", probably(f"{c}: values differ."), case=c) for c in "ab"),
+        Outcome("mha::test_cases", "mha", "cases", PASSED, case="c"),
+    ]
+    rows = score(outcomes, rubric)
+    pointer = 'the same as under "mha: the book\'s example"'
+    assert rows[0].message == f"output: values differ by 0.4.\nProbably, {transpose}"
+    assert rows[1].message == f"3 tokens: values differ by 7.\nProbably, {pointer}."
+    assert rows[2].message == f"input 2: values differ by 3. ({pointer})"
+    assert rows[3].message == f"failed in 2 of 3 cases: [a] and [b]\na: values differ.\nProbably, {pointer}."
+    assert [row.mistake for row in rows] == [transpose] * 4
 
 
 def test_speed_waits_for_right_values_without_naming_a_hidden_check():

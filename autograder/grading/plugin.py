@@ -79,12 +79,15 @@ class CheckFailed(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # 
     """A check's own failure (`harness.fail`), with the likely mistake it names (`mistake`, in words the same
     for every student who made it; empty when it names none), which the class report counts, and what went
     wrong (`diagnosis`: the same for every case that meets it, whatever its message says of the case; empty
-    when the failure is its own), by which `scoring` says each diagnosis once."""
+    when the failure is its own), by which `scoring` says each diagnosis once; and what the message says before
+    it explains the likely mistake (`detail`, `harness.Failure`'s), which its row keeps where that explanation
+    is said elsewhere (`scoring.say_once`)."""
 
-    def __init__(self, message: str, mistake: str = "", diagnosis: str = ""):
+    def __init__(self, message: str, mistake: str = "", diagnosis: str = "", detail: str = ""):
         super().__init__(message, pytrace=False)
         self.mistake = mistake
         self.diagnosis = diagnosis
+        self.detail = detail
 
 
 class SharedProblem(pytest.fail.Exception):  # type: ignore[name-defined,misc]  # pytest's Failed
@@ -215,6 +218,8 @@ class ResultsPlugin:
             if not outcome.message:
                 outcome.message = _bounded(str(error.msg))
                 outcome.diagnosis = getattr(error, "diagnosis", "") or cause
+                detail = getattr(error, "detail", "")
+                outcome.detail = detail if len(detail) <= MESSAGE_CHARS else ""  # one the bounded message holds whole
             return
         # anything else is the grader's own trouble, never the student's
         outcome.status = FAILED

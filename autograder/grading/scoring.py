@@ -24,7 +24,6 @@ bias]" (`group_cases`), the way `explain --check` names them.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -44,8 +43,6 @@ from autograder.model import (
 )
 from autograder.rubric import Rubric
 
-# Where a message names its likely mistake, on one line: a pointer to where it is said in full goes there.
-LIKELY = re.compile(r"Likely (?:mistake|cause): ([^\n]*)")
 NOT_CREDITED_PREFIX = "not credited: "
 NOT_CHARGED_PREFIX = "waiting: "  # a check not charged, and the speed part gated: they wait for another part
 PREFIXES = (NOT_CREDITED_PREFIX, NOT_CHARGED_PREFIX)
@@ -71,6 +68,7 @@ class Outcome:
     owner: str = ""  # the part whose mistake `cause` is; "" when it is the check's own part's
     mistake: str = ""  # the likely mistake a failure names (`CheckResult.mistake`)
     diagnosis: str = ""  # what went wrong, the same for every case that meets it (`harness.fail`)
+    detail: str = ""  # what the message says before it explains its likely mistake (`CheckResult.detail`)
 
 
 def allocate_points(outcomes: list[Outcome], rubric: Rubric) -> list[float]:
@@ -141,6 +139,7 @@ def score(outcomes: list[Outcome], rubric: Rubric) -> list[CheckResult]:
                 failed_cases=[outcome.case] if outcome.case and status != PASSED else [],
                 mistake=(outcome.mistake or outcome.cause) if status == FAILED else "",
                 diagnosis=said if status != PASSED else "",
+                detail=outcome.detail if status != PASSED else "",
             )
         )
     return say_once(group_cases(name_once(results, [o.cause for o in outcomes], [o.owner for o in outcomes])))
@@ -185,6 +184,7 @@ def gate_speed(outcomes: list[Outcome], rubric: Rubric) -> list[Outcome]:
             credit=0.0,
             cause="",
             message=reason + (f"\n(measured: {o.message})" if measured and o.message else ""),
+            detail="",
         )
 
     return [gated(o) if o.part == "speed" else o for o in outcomes]
@@ -217,10 +217,11 @@ def name_once(results: list[CheckResult], causes: list[str], owners: list[str] |
             )
             if where is None:  # the owner's part did not run: the whole problem is said here
                 message += f"\n{result.message}"
-            result = replace(result, status=NOT_CHARGED, score=result.max_score, message=message, mistake="")
+            result = replace(result, status=NOT_CHARGED, score=result.max_score, message=message, mistake="", detail="")
         elif cause and where is not None and where is not result:
             seen = f' (said in full under "{where.part}: {where.name}")' if where.visibility == "visible" else ""
-            result = replace(result, status=NOT_CREDITED, message=f"{NOT_CREDITED_PREFIX}{cause}{seen}", mistake="")
+            message = f"{NOT_CREDITED_PREFIX}{cause}{seen}"
+            result = replace(result, status=NOT_CREDITED, message=message, mistake="", detail="")
         named.append(result)
     return named
 
@@ -254,13 +255,15 @@ def group_cases(results: list[CheckResult]) -> list[CheckResult]:
         failing = [m for m in members if m.status != PASSED]
         status = next((s for s in ORDER if any(m.status == s for m in failing)), PASSED)
         said = list(dict.fromkeys(group_of(m) for m in failing))
+        message, detail = counted(failing, len(members))
         rows.append(
             replace(
                 first,
                 status=status,
                 score=add_points(m.score for m in members),
                 max_score=add_points(m.max_score for m in members),
-                message=counted(failing, len(members)),
+                message=message,
+                detail=detail,
                 cases=[m.cases[0] for m in members],
                 failed_cases=[m.cases[0] for m in failing],
                 mistake=next((m.mistake for m in failing if m.mistake), ""),
@@ -282,11 +285,12 @@ def case_list(cases: list[str]) -> str:
     return named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
 
 
-def counted(failing: list[CheckResult], total: int) -> str:
+def counted(failing: list[CheckResult], total: int) -> tuple[str, str]:
     """A row's message: how many of its cases failed (or were not credited, or wait) and which, then each
-    diagnosis once, with the cases it was met in when there are several."""
+    diagnosis once, with the cases it was met in when there are several; and what it says before the first
+    explanation of a likely mistake it says whole (its `detail`), else ""."""
     if not failing:
-        return ""
+        return "", ""
     header = []
     for verb in dict.fromkeys(m.word for m in sorted(failing, key=lambda m: ORDER.index(m.status))):
         cases = [m.cases[0] for m in failing if m.word == verb]
@@ -301,15 +305,23 @@ def counted(failing: list[CheckResult], total: int) -> str:
         groups.setdefault(group_of(member), []).append(member)
     prefix = next((p for p in PREFIXES if failing[0].message.startswith(p)), None)
     if len(groups) == 1 and len(header) == 1 and prefix:
-        return f"{header[0]}: {failing[0].message.removeprefix(prefix)}"
+        return f"{header[0]}: {failing[0].message.removeprefix(prefix)}", ""
+    lines, detail = ["; ".join(header)], ""
     if len(groups) == 1:
-        body = [failing[0].message]
-    else:
-        body = [f"{case_list([m.cases[0] for m in group])}: {shorter(group[0].message)}" for group in groups.values()]
-    return "\n".join(["; ".join(header), *body])
+        first = failing[0]
+        return "\n".join([*lines, first.message]), "\n".join([*lines, first.detail]) if first.detail else ""
+    for group in groups.values():
+        named = f"{case_list([m.cases[0] for m in group])}: "
+        if not detail and group[0].detail and len(group[0].detail) <= SHORTER:  # said whole in `shorter`'s words
+            detail = "\n".join([*lines, named + group[0].detail])
+        lines.append(named + shorter(group[0].message))
+    return "\n".join(lines), detail
 
 
-def shorter(message: str, limit: int = 1200) -> str:
+SHORTER = 1200  # the characters of each of several diagnoses a row's message says
+
+
+def shorter(message: str, limit: int = SHORTER) -> str:
     """One of several diagnoses in a row's message: at most `limit` characters of it."""
     return message if len(message) <= limit else message[:limit] + " ..."
 
@@ -327,9 +339,8 @@ def say_once(rows: list[CheckResult]) -> list[CheckResult]:
         where = first.get((row.part, diagnosis(row))) if row.status == FAILED else None
         if where is not None and where is not row:
             pointer = f'the same as under "{where.part}: {where.name}"'
-            found = LIKELY.search(row.message)
-            if found:
-                message = f"{row.message[: found.start(1)]}{pointer}."
+            if row.detail:  # what it said before its explanation of the likely mistake, which is said there
+                message = f"{row.detail}{pointer}."
             else:  # a row of several cases starts with the line that counts them (`counted`): kept
                 head = row.message.split("\n", 1)[0] + "\n" if len(row.cases) > 1 else ""
                 message = f"{head}{row.message[len(head) :].split(chr(10), 1)[0]} ({pointer})"

@@ -16,11 +16,13 @@ import sys
 import termios
 import threading
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from autograder.sandbox import launcher, protocol
 from autograder.sandbox.errors import Deadline, EndedBeforeRequest, WorkerCrashed, WorkerError
 from autograder.sandbox.protocol import Asks, ProtocolError
+
+V = TypeVar("V")  # what a request asks for (`protocol.Asks`)
 
 
 class OutputCapture(threading.Thread):
@@ -73,7 +75,7 @@ class Channel:
         except (BrokenPipeError, OSError):  # nothing reads the pipe any more
             raise self.crashed(what) from None
 
-    def exchange(self, request: Asks[Any], deadline: Deadline, what: str) -> protocol.Reply:
+    def exchange(self, request: Asks[V], deadline: Deadline, what: str) -> protocol.Reply[V]:
         """One untimed request and its reply. A worker that ended before reading the request raises
         EndedBeforeRequest (it ended on its own, between requests)."""
         try:
@@ -97,7 +99,7 @@ class Channel:
             return False
         return int.from_bytes(unread, sys.byteorder, signed=True) > 0
 
-    def receive(self, op: str, deadline: Deadline, what: str, charge: bool = True) -> protocol.Reply:
+    def receive(self, op: str, deadline: Deadline, what: str, charge: bool = True) -> protocol.Reply[Any]:
         """The reply to `op`, read within `deadline`, bounded by the frame limits and checked against the
         protocol before it is used; one that cannot be read safely is the worker's fault (WorkerCrashed)."""
 
@@ -110,7 +112,7 @@ class Channel:
                 view[: len(chunk)] = chunk
                 view = view[len(chunk) :]
 
-        def parse() -> protocol.Reply:
+        def parse() -> protocol.Reply[Any]:
             header, blobs = protocol.read_frame(read_exact, self.limits, read_into)
             decoder = protocol.Decoder(blobs, self.limits, self.codec.from_wire)
             return protocol.parse_reply(op, header, decoder)

@@ -15,7 +15,7 @@ outlast its budget by making its worker restart slowly.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from autograder.sandbox import protocol
 from autograder.sandbox.budgets import RequestCpu
@@ -145,8 +145,7 @@ class Worker(WorkerLifecycle):
             raise
         if reply.error is not None:  # not ok: the student's code raised
             raise SubmissionError(reply.error)
-        answer: V = reply.value  # what REPLIES[op] made: the type the request asks for
-        return answer
+        return cast(V, reply.value)  # ok: the value REPLIES[op] made, of the type the request asks for
 
     def failed(self, exc: WorkerError, target: str | None, timed: bool) -> None:
         """The one failure policy of every request, untimed or timed: a timeout or crash is remembered

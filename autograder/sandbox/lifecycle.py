@@ -424,7 +424,7 @@ class WorkerLifecycle(WorkerProcesses):
             self.skipped_cells = [e.cell for e in reply.value.errors if e.timed_out]
         return reply.value
 
-    def _load(self, check: CheckBudget | None) -> protocol.Reply:
+    def _load(self, check: CheckBudget | None) -> protocol.Reply[Loaded]:
         """Send the file to the new worker and wait for its load report (within `load_seconds`)."""
         request = LoadRequest(
             self.cells, self.filename, self.config.cell_seconds, self.config.later_cell_seconds, self.skipped_cells
@@ -432,7 +432,7 @@ class WorkerLifecycle(WorkerProcesses):
         deadline = self._deadline(self.config.load_seconds, check=check)
         return self._channel("loading your file").exchange(request, deadline, "loading your file")
 
-    def _ended_before_the_file(self, exc: EndedBeforeRequest, check: CheckBudget | None) -> protocol.Reply:
+    def _ended_before_the_file(self, exc: EndedBeforeRequest, check: CheckBudget | None) -> protocol.Reply[Loaded]:
         """The new worker said ready, then ended before it read the file (killed from outside, say): none of the
         submission's code ran, so it is never the submission's failure. A forked worker is let go and a fresh one
         loads the file instead; the first worker, fresh, means that the worker cannot start here (the grader's
@@ -490,7 +490,7 @@ class WorkerLifecycle(WorkerProcesses):
             self.process.find_main(ready.value.pid)  # before any code of the submission runs
         return ready.value
 
-    def _ready(self, check: CheckBudget | None, what: str) -> protocol.Reply:
+    def _ready(self, check: CheckBudget | None, what: str) -> protocol.Reply[Ready]:
         """The new worker's first frame. A forked worker that its fork server did not hand over, or that ended
         before it was ready (before any code of the submission ran), is let go, and a fresh one started instead:
         the fork server's trouble is never the submission's, nor a reason not to grade."""

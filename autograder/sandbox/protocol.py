@@ -835,9 +835,12 @@ def error_header(error: StudentError) -> dict[str, Any]:
 
 
 @dataclass
-class Reply:
+class Reply(Generic[V]):
+    """A reply as `parse_reply` makes it: ok, with the value its request asks for (`Asks[V]`), or the error the
+    student's code raised."""
+
     ok: bool
-    value: Any = None
+    value: V | None = None
     error: StudentError | None = None
 
 
@@ -1067,9 +1070,10 @@ def _field(obj: dict[str, Any], name: str, kind: type[T], what: str) -> T:
     return value
 
 
-def parse_reply(op: str, header: dict[str, Any], decoder: Decoder) -> Reply:
+def parse_reply(op: str, header: dict[str, Any], decoder: Decoder) -> Reply[Any]:
     """Check a reply against the schema of `op` (a request's, or one of `FRAMES`: the worker's first frame, and
-    the answers inside a timed request) and decode it into its typed value (the op's parser in `REPLIES`)."""
+    the answers inside a timed request) and decode it into its typed value (the op's parser in `REPLIES`): of
+    the type `op`'s request asks for, which its caller knows (`channel.Channel.exchange`), not this dispatch."""
     ok = header.get("ok")
     if ok is False:
         error = _field(header, "error", dict, "an error reply")

@@ -119,15 +119,21 @@ def note(kind: str, **values: Any) -> None:
 class Failure:
     """A check's failure as data, from where it is found (`attempt`, `value_problem`, a part's own comparisons)
     to `fail` and the scorer: the message for the student; the likely mistake it names (`mistake`, see
-    `model.CheckResult`); what went wrong (`diagnosis`, else the mistake; see `fail`); and for a problem many
+    `model.CheckResult`); what went wrong (`diagnosis`, else the mistake; see `fail`); for a problem many
     checks share (a name a cell with a syntax error left undefined), its `cause` and the part that `owner`s it
-    (`plugin.SharedProblem`). Words made from it keep the rest with `reworded`."""
+    (`plugin.SharedProblem`); and for a message that explains its likely mistake (`explained`), what it says
+    before that explanation (`detail`), which is all a row keeps where the explanation is said in full
+    elsewhere (`scoring.say_once`). Words made from it keep the rest with `reworded` and `after`."""
 
     message: str
     mistake: str = ""
     diagnosis: str = ""
     cause: str = ""
     owner: str = ""
+    # The message up to where it explains its likely mistake, that explanation's label included ("...: values
+    # differ ...\nLikely mistake: "): what differed on this input, without the explanation. "" when the
+    # message explains none.
+    detail: str = ""
 
     def __post_init__(self) -> None:
         if not self.diagnosis:
@@ -137,8 +143,12 @@ class Failure:
         return self.message
 
     def reworded(self, message: str) -> Failure:
-        """The same failure in other words."""
+        """The same failure in other words: words added after what it said, so that its `detail` still starts them."""
         return replace(self, message=message)
+
+    def after(self, words: str) -> Failure:
+        """The same failure, its message after `words`."""
+        return replace(self, message=f"{words}{self.message}", detail=f"{words}{self.detail}" if self.detail else "")
 
     @classmethod
     def of(cls, exc: BaseException) -> Failure:
@@ -150,7 +160,20 @@ class Failure:
             getattr(exc, "diagnosis", ""),
             getattr(exc, "cause", ""),
             getattr(exc, "owner", ""),
+            getattr(exc, "detail", ""),
         )
+
+
+LIKELY_MISTAKE, LIKELY_CAUSE = "Likely mistake: ", "Likely cause: "  # how a message's explanation starts
+
+
+def explained(detail: str, explanation: str, mistake: str, diagnosis: str = "", label: str = LIKELY_MISTAKE) -> Failure:
+    """A failure whose message says what differed on this input (`detail`), then on a line of its own its likely
+    mistake (`explanation`, after `label`), which `mistake` names in words the same for every case (`fail`). A
+    message with no `detail` starts with its explanation (and whatever it says after it goes with it). Where
+    the explanation is said in full elsewhere, the row keeps what came before it (`Failure.detail`)."""
+    lead = f"{detail}\n{label}" if detail else label
+    return Failure(f"{lead}{explanation}", mistake, diagnosis, detail=lead)
 
 
 def mistake_of(failure: object) -> str:
@@ -197,7 +220,7 @@ def fail(failure: str | Failure, mistake: str = "", diagnosis: str = "") -> NoRe
     note("failed", message=found.message)
     if found.cause:
         raise SharedProblem(found.message, cause=found.cause, mistake=found.mistake, owner=found.owner)
-    raise CheckFailed(found.message, mistake or found.mistake, diagnosis or mistake or found.diagnosis)
+    raise CheckFailed(found.message, mistake or found.mistake, diagnosis or mistake or found.diagnosis, found.detail)
 
 
 def fail_if(problem: Failure | None) -> None:
@@ -667,17 +690,10 @@ def assert_close(
         )
     hint = diagnose(actual) if diagnose else None
     if tuple(actual.shape) != tuple(expected.shape):
-        fail(
-            f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}."
-            + (f"\nLikely mistake: {hint}" if hint else ""),
-            mistake=hint or "",
-            diagnosis=hint or WRONG_SHAPE,
-        )
+        said = f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}."
+        fail(explained(said, hint, hint) if hint else Failure(said, diagnosis=WRONG_SHAPE))
     if actual.dtype != expected.dtype:
-        fail(
-            f"{what}: dtype {actual.dtype}, expected {expected.dtype}.\nLikely mistake: {DTYPE_NOT_KEPT}",
-            mistake=DTYPE_NOT_KEPT,
-        )
+        fail(explained(f"{what}: dtype {actual.dtype}, expected {expected.dtype}.", DTYPE_NOT_KEPT, DTYPE_NOT_KEPT))
     rtol, atol = rubric.tolerance(dtype_name)
     if not torch.allclose(actual.double(), expected.double(), rtol=rtol, atol=atol, equal_nan=False):
         diff = (actual.double() - expected.double()).abs()
@@ -687,11 +703,8 @@ def assert_close(
             if finite
             else "your output contains NaN or infinity"
         )
-        fail(
-            f"{what}: values differ from the reference; {detail}." + (f"\nLikely mistake: {hint}" if hint else ""),
-            mistake=hint or "",
-            diagnosis=hint or (WRONG_VALUES if finite else NOT_FINITE),
-        )
+        said = f"{what}: values differ from the reference; {detail}."
+        fail(explained(said, hint, hint) if hint else Failure(said, diagnosis=WRONG_VALUES if finite else NOT_FINITE))
 
 
 def matches(actual: object, candidate: torch.Tensor, atol: float = 1e-6) -> bool:
@@ -858,7 +871,9 @@ def values_first(problem: Failure | None, what: str) -> None:
     of code that has no loop). The reason keeps what is wrong with the output, not the likely mistake,
     which the value checks name."""
     if problem is not None:
-        wrong = problem.message.split("\nLikely mistake:")[0]
+        # what differed, where the message says it before its likely mistake; else all of it
+        before = problem.detail.removesuffix(f"\n{LIKELY_MISTAKE}")
+        wrong = before if before != problem.detail else problem.message
         raise NotCredited(
             f"not credited: {what[:1].lower()}{what[1:]} counts only once the output on this check's input is right, "
             f"and it is not yet ({wrong})"
@@ -993,15 +1008,15 @@ def in_student_terms(
         and tokens != context_length
         and {int(size.group(1)), int(size.group(2))} == {tokens, context_length}
     ):
-        return Failure(
-            f"Likely mistake: {function} fails for {tokens} tokens when context_length is {context_length}: "
-            f"{MASK_NOT_CUT}.\n{message}",
-            mistake=MASK_NOT_CUT,
+        return explained(
+            "",
+            f"{function} fails for {tokens} tokens when context_length is {context_length}: {MASK_NOT_CUT}.\n{message}",
+            MASK_NOT_CUT,
         )
     for _, pattern, text in _INTERNAL_ERRORS:
         if pattern.search(message):
             said = text.format(function=function)
-            return Failure(f"Likely mistake: {said}.\n{message}", mistake=said)
+            return explained("", f"{said}.\n{message}", said)
     return failure
 
 
@@ -1025,5 +1040,5 @@ def forward_checked(
         )
         unexplained = said is failure  # in_student_terms found no internal error to explain
         mistake = explain(said.message) if explain is not None and unexplained else None
-        fail(Failure(f"Likely mistake: {mistake}.\n{said}", mistake=mistake) if mistake else said)
+        fail(explained("", f"{mistake}.\n{said}", mistake) if mistake else said)
     return answer

@@ -14,6 +14,7 @@ from autograder.grading.checks.harness import (
     Raised,
     Submission,
     attempt,
+    explained,
     fail,
     matches,
     note,
@@ -56,13 +57,12 @@ def check_ranges(
         )
     if ranges != expected:
         mistake = next((d for d, v in variants.items() if v == ranges), None)
-        fail(
-            f"{what}: got {ranges!r:.160}, expected "
-            + (f"{len(expected)} ranges starting {expected[:3]!r}." if len(expected) > 1 else f"{expected!r}.")
-            + (f"\nLikely mistake: {mistake}" if mistake else ""),
-            mistake=mistake or "",
-            diagnosis=mistake or "the ranges are not the expected ones",
+        said = f"{what}: got {ranges!r:.160}, expected " + (
+            f"{len(expected)} ranges starting {expected[:3]!r}." if len(expected) > 1 else f"{expected!r}."
         )
+        if mistake:
+            fail(explained(said, mistake, mistake))
+        fail(said, diagnosis="the ranges are not the expected ones")
 
 
 @pytest.mark.part("columns")
@@ -141,10 +141,8 @@ def test_split_columns(submission: Submission, inputs: Inputs, d_in: int, d_out:
         if (
             note is None and d_in % num_heads and "split evenly" in problem.message
         ):  # the rows were split, not the columns
-            fail(
-                f"{problem}\n({d_in} rows do not split into {num_heads} heads)\nLikely mistake: {ROWS_INSTEAD_OF_COLUMNS}",
-                mistake=ROWS_INSTEAD_OF_COLUMNS,
-            )
+            said = f"{problem}\n({d_in} rows do not split into {num_heads} heads)"
+            fail(explained(said, ROWS_INSTEAD_OF_COLUMNS, ROWS_INSTEAD_OF_COLUMNS))
         fail(
             problem.reworded(
                 problem.message
@@ -177,7 +175,7 @@ def test_split_columns(submission: Submission, inputs: Inputs, d_in: int, d_out:
         return  # the blocks of your own ranges: the ranges are charged in test_head_column_ranges
     for description, blocks in split_variants(W, num_heads).items():
         if same_blocks(given, blocks):
-            fail(f"{what}: wrong blocks.\nLikely mistake: {description}", mistake=description)
+            fail(explained(f"{what}: wrong blocks.", description, description))
     shapes = [tuple(b.shape) for b in given]
     fail(
         f"{what}: got {len(given)} blocks of shapes {shapes[:4]}, expected {num_heads} blocks of shape "

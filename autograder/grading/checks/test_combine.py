@@ -18,6 +18,7 @@ from autograder.grading.checks.harness import (
     assert_close,
     attempt,
     book_batch,
+    explained,
     fail,
     first_match,
     seed_torch,
@@ -55,18 +56,18 @@ def check_combine(
             same, failed = attempt(submission.call, "combine", equal)
             hint = first_match(same, combine_variants(equal)) if failed is None else None
             if hint:
-                fail(
+                said = (
                     f"{what}: combine fails on heads of different widths {widths}; on heads of one width it "
-                    f"returns what this mistake gives.\n{problem}\nLikely mistake: {hint}",
-                    mistake=hint,
+                    f"returns what this mistake gives.\n{problem}"
                 )
+                fail(explained(said, hint, hint))
         joined = re.search(r"Sizes of tensors must match except in dimension (\d+)", problem.message)
         if joined and int(joined.group(1)) in WRONG_DIMENSION:
-            fail(
+            said = (
                 f"{what}: heads of different widths do not line up along dimension {joined.group(1)}; only the last "
-                f"dimension may differ between heads.\n{problem}\nLikely mistake: {WRONG_DIMENSION[int(joined.group(1))]}",
-                mistake=WRONG_DIMENSION[int(joined.group(1))],
+                f"dimension may differ between heads.\n{problem}"
             )
+            fail(explained(said, WRONG_DIMENSION[int(joined.group(1))], WRONG_DIMENSION[int(joined.group(1))]))
         fail(problem)
     assert_close(
         got,
@@ -104,6 +105,6 @@ def test_keeps_dtype(submission: Submission, inputs: Inputs, rubric: Rubric) -> 
     if problem:
         fail(problem)
     if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
-        fail(f"combine of float32 heads gave {got.dtype}.\nLikely mistake: {DTYPE_NOT_KEPT}", mistake=DTYPE_NOT_KEPT)
+        fail(explained(f"combine of float32 heads gave {got.dtype}.", DTYPE_NOT_KEPT, DTYPE_NOT_KEPT))
     # its values: a property of a wrong answer earns nothing, and accuses nothing (the values are charged above)
     values_first(value_problem(got, ref.combine(outputs), "float32", rubric, "combine"), "Keeping the dtype")

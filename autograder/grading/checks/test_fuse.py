@@ -20,6 +20,7 @@ import torch
 
 from autograder.grading.checks.harness import (
     CONSTRUCTOR_CAUSE,
+    LIKELY_CAUSE,
     Failure,
     Inputs,
     NotCredited,
@@ -28,6 +29,7 @@ from autograder.grading.checks.harness import (
     attempt,
     build_pair,
     constructor_problem,
+    explained,
     fail,
     first_match,
     in_student_terms,
@@ -183,16 +185,17 @@ def placement_problem(
     if problem is None:
         return None
     note = wrong_ranges(submission, width * heads, heads)
-    return Failure(
-        problem.message
-        + (
-            f"\nLikely cause: {note}. If fuse_heads places each head's weights with "
-            "head_column_ranges, fix that first (see the columns checks)."
-            if note
-            else ""
-        ),
+    if not note:
+        return Failure(problem.message, mistake_of(problem), detail=problem.detail)
+    cause = explained(
+        problem.message,
+        f"{note}. If fuse_heads places each head's weights with head_column_ranges, fix that first (see the columns "
+        "checks).",
         mistake_of(problem),
+        label=LIKELY_CAUSE,
     )
+    # where the likely mistake the values show is said elsewhere, the row keeps what comes before it
+    return Failure(cause.message, cause.mistake, detail=problem.detail or cause.detail)
 
 
 @pytest.mark.part("fuse")
@@ -219,18 +222,14 @@ def test_keeps_dtype_and_device(submission: Submission, inputs: Inputs, rubric: 
         }
     )
     if dtypes != ["float64"]:
-        fail(
-            f"Likely mistake: {DTYPE_HINT}. For a float64 wrapper the fused module's weights are {', '.join(dtypes)}.",
-            mistake=DTYPE_HINT,
-        )
+        weights = f"For a float64 wrapper the fused module's weights are {', '.join(dtypes)}."
+        fail(explained("", f"{DTYPE_HINT}. {weights}", DTYPE_HINT))
     if device != "cpu":
         d_in, _, context, _, _ = CASES[case]
         _, problem = attempt(submission.forward, fused, inputs.randn(1, context, d_in))
         if problem and "device" in problem.message:
-            fail(
-                f"Likely mistake: {NOT_ON_DEVICE}, e.g. .to(wrapper.heads[0].W_query.weight).\n{problem}",
-                mistake=NOT_ON_DEVICE,
-            )
+            moved = f"{NOT_ON_DEVICE}, e.g. .to(wrapper.heads[0].W_query.weight)"
+            fail(explained("", f"{moved}.\n{problem}", NOT_ON_DEVICE))
 
 
 @pytest.mark.part("fuse")

@@ -31,6 +31,7 @@ from autograder.grading.checks.harness import (
     book_pair,
     build_pair,
     check_gradients,
+    explained,
     fail,
     fail_if,
     first_match,
@@ -173,10 +174,8 @@ def test_keeps_dtype(submission: Submission, inputs: Inputs, rubric: Rubric, dev
         answer = run(submission, reference, module, x)
         y = answer.y
         if not isinstance(y, torch.Tensor) or y.dtype != dtype:
-            fail(
-                f"a {dtype} input gave {getattr(y, 'dtype', type(y).__name__)}.\nLikely mistake: {DTYPE_NOT_KEPT}",
-                mistake=DTYPE_NOT_KEPT,
-            )
+            gave = f"a {dtype} input gave {getattr(y, 'dtype', type(y).__name__)}."
+            fail(explained(gave, DTYPE_NOT_KEPT, DTYPE_NOT_KEPT))
         if answer.y_device != str(x.to(device).device):
             fail(
                 f"the output is on {answer.y_device}, the input on {device}: keep the input's device",
@@ -196,10 +195,8 @@ def test_input_not_modified(submission: Submission, inputs: Inputs, rubric: Rubr
     x = inputs.randn(*shape)
     answer = run(submission, reference, module, x)
     if not torch.equal(answer.x_after, x):
-        fail(
-            f"the forward modified its input x in place.\nLikely mistake: {IN_PLACE.format(function=FORWARD)}.",
-            mistake=IN_PLACE.format(function=FORWARD),
-        )
+        in_place = IN_PLACE.format(function=FORWARD)
+        fail(explained("the forward modified its input x in place.", f"{in_place}.", in_place))
     values_first(output_problem(reference, x, answer.y, "float64", rubric, "output"), "Leaving the input unchanged")
 
 
@@ -277,11 +274,11 @@ def captured(
     with contextlib.suppress(WorkerError):
         replayer.request(DropRequest(module_replayed.handle))
     if output_problem(reference, fresh, y, "float64", rubric, "replayed") is not None:
-        fail(
+        said = (
             f"your forward ({heads} heads) is right on the grader's input, but the graph of PyTorch operations "
-            f"captured from it is not right on a new input.\nLikely mistake: {HIDDEN_FROM_CAPTURE}.",
-            mistake=HIDDEN_FROM_CAPTURE,
+            "captured from it is not right on a new input."
         )
+        fail(explained(said, f"{HIDDEN_FROM_CAPTURE}.", HIDDEN_FROM_CAPTURE))
     return capture.graph
 
 

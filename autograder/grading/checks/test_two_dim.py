@@ -20,11 +20,10 @@ from autograder.grading.checks.harness import (
     Submission,
     attempt,
     book_batch,
-    diagnosis_of,
+    explained,
     fail,
     first_match,
     in_student_terms,
-    mistake_of,
     reference_forward,
     value_problem,
     values_first,
@@ -74,9 +73,8 @@ def layout_problem(module: ModuleInfo, d_in: int, context: int, bias: bool) -> F
         )
     changed = describe_changed_heads(state)
     if changed:
-        return Failure(
-            f"Likely mistake: {changed}. For 2-D context vectors keep num_heads=2 and pass d_out=1 to the wrapper.",
-            mistake=HEAD_CHANGED,
+        return explained(
+            "", f"{changed}. For 2-D context vectors keep num_heads=2 and pass d_out=1 to the wrapper.", HEAD_CHANGED
         )
     widths = [shape[0] for shape in layout]
     if widths != [1, 1]:
@@ -206,11 +204,7 @@ def test_book_example(submission: Submission, rubric: Rubric) -> None:
     module = built(submission, 3, 6)
     problem = layout_problem(module, 3, 6, bias=False)
     if problem:
-        fail(
-            f"make_2d_wrapper(3, 6) must build 2 heads of width 1 for the book's 3-D embeddings: {problem}",
-            mistake=mistake_of(problem),
-            diagnosis=diagnosis_of(problem),
-        )
+        fail(problem.after("make_2d_wrapper(3, 6) must build 2 heads of width 1 for the book's 3-D embeddings: "))
     problem = output_problem(
         submission, module, 3, 6, False, book_batch(), rubric, "2-D wrapper output for the book's example"
     )

@@ -29,6 +29,7 @@ from autograder.grading.checks.harness import (
     book_pair,
     build_pair,
     check_gradients,
+    explained,
     fail,
     fail_if,
     first_match,
@@ -163,12 +164,11 @@ def test_heads_run_once_in_order_on_same_input(submission: Submission, inputs: I
     answer = run_wrapper(submission, reference, module, x, hooks=True)
     order = [c.index for c in answer.head_calls]
     if order != [0, 1, 2, 3]:
-        likely = f"\nLikely mistake: {HEADS_REVERSED}" if order == [3, 2, 1, 0] else ""
-        fail(
+        said = (
             f"the heads ran in the order {order}; the wrapper must call every head of self.heads once, "
-            f"in order (head 0 first): [head(x) for head in self.heads]{likely}",
-            mistake=HEADS_REVERSED if likely else "",
+            "in order (head 0 first): [head(x) for head in self.heads]"
         )
+        fail(explained(said, HEADS_REVERSED, HEADS_REVERSED) if order == [3, 2, 1, 0] else said)
     changed = [c.index for c in answer.head_calls if not c.same_values]
     if changed:
         fail(f"head(s) {changed} did not receive the wrapper's input x unchanged; every head must see the same x")
