@@ -515,9 +515,10 @@ def test_a_fresh_worker_starts_when_the_grader_has_more_address_space_than_a_wor
     """The address-space limit is set last in the child that becomes a fresh worker: until its exec that child
     is a copy of the grader, which (torch, many threads) may already have more address space than a worker may
     have, so that any allocation after the limit can fail ("Exception occurred in preexec_fn", seen once in CI
-    under Python 3.13). Here the grader reserves 8 GiB it never touches, against a worker's 1 GiB, and the
-    child's last step before the limit allocates 16 MB (what Python's allocator does when it needs a new arena);
-    with the limit set earlier, the worker cannot start."""
+    under Python 3.13). Here the grader reserves 16 GiB more than a worker may have (the rubric's limit, which a
+    worker's torch, a CUDA build too, starts in), never touched, and the child's last step before the limit
+    allocates 16 MB (what Python's allocator does when it needs a new arena); with the limit set earlier, the
+    worker cannot start."""
     import mmap
 
     from autograder.sandbox import procfs
@@ -529,9 +530,10 @@ def test_a_fresh_worker_starts_when_the_grader_has_more_address_space_than_a_wor
         assert len([bytes(4000) for _ in range(4000)]) == 4000
 
     monkeypatch.setattr(procfs, "die_with_parent", then_allocate)
-    reserved = mmap.mmap(-1, 8 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
+    limit = WorkerConfig().memory_bytes or 4 << 30
+    reserved = mmap.mmap(-1, limit + (16 << 30), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
     try:
-        fresh = worker(isolation, 0, "def f():\n    return 1\n", memory_bytes=1 << 30)
+        fresh = worker(isolation, 0, "def f():\n    return 1\n", memory_bytes=limit)
         try:
             assert fresh.request(CallRequest("f")) == 1 and not fresh.process.forked
         finally:
