@@ -16,13 +16,11 @@ import sys
 import termios
 import threading
 from collections.abc import Callable
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
 from autograder.sandbox import launcher, protocol
 from autograder.sandbox.errors import Deadline, EndedBeforeRequest, WorkerCrashed, WorkerError
-from autograder.sandbox.protocol import Asks, ProtocolError
-
-V = TypeVar("V")  # what a request asks for (`protocol.Asks`)
+from autograder.sandbox.protocol import Asks, ProtocolError, V
 
 
 class OutputCapture(threading.Thread):

@@ -15,7 +15,7 @@ outlast its budget by making its worker restart slowly.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from autograder.sandbox import protocol
 from autograder.sandbox.budgets import RequestCpu
@@ -34,7 +34,7 @@ from autograder.sandbox.errors import (
     WorkerTimeout,
 )
 from autograder.sandbox.lifecycle import FINAL, Lifecycle, Quiet, RestartPolicy, WireCell, WorkerLifecycle
-from autograder.sandbox.protocol import Asks, ForwardManyRequest, ShowOutputs, TimedCall
+from autograder.sandbox.protocol import Asks, ForwardManyRequest, ShowOutputs, TimedCall, V
 from autograder.sandbox.settings import WorkerConfig
 
 # what callers import from here (the worker's front), wherever it is defined
@@ -64,8 +64,6 @@ __all__ = [
     "describe_exit",
     "ended_while",
 ]
-
-V = TypeVar("V")  # what a request asks for (`protocol.Asks`)
 
 
 class Worker(WorkerLifecycle):

@@ -486,7 +486,7 @@ def from_fields(cls: type[T], data: Any, what: str, noun: str = "field") -> T:
 # or missing field by name. Each asks for one type of answer (`Asks[V]`), which the parser registered for its op
 # makes of the reply (`REPLIES`), so that a request sent (`client.Worker.request`) returns a V.
 
-V = TypeVar("V")
+V = TypeVar("V")  # what a request asks for (`Asks`)
 
 
 class Asks(Generic[V]):
