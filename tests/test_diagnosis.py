@@ -12,7 +12,6 @@ from autograder.grading.checks.harness import (
     Failure,
     assert_close,
     attempt,
-    diagnosis_of,
     fail,
     mistake_of,
 )
@@ -75,7 +74,7 @@ def test_a_failure_carries_its_diagnosis_from_where_it_was_raised():
     failed = raised(fail, problem.reworded(f"{problem} (and more)"))
     assert (failed.msg, failed.mistake, failed.diagnosis) == ("relayed (and more)", "m", "d")
     _, caught = attempt(fail, "inner words", diagnosis="the inner diagnosis")
-    assert (diagnosis_of(caught), mistake_of(caught)) == ("the inner diagnosis", "")
+    assert caught is not None and (caught.diagnosis, mistake_of(caught)) == ("the inner diagnosis", "")
     shared = Failure("cell 3 has a syntax error", mistake="syntax", cause="cell 3", owner="combine")
     _, caught = attempt(fail, shared)
     with pytest.raises(SharedProblem) as again:

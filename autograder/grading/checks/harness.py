@@ -181,11 +181,6 @@ def mistake_of(failure: object) -> str:
     return getattr(failure, "mistake", "")
 
 
-def diagnosis_of(failure: object) -> str:
-    """The diagnosis a `Failure` or a check's failure (`fail`'s) carries, or ""."""
-    return getattr(failure, "diagnosis", "")
-
-
 # The mistakes named by what happened to the request rather than by what the code computed.
 NOT_DONE = NOT_DONE_STUB
 WORKER_MISTAKES: dict[type[WorkerError], str] = {
